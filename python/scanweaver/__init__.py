@@ -1,0 +1,33 @@
+"""ScanWeaver: a compiler and auto-tuned runtime for affine recurrences.
+
+``import scanweaver`` loads NumPy only; Kernel Tuner, PyOpenCL, CuPy and
+juliacall are imported when the feature that needs them is first used.
+"""
+
+from .api import Recurrence, recurrence, selective_scan
+from .errors import (
+    BackendUnavailable,
+    CompileError,
+    NotAffineError,
+    ScanInputError,
+    ScanWeaverError,
+    VerificationError,
+)
+from .frontend import sigmoid, silu, softplus
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BackendUnavailable",
+    "CompileError",
+    "NotAffineError",
+    "Recurrence",
+    "ScanInputError",
+    "ScanWeaverError",
+    "VerificationError",
+    "recurrence",
+    "selective_scan",
+    "sigmoid",
+    "silu",
+    "softplus",
+]

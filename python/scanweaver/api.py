@@ -1,0 +1,287 @@
+"""The public entry points: ``@recurrence`` and ``selective_scan``."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import warnings
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from .arrays import prepare
+from .errors import BackendUnavailable, ScanInputError
+from .frontend import trace
+from .ir.printer import print_affine
+from .ir.stages import Features
+from .passes import Stages, lower
+from .runtime import REGISTRY, Backend, get_backend, load_all
+from .schedules import get_schedule
+
+log = logging.getLogger("scanweaver")
+
+_warned: set[str] = set()
+
+
+def pick_backend(name: str) -> Backend:
+    """Resolves ``backend=`` to an instance; ``auto`` takes the best available one.
+
+    ``auto`` falls back to ``numpy`` with one warning that says why the
+    preferred backend (``cpu``) cannot run.
+    """
+    if name != "auto":
+        return get_backend(name)
+    load_all()
+    ranked = sorted((c for c in REGISTRY.values() if c.auto_priority >= 0), key=lambda c: -c.auto_priority)
+    skipped = []
+    for cls in ranked:
+        avail = cls.availability()
+        if avail.ok:
+            if skipped and cls.name == "numpy" and "numpy" not in _warned:
+                _warned.add("numpy")
+                why = "; ".join(f"{n}: {r}" for n, r in skipped)
+                warnings.warn(f"scanweaver: falling back to the numpy backend ({why})", RuntimeWarning, stacklevel=3)
+            return get_backend(cls.name)
+        if cls.name == "cpu":
+            skipped.append((cls.name, avail.reason))
+    raise BackendUnavailable("backend 'auto': no backend is available")
+
+
+def _tuned(backend: Backend, rec: "Recurrence", dtype: str, lanes: int, L: int):
+    """The stored tuned (schedule, config) for this problem, or ``None``."""
+    try:
+        from .tuning import store
+    except ImportError:
+        return None
+    return store.lookup(backend=backend.name, device=backend.availability().device,
+                        signature=rec.signature(dtype), dtype=dtype, lanes=lanes, L=L)
+
+
+@dataclass(frozen=True)
+class CallInfo:
+    """What the last call ran: backend, schedule, the tunables used and where they came from."""
+
+    backend: str
+    schedule: str
+    config: dict
+    source: str
+    stages: Stages
+
+
+class Recurrence:
+    """A step function proved affine and ready to run on arrays.
+
+    Create with :func:`recurrence`.  Calling it scans over the last axis of the
+    operands (layout ``(..., L)``).
+
+    Attributes:
+        inputs: operand names, in call order.
+        last: :class:`CallInfo` of the most recent call (``None`` before).
+    """
+
+    def __init__(self, step: Callable, name: str | None = None, broadcast: bool = True):
+        self.step = step
+        self.name = name or getattr(step, "__name__", "recurrence").replace("<lambda>", "lambda")
+        self.broadcast = broadcast
+        scan = trace(step, name=self.name)
+        self.inputs = scan.inputs
+        lower(scan)  # proves affinity now: NotAffineError at decoration time
+        self.last: CallInfo | None = None
+        functools.update_wrapper(self, step)
+
+    def __repr__(self) -> str:
+        return f"<scanweaver.Recurrence {self.name}({', '.join(self.inputs)})>"
+
+    @functools.lru_cache(maxsize=64)
+    def _scan_ir(self, dtype: str, features: Features):
+        return trace(self.step, name=self.name, dtype=dtype, features=features)
+
+    def signature(self, dtype: str = "float32") -> str:
+        """A stable hash of the affine normal form (the tuned-store key)."""
+        text = print_affine(lower(self._scan_ir(dtype, Features())).affine)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    @functools.lru_cache(maxsize=256)
+    def _lowered(self, backend: Backend, dtype: str, features: Features, schedule: str, cfg: tuple) -> Stages:
+        return backend.emit(lower(self._scan_ir(dtype, features), schedule, dict(cfg), backend.extra_tunables))
+
+    def lower(self, *, backend: str = "numpy", schedule: str = "auto", dtype: str = "float32",
+              features: Features = Features(), lanes: int = 1, L: int = 1024, **tunables) -> Stages:
+        """Every stage for one configuration, without running it (``scanweaver ir``)."""
+        be = pick_backend(backend)
+        sched, cfg, _ = self._resolve(be, schedule, "auto" if not tunables else "explicit", tunables,
+                                      dtype, lanes, L)
+        return self._lowered(be, dtype, features, sched, tuple(sorted(cfg.items())))
+
+    @property
+    def stages(self) -> Stages:
+        """The stages of the last call, or of a default float32 lowering before any call."""
+        return self.last.stages if self.last else self.lower()
+
+    @property
+    def config(self) -> dict | None:
+        """The tunables the last call used."""
+        return self.last.config if self.last else None
+
+    def _resolve(self, be: Backend, schedule: str, config, tunables: dict, dtype: str, lanes: int, L: int):
+        api = self.name
+        if schedule != "auto":
+            get_schedule(schedule)
+            if schedule not in be.schedules:
+                raise ScanInputError(
+                    f"{api}: schedule {schedule!r} is not supported by backend {be.name!r}; "
+                    f"it supports {', '.join(be.schedules)}"
+                )
+        source = "explicit" if tunables else "default"
+        cfg: dict = {}
+        if isinstance(config, dict):
+            cfg, source = dict(config), "explicit"
+        elif config == "auto" and not tunables:
+            hit = _tuned(be, self, dtype, lanes, L)
+            if hit is not None and (schedule == "auto" or hit[0] == schedule):
+                schedule, cfg, source = hit[0], dict(hit[1]), "tuned"
+        elif config not in ("auto", "default"):
+            raise ScanInputError(f"{api}: config must be 'auto', 'default' or a dict, got {config!r}")
+        if schedule == "auto":
+            schedule = be.default_schedule(lanes, L)
+        if source == "default" or source == "explicit":
+            cfg = {**be.default_config(schedule, lanes, L, dtype), **cfg, **tunables}
+        cfg.pop("schedule", None)
+        return schedule, cfg, source
+
+    def __call__(self, *args, h0=None, reset=None, reverse: bool = False, return_state: bool = False,
+                 backend: str = "auto", schedule: str = "auto", config="auto", **kwargs):
+        """Runs the scan.
+
+        Args:
+            *args: operands in the order of :attr:`inputs` (or by name as keywords).
+            h0: initial state, shape ``(...)``; zeros when omitted.
+            reset: boolean mask ``(..., L)``; True starts a new segment (A_t = 0).
+            reverse: scan from the end (t = L-1 down to 0).
+            return_state: also return the final state (shape ``(...)``).
+            backend: ``auto``, ``numpy``, ``cpu``, ``opencl``, ``cuda`` or ``julia``.
+            schedule: ``auto`` or a schedule the backend supports.
+            config: ``auto`` (tuned store, then defaults), ``default``, or a dict of tunables.
+            **kwargs: operands by name, or tunables such as ``chunk=4096``.
+
+        Returns:
+            ``y`` with the operands' shape and dtype, or ``(y, h_last)``.
+        """
+        operands, tunables = self._bind(args, kwargs)
+        arrays = prepare(self.name, operands, h0, reset, broadcast=self.broadcast)
+        dtype = arrays.dtype.name
+        be = pick_backend(backend)
+        sched, cfg, source = self._resolve(be, schedule, config, tunables, dtype, arrays.lanes, arrays.L)
+        features = Features(reverse=bool(reverse), has_h0=h0 is not None, has_reset=reset is not None,
+                            return_state=bool(return_state))
+        stages = self._lowered(be, dtype, features, sched, tuple(sorted(cfg.items())))
+        self.last = CallInfo(be.name, sched, stages.schedule.config, source, stages)
+        log.debug("%s: backend=%s schedule=%s config=%s (%s)", self.name, be.name, sched, self.last.config, source)
+        shape = (*arrays.batch_shape, arrays.L)
+        if arrays.L == 0 or arrays.lanes == 0:
+            y = np.zeros(shape, arrays.dtype)
+            h_last = arrays.h0.copy() if arrays.h0 is not None else np.zeros(arrays.lanes, arrays.dtype)
+        else:
+            y, h_last = be.run(stages, arrays)
+        y = np.asarray(y).reshape(shape)
+        if return_state:
+            return y, np.asarray(h_last).reshape(arrays.batch_shape)
+        return y
+
+    def _bind(self, args: tuple, kwargs: dict):
+        if len(args) > len(self.inputs):
+            raise ScanInputError(f"{self.name}: takes {len(self.inputs)} operands ({', '.join(self.inputs)}), "
+                                 f"got {len(args)}")
+        operands = dict(zip(self.inputs, args))
+        tunables = {}
+        for k, v in kwargs.items():
+            if k in self.inputs:
+                if k in operands:
+                    raise ScanInputError(f"{self.name}: operand {k} given twice")
+                operands[k] = v
+            else:
+                tunables[k] = v
+        missing = [n for n in self.inputs if n not in operands or operands[n] is None]
+        if missing:
+            raise ScanInputError(f"{self.name}: missing operand(s) {', '.join(missing)}; "
+                                 f"needs {', '.join(self.inputs)}")
+        return operands, tunables
+
+
+def recurrence(step: Callable | None = None, *, name: str | None = None, broadcast: bool = True):
+    """Compiles a step function ``step(h, *operands)`` into a :class:`Recurrence`.
+
+    The step is traced with symbolic values and proved affine in ``h``
+    (h' = A*h + U); it may return ``h_next`` or ``(h_next, y)``.  Operators
+    ``+ - * /``, unary minus, and NumPy functions of terms free of ``h``
+    (``np.exp``, ``np.log1p``, :func:`scanweaver.sigmoid` ...) are allowed.
+
+    Args:
+        step: the step function.
+        name: name used in IR and messages (defaults to the function's).
+        broadcast: broadcast operands to a common shape (else require equal shapes).
+
+    Raises:
+        NotAffineError: quoting the sub-expression that is not affine in ``h``.
+
+    Example:
+        >>> import numpy as np, scanweaver
+        >>> @scanweaver.recurrence
+        ... def ema(h, alpha, x):
+        ...     return alpha * h + (1 - alpha) * x
+        >>> ema(np.full(4, 0.5), np.ones(4), backend="numpy").tolist()
+        [0.5, 0.75, 0.875, 0.9375]
+    """
+    if step is None:
+        return lambda fn: Recurrence(fn, name=name, broadcast=broadcast)
+    return Recurrence(step, name=name, broadcast=broadcast)
+
+
+def _selective(h, a, b, x, c):
+    h = a * h + b * x
+    return h, c * h
+
+
+def _selective_noc(h, a, b, x):
+    return a * h + b * x
+
+
+SELECTIVE = Recurrence(_selective, name="selective_scan", broadcast=False)
+SELECTIVE_NO_C = Recurrence(_selective_noc, name="selective_scan_h", broadcast=False)
+
+
+def selective_scan(a, b, x, c=None, *, h0=None, reset=None, reverse: bool = False, return_state: bool = False,
+                   backend: str = "auto", schedule: str = "auto", config="auto", **tunables):
+    """The selective scan h_t = a_t*h_{t-1} + b_t*x_t, y_t = c_t*h_t over the last axis.
+
+    Operands share one layout ``(..., L)`` (the paper's ``(B, D, L)``), in
+    float32 or float64; y = h when ``c`` is None.  Runs the best stored tuned
+    configuration for this device and problem size when there is one.
+
+    Args:
+        a, b, x: operands of shape ``(..., L)``.
+        c: output projection of shape ``(..., L)``, or None.
+        h0: initial state of shape ``(...)``.
+        reset: boolean mask ``(..., L)``; True at t starts a new segment.
+        reverse: scan from t = L-1 down to 0.
+        return_state: also return h_L (h_0 of the reversed scan).
+        backend: ``auto``, ``numpy``, ``cpu``, ``opencl``, ``cuda`` or ``julia``.
+        schedule: ``auto`` or a schedule name (``sequential``, ``chunked`` ...).
+        config: ``auto``, ``default`` or a dict of tunables.
+        **tunables: schedule tunables such as ``chunk=4096`` or ``threads=2``.
+
+    Returns:
+        ``y`` of shape ``(..., L)``, or ``(y, h_last)`` with ``return_state``.
+
+    Example:
+        >>> import numpy as np, scanweaver
+        >>> a = np.full((1, 4), 0.5); b = np.ones((1, 4)); x = np.ones((1, 4))
+        >>> scanweaver.selective_scan(a, b, x, backend="numpy").tolist()
+        [[1.0, 1.5, 1.75, 1.875]]
+    """
+    rec = SELECTIVE_NO_C if c is None else SELECTIVE
+    operands = (a, b, x) if c is None else (a, b, x, c)
+    return rec(*operands, h0=h0, reset=reset, reverse=reverse, return_state=return_state, backend=backend,
+               schedule=schedule, config=config, **tunables)

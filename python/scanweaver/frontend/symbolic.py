@@ -1,0 +1,167 @@
+"""Symbolic values for tracing a step function.
+
+A :class:`Sym` records every operation applied to it as an
+:class:`~scanweaver.ir.expr.Expr`.  NumPy ufuncs (``np.exp``, ``np.log1p`` ...)
+dispatch here through ``__array_ufunc__``, so a gate such as
+``np.exp(delta * A)`` can be written inside the step.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from ..errors import NotAffineError, ScanWeaverError
+from ..ir import expr as E
+
+_UFUNCS = {
+    "add": lambda x, y: E.add(x, y),
+    "subtract": lambda x, y: E.sub(x, y),
+    "multiply": lambda x, y: E.mul(x, y),
+    "true_divide": lambda x, y: E.div(x, y),
+    "divide": lambda x, y: E.div(x, y),
+    "negative": lambda x: E.neg(x),
+    "positive": lambda x: x,
+    "exp": lambda x: E.call("exp", x),
+    "log": lambda x: E.call("log", x),
+    "log1p": lambda x: E.call("log1p", x),
+    "expm1": lambda x: E.call("expm1", x),
+    "sqrt": lambda x: E.call("sqrt", x),
+    "tanh": lambda x: E.call("tanh", x),
+    "sin": lambda x: E.call("sin", x),
+    "cos": lambda x: E.call("cos", x),
+    "absolute": lambda x: E.call("abs", x),
+    "power": lambda x, y: E.call("pow", x, y),
+    "maximum": lambda x, y: E.call("max", x, y),
+    "minimum": lambda x, y: E.call("min", x, y),
+    "reciprocal": lambda x: E.div(E.ONE, x),
+}
+
+
+def to_expr(value: object) -> E.Expr:
+    """Turns a :class:`Sym` or a real number into an expression."""
+    if isinstance(value, Sym):
+        return value.expr
+    if isinstance(value, numbers.Real) or (isinstance(value, np.ndarray) and value.ndim == 0):
+        return E.const(float(value))
+    raise ScanWeaverError(
+        f"recurrence: cannot use a value of type {type(value).__name__} inside a step function; "
+        "use the step's arguments, Python numbers and NumPy functions"
+    )
+
+
+class Sym:
+    """A traced value: an expression plus Python operators that extend it."""
+
+    __array_priority__ = 1000
+    __slots__ = ("expr",)
+
+    def __init__(self, expr: E.Expr):
+        self.expr = expr
+
+    def __repr__(self) -> str:
+        return f"Sym({E.format_expr(self.expr)})"
+
+    def _bin(self, other: object, fn, swap: bool = False) -> "Sym":
+        x, y = self.expr, to_expr(other)
+        return Sym(fn(y, x) if swap else fn(x, y))
+
+    def __add__(self, o): return self._bin(o, E.add)
+    def __radd__(self, o): return self._bin(o, E.add, True)
+    def __sub__(self, o): return self._bin(o, E.sub)
+    def __rsub__(self, o): return self._bin(o, E.sub, True)
+    def __mul__(self, o): return self._bin(o, E.mul)
+    def __rmul__(self, o): return self._bin(o, E.mul, True)
+    def __truediv__(self, o): return self._bin(o, E.div)
+    def __rtruediv__(self, o): return self._bin(o, E.div, True)
+    def __neg__(self): return Sym(E.neg(self.expr))
+    def __pos__(self): return self
+
+    def __pow__(self, o):
+        y = to_expr(o)
+        if y.op == "const" and y.value == 1.0:
+            return self
+        if y.op == "const" and y.value == 2.0 and not self.expr.uses_state():
+            return Sym(E.mul(self.expr, self.expr))
+        return Sym(E.call("pow", self.expr, y))
+
+    def __rpow__(self, o):
+        return Sym(E.call("pow", to_expr(o), self.expr))
+
+    def _compare(self, other: object, sym: str):
+        text = f"{E.format_expr(self.expr)} {sym} {E.format_expr(to_expr(other))}"
+        if self.expr.uses_state() or to_expr(other).uses_state():
+            raise NotAffineError(
+                f"recurrence: the state is used in a condition: `{text}`; "
+                "an affine recurrence cannot branch on h"
+            )
+        raise ScanWeaverError(
+            f"recurrence: comparison `{text}` is not supported inside a step function; "
+            "compute masks outside the step and pass them in (e.g. as a reset mask)"
+        )
+
+    def __lt__(self, o): return self._compare(o, "<")
+    def __le__(self, o): return self._compare(o, "<=")
+    def __gt__(self, o): return self._compare(o, ">")
+    def __ge__(self, o): return self._compare(o, ">=")
+
+    def __bool__(self):
+        what = "the state" if self.expr.uses_state() else "a traced input"
+        err = NotAffineError if self.expr.uses_state() else ScanWeaverError
+        raise err(
+            f"recurrence: {what} is used in a condition: `{E.format_expr(self.expr)}`; "
+            "step functions must be straight-line code"
+        )
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        fn = _UFUNCS.get(ufunc.__name__)
+        if method != "__call__" or fn is None or kwargs:
+            raise ScanWeaverError(
+                f"recurrence: numpy.{ufunc.__name__} is not supported inside a step function; "
+                f"supported: {', '.join(sorted(_UFUNCS))}"
+            )
+        return Sym(fn(*(to_expr(v) for v in inputs)))
+
+
+def _lift(name: str, numeric):
+    def fn(x):
+        if isinstance(x, Sym):
+            return Sym(E.call(name, x.expr))
+        return numeric(np.asarray(x))
+
+    fn.__name__ = name
+    fn.__doc__ = f"``{name}(x)`` on arrays, or recorded when ``x`` is traced inside a step function."
+    return fn
+
+
+def _np_sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def _np_softplus(x):
+    return np.logaddexp(0.0, x)
+
+
+sigmoid = _lift("sigmoid", _np_sigmoid)
+softplus = _lift("softplus", _np_softplus)
+silu = _lift("silu", lambda x: x * _np_sigmoid(x))
+
+#: NumPy implementations of every function in :data:`scanweaver.ir.expr.FUNCTIONS`.
+NUMPY_FUNCTIONS = {
+    "exp": np.exp,
+    "log": np.log,
+    "log1p": np.log1p,
+    "expm1": np.expm1,
+    "sqrt": np.sqrt,
+    "tanh": np.tanh,
+    "sin": np.sin,
+    "cos": np.cos,
+    "abs": np.abs,
+    "sigmoid": _np_sigmoid,
+    "softplus": _np_softplus,
+    "silu": lambda x: x * _np_sigmoid(x),
+    "pow": np.power,
+    "max": np.maximum,
+    "min": np.minimum,
+}

@@ -1,0 +1,28 @@
+"""ScanWeaver's IR: expressions, the stage dataclasses, printer and verifiers."""
+
+from .expr import Expr
+from .printer import print_affine, print_assoc, print_scan, print_schedule
+from .stages import (
+    AffineScanIR,
+    AssocScanIR,
+    Features,
+    OutputForm,
+    ScanIR,
+    ScheduleIR,
+    ScheduleOp,
+)
+
+__all__ = [
+    "AffineScanIR",
+    "AssocScanIR",
+    "Expr",
+    "Features",
+    "OutputForm",
+    "ScanIR",
+    "ScheduleIR",
+    "ScheduleOp",
+    "print_affine",
+    "print_assoc",
+    "print_scan",
+    "print_schedule",
+]

@@ -1,0 +1,41 @@
+"""Pass ``materialize_schedule``: pick a schedule and fix its tunables."""
+
+from __future__ import annotations
+
+from ..errors import ScanInputError
+from ..ir.stages import AssocScanIR, ScheduleIR
+from ..ir.verifier import verify_schedule
+from ..schedules import get_schedule
+
+
+def resolve_config(schedule: str, config: dict[str, object] | None, api: str = "schedule",
+                   extra: tuple = ()) -> dict[str, object]:
+    """Validates ``config`` against the schedule's tunables (plus ``extra`` ones).
+
+    Unknown keywords are an error that lists the accepted ones; missing ones
+    take their defaults.
+    """
+    sched = get_schedule(schedule)
+    tunables = {t.name: t for t in (*sched.tunables, *extra)}
+    config = dict(config or {})
+    unknown = sorted(set(config) - set(tunables))
+    if unknown:
+        accepted = ", ".join(sorted(tunables)) or "none"
+        raise ScanInputError(
+            f"{api}: unknown tunable(s) {', '.join(unknown)} for schedule {schedule!r}; accepted: {accepted}"
+        )
+    return {name: t.check(config[name], api) if name in config else t.default for name, t in tunables.items()}
+
+
+def materialize_schedule(ir: AssocScanIR, schedule: str, config: dict[str, object] | None = None,
+                         extra: tuple = ()) -> ScheduleIR:
+    """Returns stage ``schedule`` for ``ir`` with validated tunables."""
+    cfg = resolve_config(schedule, config, extra=extra)
+    sched = get_schedule(schedule)
+    ops = sched.ops(cfg)
+    out = ScheduleIR(assoc=ir, schedule=schedule, params=tuple(sorted(cfg.items())), ops=ops)
+    verify_schedule(out, tuple(o.name for o in ops))
+    return out
+
+
+__all__ = ["materialize_schedule", "resolve_config", "ScanInputError"]

@@ -1,0 +1,151 @@
+"""The backend interface: one abstract base, implementations found through a registry.
+
+A backend turns lowered :class:`~scanweaver.passes.Stages` into something it
+can run (emitting and compiling kernel source where it has a target) and runs
+it on prepared :class:`ScanArrays`.  Capabilities are data on the class.
+"""
+
+from __future__ import annotations
+
+import functools
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from ..errors import BackendUnavailable, ScanInputError
+from ..passes import Stages
+from ..schedules import Tunable
+
+
+@dataclass(frozen=True)
+class Availability:
+    """Whether a backend can run here, and why not.
+
+    Attributes:
+        ok: the backend can run.
+        reason: why not (empty when ``ok``), with the command that fixes it.
+        device: the device it runs on, e.g. ``AMD EPYC 7B13 (2 threads)``.
+    """
+
+    ok: bool
+    reason: str = ""
+    device: str = ""
+
+
+@dataclass
+class ScanArrays:
+    """Operands prepared for a backend: 2-D, C-contiguous, one dtype.
+
+    Attributes:
+        inputs: operand name -> ``(lanes, L)`` array in ``dtype``.
+        h0: initial state ``(lanes,)`` or ``None``.
+        reset: ``(lanes, L)`` uint8 mask (1 = a segment starts) or ``None``.
+        batch_shape: the leading shape ``(...)`` the caller used.
+        dtype: storage dtype (float32 or float64).
+    """
+
+    inputs: dict[str, np.ndarray]
+    h0: np.ndarray | None
+    reset: np.ndarray | None
+    batch_shape: tuple[int, ...]
+    dtype: np.dtype
+
+    @property
+    def lanes(self) -> int:
+        """Number of independent sequences."""
+        return int(np.prod(self.batch_shape, dtype=np.int64))
+
+    @property
+    def L(self) -> int:
+        """Sequence length."""
+        return next(iter(self.inputs.values())).shape[1]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes a scan must read and write (inputs, masks, outputs, states)."""
+        total = sum(a.nbytes for a in self.inputs.values()) + self.lanes * self.L * self.dtype.itemsize
+        if self.reset is not None:
+            total += self.reset.nbytes
+        return total
+
+
+class Backend(ABC):
+    """A runtime backend.
+
+    Class attributes:
+        name: the ``backend=`` keyword value.
+        target: the emitter target it compiles for (``numpy`` for the interpreter).
+        schedules: schedules it can run.
+        extra_tunables: backend tunables beyond the schedule's (e.g. ``threads``).
+        auto_priority: preference for ``backend="auto"``; higher wins, negative never.
+    """
+
+    name: ClassVar[str]
+    target: ClassVar[str]
+    schedules: ClassVar[tuple[str, ...]]
+    extra_tunables: ClassVar[tuple[Tunable, ...]] = ()
+    auto_priority: ClassVar[int] = -1
+
+    @classmethod
+    @abstractmethod
+    def probe(cls) -> Availability:
+        """Checks, without side effects on failure, whether the backend can run."""
+
+    @classmethod
+    def availability(cls) -> Availability:
+        """:meth:`probe`, cached for the process."""
+        return _cached_probe(cls)
+
+    def default_schedule(self, lanes: int, L: int) -> str:
+        """The schedule used when the caller and the tuned store give none."""
+        return self.schedules[0]
+
+    def default_config(self, schedule: str, lanes: int, L: int, dtype: str) -> dict[str, object]:
+        """Documented defaults for the tunables of ``schedule`` on this backend."""
+        return {}
+
+    def emit(self, stages: Stages) -> Stages:
+        """Returns ``stages`` with the kernel source filled in (the interpreter has none)."""
+        return stages
+
+    @abstractmethod
+    def run(self, stages: Stages, arrays: ScanArrays) -> tuple[np.ndarray, np.ndarray]:
+        """Runs the lowered scan; returns ``y (lanes, L)`` and ``h_last (lanes,)``."""
+
+
+@functools.cache
+def _cached_probe(cls: type[Backend]) -> Availability:
+    try:
+        return cls.probe()
+    except Exception as exc:  # a probe must never take the caller down
+        return Availability(False, f"probe failed: {type(exc).__name__}: {exc}")
+
+
+REGISTRY: dict[str, type[Backend]] = {}
+
+
+def register(cls: type[Backend]) -> type[Backend]:
+    """Class decorator adding a backend to :data:`REGISTRY`."""
+    REGISTRY[cls.name] = cls
+    return cls
+
+
+_instances: dict[str, Backend] = {}
+
+
+def get_backend(name: str) -> Backend:
+    """The backend ``name``, or :class:`BackendUnavailable` saying why it cannot run."""
+    from . import load_all
+
+    load_all()
+    cls = REGISTRY.get(name)
+    if cls is None:
+        raise ScanInputError(f"backend: unknown backend {name!r}; known: {', '.join(sorted(REGISTRY))} or 'auto'")
+    avail = cls.availability()
+    if not avail.ok:
+        raise BackendUnavailable(f"backend {name!r} is unavailable: {avail.reason}")
+    if name not in _instances:
+        _instances[name] = cls()
+    return _instances[name]

@@ -1,0 +1,30 @@
+"""The ``numpy`` backend: the schedule interpreter, in the input's precision."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..passes import Stages
+from ..targets import reference
+from .base import Availability, Backend, ScanArrays, register
+
+
+@register
+class NumpyBackend(Backend):
+    """Runs any schedule through the NumPy interpreter; always available."""
+
+    name = "numpy"
+    target = "numpy"
+    schedules = ("sequential", "chunked", "blelloch")
+    auto_priority = 0
+
+    @classmethod
+    def probe(cls) -> Availability:
+        return Availability(True, device=f"NumPy {np.__version__} (host)")
+
+    def default_schedule(self, lanes: int, L: int) -> str:
+        return "sequential"
+
+    def run(self, stages: Stages, arrays: ScanArrays):
+        return reference.run(stages.affine, stages.schedule, arrays.inputs, arrays.h0, arrays.reset,
+                             arrays.dtype)

@@ -1,0 +1,18 @@
+"""``sequential``: one lane at a time, t = 0 .. L-1 (the naive baseline)."""
+
+from __future__ import annotations
+
+from ..ir.stages import ScheduleOp
+from .base import Schedule, register
+
+
+@register
+class Sequential(Schedule):
+    """h = A_t * h + U_t in a loop per lane; lanes run in parallel."""
+
+    name = "sequential"
+    description = "one loop over L per lane (the naive baseline); lanes in parallel"
+    tunables = ()
+
+    def ops(self, config):
+        return (ScheduleOp("sequential.scan"),)
