@@ -1,0 +1,160 @@
+"""One C-family renderer for the lowered IR; targets override strings.
+
+:class:`CStyleRenderer` turns expressions, the kernel ABI and the call-site
+features into C text.  Subclasses for C (CPU), OpenCL C and CUDA C mostly
+override strings (qualifiers, barriers, work-item ids, function names), in
+the manner of tinygrad's ``cstyle`` renderers; each schedule's loop structure
+is rendered by the target module that owns it.
+
+Kernel ABI (every target, in this order):
+``in_<name>...`` (one const pointer per operand, ``(lanes, L)`` row-major),
+``y`` (output), ``h0`` (per-lane initial state; read when ``SW_HAS_H0``),
+``hlast`` (per-lane final state; written when ``SW_RETURN_STATE``),
+``reset`` (uint8 ``(lanes, L)``; read when ``SW_HAS_RESET``), ``nlanes``, ``L``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, ClassVar
+
+from ..ir.expr import BINARY, Expr
+from ..passes import Stages
+
+CTYPES = {"float32": "float", "float64": "double"}
+
+
+class CStyleRenderer:
+    """Base renderer: strings and helpers shared by every C-family target."""
+
+    target: ClassVar[str] = "c"
+    #: qualifier of kernel entry points
+    kernel_prefix: ClassVar[str] = ""
+    #: qualifier of global-memory pointers
+    global_prefix: ClassVar[str] = ""
+    #: qualifier of helper functions
+    function_prefix: ClassVar[str] = "static inline "
+    #: qualifier of workgroup-local arrays
+    local_prefix: ClassVar[str] = ""
+    #: workgroup barrier statement
+    barrier: ClassVar[str] = ""
+    #: integer type of sizes and indices
+    index_type: ClassVar[str] = "long"
+    #: unsigned byte type of reset masks
+    byte_type: ClassVar[str] = "unsigned char"
+    #: float32 math uses suffixed names (expf) in C and CUDA, overloads in OpenCL
+    f32_suffix_math: ClassVar[bool] = True
+
+    MATH = ("exp", "log", "log1p", "expm1", "sqrt", "tanh", "sin", "cos", "pow")
+
+    def ctype(self, dtype: str) -> str:
+        """C scalar type of a dtype."""
+        return CTYPES[dtype]
+
+    def literal(self, value: float, dtype: str) -> str:
+        """A constant in ``dtype``, exact for every representable value."""
+        if math.isnan(value):
+            return "NAN"
+        if math.isinf(value):
+            return "INFINITY" if value > 0 else "(-INFINITY)"
+        text = repr(float(value))
+        return f"{text}f" if dtype == "float32" else text
+
+    def math_fn(self, name: str, dtype: str) -> str:
+        """The C name of a math function for ``dtype``."""
+        if name == "abs":
+            return "fabsf" if dtype == "float32" and self.f32_suffix_math else "fabs"
+        if name in ("max", "min"):
+            base = "f" + name
+            return base + "f" if dtype == "float32" and self.f32_suffix_math else base
+        if name in ("sigmoid", "softplus", "silu"):
+            return f"sw_{name}"
+        return name + "f" if dtype == "float32" and self.f32_suffix_math else name
+
+    def expr(self, e: Expr, load: Callable[[str], str], dtype: str) -> str:
+        """C text of an h-free expression; ``load(name)`` reads an operand at the current element."""
+        if e.op == "input":
+            return load(e.name)
+        if e.op == "const":
+            return self.literal(e.value, dtype)
+        if e.op == "neg":
+            return f"(-{self.expr(e.args[0], load, dtype)})"
+        if e.op in BINARY:
+            lhs, rhs = (self.expr(a, load, dtype) for a in e.args)
+            return f"({lhs} {BINARY[e.op]} {rhs})"
+        if e.op == "call":
+            args = ", ".join(self.expr(a, load, dtype) for a in e.args)
+            return f"{self.math_fn(e.name, dtype)}({args})"
+        raise ValueError(f"{self.target} renderer: cannot render op {e.op!r} (state in an operand expression)")
+
+    def helpers(self, dtype: str) -> str:
+        """Definitions of the composite functions (sigmoid, softplus, silu) for ``dtype``."""
+        T = self.ctype(dtype)
+        one, thr = self.literal(1.0, dtype), self.literal(20.0, dtype)
+        ex, l1p = self.math_fn("exp", dtype), self.math_fn("log1p", dtype)
+        fp = self.function_prefix
+        return "\n".join([
+            f"{fp}{T} sw_sigmoid({T} v) {{ return {one} / ({one} + {ex}(-v)); }}",
+            f"{fp}{T} sw_softplus({T} v) {{ return v > {thr} ? v : {l1p}({ex}(v)); }}",
+            f"{fp}{T} sw_silu({T} v) {{ return v * sw_sigmoid(v); }}",
+        ])
+
+    def feature_defines(self, stages: Stages) -> str:
+        """``#define`` lines for the call-site features and the schedule's tunables."""
+        f = stages.affine.features
+        lines = [
+            f"#define SW_T {self.ctype(stages.affine.dtype)}",
+            f"#define SW_REVERSE {int(f.reverse)}",
+            f"#define SW_HAS_H0 {int(f.has_h0)}",
+            f"#define SW_HAS_RESET {int(f.has_reset)}",
+            f"#define SW_RETURN_STATE {int(f.return_state)}",
+        ]
+        if stages.schedule is not None:
+            for name, value in stages.schedule.params:
+                if isinstance(value, int):
+                    lines.append(f"#define SW_{name.upper()} {value}")
+        return "\n".join(lines)
+
+    def params(self, stages: Stages) -> list[str]:
+        """The kernel parameter declarations, in ABI order."""
+        T = self.ctype(stages.affine.dtype)
+        g = self.global_prefix
+        ps = [f"{g}const {T}* restrict in_{n}" for n in stages.affine.inputs]
+        ps += [
+            f"{g}{T}* restrict y",
+            f"{g}const {T}* restrict h0",
+            f"{g}{T}* restrict hlast",
+            f"{g}const {self.byte_type}* restrict reset",
+            f"const {self.index_type} nlanes",
+            f"const {self.index_type} L",
+        ]
+        return ps
+
+    def element(self, stages: Stages, idx: str, dtype: str) -> tuple[str, str]:
+        """C text of (A_t, U_t) for the element at flat index ``idx``, resets applied."""
+        aff = stages.affine
+        load = lambda n: f"in_{n}[{idx}]"  # noqa: E731
+        A = self.expr(aff.A, load, dtype)
+        if aff.features.has_reset:
+            A = f"(reset[{idx}] ? {self.literal(0.0, dtype)} : {A})"
+        return A, self.expr(aff.U, load, dtype)
+
+    def output(self, stages: Stages, idx: str, h: str, hprev: str, dtype: str) -> str:
+        """C text of y_t from h_t and h_{t-1} at flat index ``idx``."""
+        out = stages.affine.output
+        if out.is_identity:
+            return h
+        load = lambda n: f"in_{n}[{idx}]"  # noqa: E731
+        terms = []
+        if not (out.new.op == "const" and out.new.value == 0):
+            terms.append(f"{self.expr(out.new, load, dtype)} * {h}")
+        if not (out.old.op == "const" and out.old.value == 0):
+            terms.append(f"{self.expr(out.old, load, dtype)} * {hprev}")
+        if not (out.const.op == "const" and out.const.value == 0):
+            terms.append(self.expr(out.const, load, dtype))
+        return " + ".join(terms) if terms else self.literal(0.0, dtype)
+
+    def uses_prev_state(self, stages: Stages) -> bool:
+        """True when y_t reads h_{t-1}, so kernels must keep it."""
+        old = stages.affine.output.old
+        return not (old.op == "const" and old.value == 0)
