@@ -109,10 +109,12 @@ class Recurrence:
 
     def lower(self, *, backend: str = "numpy", schedule: str = "auto", dtype: str = "float32",
               features: Features = Features(), lanes: int = 1, L: int = 1024, **tunables) -> Stages:
-        """Every stage for one configuration, without running it (``scanweaver ir``)."""
-        be = pick_backend(backend)
-        sched, cfg, _ = self._resolve(be, schedule, "auto" if not tunables else "explicit", tunables,
-                                      dtype, lanes, L)
+        """Every stage for one configuration, without running it (``scanweaver ir``).
+
+        Works for backends that cannot run here too: emitting source needs no device.
+        """
+        be = pick_backend(backend) if backend == "auto" else get_backend(backend, require_available=False)
+        sched, cfg, _ = self._resolve(be, schedule, "auto", tunables, dtype, lanes, L)
         return self._lowered(be, dtype, features, sched, tuple(sorted(cfg.items())))
 
     @property
@@ -138,7 +140,7 @@ class Recurrence:
         cfg: dict = {}
         if isinstance(config, dict):
             cfg, source = dict(config), "explicit"
-        elif config == "auto" and not tunables:
+        elif config == "auto" and not tunables and be.availability().ok:
             hit = _tuned(be, self, dtype, lanes, L)
             if hit is not None and (schedule == "auto" or hit[0] == schedule):
                 schedule, cfg, source = hit[0], dict(hit[1]), "tuned"

@@ -135,8 +135,12 @@ def register(cls: type[Backend]) -> type[Backend]:
 _instances: dict[str, Backend] = {}
 
 
-def get_backend(name: str) -> Backend:
-    """The backend ``name``, or :class:`BackendUnavailable` saying why it cannot run."""
+def get_backend(name: str, require_available: bool = True) -> Backend:
+    """The backend ``name``, or :class:`BackendUnavailable` saying why it cannot run.
+
+    With ``require_available=False`` an instance is returned even where the
+    backend cannot run, for emitting kernel source without a device.
+    """
     from . import load_all
 
     load_all()
@@ -144,7 +148,7 @@ def get_backend(name: str) -> Backend:
     if cls is None:
         raise ScanInputError(f"backend: unknown backend {name!r}; known: {', '.join(sorted(REGISTRY))} or 'auto'")
     avail = cls.availability()
-    if not avail.ok:
+    if not avail.ok and require_available:
         raise BackendUnavailable(f"backend {name!r} is unavailable: {avail.reason}")
     if name not in _instances:
         _instances[name] = cls()

@@ -1,0 +1,63 @@
+"""``scanweaver ir``: print every lowering stage, like MLIR's print-after-all."""
+
+from __future__ import annotations
+
+import argparse
+
+from . import command
+
+RECURRENCES = ("selective", "selective_h")
+
+
+def _param(text: str) -> tuple[str, object]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"--param must look like name=value, got {text!r}")
+    return key, int(value) if value.lstrip("-").isdigit() else value
+
+
+def target_backend(target: str) -> str:
+    """The backend whose emitter renders ``target``."""
+    from ..runtime import REGISTRY, load_all
+
+    load_all()
+    for name, cls in REGISTRY.items():
+        if cls.target == target:
+            return name
+    known = sorted({c.target for c in REGISTRY.values()})
+    raise argparse.ArgumentTypeError(f"--target {target!r} is unknown; known targets: {', '.join(known)}")
+
+
+@command("ir", help="print the stages scan -> affine_scan -> assoc_scan -> schedule -> kernel")
+class IR:
+    @staticmethod
+    def add_arguments(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--schedule", default="auto", help="schedule name (default: the target's default)")
+        p.add_argument("--target", default="c", help="numpy, c, opencl or cuda (default c)")
+        p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+        p.add_argument("--recurrence", choices=RECURRENCES, default="selective",
+                       help="selective: y = c*h; selective_h: y = h")
+        p.add_argument("--param", type=_param, action="append", default=[],
+                       help="a tunable as name=value, e.g. --param chunk=1024 (repeatable)")
+        p.add_argument("--stage", default=None, help="print only this stage")
+
+    @staticmethod
+    def run(args: argparse.Namespace) -> int:
+        from ..api import SELECTIVE, SELECTIVE_NO_C
+
+        try:
+            backend = target_backend(args.target)
+        except argparse.ArgumentTypeError as exc:
+            print(f"scanweaver ir: error: {exc}")
+            return 2
+        rec = SELECTIVE if args.recurrence == "selective" else SELECTIVE_NO_C
+        stages = rec.lower(backend=backend, schedule=args.schedule, dtype=args.dtype, **dict(args.param))
+        if args.stage:
+            text = stages.text()
+            if args.stage not in text:
+                print(f"scanweaver ir: error: --stage {args.stage!r} is not one of {', '.join(text)}")
+                return 2
+            print(text[args.stage])
+        else:
+            print(stages)
+        return 0
