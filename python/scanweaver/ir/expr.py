@@ -81,6 +81,21 @@ def const(value: float) -> Expr:
 
 STATE = Expr("state")
 NEW_STATE = Expr("new_state")
+
+
+def state(j: int) -> Expr:
+    """Component ``j`` of a vector state h_{t-1} (dense transitions)."""
+    return Expr("state", name=str(j))
+
+
+def new_state(j: int) -> Expr:
+    """Component ``j`` of the new vector state h_t."""
+    return Expr("new_state", name=str(j))
+
+
+def state_key(e: Expr) -> str:
+    """``state``/``new_state`` for a scalar state, ``state:j``/``new_state:j`` for a component."""
+    return f"{e.op}:{e.name}" if e.name else e.op
 ZERO = const(0.0)
 ONE = const(1.0)
 
@@ -159,9 +174,9 @@ def format_expr(e: Expr) -> str:
     if e.op == "const":
         return _fmt_const(e.value)
     if e.op == "state":
-        return "h"
+        return f"h[{e.name}]" if e.name else "h"
     if e.op == "new_state":
-        return "h'"
+        return f"h'[{e.name}]" if e.name else "h'"
     if e.op == "neg":
         return f"-{_wrap(e.args[0])}"
     if e.op in BINARY:
@@ -179,17 +194,15 @@ def _wrap(e: Expr) -> str:
 def evaluate(e: Expr, env: Callable[[str], object], fns: dict[str, Callable]) -> object:
     """Evaluates ``e`` with inputs from ``env(name)`` and functions from ``fns``.
 
-    Works on NumPy arrays and scalars alike; the state nodes are looked up as
-    ``env("h")`` and ``env("h'")``.
+    Works on NumPy arrays and scalars alike; the state nodes are looked up by
+    their text, ``env("h")``, ``env("h'")``, ``env("h[0]")`` ...
     """
     if e.op == "input":
         return env(e.name)
     if e.op == "const":
         return e.value
-    if e.op == "state":
-        return env("h")
-    if e.op == "new_state":
-        return env("h'")
+    if e.op in ("state", "new_state"):
+        return env(format_expr(e))
     vals = [evaluate(a, env, fns) for a in e.args]
     if e.op == "neg":
         return -vals[0]

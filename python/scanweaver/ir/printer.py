@@ -11,12 +11,29 @@ def _operands(inputs: tuple[str, ...], dtype: str) -> str:
     return ", ".join(f"%{n}: {short}[lanes, L]" for n in inputs)
 
 
+def _vec(value) -> str:
+    if isinstance(value, tuple):
+        return "[" + ", ".join(format_expr(v) for v in value) + "]"
+    return format_expr(value)
+
+
+def _mat(value, k: int) -> str:
+    if k == 1:
+        return format_expr(value)
+    rows = ("[" + ", ".join(format_expr(v) for v in value[i * k:(i + 1) * k]) + "]" for i in range(k))
+    return "[" + ", ".join(rows) + "]"
+
+
+def _state_text(k: int) -> str:
+    return "" if k == 1 else f" state={k}"
+
+
 def print_scan(ir: ScanIR) -> str:
     """Text of stage ``scan``."""
     lines = [
-        f"scanweaver.scan @{ir.name}({_operands(ir.inputs, ir.dtype)}) axis=-1 "
+        f"scanweaver.scan @{ir.name}({_operands(ir.inputs, ir.dtype)}) axis=-1{_state_text(ir.state_size)} "
         f"features={ir.features.text()} {{",
-        f"  h' = {format_expr(ir.next_state)}",
+        f"  h' = {_vec(ir.next_state)}",
         f"  y = {format_expr(ir.output) if ir.output is not None else 'h' + chr(39)}",
         "}",
     ]
@@ -28,11 +45,12 @@ def print_affine(ir: AffineScanIR) -> str:
     out = ir.output
     lines = [
         f"scanweaver.affine_scan @{ir.name}({_operands(ir.inputs, ir.dtype)}) "
-        f"kind={ir.kind} features={ir.features.text()} {{",
-        f"  A = {format_expr(ir.A)}",
-        f"  U = {format_expr(ir.U)}",
-        f"  h' = A * h + U",
-        f"  y = ({format_expr(out.new)}) * h' + ({format_expr(out.old)}) * h + ({format_expr(out.const)})",
+        f"kind={ir.kind}{_state_text(ir.state_size)} features={ir.features.text()} {{",
+        f"  A = {_mat(ir.A, ir.state_size)}",
+        f"  U = {_vec(ir.U)}",
+        f"  h' = A {'@' if ir.state_size > 1 else '*'} h + U",
+        f"  y = ({_vec(out.new)}) {'.' if ir.state_size > 1 else '*'} h' + ({_vec(out.old)}) "
+        f"{'.' if ir.state_size > 1 else '*'} h + ({format_expr(out.const)})",
         "}",
     ]
     return "\n".join(lines)
@@ -43,11 +61,13 @@ def print_assoc(ir: AssocScanIR) -> str:
     f = ir.features
     order = "t = L-1 .. 0" if f.reverse else "t = 0 .. L-1"
     lines = [
-        f"scanweaver.assoc_scan @{ir.affine.name} combine={ir.combine} identity=(1, 0) "
+        f"scanweaver.assoc_scan @{ir.affine.name} combine={ir.combine} "
+        f"identity=({'1' if ir.affine.state_size == 1 else 'I'}, 0) "
         f"order=({order}) features={f.text()} {{",
-        f"  elem(t) = ({format_expr(ir.affine.A)}{' if !reset[t] else 0' if f.has_reset else ''}, "
-        f"{format_expr(ir.affine.U)})",
-        "  combine((A2, U2), (A1, U1)) = (A2 * A1, A2 * U1 + U2)",
+        f"  elem(t) = ({_mat(ir.affine.A, ir.affine.state_size)}{' if !reset[t] else 0' if f.has_reset else ''}, "
+        f"{_vec(ir.affine.U)})",
+        "  combine((A2, U2), (A1, U1)) = (A2 * A1, A2 * U1 + U2)" if ir.affine.state_size == 1 else
+        "  combine((A2, U2), (A1, U1)) = (A2 @ A1, A2 @ U1 + U2)",
         f"  h(t) = apply(elem(t) o ... o elem(first), {'h0' if f.has_h0 else '0'})",
         "}",
     ]

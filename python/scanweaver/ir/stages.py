@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from .expr import Expr, ONE, ZERO
 
-DTYPES = ("float32", "float64")
+DTYPES = ("float32", "float64", "complex64", "complex128")
 
 
 @dataclass(frozen=True)
@@ -43,25 +43,32 @@ class ScanIR:
         inputs: per-step operands, in kernel-argument order.
         next_state: h_t as an expression of ``h`` (h_{t-1}) and the inputs.
         output: y_t as an expression of ``h``, ``h'`` (h_t) and the inputs;
-            ``None`` means y_t = h_t.
+            ``None`` means y_t = h_t (its first component for a vector state).
         dtype: storage dtype of inputs and outputs.
         features: call-site features.
+        state_size: k, the length of a vector state; ``next_state`` is then a
+            tuple of k expressions over ``h[0] .. h[k-1]``.
     """
 
     name: str
     inputs: tuple[str, ...]
-    next_state: Expr
+    next_state: Expr | tuple[Expr, ...]
     output: Expr | None
     dtype: str = "float32"
     features: Features = field(default_factory=Features)
+    state_size: int = 1
 
 
 @dataclass(frozen=True)
 class OutputForm:
-    """y_t = new * h_t + old * h_{t-1} + const, each an expression of inputs only."""
+    """y_t = new * h_t + old * h_{t-1} + const, each an expression of inputs only.
 
-    new: Expr = ONE
-    old: Expr = ZERO
+    For a vector state of size k, ``new`` and ``old`` are tuples of k
+    coefficients (y_t = sum_j new[j] h_t[j] + old[j] h_{t-1}[j] + const).
+    """
+
+    new: Expr | tuple[Expr, ...] = ONE
+    old: Expr | tuple[Expr, ...] = ZERO
     const: Expr = ZERO
 
     @property
@@ -77,22 +84,26 @@ class AffineScanIR:
     Attributes:
         name: recurrence name.
         inputs: operands, in kernel-argument order.
-        kind: transition kind; ``diagonal`` (one scalar A per lane and step).
-        A: the transition, an expression of the inputs only.
-        U: the offset, an expression of the inputs only.
+        kind: transition kind: ``diagonal`` (one scalar A per lane and step)
+            or ``dense`` (a k x k matrix A_t per lane and step).
+        A: the transition, an expression of the inputs only; for ``dense`` a
+            tuple of k*k expressions, row-major.
+        U: the offset, an expression of the inputs only; a tuple of k for ``dense``.
         output: the output projection.
         dtype: storage dtype.
         features: call-site features.
+        state_size: k (1 for ``diagonal``).
     """
 
     name: str
     inputs: tuple[str, ...]
     kind: str
-    A: Expr
-    U: Expr
+    A: Expr | tuple[Expr, ...]
+    U: Expr | tuple[Expr, ...]
     output: OutputForm
     dtype: str
     features: Features
+    state_size: int = 1
 
 
 @dataclass(frozen=True)

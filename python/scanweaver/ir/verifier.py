@@ -30,10 +30,24 @@ def _check_common(name: str, inputs: tuple[str, ...], dtype: str, pass_name: str
         raise _fail(pass_name, f"@{name}", f"dtype {dtype!r} is not one of {DTYPES}")
 
 
+def _components(value, k: int, pass_name: str, node: str) -> tuple[Expr, ...]:
+    """``value`` as a tuple of k expressions (a bare expression when k == 1)."""
+    if k == 1:
+        if not isinstance(value, Expr):
+            raise _fail(pass_name, node, f"must be one expression for a scalar state, got {type(value).__name__}")
+        return (value,)
+    if not isinstance(value, tuple) or len(value) != k or not all(isinstance(v, Expr) for v in value):
+        raise _fail(pass_name, node, f"must be a tuple of {k} expressions for a state of size {k}")
+    return value
+
+
 def verify_scan(ir: ScanIR, pass_name: str = "trace") -> None:
     """Checks stage ``scan``."""
     _check_common(ir.name, ir.inputs, ir.dtype, pass_name)
-    _check_expr(ir.next_state, ir.inputs, {"state"}, pass_name, "h'")
+    if ir.state_size < 1:
+        raise _fail(pass_name, f"@{ir.name}", f"state_size must be >= 1, got {ir.state_size}")
+    for j, e in enumerate(_components(ir.next_state, ir.state_size, pass_name, "h'")):
+        _check_expr(e, ir.inputs, {"state"}, pass_name, f"h'[{j}]" if ir.state_size > 1 else "h'")
     if ir.output is not None:
         _check_expr(ir.output, ir.inputs, {"state", "new_state"}, pass_name, "y")
 
@@ -41,10 +55,16 @@ def verify_scan(ir: ScanIR, pass_name: str = "trace") -> None:
 def verify_affine(ir: AffineScanIR, pass_name: str = "normalize_affine") -> None:
     """Checks stage ``affine_scan``: A, U and the output coefficients are free of h."""
     _check_common(ir.name, ir.inputs, ir.dtype, pass_name)
-    if ir.kind != "diagonal":
-        raise _fail(pass_name, f"@{ir.name}", f"unknown transition kind {ir.kind!r}")
-    for node, e in (("A", ir.A), ("U", ir.U), ("y.new", ir.output.new), ("y.old", ir.output.old),
-                    ("y.const", ir.output.const)):
+    k = ir.state_size
+    if (ir.kind, k == 1) not in (("diagonal", True), ("dense", False)):
+        raise _fail(pass_name, f"@{ir.name}", f"kind {ir.kind!r} does not fit state_size {k} "
+                    "(diagonal has state_size 1, dense more)")
+    nodes = [("A", e) for e in _components(ir.A, k * k if k > 1 else 1, pass_name, "A")]
+    nodes += [("U", e) for e in _components(ir.U, k, pass_name, "U")]
+    nodes += [("y.new", e) for e in _components(ir.output.new, k, pass_name, "y.new")]
+    nodes += [("y.old", e) for e in _components(ir.output.old, k, pass_name, "y.old")]
+    nodes.append(("y.const", ir.output.const))
+    for node, e in nodes:
         _check_expr(e, ir.inputs, set(), pass_name, node)
 
 

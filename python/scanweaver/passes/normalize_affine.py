@@ -1,4 +1,9 @@
-"""Pass ``normalize_affine``: prove h' is affine in h and rewrite to h' = A*h + U."""
+"""Pass ``normalize_affine``: prove h' is affine in h and rewrite to h' = A*h + U.
+
+For a scalar state (``kind=diagonal``) A and U are expressions of the inputs.
+For a vector state of size k (``kind=dense``) A is a k x k matrix of
+expressions (row-major) and U a vector of k.
+"""
 
 from __future__ import annotations
 
@@ -8,48 +13,69 @@ from ..ir.stages import AffineScanIR, OutputForm, ScanIR
 from ..ir.verifier import verify_affine
 
 Linear = tuple[dict[str, E.Expr], E.Expr]
+STATE_OPS = ("state",)
+OUTPUT_OPS = ("state", "new_state")
 
 
-def _not_affine(sub: E.Expr, why: str, var: str) -> NotAffineError:
+def _is_var(e: E.Expr, ops: tuple[str, ...]) -> bool:
+    return e.op in ops
+
+
+def _not_affine(sub: E.Expr, why: str) -> NotAffineError:
     return NotAffineError(
-        f"recurrence: not affine in {var}: `{E.format_expr(sub)}` {why}; "
+        f"recurrence: not affine in the state: `{E.format_expr(sub)}` {why}; "
         "the state may only be scaled by and added to terms free of it"
     )
 
 
-def linearize(e: E.Expr, variables: tuple[str, ...] = ("state",)) -> Linear:
-    """Splits ``e`` into ``({var: coefficient}, offset)`` over the given state nodes.
+def linearize(e: E.Expr, ops: tuple[str, ...] = STATE_OPS) -> Linear:
+    """Splits ``e`` into ``({state key: coefficient}, offset)``.
+
+    Keys are :func:`~scanweaver.ir.expr.state_key` of the state nodes whose op
+    is in ``ops`` (``state`` for h, ``new_state`` for h').
 
     Raises:
         NotAffineError: quoting the first sub-expression that is not affine.
     """
-    if e.op in variables:
-        return {e.op: E.ONE}, E.ZERO
-    if not any(n.op in variables for n in e.walk()):
+    if _is_var(e, ops):
+        return {E.state_key(e): E.ONE}, E.ZERO
+    if not any(_is_var(n, ops) for n in e.walk()):
         return {}, e
-    var = "h" if "state" in variables else "h'"
     if e.op == "neg":
-        c, o = linearize(e.args[0], variables)
+        c, o = linearize(e.args[0], ops)
         return {k: E.neg(v) for k, v in c.items()}, E.neg(o)
     if e.op in ("add", "sub"):
-        (c1, o1), (c2, o2) = (linearize(a, variables) for a in e.args)
+        (c1, o1), (c2, o2) = (linearize(a, ops) for a in e.args)
         combine = E.add if e.op == "add" else E.sub
         coef = {k: combine(c1.get(k, E.ZERO), c2.get(k, E.ZERO)) for k in sorted(set(c1) | set(c2))}
         return coef, combine(o1, o2)
     if e.op == "mul":
-        (c1, o1), (c2, o2) = (linearize(a, variables) for a in e.args)
+        (c1, o1), (c2, o2) = (linearize(a, ops) for a in e.args)
         if c1 and c2:
-            raise _not_affine(e, "multiplies the state by itself", var)
+            raise _not_affine(e, "multiplies the state by itself")
         coef = {k: E.mul(v, e.args[1]) for k, v in c1.items()} | {k: E.mul(e.args[0], v) for k, v in c2.items()}
         return coef, E.mul(o1, o2)
     if e.op == "div":
-        if any(n.op in variables for n in e.args[1].walk()):
-            raise _not_affine(e, "divides by the state", var)
-        c, o = linearize(e.args[0], variables)
+        if any(_is_var(n, ops) for n in e.args[1].walk()):
+            raise _not_affine(e, "divides by the state")
+        c, o = linearize(e.args[0], ops)
         return {k: E.div(v, e.args[1]) for k, v in c.items()}, E.div(o, e.args[1])
     if e.op == "call":
-        raise _not_affine(e, f"applies {e.name} to the state", var)
-    raise _not_affine(e, f"uses op {e.op}", var)
+        raise _not_affine(e, f"applies {e.name} to the state")
+    raise _not_affine(e, f"uses op {e.op}")
+
+
+def _output(ir: ScanIR, k: int) -> OutputForm:
+    if ir.output is None:
+        return OutputForm() if k == 1 else OutputForm(new=(E.ONE,) + (E.ZERO,) * (k - 1), old=(E.ZERO,) * k)
+    coef, const = linearize(ir.output, OUTPUT_OPS)
+    if k == 1:
+        return OutputForm(new=coef.get("new_state", E.ZERO), old=coef.get("state", E.ZERO), const=const)
+    return OutputForm(
+        new=tuple(coef.get(f"new_state:{j}", E.ZERO) for j in range(k)),
+        old=tuple(coef.get(f"state:{j}", E.ZERO) for j in range(k)),
+        const=const,
+    )
 
 
 def normalize_affine(ir: ScanIR) -> AffineScanIR:
@@ -58,22 +84,25 @@ def normalize_affine(ir: ScanIR) -> AffineScanIR:
     Raises:
         NotAffineError: when h' is not affine in h, or y not affine in h and h'.
     """
-    coef, offset = linearize(ir.next_state)
-    A = coef.get("state", E.ZERO)
-    if ir.output is None:
-        out = OutputForm()
+    k = ir.state_size
+    if k == 1:
+        coef, offset = linearize(ir.next_state)
+        A, U, kind = coef.get("state", E.ZERO), offset, "diagonal"
     else:
-        ycoef, yconst = linearize(ir.output, ("state", "new_state"))
-        out = OutputForm(new=ycoef.get("new_state", E.ZERO), old=ycoef.get("state", E.ZERO), const=yconst)
+        rows = [linearize(e) for e in ir.next_state]
+        A = tuple(c.get(f"state:{j}", E.ZERO) for c, _ in rows for j in range(k))
+        U = tuple(o for _, o in rows)
+        kind = "dense"
     affine = AffineScanIR(
         name=ir.name,
         inputs=ir.inputs,
-        kind="diagonal",
+        kind=kind,
         A=A,
-        U=offset,
-        output=out,
+        U=U,
+        output=_output(ir, k),
         dtype=ir.dtype,
         features=ir.features,
+        state_size=k,
     )
     verify_affine(affine)
     return affine
