@@ -1,0 +1,149 @@
+"""The ``julia`` backend: ScanWeaver.jl's KernelAbstractions kernels through juliacall.
+
+``selective_scan(..., backend="julia", device="cuda")`` runs the same kernels
+a Julia user gets from ``using ScanWeaver``, on ``cpu``, ``cuda``, ``amdgpu``,
+``oneapi`` or ``metal``.  NumPy buffers are handed to Julia by address: on
+``cpu`` the kernels read the operands and write ``y`` in place (no copy); on a
+GPU the operands are copied to device arrays and the results copied back.
+Never picked by ``backend="auto"`` (starting Julia takes seconds).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable
+
+import numpy as np
+
+from ..errors import ScanInputError
+from ..ir.expr import Expr
+from ..passes import Stages
+from ..runtime.base import Availability, Backend, ScanArrays, register
+from ..schedules import REGISTRY as PY_SCHEDULES
+from ..schedules import Tunable
+from ..targets import reference
+from . import devices, kernels, session
+
+
+def _device_rule(value: object) -> str | None:
+    return None if value in devices.DEVICES else f"it must be one of {', '.join(devices.DEVICES)}"
+
+
+def _hybrid(cfg: dict) -> tuple[str, dict]:
+    if cfg.get("lanes_per_group", 1) != 1:
+        raise ScanInputError(f"julia backend: hybrid runs one lane per workgroup; lanes_per_group="
+                             f"{cfg['lanes_per_group']} is not supported (use 1)")
+    return "hybrid", {"workgroup_size": cfg["workgroup_size"], "items_per_thread": cfg["items_per_thread"]}
+
+
+def _reduce_then_scan(cfg: dict) -> tuple[str, dict]:
+    chunk = cfg["workgroup_size"] * cfg["items_per_thread"] * cfg["tiles_per_block"]
+    return "reduce_then_scan", {"workgroup_size": cfg["workgroup_size"], "chunk": chunk}
+
+
+#: Work-items per workgroup where the Python schedule has no such tunable (one work-item
+#: per lane or per chunk, so it only shapes the launch; 64 fills an AMD wavefront).
+LAUNCH_WORKGROUP = 64
+
+#: Python schedule -> (Julia schedule, its tunables) for a validated Python config.
+SCHEDULE_MAP: dict[str, Callable[[dict], tuple[str, dict]]] = {
+    "sequential": lambda cfg: ("sequential", {"workgroup_size": LAUNCH_WORKGROUP}),
+    "blelloch": lambda cfg: ("blelloch", {"workgroup_size": cfg["workgroup_size"]}),
+    "hybrid": _hybrid,
+    "chunked": lambda cfg: ("reduce_then_scan", {"workgroup_size": LAUNCH_WORKGROUP, "chunk": cfg["chunk"]}),
+    "reduce_then_scan": _reduce_then_scan,
+}
+
+#: Julia's spelling of each tunable keyword (KernelAbstractions says ``workgroupsize``).
+JULIA_KEYWORDS = {"workgroup_size": "workgroupsize", "items_per_thread": "items_per_thread", "chunk": "chunk"}
+
+
+def _is_input(e: Expr) -> bool:
+    return e.op == "input"
+
+
+def _is_zero(e: Expr) -> bool:
+    return e.op == "const" and e.value == 0
+
+
+def _operand_plan(stages: Stages, arrays: ScanArrays) -> tuple[dict[str, np.ndarray | None], bool]:
+    """``a, b, x, c`` buffers for the kernels, and whether y must be projected here from h.
+
+    The kernels compute A_t = a, U_t = b * x (or b), y = c * h (or h).  Other
+    affine forms are evaluated elementwise with NumPy first, and outputs other
+    than ``c * h_t`` are formed here from the h the kernels return.
+    """
+    ir, inputs, dtype = stages.affine, arrays.inputs, arrays.dtype
+    shape = (arrays.lanes, arrays.L)
+
+    def materialise(e: Expr) -> np.ndarray:
+        if _is_input(e):
+            return inputs[e.name]
+        return np.ascontiguousarray(reference.eval_operand(e, inputs, dtype, shape), dtype=dtype)
+
+    U = ir.U
+    if U.op == "mul" and all(_is_input(arg) for arg in U.args):
+        b, x = inputs[U.args[0].name], inputs[U.args[1].name]
+    else:
+        b, x = materialise(U), None
+    out = ir.output
+    direct_c = _is_input(out.new) and _is_zero(out.old) and _is_zero(out.const)
+    c = inputs[out.new.name] if direct_c else None
+    return {"a": materialise(ir.A), "b": b, "x": x, "c": c}, not (out.is_identity or direct_c)
+
+
+def _address(arr: np.ndarray | None) -> int:
+    return 0 if arr is None else int(arr.ctypes.data)
+
+
+@register
+class JuliaBackend(Backend):
+    """ScanWeaver.jl kernels on any KernelAbstractions device (``device=`` tunable)."""
+
+    name = "julia"
+    target = "julia"
+    schedules = tuple(s for s in SCHEDULE_MAP if s in PY_SCHEDULES)
+    extra_tunables = (
+        Tunable("device", "cpu", tuple(devices.DEVICES),
+                "KernelAbstractions device: cpu, cuda, amdgpu, oneapi or metal", _device_rule),
+    )
+    auto_priority = -1
+    dtypes = ("float32", "float64", "complex64", "complex128")
+
+    @classmethod
+    def probe(cls) -> Availability:
+        ok, detail = session.probe()
+        return Availability(ok, "" if ok else detail, detail if ok else "")
+
+    def default_schedule(self, lanes: int, L: int) -> str:
+        if L <= 64 or lanes >= 2**14:
+            return "sequential"
+        return "reduce_then_scan" if L >= 2**16 else "hybrid"
+
+    def emit(self, stages: Stages) -> Stages:
+        julia_schedule, config = SCHEDULE_MAP[stages.schedule.schedule](stages.schedule.config)
+        return replace(stages, kernel=kernels.render_call(julia_schedule, config), target="julia")
+
+    def run(self, stages: Stages, arrays: ScanArrays) -> tuple[np.ndarray, np.ndarray]:
+        cfg = stages.schedule.config
+        device = cfg["device"]
+        dtype = arrays.dtype.name
+        if dtype not in devices.DEVICES[device].dtypes:
+            raise ScanInputError(f"julia backend: device={device!r} runs {', '.join(devices.DEVICES[device].dtypes)}"
+                                 f", not {dtype}; convert the operands or pick another device")
+        devices.activate(device)
+        julia_schedule, tunables = SCHEDULE_MAP[stages.schedule.schedule](cfg)
+        ops, project = _operand_plan(stages, arrays)
+        lanes, L = arrays.lanes, arrays.L
+        h = np.empty((lanes, L), arrays.dtype)
+        h_last = np.empty(lanes, arrays.dtype)
+        buffers = (h, h_last, ops["a"], ops["b"], ops["x"], None if project else ops["c"], arrays.h0, arrays.reset)
+        host_scan = session.main().seval("ScanWeaver.host_scan!")
+        host_scan(device, dtype, L, lanes, *(_address(buf) for buf in buffers),
+                  reverse=stages.affine.features.reverse, schedule=julia_schedule,
+                  **{JULIA_KEYWORDS[k]: v for k, v in tunables.items()})
+        if not project:
+            return h, h_last
+        h0 = arrays.h0 if arrays.h0 is not None else np.zeros(lanes, arrays.dtype)
+        hprev = reference._prev_states(h, h0, stages.affine.features.reverse)
+        return reference.project(stages.affine, arrays.inputs, h, hprev, arrays.dtype), h_last

@@ -1,0 +1,187 @@
+"""ScanWeaver.jl kernels as Kernel Tuner problems (``lang="julia"``).
+
+Kernel Tuner's Julia backend evaluates ``kernel_source`` inside a fresh module
+(after ``using CUDA`` / ``AMDGPU`` / ``oneAPI`` / ``Metal`` for the device named
+in ``compiler_options``), looks up ``kernel_name`` in it, builds
+``kernel(backend, workgroupsize)`` from the ``block_size_names`` tunable and
+launches ``kernel(args..., Val(p1), Val(p2), ...; ndrange)``, with one ``Val``
+per tunable in the order of the ``tune_params`` dict.  So each ScanWeaver.jl
+kernel takes its arguments first and then one ``Val`` per tunable, in the order
+listed here; :func:`kernel_tuner_problem` gives everything ``tune_kernel``
+needs and :func:`kernel_tuner_arguments` the argument list in the right layout.
+
+The source imports the kernel from the installed package instead of copying
+it, so what is tuned is exactly what ``selective_scan`` runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import ScanInputError
+from .devices import DEVICES
+
+#: Arguments every schedule's entry point takes, before its ``Val`` tunables.
+KERNEL_ARGS = ("y", "h_last", "a", "b", "x", "c", "h0", "reset", "reversed")
+
+
+@dataclass(frozen=True)
+class KernelSignature:
+    """One ``@kernel function`` of ScanWeaver.jl: name, arguments, ``Val`` tunables in order."""
+
+    name: str
+    args: tuple[str, ...]
+    vals: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class JuliaSchedule:
+    """A ScanWeaver.jl schedule as Kernel Tuner sees it.
+
+    Attributes:
+        name: the Julia schedule (``:sequential`` ...).
+        entry: what Kernel Tuner launches: a ``@kernel`` or a launcher shaped like one.
+        tunables: the ``Val`` tunables, in order (the ``tune_params`` key order).
+        kernels: the ``@kernel`` functions it runs.
+        lane_per_workgroup: one workgroup per lane (ndrange = lanes * workgroup_size)
+            rather than one work-item per lane.
+    """
+
+    name: str
+    entry: str
+    tunables: tuple[str, ...]
+    kernels: tuple[KernelSignature, ...]
+    lane_per_workgroup: bool
+
+
+def _single(name: str, kernel: str, tunables: tuple[str, ...], per_group: bool) -> JuliaSchedule:
+    return JuliaSchedule(name, kernel, tunables, (KernelSignature(kernel, KERNEL_ARGS, tunables),), per_group)
+
+
+_RTS = ("workgroup_size", "chunk")
+
+#: Julia schedule name -> its kernels, entry point and tunables (mirrors ``SCHEDULES`` in src/schedules.jl).
+SCHEDULES: dict[str, JuliaSchedule] = {
+    "sequential": _single("sequential", "sequential_scan_kernel!", ("workgroup_size",), False),
+    "blelloch": _single("blelloch", "blelloch_scan_kernel!", ("workgroup_size",), True),
+    "hybrid": _single("hybrid", "hybrid_scan_kernel!", ("workgroup_size", "items_per_thread"), True),
+    "reduce_then_scan": JuliaSchedule(
+        "reduce_then_scan", "reduce_then_scan!", _RTS,
+        (
+            KernelSignature("chunk_reduce_kernel!", ("agg", "a", "b", "x", "reset", "reversed"), _RTS),
+            KernelSignature("carry_scan_kernel!", ("carry", "h_last", "agg", "h0"), _RTS),
+            KernelSignature("chunk_propagate_kernel!",
+                            ("y", "a", "b", "x", "c", "reset", "carry", "reversed"), _RTS),
+        ),
+        True,
+    ),
+}
+
+DTYPES = {"float32": np.float32, "float64": np.float64, "complex64": np.complex64, "complex128": np.complex128}
+
+
+def _lookup(schedule: str, dtype: str, device: str) -> tuple[JuliaSchedule, object]:
+    if schedule not in SCHEDULES:
+        raise ScanInputError(f"kernel_tuner_problem: unknown Julia schedule {schedule!r}; "
+                             f"known: {', '.join(SCHEDULES)}")
+    if device not in DEVICES:
+        raise ScanInputError(f"kernel_tuner_problem: unknown device {device!r}; known: {', '.join(DEVICES)}")
+    if dtype not in DEVICES[device].dtypes:
+        raise ScanInputError(f"kernel_tuner_problem: device {device!r} runs {', '.join(DEVICES[device].dtypes)}, "
+                             f"not {dtype}")
+    return SCHEDULES[schedule], DEVICES[device]
+
+
+def kernel_source(schedule: str) -> str:
+    """The Julia source Kernel Tuner compiles for ``schedule``: it binds the kernel from ScanWeaver.jl."""
+    entry = SCHEDULES[schedule].entry
+    return f"using KernelAbstractions\nusing ScanWeaver: {entry}\n"
+
+
+def kernel_tuner_problem(schedule: str, dtype: str = "float32", device: str = "cuda", lanes: int = 1) -> dict:
+    """Everything ``kernel_tuner.tune_kernel(..., lang="julia")`` needs for one schedule.
+
+    Args:
+        schedule: a Julia schedule: ``sequential``, ``blelloch``, ``hybrid`` or ``reduce_then_scan``.
+        dtype: ``float32``, ``float64``, ``complex64`` or ``complex128`` (checked against the device).
+        device: ``cuda``, ``amdgpu``, ``oneapi``, ``metal`` or ``cpu``.
+        lanes: number of lanes of the problem (sets ``problem_size``).
+
+    Returns:
+        A dict with ``kernel_name``, ``kernel_source``, ``arg_names`` (order of
+        :func:`kernel_tuner_arguments`), ``tunable_order`` (build ``tune_params``
+        with these keys in this order: they become the ``Val`` arguments),
+        ``compiler_options`` (Kernel Tuner's name for the device),
+        ``block_size_names``, ``problem_size``, ``grid_div_x``, ``lang`` and
+        ``dtype``; pass all but the last four names straight to ``tune_kernel``.
+
+    Example:
+        >>> from scanweaver.julia.kernels import kernel_tuner_problem
+        >>> p = kernel_tuner_problem("hybrid", "float32", "cuda", lanes=64)
+        >>> p["kernel_name"], p["tunable_order"], p["compiler_options"]
+        ('hybrid_scan_kernel!', ('workgroup_size', 'items_per_thread'), ['cuda'])
+    """
+    sched, dev = _lookup(schedule, dtype, device)
+    return {
+        "kernel_name": sched.entry,
+        "kernel_source": kernel_source(schedule),
+        "arg_names": KERNEL_ARGS,
+        "tunable_order": sched.tunables,
+        "compiler_options": [dev.kernel_tuner],
+        "block_size_names": ["workgroup_size"],
+        "problem_size": (int(lanes),),
+        "grid_div_x": [] if sched.lane_per_workgroup else ["workgroup_size"],
+        "lang": "julia",
+        "dtype": dtype,
+    }
+
+
+def kernel_tuner_arguments(a, b, x, c=None, h0=None, reset=None, reverse: bool = False,
+                           dtype: str = "float32") -> list:
+    """The argument list (order :data:`KERNEL_ARGS`) for Kernel Tuner from ``(lanes, L)`` operands.
+
+    Kernel Tuner copies each NumPy array into a Julia array of the same shape,
+    so the ``(lanes, L)`` operands are passed transposed, as ``(L, lanes)``
+    views (no copy: the memory of a C-order ``(lanes, L)`` array is Julia's
+    column-major ``(L, lanes)``).  Absent optional operands are filled so every
+    configuration runs the same kernel: ``c`` ones, ``h0`` zeros, ``reset`` zeros.
+
+    Example:
+        >>> import numpy as np
+        >>> from scanweaver.julia.kernels import kernel_tuner_arguments
+        >>> args = kernel_tuner_arguments(*(np.ones((4, 100)),) * 3)
+        >>> args[0].shape, args[1].shape, args[-1]
+        ((100, 4), (4,), False)
+    """
+    t = DTYPES[dtype]
+    a = np.ascontiguousarray(a, dtype=t)
+    if a.ndim != 2:
+        raise ScanInputError(f"kernel_tuner_arguments: a has shape {a.shape}; it needs (lanes, L)")
+    lanes, L = a.shape
+
+    def operand(name, value, fill):
+        if value is None:
+            return np.full((L, lanes), fill, dtype=t, order="F")
+        arr = np.ascontiguousarray(value, dtype=t)
+        if arr.shape != (lanes, L):
+            raise ScanInputError(f"kernel_tuner_arguments: {name} has shape {arr.shape}; it needs {(lanes, L)}")
+        return arr.T
+
+    mask = np.zeros((L, lanes), np.uint8, order="F") if reset is None else \
+        np.ascontiguousarray(np.asarray(reset) != 0, dtype=np.uint8).T
+    state = np.zeros(lanes, t) if h0 is None else np.ascontiguousarray(h0, dtype=t).reshape(lanes)
+    return [np.zeros((L, lanes), t, order="F"), np.zeros(lanes, t), a.T, operand("b", b, 0),
+            operand("x", x, 1), operand("c", c, 1), state, mask, bool(reverse)]
+
+
+def render_call(schedule: str, config: dict[str, int]) -> str:
+    """The Julia call that launches ``schedule`` with ``config`` (the ``kernel`` stage text)."""
+    sched = SCHEDULES[schedule]
+    vals = ", ".join(f"Val({config[t]})" for t in sched.tunables)
+    wg = config["workgroup_size"]
+    ndrange = f"{wg} * lanes" if sched.lane_per_workgroup else "lanes"
+    return (f"# ScanWeaver.jl schedule :{schedule}; arrays are (L, lanes) column-major\n"
+            f"using ScanWeaver: {sched.entry}\n"
+            f"{sched.entry}(backend, {wg})({', '.join(KERNEL_ARGS)}, {vals}; ndrange = {ndrange})\n")

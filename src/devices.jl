@@ -1,0 +1,133 @@
+# Devices by name, as the Python facade spells them, and the facade's entry
+# point. GPU devices gain their methods in the package extensions, which load
+# with the GPU package (`using CUDA` ...).
+
+"""
+    DEVICE_PACKAGES
+
+Device name => the Julia package that provides its arrays and kernels.
+"""
+const DEVICE_PACKAGES = (
+    cpu = "KernelAbstractions",
+    cuda = "CUDA",
+    amdgpu = "AMDGPU",
+    oneapi = "oneAPI",
+    metal = "Metal",
+)
+
+function device_hint(device::Symbol)
+    if !haskey(DEVICE_PACKAGES, device)
+        return "unknown device :$device; known devices: $(join(keys(DEVICE_PACKAGES), ", "))"
+    end
+    pkg = DEVICE_PACKAGES[device]
+    return "device :$device needs $pkg.jl loaded: run `using $pkg` " *
+        "(install it with `import Pkg; Pkg.add(\"$pkg\")`)"
+end
+
+"""
+    device_array_type(Val(device)) -> Type
+
+The array type kernels run on for `device` (`Array` for `:cpu`); the GPU
+package extensions add `CuArray`, `ROCArray`, `oneArray` and `MtlArray`.
+"""
+device_array_type(::Val{:cpu}) = Array
+device_array_type(::Val{D}) where {D} = throw(ArgumentError(device_hint(D)))
+
+"""
+    device_status(device) -> (ok::Bool, reason::String)
+
+Whether `device` (`"cpu"`, `"cuda"`, `"amdgpu"`, `"oneapi"`, `"metal"`) can run
+scans in this session, with the device's name or the reason it cannot.
+
+# Examples
+```julia-repl
+julia> ScanWeaver.device_status("cpu")
+(true, "KernelAbstractions CPU, 1 Julia thread(s)")
+```
+"""
+device_status(device::AbstractString) = device_status(Val(Symbol(device)))
+device_status(::Val{:cpu}) = (
+    true,
+    "KernelAbstractions CPU, $(Threads.nthreads()) Julia thread(s)",
+)
+device_status(::Val{D}) where {D} = (false, device_hint(D))
+
+const HOST_ELTYPES = (
+    float32 = Float32,
+    float64 = Float64,
+    complex64 = ComplexF32,
+    complex128 = ComplexF64,
+)
+
+function wrap_host(::Type{T}, address::Integer, dims::Dims) where {T}
+    address == 0 && return nothing
+    # fatou-ignore discouraged-function: zero-copy view of a NumPy buffer the Python caller keeps alive
+    return unsafe_wrap(Array, Ptr{T}(UInt(address)), dims; own = false)
+end
+
+to_device(::Type, ::Nothing) = nothing
+to_device(::Type{D}, A::Array) where {D} = D === Array ? A : D(A)
+
+"""
+    host_scan!(device, dtype, L, lanes, y, h_last, a, b, x, c, h0, reset;
+               reverse = false, schedule = "auto", tunables...) -> nothing
+
+The Python facade's entry point. The array arguments are addresses of
+C-contiguous host buffers in `dtype` (a key of `HOST_ELTYPES`; `reset` is
+`UInt8`), `0` for absent ones: `(lanes, L)` row-major in Python, which is
+`(L, lanes)` column-major here, so they are wrapped without copying. On
+`"cpu"` the kernels read and write those buffers directly; on a GPU device the
+inputs are copied over and `y`, `h_last` copied back. The caller keeps the
+buffers alive and checks their sizes.
+"""
+function host_scan!(
+    device::AbstractString,
+    dtype::AbstractString,
+    L::Integer,
+    lanes::Integer,
+    y::Integer,
+    h_last::Integer,
+    a::Integer,
+    b::Integer,
+    x::Integer,
+    c::Integer,
+    h0::Integer,
+    reset::Integer;
+    reverse::Bool = false,
+    schedule::AbstractString = "auto",
+    tunables...,
+)
+    T = HOST_ELTYPES[Symbol(dtype)]
+    dims = (Int(L), Int(lanes))
+    host = (
+        y = wrap_host(T, y, dims),
+        h_last = wrap_host(T, h_last, (Int(lanes),)),
+        a = wrap_host(T, a, dims),
+        b = wrap_host(T, b, dims),
+        x = wrap_host(T, x, dims),
+        c = wrap_host(T, c, dims),
+        h0 = wrap_host(T, h0, (Int(lanes),)),
+        reset = wrap_host(UInt8, reset, dims),
+    )
+    D = device_array_type(Val(Symbol(device)))
+    dev = map(A -> to_device(D, A), host)
+    selective_scan!(
+        dev.y,
+        dev.a,
+        dev.b,
+        dev.x,
+        dev.c;
+        h0 = dev.h0,
+        reset = dev.reset,
+        reverse,
+        h_last = dev.h_last,
+        schedule = Symbol(schedule),
+        tunables...,
+    )
+    KernelAbstractions.synchronize(get_backend(dev.a))
+    if D !== Array
+        copyto!(host.y, dev.y)
+        host.h_last === nothing || copyto!(host.h_last, dev.h_last)
+    end
+    return nothing
+end

@@ -1,0 +1,45 @@
+# One test suite, written once, run on every KernelAbstractions backend this
+# machine has: the CPU always, and CUDA, AMDGPU, oneAPI and Metal when their
+# package is in the environment and functional. Expected values come from the
+# golden files the Python oracle writes (test/golden/*.toml).
+using ScanWeaver
+using KernelAbstractions
+using StaticArrays
+using Random
+using TOML
+using Test
+
+include("golden.jl")
+include("reference.jl")
+include("testsuite.jl")
+
+"GPU package => its array type, tried when the package is in the environment."
+const GPU_PACKAGES = (
+    CUDA = :CuArray,
+    AMDGPU = :ROCArray,
+    oneAPI = :oneArray,
+    Metal = :MtlArray,
+)
+
+const BACKENDS = Any[("CPU", Array)]
+for (pkg, array_type) in pairs(GPU_PACKAGES)
+    if Base.find_package(String(pkg)) === nothing
+        @info "ScanWeaver tests: skipping $pkg (not in the environment; `import Pkg; Pkg.add(\"$pkg\")`)"
+        continue
+    end
+    @eval using $pkg
+    gpu = getfield(@__MODULE__, pkg)
+    if Base.invokelatest(gpu.functional)
+        push!(BACKENDS, (String(pkg), getfield(gpu, array_type)))
+    else
+        @info "ScanWeaver tests: skipping $pkg ($pkg.functional() is false: no device or driver)"
+    end
+end
+
+@testset "ScanWeaver" begin
+    include("test_pairs.jl")
+    for (name, array_type) in BACKENDS
+        run_testsuite(name, array_type)
+    end
+    include("test_cpu_only.jl")
+end

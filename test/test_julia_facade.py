@@ -1,0 +1,224 @@
+"""The Python side of ScanWeaver.jl, checked without Julia: packaging, errors, kernel signatures."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from scanweaver.julia import kernels
+
+ROOT = Path(__file__).resolve().parents[1]
+PKG = ROOT / "python" / "scanweaver"
+SRC = ROOT / "src"
+
+
+def _run(code: str, env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+def test_juliapkg_json_points_at_the_julia_package():
+    spec = json.loads((PKG / "juliapkg.json").read_text())
+    project = tomllib.loads((ROOT / "Project.toml").read_text())
+    sw = spec["packages"]["ScanWeaver"]
+    assert sw["dev"] is True
+    assert sw["uuid"] == project["uuid"] and project["name"] == "ScanWeaver"
+    for sub in ("Project.toml", "src", "ext"):
+        resolved = (PKG / sw["path"] / sub).resolve()
+        assert resolved == (ROOT / sub).resolve(), f"{sw['path']}/{sub} resolves to {resolved}"
+    assert (PKG / sw["path"] / "src" / "ScanWeaver.jl").is_file()
+    ka = spec["packages"]["KernelAbstractions"]
+    assert ka["uuid"] == project["deps"]["KernelAbstractions"]
+    assert ka["version"] == project["compat"]["KernelAbstractions"]
+    assert spec["julia"] == "^" + project["compat"]["julia"]
+
+
+def test_juliapkg_accepts_the_compat_bounds():
+    if importlib.util.find_spec("juliapkg") is None:
+        pytest.skip("juliapkg is not installed (pip install 'scanweaver[julia]')")
+    from juliapkg.compat import Compat
+
+    spec = json.loads((PKG / "juliapkg.json").read_text())
+    assert str(Compat.parse(spec["julia"]))
+    assert str(Compat.parse(spec["packages"]["KernelAbstractions"]["version"]))
+
+
+def test_import_scanweaver_loads_no_juliacall():
+    proc = _run("import sys, scanweaver, scanweaver.julia, scanweaver.julia.backend, scanweaver.julia.kernels\n"
+                "from scanweaver.runtime import load_all; load_all()\n"
+                "print(sorted(m for m in ('juliacall', 'juliapkg') if m in sys.modules))")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+
+
+def test_only_the_session_module_imports_juliacall():
+    importers = [p.relative_to(PKG).as_posix() for p in PKG.rglob("*.py")
+                 if re.search(r"^\s*(from|import)\s+juliacall", p.read_text(), re.M)]
+    assert importers == ["julia/session.py"]
+
+
+def test_missing_julia_fails_fast_and_clearly():
+    code = ("import time, numpy as np, scanweaver\n"
+            "t = time.perf_counter()\n"
+            "try:\n"
+            "    scanweaver.selective_scan(np.ones((2, 5)), np.ones((2, 5)), np.ones((2, 5)), backend='julia')\n"
+            "except scanweaver.BackendUnavailable as exc:\n"
+            "    print(f'{time.perf_counter() - t:.3f}'); print(exc)\n"
+            "t = time.perf_counter()\n"
+            "try:\n"
+            "    scanweaver.selective_scan(np.ones((2, 5)), np.ones((2, 5)), np.ones((2, 5)), backend='julia')\n"
+            "except scanweaver.BackendUnavailable:\n"
+            "    print(f'{time.perf_counter() - t:.3f}')\n")
+    env = {"PATH": "/usr/bin:/bin", "PYTHON_JULIAPKG_EXE": "", "PYTHON_JULIAPKG_PROJECT": "/nonexistent/env"}
+    started = time.perf_counter()
+    proc = _run(code, env=env, timeout=30)
+    wall = time.perf_counter() - started
+    assert proc.returncode == 0, proc.stderr
+    first, message, again = proc.stdout.strip().split("\n", 2)
+    assert float(first) < 5 and float(again) < 0.5 and wall < 15
+    assert "julia" in message.lower() and ("pip install" in message or "install Julia" in message)
+
+
+def test_failed_start_becomes_one_backend_unavailable():
+    if importlib.util.find_spec("juliacall") is None:
+        pytest.skip("juliacall is not installed; the start-up failure path needs it (pip install 'scanweaver[julia]')")
+    code = ("import time\nfrom scanweaver.julia import session\nfrom scanweaver.errors import BackendUnavailable\n"
+            "for _ in range(2):\n"
+            "    t = time.perf_counter()\n"
+            "    try:\n        session.main(check=False)\n"
+            "    except BackendUnavailable as exc:\n        print(f'{time.perf_counter() - t:.3f}', '|', exc)\n")
+    env = {"PYTHON_JULIAPKG_EXE": "/nonexistent/julia", "PYTHON_JULIAPKG_OFFLINE": "yes"}
+    proc = _run(code, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    first, second = [line for line in proc.stdout.splitlines() if " | " in line]
+    assert float(first.split("|")[0]) < 5 and float(second.split("|")[0]) < 0.1
+    assert "juliapkg.resolve()" in first and "/nonexistent/julia" in first
+
+
+def test_julia_devices_lists_every_device_with_a_reason():
+    from scanweaver.julia import julia_devices
+
+    t = time.perf_counter()
+    devices = julia_devices()
+    assert time.perf_counter() - t < 5
+    assert [d["name"] for d in devices] == ["cpu", "cuda", "amdgpu", "oneapi", "metal"]
+    assert all(isinstance(d["ok"], bool) and d["reason"] for d in devices)
+
+
+def test_device_tunable_is_validated():
+    from scanweaver.errors import ScanInputError
+    from scanweaver.julia.backend import JuliaBackend
+
+    (device,) = JuliaBackend.extra_tunables
+    assert device.check("cuda", "t") == "cuda"
+    with pytest.raises(ScanInputError, match="device='tpu' is invalid"):
+        device.check("tpu", "t")
+
+
+def test_emitted_kernel_text_names_the_kernel_and_its_vals():
+    from scanweaver.api import SELECTIVE
+    from scanweaver.julia.backend import JuliaBackend
+    from scanweaver.passes import lower
+
+    stages = SELECTIVE.lower(backend="numpy", schedule="blelloch", dtype="float32", workgroup_size=64)
+    lowered = lower(stages.scan, "blelloch", {"workgroup_size": 64, "device": "cuda"}, JuliaBackend.extra_tunables)
+    text = JuliaBackend().emit(lowered).kernel
+    assert "blelloch_scan_kernel!(backend, 64)" in text and "Val(64)" in text
+
+
+# --- kernel signatures: kernels.py against the Julia source -----------------------------------------------
+
+KERNEL_RE = re.compile(r"@kernel\s+function\s+(\w+!?)\s*\((.*?)\)\s*where", re.S)
+
+
+def _julia_kernels() -> dict[str, tuple[list[str], list[str]]]:
+    found = {}
+    for path in SRC.rglob("*.jl"):
+        for name, params in KERNEL_RE.findall(path.read_text()):
+            parts = [p.strip() for p in params.split(",") if p.strip()]
+            args = [re.sub(r"@Const\((\w+)\)", r"\1", p) for p in parts if "::Val" not in p]
+            vals = [re.fullmatch(r"::Val\{(\w+)\}", p).group(1) for p in parts if "::Val" in p]
+            assert parts == [*parts[:len(args)], *parts[len(args):]] and all("::Val" in p for p in parts[len(args):]), \
+                f"{name}: Val parameters must come after the kernel arguments"
+            found[name] = (args, vals)
+    return found
+
+
+def test_kernel_signatures_match_the_julia_source():
+    source = _julia_kernels()
+    listed = {k.name: k for s in kernels.SCHEDULES.values() for k in s.kernels}
+    assert set(source) == set(listed), "kernels.py and src/ list different @kernel functions"
+    for name, sig in listed.items():
+        args, vals = source[name]
+        assert tuple(args) == sig.args, f"{name}: arguments {args} in src/, {sig.args} in kernels.py"
+        assert tuple(vals) == sig.vals, f"{name}: Val order {vals} in src/, {sig.vals} in kernels.py"
+
+
+def test_schedule_tunables_match_the_julia_registry():
+    text = (SRC / "schedules.jl").read_text()
+    block = re.search(r"const SCHEDULES = \((.*?)\n\)", text, re.S).group(1)
+    julia = {m.group(1): tuple(re.findall(r":(\w+)", m.group(2)))
+             for m in re.finditer(r"(\w+) = \(([^)]*)\)", block)}
+    assert julia == {name: s.tunables for name, s in kernels.SCHEDULES.items()}
+
+
+def test_launcher_takes_the_kernel_arguments_then_vals():
+    text = (SRC / "kernels" / "reduce_then_scan.jl").read_text()
+    sig = re.search(r"function \(launch::ReduceThenScan\)\((.*?)\)\s*where", text, re.S).group(1)
+    parts = [p.strip() for p in sig.split(";")[0].split(",") if p.strip()]
+    assert tuple(parts[:len(kernels.KERNEL_ARGS)]) == kernels.KERNEL_ARGS
+    vals = [re.search(r"Val\{(\w+)\}", p).group(1) for p in parts[len(kernels.KERNEL_ARGS):]]
+    assert tuple(vals) == kernels.SCHEDULES["reduce_then_scan"].tunables
+    assert re.search(r"reduce_then_scan!\(backend::Backend, workgroupsize\)", text)
+
+
+def test_kernel_tuner_problem_and_arguments():
+    p = kernels.kernel_tuner_problem("blelloch", "float32", "amdgpu", lanes=12)
+    assert p["compiler_options"] == ["amd"] and p["grid_div_x"] == [] and p["problem_size"] == (12,)
+    assert p["kernel_name"] in p["kernel_source"] and p["kernel_source"].startswith("using KernelAbstractions")
+    assert kernels.kernel_tuner_problem("sequential", device="cpu")["grid_div_x"] == ["workgroup_size"]
+    with pytest.raises(ValueError, match="float64"):
+        kernels.kernel_tuner_problem("hybrid", "float64", "metal")
+    rng = np.random.default_rng(0)
+    a, b, x = rng.random((3, 3, 17))
+    args = kernels.kernel_tuner_arguments(a, b, x, reset=rng.random((3, 17)) < 0.2, reverse=True)
+    assert len(args) == len(p["arg_names"])
+    assert args[2].shape == (17, 3) and np.shares_memory(args[2], args[2].base) and args[2].flags.f_contiguous
+    np.testing.assert_array_equal(args[2], a.astype(np.float32).T)
+    assert args[7].dtype == np.uint8 and args[-1] is True
+
+
+def test_kernel_tuner_julia_backend_is_the_one_described():
+    spec = importlib.util.find_spec("kernel_tuner")
+    if spec is None:
+        pytest.skip("kernel_tuner is not installed (pip install 'scanweaver[tune]')")
+    backends = Path(spec.origin).parent / "backends"
+    helper_py = (backends / "julia_helper.py").read_text()
+    helper_jl = (backends / "julia_helper.jl").read_text()
+    names = set(re.findall(r'"module_backend": "(\w+)"', helper_py))
+    assert {"CUDABackend", "ROCBackend", "oneAPIBackend", "MetalBackend", "CPU"} <= names
+    assert "configured_kernel(args..., val_params...; ndrange=ndrange)" in helper_jl
+    assert "applicable(kernel, kt_julia_backend, workgroupsize)" in helper_jl
+    from scanweaver.julia.devices import DEVICES
+
+    kt_names = set(re.findall(r'^    "(\w+)": \{', helper_py, re.M))
+    assert {d.kernel_tuner.upper() for d in DEVICES.values()} == kt_names
+
+
+def test_wheel_package_data_ships_every_julia_source():
+    spec = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    globs = spec["package-data"]["scanweaver"]
+    shipped = {p.resolve() for g in globs for p in PKG.glob(g)}
+    sources = {p.resolve() for p in [ROOT / "Project.toml", *SRC.rglob("*.jl"), *(ROOT / "ext").glob("*.jl")]}
+    assert sources <= shipped, f"not shipped in the wheel: {sorted(map(str, sources - shipped))}"
+    assert "scanweaver.julia.ScanWeaver*" in spec["packages"]["find"]["exclude"]

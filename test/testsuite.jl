@@ -1,0 +1,238 @@
+# The suite every backend runs. `AT` is the backend's array type (`Array`,
+# `CuArray`, `ROCArray`, `oneArray`, `MtlArray`).
+
+"Relative tolerance for results stored in `T` (expected values are float64)."
+tolerance(::Type{Float64}) = 1.0e-10
+tolerance(::Type{Float32}) = 2.0e-4
+tolerance(::Type{Float16}) = 1.0e-2
+
+"Small tunables: blocks, tiles and chunks shorter than the golden sequences, so carries cross them."
+const SMALL_CONFIGS = (
+    sequential = (workgroupsize = 4,),
+    blelloch = (workgroupsize = 32,),
+    hybrid = (workgroupsize = 16, items_per_thread = 3),
+    reduce_then_scan = (workgroupsize = 32, chunk = 64),
+)
+
+maybe(AT, A) = A === nothing ? nothing : AT(A)
+
+function check_golden(AT, backend, g::GoldenCase)
+    T = ScanWeaver.supports_float64(backend) ? g.eltype : Float32
+    dev(A) = A === nothing ? nothing : AT(eltype(A) <: AbstractFloat ? T.(A) : A)
+    a, b, x, c, h0, reset = dev(g.a), dev(g.b), dev(g.x), dev(g.c), dev(g.h0), dev(g.reset)
+    rtol = tolerance(T)
+    atol = rtol * max(1.0, maximum(abs, g.y))
+    runs = [
+        (:auto, (;))
+        [(s, (;)) for s in keys(SCHEDULES)]
+        collect(pairs(SMALL_CONFIGS))
+    ]
+    for (schedule, tunables) in runs
+        y, h_last = selective_scan(
+            a,
+            b,
+            x,
+            c;
+            h0,
+            reset,
+            reverse = g.reverse,
+            return_state = true,
+            schedule,
+            tunables...,
+        )
+        @test isapprox(Float64.(Array(y)), g.y; rtol, atol)
+        @test isapprox(Float64.(Array(h_last)), g.h_last; rtol, atol)
+    end
+    return nothing
+end
+
+function run_testsuite(name::AbstractString, AT)
+    backend = get_backend(AT(zeros(Float32, 1)))
+    rng = Xoshiro(7)
+    @testset "$name" begin
+        @testset "golden $(g.name)" for g in golden_cases()
+            check_golden(AT, backend, g)
+        end
+
+        @testset "Float16 accumulates in Float32" begin
+            L, lanes = 301, 3
+            a = Float16.(0.5 .+ 0.45 .* rand(rng, L, lanes))
+            b, x = Float16.(randn(rng, L, lanes)), Float16.(randn(rng, L, lanes))
+            want, want_h = reference_scan(a, b, x, nothing)
+            for schedule in keys(SCHEDULES)
+                y, h = selective_scan(
+                    AT(a),
+                    AT(b),
+                    AT(x);
+                    schedule,
+                    return_state = true,
+                    workgroupsize = 32,
+                )
+                @test eltype(y) == Float16
+                @test matches(y, want; rtol = tolerance(Float16))
+                @test matches(h, want_h; rtol = tolerance(Float16))
+            end
+        end
+
+        @testset "ComplexF32" begin
+            L, lanes = 77, 4
+            a = ComplexF32.(cis.(rand(rng, L, lanes)) .* 0.9f0)
+            b, x, c = (ComplexF32.(randn(rng, ComplexF64, L, lanes)) for _ in 1:3)
+            reset = rand(rng, L, lanes) .< 0.1
+            want, _ = reference_scan(a, b, x, c; reset, reverse = true)
+            for schedule in keys(SCHEDULES)
+                y = selective_scan(
+                    AT(a),
+                    AT(b),
+                    AT(x),
+                    AT(c);
+                    reset = AT(reset),
+                    reverse = true,
+                    schedule,
+                )
+                @test eltype(y) == ComplexF32
+                @test matches(y, want; rtol = 1.0e-4)
+            end
+        end
+
+        @testset "dense 2x2 transitions (StaticArrays)" begin
+            L, lanes = 65, 3
+            a = [SMatrix{2, 2, Float32}(0.6 .* rand(rng, 2, 2)) for _ in 1:L, _ in 1:lanes]
+            b = [SVector{2, Float32}(randn(rng, 2)) for _ in 1:L, _ in 1:lanes]
+            x = randn(rng, Float32, L, lanes)
+            c = [SVector{2, Float32}(randn(rng, 2)) for _ in 1:L, _ in 1:lanes]
+            h0 = [SVector{2, Float32}(randn(rng, 2)) for _ in 1:lanes]
+            want, want_h = reference_scan(a, b, x, c; h0)
+            for schedule in keys(SCHEDULES)
+                y, h = selective_scan(
+                    AT(a),
+                    AT(b),
+                    AT(x),
+                    AT(c);
+                    h0 = AT(h0),
+                    schedule,
+                    return_state = true,
+                    workgroupsize = 16,
+                )
+                @test eltype(y) == Float32 && eltype(h) == SVector{2, Float32}
+                @test matches(y, want; rtol = 1.0e-4)
+                @test matches(h, want_h; rtol = 1.0e-4)
+            end
+        end
+
+        @testset "x = nothing, in place, L = 0" begin
+            a, b = AT(rand(rng, Float32, 40, 2)), AT(randn(rng, Float32, 40, 2))
+            want, _ = reference_scan(Array(a), Array(b), nothing, nothing)
+            y = similar(a)
+            @test selective_scan!(y, a, b, nothing; schedule = :hybrid) === y
+            @test matches(y, want; rtol = 1.0e-4)
+            h0 = AT(Float32[1, 2])
+            y0, h = selective_scan(
+                AT(zeros(Float32, 0, 2)),
+                AT(zeros(Float32, 0, 2)),
+                nothing;
+                h0,
+                return_state = true,
+            )
+            @test size(y0) == (0, 2) && Array(h) == Float32[1, 2]
+        end
+
+        @testset "kernels launched the way Kernel Tuner does" begin
+            L, lanes = 130, 5
+            a, b, x, c = (rand(rng, Float32, L, lanes) for _ in 1:4)
+            want, want_h = reference_scan(a, b, x, c)
+            launches = (
+                (ScanWeaver.sequential_scan_kernel!, (Val(4),), 8),
+                (ScanWeaver.blelloch_scan_kernel!, (Val(16),), 16 * lanes),
+                (ScanWeaver.hybrid_scan_kernel!, (Val(8), Val(5)), 8 * lanes),
+                (ScanWeaver.reduce_then_scan!, (Val(8), Val(32)), lanes),
+            )
+            for (kernel, vals, ndrange) in launches
+                y, h = AT(zeros(Float32, L, lanes)), AT(zeros(Float32, lanes))
+                wg = typeof(first(vals)).parameters[1]
+                kernel(backend, (wg,))(
+                    y,
+                    h,
+                    AT(a),
+                    AT(b),
+                    AT(x),
+                    AT(c),
+                    nothing,
+                    nothing,
+                    false,
+                    vals...;
+                    ndrange = (ndrange,),
+                )
+                KernelAbstractions.synchronize(backend)
+                @test matches(y, want; rtol = 1.0e-4)
+                @test matches(h, want_h; rtol = 1.0e-4)
+            end
+        end
+
+        @testset "bad input names the argument and its size" begin
+            a = AT(rand(Float32, 10, 3))
+            err = try
+                selective_scan(a, AT(rand(Float32, 9, 3)), a)
+            catch e
+                e
+            end
+            @test err isa DimensionMismatch &&
+                occursin("b has size (9, 3)", err.msg) &&
+                occursin("(10, 3)", err.msg)
+            @test_throws DimensionMismatch selective_scan(
+                a,
+                a,
+                a;
+                h0 = AT(zeros(Float32, 4)),
+            )
+            @test_throws ArgumentError selective_scan(a, a, a; schedule = :fastest)
+            @test_throws ArgumentError selective_scan(
+                a,
+                a,
+                a;
+                schedule = :blelloch,
+                workgroupsize = 48,
+            )
+            @test_throws ArgumentError selective_scan(
+                a,
+                a,
+                a;
+                schedule = :hybrid,
+                items_per_thread = 0,
+            )
+            @test_throws ArgumentError selective_scan(
+                AT(ones(Int32, 4)),
+                AT(ones(Int32, 4)),
+                AT(ones(Int32, 4)),
+            )
+        end
+
+        @testset "timing and tuning" begin
+            a = AT(rand(rng, Float32, 512, 8))
+            @test ScanWeaver.elapsed_ms(() -> selective_scan(a, a, a), backend) > 0
+            times = time_scan(
+                a,
+                a,
+                a;
+                iterations = 3,
+                schedule = :hybrid,
+                workgroupsize = 32,
+            )
+            @test length(times) == 3 && all(>(0), times)
+            space = ScanWeaver.search_space(;
+                workgroup_size = (32,),
+                items_per_thread = (2,),
+                chunk = (128,),
+            )
+            results = tune_scan(a, a, a; space, iterations = 2)
+            @test length(results) == length(SCHEDULES) &&
+                issorted(results; by = r -> r.time_ms)
+        end
+
+        @testset "device status" begin
+            ok, reason = ScanWeaver.device_status("cpu")
+            @test ok && occursin("CPU", reason)
+        end
+    end
+    return nothing
+end
