@@ -15,8 +15,9 @@ class NumpyBackend(Backend):
 
     name = "numpy"
     target = "numpy"
-    schedules = ("sequential", "chunked", "blelloch")
+    schedules = ("sequential", "chunked", "blelloch", "hybrid", "reduce_then_scan", "lookback")
     auto_priority = 0
+    dtypes = ("float32", "float64", "complex64", "complex128")
 
     @classmethod
     def probe(cls) -> Availability:

@@ -45,6 +45,32 @@ class CStyleRenderer:
     #: float32 math uses suffixed names (expf) in C and CUDA, overloads in OpenCL
     f32_suffix_math: ClassVar[bool] = True
 
+    # GPU hooks (tinygrad-style strings); the C (CPU) target leaves them unused.
+    #: qualifier of a pointer parameter into workgroup-local memory
+    local_ptr_prefix: ClassVar[str] = ""
+    #: qualifier of device helper functions on GPU targets
+    device_prefix: ClassVar[str] = "static inline "
+    #: expression of the work-item index inside its workgroup (dimension 0)
+    code_for_local_id: ClassVar[str] = "0"
+    #: expression of the workgroup index (dimension 0)
+    code_for_group_id: ClassVar[str] = "0"
+    #: subgroup (warp) width with shuffles, or 0 when the target scans in local memory instead
+    warp_size: ClassVar[int] = 0
+    #: shuffle of ``{v}`` from ``{d}`` lanes below, within segments of ``{w}`` lanes
+    shuffle_up: ClassVar[str] = ""
+    #: read of ``{v}`` from lane ``{src}`` of a segment of ``{w}`` lanes
+    shuffle_idx: ClassVar[str] = ""
+    #: fence that orders global-memory writes before later ones for other workgroups
+    global_fence: ClassVar[str] = ""
+    #: atomic ``old = *p; *p += 1`` on a global int (``{p}``)
+    atomic_ticket: ClassVar[str] = ""
+    #: coherent read of a global int flag ``{p}``
+    flag_load: ClassVar[str] = ""
+    #: coherent write of ``{v}`` to a global int flag ``{p}``
+    flag_store: ClassVar[str] = ""
+    #: source lines every kernel of the target starts with (pragmas, extensions)
+    preamble: ClassVar[str] = ""
+
     MATH = ("exp", "log", "log1p", "expm1", "sqrt", "tanh", "sin", "cos", "pow")
 
     def ctype(self, dtype: str) -> str:
@@ -158,3 +184,17 @@ class CStyleRenderer:
         """True when y_t reads h_{t-1}, so kernels must keep it."""
         old = stages.affine.output.old
         return not (old.op == "const" and old.value == 0)
+
+    def guarded_tunable_defines(self, stages: Stages) -> str:
+        """Tunables as ``#ifndef``-guarded defines of their bare names, mapped to ``SW_<NAME>``.
+
+        Kernel Tuner prepends ``#define <name> <value>`` for each tunable it
+        searches; the guard lets those values win over the lowered ones.
+        """
+        lines = []
+        if stages.schedule is not None:
+            for name, value in stages.schedule.params:
+                if isinstance(value, int) and not isinstance(value, bool):
+                    lines += [f"#ifndef {name}", f"#define {name} {value}", "#endif",
+                              f"#define SW_{name.upper()} ({name})"]
+        return "\n".join(lines)

@@ -106,8 +106,9 @@ def run(ir: AffineScanIR, schedule: ScheduleIR | None, inputs: dict[str, np.ndar
 
 
 def oracle(ir: AffineScanIR, inputs, h0=None, reset=None):
-    """The float64 sequential oracle: the definition of the right answer."""
-    return run(ir, None, {k: np.asarray(v, np.float64) for k, v in inputs.items()}, h0, reset, np.float64)
+    """The float64 (complex128 for complex operands) sequential oracle: the definition of the right answer."""
+    wide = np.complex128 if any(np.iscomplexobj(v) for v in (*inputs.values(), h0)) else np.float64
+    return run(ir, None, {k: np.asarray(v, wide) for k, v in inputs.items()}, h0, reset, wide)
 
 
 @op("sequential.scan")
@@ -219,3 +220,7 @@ def _blelloch_apply(ctx, attrs):
     h = ia * ctx["carry"][..., None] + iu
     L = ctx["A"].shape[1]
     ctx["h"][:] = h.reshape(h.shape[0], -1)[:, :L]
+
+
+# Handlers of the GPU schedule ops live in their own module and register into OPS.
+from . import reference_gpu  # noqa: E402,F401

@@ -1,0 +1,108 @@
+"""What the GPU backends (``opencl``, ``cuda``) share: defaults, emission and the launch sequence.
+
+A subclass supplies the device primitives (allocate, upload, launch, read
+back); :meth:`GPUBackend.run` is written once on top of them from the
+schedule's :func:`~scanweaver.targets.gpu.launch_plan`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import abstractmethod
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..passes import Stages
+from ..targets.gpu import Plan, emit_source, launch_plan
+from .base import Backend, ScanArrays
+
+#: Lanes from which one workgroup per lane (``hybrid``) fills a GPU; fewer lanes of long L use a multi-block schedule.
+MIN_LANES_FOR_HYBRID = 256
+#: L from which a multi-block schedule pays off when lanes are few.
+LONG_L = 16384
+#: Default work-items per workgroup of the tile schedules.
+DEFAULT_WORKGROUP = 256
+
+
+def next_pow2(n: int) -> int:
+    """The smallest power of two >= ``n`` (1 for n <= 1)."""
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def hybrid_config(lanes: int, L: int, dtype: str) -> dict[str, int]:
+    """``hybrid`` defaults: enough work-items per lane to cover L in one tile, up to a workgroup.
+
+    Short sequences share a workgroup (``lanes_per_group`` > 1) so that no
+    work-item sits idle; float64 keeps half the items in registers.
+    """
+    ipt = 8 if dtype == "float32" else 4
+    tpl = min(DEFAULT_WORKGROUP, max(32, next_pow2(-(-L // ipt))))
+    return {"workgroup_size": DEFAULT_WORKGROUP, "items_per_thread": ipt, "lanes_per_group": DEFAULT_WORKGROUP // tpl}
+
+
+class GPUBackend(Backend):
+    """A backend that runs the GPU kernels of :mod:`scanweaver.targets.gpu`.
+
+    Class attributes:
+        multi_block: the schedule chosen for few lanes of long L.
+    """
+
+    multi_block: ClassVar[str] = "reduce_then_scan"
+
+    def default_schedule(self, lanes: int, L: int) -> str:
+        if lanes >= MIN_LANES_FOR_HYBRID or L < LONG_L:
+            return "hybrid"
+        return self.multi_block
+
+    def default_config(self, schedule: str, lanes: int, L: int, dtype: str) -> dict[str, object]:
+        return hybrid_config(lanes, L, dtype) if schedule == "hybrid" else {}
+
+    def emit(self, stages: Stages) -> Stages:
+        """Fills in the kernel source; needs no device (``scanweaver ir --target``)."""
+        return dataclasses.replace(stages, kernel=emit_source(stages, self.target), target=self.target)
+
+    # ---- device primitives ----------------------------------------------------------------------
+
+    @abstractmethod
+    def is_device_array(self, value: object) -> bool:
+        """True for this backend's own device arrays (used without copies)."""
+
+    @abstractmethod
+    def to_device(self, value: Any) -> Any:
+        """A device array holding ``value`` (returned as is when already one)."""
+
+    @abstractmethod
+    def empty(self, n: int, dtype: np.dtype, zero: bool = False) -> Any:
+        """A 1-D device array of ``n`` elements (zeroed when asked)."""
+
+    @abstractmethod
+    def launch(self, source: str, plan: Plan, args: list) -> float:
+        """Launches the plan's kernels in order on ``args``; returns device time in ms."""
+
+    @abstractmethod
+    def to_host(self, value: Any) -> np.ndarray:
+        """A NumPy copy of a device array."""
+
+    # ---- the scan ---------------------------------------------------------------------------------
+
+    def run(self, stages: Stages, arrays: ScanArrays):
+        """Runs every kernel of the schedule; device arrays in give device arrays out."""
+        if stages.kernel is None or stages.target != self.target:
+            stages = self.emit(stages)
+        lanes, L, dtype = arrays.lanes, arrays.L, np.dtype(arrays.dtype)
+        plan = launch_plan(stages.schedule.schedule, stages.schedule.config, lanes, L)
+        on_device = any(self.is_device_array(a) for a in arrays.inputs.values())
+        ins = [self.to_device(arrays.inputs[n]) for n in stages.affine.inputs]
+        y = self.empty(lanes * L, dtype)
+        hlast = self.empty(max(lanes, 1), dtype)
+        h0 = self.to_device(arrays.h0) if arrays.h0 is not None else self.empty(1, dtype)
+        reset = self.to_device(arrays.reset) if arrays.reset is not None else self.empty(1, np.dtype(np.uint8))
+        ws = self.empty(max(plan.ws, 1), dtype)
+        wsi = self.empty(max(plan.wsi, 1), np.dtype(np.int32), zero=plan.zero_wsi)
+        args = [*ins, y, h0, hlast, reset, np.int64(lanes), np.int64(L), ws, wsi]
+        self.last_ms = self.launch(stages.kernel, plan, args)
+        y = y.reshape(lanes, L)
+        if on_device:
+            return y, hlast
+        return self.to_host(y), self.to_host(hlast)

@@ -1,0 +1,266 @@
+"""GPU kernels from the schedule ops: one renderer for every C-family GPU target.
+
+:class:`GPURenderer` extends :class:`~.cstyle.CStyleRenderer` with the text
+every GPU kernel shares (feature and tunable defines, element macros, the
+affine pair type, the workgroup scan); targets (:mod:`.opencl`,
+:mod:`.cuda`, later HIP) subclass it and override strings only.  Each
+schedule's kernels and launch geometry are a :class:`GPUSchedule` found
+through :data:`SCHEDULES` (defined in :mod:`.gpu_kernels`).
+
+Kernel contract (every schedule, every GPU target; Kernel Tuner relies on it):
+
+* Arguments, in order: ``in_<operand>...`` (``(lanes, L)`` row-major),
+  ``y``, ``h0``, ``hlast``, ``reset`` (uint8), ``nlanes``, ``L`` (64-bit
+  ints), then ``ws`` (scratch in the scan dtype) and ``wsi`` (scratch ints);
+  buffers a call does not use may be any small allocation.
+* Tunables are ``#ifndef``-guarded ``#define`` s of their bare names
+  (``workgroup_size``, ``items_per_thread``, ``lanes_per_group``,
+  ``tiles_per_block``), so Kernel Tuner's ``#define name value`` overrides
+  them; the sequential schedule also reads ``workgroup_size``.
+* Launch geometry is :func:`launch_plan`: kernels in launch order with the
+  number of workgroups (1-D) and work-items per workgroup, plus the scratch
+  sizes (``wsi`` must be zeroed before a plan that says so).  For Kernel
+  Tuner: ``block_size_names=["workgroup_size"]``, ``problem_size`` = the
+  number of workgroups times the block size, ``grid_div_x=["workgroup_size"]``.
+
+Example:
+    >>> import scanweaver
+    >>> from scanweaver.targets.gpu import emit_source, launch_plan
+    >>> @scanweaver.recurrence
+    ... def ema(h, a, x):
+    ...     return a * h + x
+    >>> stages = ema.lower(backend="numpy", schedule="hybrid")
+    >>> "sw_hybrid" in emit_source(stages, "opencl")
+    True
+    >>> launch_plan("hybrid", stages.schedule.config, lanes=4, L=1000).launches[0].groups
+    4
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Callable, ClassVar
+
+from ..errors import ScanInputError
+from ..passes import Stages
+from .cstyle import CStyleRenderer
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch: its name, workgroups (1-D grid) and work-items per workgroup."""
+
+    kernel: str
+    groups: int
+    block: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The launches of one scan and the scratch they need.
+
+    Attributes:
+        launches: kernels in launch order.
+        ws: elements of the scan-dtype scratch buffer ``ws``.
+        wsi: ints in the scratch buffer ``wsi``.
+        zero_wsi: ``wsi`` must be zero when the first kernel starts.
+    """
+
+    launches: tuple[Launch, ...]
+    ws: int = 0
+    wsi: int = 0
+    zero_wsi: bool = False
+
+
+@dataclass(frozen=True)
+class GPUSchedule:
+    """How one schedule becomes GPU kernels.
+
+    Attributes:
+        defines: extra ``#define`` lines (after the tunables) for a config.
+        body: kernel text for a renderer and stages.
+        plan: launch plan for ``(config, lanes, L)``.
+    """
+
+    defines: Callable[[dict], str]
+    body: Callable[["GPURenderer", Stages], str]
+    plan: Callable[[dict, int, int], Plan]
+
+
+SCHEDULES: dict[str, GPUSchedule] = {}
+TARGETS: dict[str, type["GPURenderer"]] = {}
+
+
+def register_target(cls: type["GPURenderer"]) -> type["GPURenderer"]:
+    """Class decorator adding a GPU target renderer to :data:`TARGETS`."""
+    TARGETS[cls.target] = cls
+    return cls
+
+
+PAIR = """typedef struct { SW_T a; SW_T u; } sw_pair;
+SW_DEVICE sw_pair sw_pair_make(SW_T a, SW_T u) { sw_pair p; p.a = a; p.u = u; return p; }
+SW_DEVICE sw_pair sw_identity(void) { return sw_pair_make((SW_T)1, (SW_T)0); }
+/* (A2, U2) o (A1, U1) = (A2*A1, A2*U1 + U2): later after earlier */
+SW_DEVICE sw_pair sw_compose(sw_pair later, sw_pair earlier) {
+  return sw_pair_make(later.a * earlier.a, later.a * earlier.u + later.u);
+}"""
+
+# Inclusive Hillis-Steele scan in local memory over the SW_TPL work-items of each lane.
+LOCAL_SCAN = """SW_DEVICE void sw_group_scan(sw_pair agg, sw_pair* excl, sw_pair* total, SW_LOCAL_PTR sw_pair* sm,
+                              const int lid) {
+  const int r = lid % SW_TPL;
+  sm[lid] = agg;
+  SW_BARRIER();
+  for (int d = 1; d < SW_TPL; d <<= 1) {
+    sw_pair v = sm[lid];
+    if (r >= d) v = sw_compose(v, sm[lid - d]);
+    SW_BARRIER();
+    sm[lid] = v;
+    SW_BARRIER();
+  }
+  *total = sm[lid - r + SW_TPL - 1];
+  *excl = r > 0 ? sm[lid - 1] : sw_identity();
+  SW_BARRIER();
+}"""
+
+# Subgroup (warp) scan with shuffles, then a scan of subgroup totals in local memory.
+SHUFFLE_SCAN = """SW_DEVICE void sw_group_scan(sw_pair agg, sw_pair* excl, sw_pair* total, SW_LOCAL_PTR sw_pair* sm,
+                              const int lid) {
+  const int lw = lid % SW_WARP_W;
+  sw_pair inc = agg;
+#pragma unroll
+  for (int d = 1; d < SW_WARP_W; d <<= 1) {
+    const SW_T pa = SW_SHUP(inc.a, d), pu = SW_SHUP(inc.u, d);
+    if (lw >= d) inc = sw_compose(inc, sw_pair_make(pa, pu));
+  }
+  const SW_T ea = SW_SHUP(inc.a, 1), eu = SW_SHUP(inc.u, 1);
+  const sw_pair ex = lw > 0 ? sw_pair_make(ea, eu) : sw_identity();
+#if SW_TPL > SW_WARP_W
+  const int nw = SW_TPL / SW_WARP_W, wi = (lid % SW_TPL) / SW_WARP_W, base = (lid / SW_TPL) * nw;
+  if (lw == SW_WARP_W - 1) sm[base + wi] = inc;
+  SW_BARRIER();
+  sw_pair pre = sw_identity(), acc = sw_identity();
+  for (int j = 0; j < nw; ++j) {
+    if (j == wi) pre = acc;
+    acc = sw_compose(sm[base + j], acc);
+  }
+  SW_BARRIER();
+  *excl = sw_compose(ex, pre);
+  *total = acc;
+#else
+  *excl = ex;
+  *total = sw_pair_make(SW_SHIDX(inc.a, SW_WARP_W - 1), SW_SHIDX(inc.u, SW_WARP_W - 1));
+#endif
+}"""
+
+
+class GPURenderer(CStyleRenderer):
+    """The GPU side of the C-family renderer; targets override the strings."""
+
+    def gpu_macros(self) -> list[str]:
+        """Target macros the shared kernel text is written in."""
+        lines = [
+            f"#define SW_KERNEL {self.kernel_prefix}",
+            f"#define SW_GLOBAL {self.global_prefix}",
+            f"#define SW_LOCAL {self.local_prefix}",
+            f"#define SW_LOCAL_PTR {self.local_ptr_prefix}",
+            f"#define SW_DEVICE {self.device_prefix}",
+            f"#define SW_BARRIER() {self.barrier}",
+            f"#define SW_LID ((int)({self.code_for_local_id}))",
+            f"#define SW_GROUP ((sw_index)({self.code_for_group_id}))",
+            f"#define SW_FENCE() {self.global_fence}",
+            f"#define SW_TICKET(p) {self.atomic_ticket.format(p='p')}",
+            f"#define SW_FLAG_LOAD(p) {self.flag_load.format(p='p')}",
+            f"#define SW_FLAG_STORE(p, v) {self.flag_store.format(p='p', v='v')}",
+            f"typedef {self.index_type} sw_index;",
+        ]
+        if self.warp_size:
+            lines += [
+                f"#define SW_WARP_W (SW_TPL < {self.warp_size} ? SW_TPL : {self.warp_size})",
+                f"#define SW_SHUP(v, d) {self.shuffle_up.format(v='v', d='d', w='SW_WARP_W')}",
+                f"#define SW_SHIDX(v, s) {self.shuffle_idx.format(v='v', src='s', w='SW_WARP_W')}",
+            ]
+        return lines
+
+    def element_macros(self, stages: Stages) -> list[str]:
+        """``SW_A(i)``, ``SW_U(i)``, ``SW_Y(i, h, hp)`` and ``SW_IDX(base, s)`` (scan position -> index)."""
+        dt = stages.affine.dtype
+        A, U = self.element(stages, "(i)", dt)
+        Y = self.output(stages, "(i)", "(h)", "(hp)", dt)
+        return [
+            "#define SW_IDX(base, s) ((base) + (SW_REVERSE ? (L - 1 - (s)) : (s)))",
+            f"#define SW_A(i) ({A})",
+            f"#define SW_U(i) ({U})",
+            f"#define SW_Y(i, h, hp) ({Y})",
+        ]
+
+    def gpu_params(self, stages: Stages) -> str:
+        """The kernel parameter list: the C-family ABI plus the scratch buffers."""
+        T, g = self.ctype(stages.affine.dtype), self.global_prefix
+        return ", ".join([*self.params(stages), f"{g}{T}* restrict ws", f"{g}int* restrict wsi"])
+
+    def group_scan(self) -> str:
+        """The workgroup scan: subgroup shuffles where the target has them, else local memory."""
+        return SHUFFLE_SCAN if self.warp_size else LOCAL_SCAN
+
+    def render(self, stages: Stages) -> str:
+        """Complete kernel source for ``stages`` (its schedule chooses the kernels)."""
+        if stages.schedule is None:
+            raise ScanInputError(f"{self.target} emitter: stages have no schedule; lower with schedule=...")
+        spec = SCHEDULES.get(stages.schedule.schedule)
+        if spec is None:
+            raise ScanInputError(f"{self.target} emitter: schedule {stages.schedule.schedule!r} has no GPU kernels; "
+                                 f"GPU schedules: {', '.join(sorted(SCHEDULES))}")
+        features = self.feature_defines(dataclasses.replace(stages, schedule=None))
+        parts = [
+            f"/* scanweaver {self.target} kernels: schedule {stages.schedule.schedule}, "
+            f"recurrence {stages.affine.name} */",
+            self.preamble_for(stages.affine.dtype),
+            features,
+            self.guarded_tunable_defines(stages),
+            spec.defines(stages.schedule.config),
+            "\n".join(self.gpu_macros()),
+            "\n".join(self.element_macros(stages)),
+            self.helpers(stages.affine.dtype),
+            PAIR,
+            spec.body(self, stages),
+        ]
+        return "\n".join(p for p in parts if p) + "\n"
+
+    def preamble_for(self, dtype: str) -> str:
+        """Target preamble lines for ``dtype`` (extensions, compatibility macros)."""
+        return self.preamble
+
+
+def emit_source(stages: Stages, target: str) -> str:
+    """Kernel source for lowered ``stages`` on GPU ``target`` (``opencl``, ``cuda``); needs no device.
+
+    Args:
+        stages: stages lowered with a GPU schedule.
+        target: a key of :data:`TARGETS`.
+
+    Raises:
+        ScanInputError: for an unknown target or a schedule without GPU kernels.
+    """
+    from . import cuda, gpu_kernels, opencl  # noqa: F401  (registration)
+
+    cls = TARGETS.get(target)
+    if cls is None:
+        raise ScanInputError(f"emit_source: unknown GPU target {target!r}; known: {', '.join(sorted(TARGETS))}")
+    return cls().render(stages)
+
+
+def launch_plan(schedule: str, config: dict, lanes: int, L: int) -> Plan:
+    """Launch geometry and scratch sizes of ``schedule`` for ``lanes`` sequences of length ``L``."""
+    from . import gpu_kernels  # noqa: F401  (registration)
+
+    if schedule not in SCHEDULES:
+        raise ScanInputError(f"launch_plan: schedule {schedule!r} has no GPU kernels; "
+                             f"GPU schedules: {', '.join(sorted(SCHEDULES))}")
+    return SCHEDULES[schedule].plan(config, lanes, L)
+
+
+def kernel_names(schedule: str, config: dict) -> tuple[str, ...]:
+    """Kernel function names of ``schedule``, in launch order."""
+    return tuple(x.kernel for x in launch_plan(schedule, config, 1, 1).launches)
