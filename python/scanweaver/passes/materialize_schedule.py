@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..errors import ScanInputError
 from ..ir.stages import AssocScanIR, ScheduleIR
 from ..ir.verifier import verify_schedule
-from ..schedules import get_schedule
+from ..schedules import REGISTRY, get_schedule
 
 
 def resolve_config(schedule: str, config: dict[str, object] | None, api: str = "schedule",
@@ -32,6 +32,12 @@ def materialize_schedule(ir: AssocScanIR, schedule: str, config: dict[str, objec
     """Returns stage ``schedule`` for ``ir`` with validated tunables."""
     cfg = resolve_config(schedule, config, extra=extra)
     sched = get_schedule(schedule)
+    if ir.affine.kind not in sched.kinds:
+        raise ScanInputError(
+            f"schedule: {schedule!r} does not support {ir.affine.kind} transitions (state size "
+            f"{ir.affine.state_size}); schedules that do: "
+            + ", ".join(sorted(n for n, s in REGISTRY.items() if ir.affine.kind in s.kinds))
+        )
     ops = sched.ops(cfg)
     out = ScheduleIR(assoc=ir, schedule=schedule, params=tuple(sorted(cfg.items())), ops=ops)
     verify_schedule(out, tuple(o.name for o in ops))

@@ -79,6 +79,8 @@ class Schedule(ABC):
     name: ClassVar[str]
     description: ClassVar[str]
     tunables: ClassVar[tuple[Tunable, ...]] = ()
+    #: transition kinds the schedule's ops handle
+    kinds: ClassVar[tuple[str, ...]] = ("diagonal", "dense")
 
     @abstractmethod
     def ops(self, config: dict[str, object]) -> tuple[ScheduleOp, ...]:

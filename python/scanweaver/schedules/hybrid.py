@@ -53,6 +53,7 @@ class Hybrid(Schedule):
     """Sequential items per thread, subgroup scan, workgroup scan of subgroup totals."""
 
     name = "hybrid"
+    kinds = ("diagonal",)
     description = "items_per_thread in registers, subgroup (warp) scan, workgroup scan of warp totals"
     tunables = (
         Tunable("workgroup_size", 256, (64, 128, 256, 512, 1024), "work-items per workgroup", workgroup_rule),

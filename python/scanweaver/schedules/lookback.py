@@ -33,6 +33,7 @@ class Lookback(Schedule):
     """One pass: tile scan, look-back over predecessors' aggregates, replay."""
 
     name = "lookback"
+    kinds = ("diagonal",)
     description = "single pass: tiles in ticket order, decoupled look-back for the carry-in"
     tunables = (
         Tunable("workgroup_size", 256, (64, 128, 256, 512, 1024), "work-items per workgroup", workgroup_rule),

@@ -36,33 +36,99 @@ def eval_operand(e: Expr, inputs: dict[str, np.ndarray], dtype, shape) -> np.nda
     return np.broadcast_to(np.asarray(val, dtype=dtype), shape)
 
 
+class Diagonal:
+    """Pair algebra of scalar transitions: A and U have no trailing state axes."""
+
+    def __init__(self, k: int = 1):
+        self.k = k
+
+    def compose(self, a2, u2, a1, u1):
+        """(A2, U2) o (A1, U1): later after earlier."""
+        return a2 * a1, a2 * u1 + u2
+
+    def apply(self, a, u, h):
+        """A*h + U."""
+        return a * h + u
+
+    def identity(self, shape, dtype):
+        """(1, 0) with leading ``shape``."""
+        return np.ones(shape, dtype), np.zeros(shape, dtype)
+
+    def state_shape(self, shape) -> tuple:
+        """Shape of states with leading ``shape``."""
+        return tuple(shape)
+
+
+class Dense(Diagonal):
+    """Pair algebra of k x k transitions: A is ``(..., k, k)``, U and h ``(..., k)``."""
+
+    def compose(self, a2, u2, a1, u1):
+        return a2 @ a1, (a2 @ u1[..., None])[..., 0] + u2
+
+    def apply(self, a, u, h):
+        return (a @ h[..., None])[..., 0] + u
+
+    def identity(self, shape, dtype):
+        eye = np.broadcast_to(np.eye(self.k, dtype=dtype), (*shape, self.k, self.k)).copy()
+        return eye, np.zeros((*shape, self.k), dtype)
+
+    def state_shape(self, shape) -> tuple:
+        return (*shape, self.k)
+
+
+def algebra(ir: AffineScanIR) -> Diagonal:
+    """The pair algebra of ``ir``'s transition kind."""
+    return Dense(ir.state_size) if ir.kind == "dense" else Diagonal()
+
+
+def _components(value) -> tuple:
+    return value if isinstance(value, tuple) else (value,)
+
+
 def elements(ir: AffineScanIR, inputs: dict[str, np.ndarray], reset: np.ndarray | None, dtype):
-    """The pairs (A_t, U_t) in scan order, with resets applied (A_t = 0)."""
+    """The pairs (A_t, U_t) in time order, with resets applied (A_t = 0).
+
+    Diagonal: ``(lanes, L)`` each; dense: A ``(lanes, L, k, k)``, U ``(lanes, L, k)``.
+    """
     shape = next(iter(inputs.values())).shape
-    A = np.array(eval_operand(ir.A, inputs, dtype, shape))
-    U = np.array(eval_operand(ir.U, inputs, dtype, shape))
+    if ir.kind == "dense":
+        k = ir.state_size
+        A = np.stack([eval_operand(e, inputs, dtype, shape) for e in ir.A], axis=-1).reshape(*shape, k, k)
+        U = np.stack([eval_operand(e, inputs, dtype, shape) for e in ir.U], axis=-1)
+    else:
+        A = np.array(eval_operand(ir.A, inputs, dtype, shape))
+        U = np.array(eval_operand(ir.U, inputs, dtype, shape))
     if reset is not None:
         A[reset.astype(bool)] = 0
     return A, U
 
 
+def _is_zero(e: Expr) -> bool:
+    return e.op == "const" and e.value == 0
+
+
 def project(ir: AffineScanIR, inputs: dict[str, np.ndarray], h: np.ndarray, hprev: np.ndarray, dtype):
-    """y_t from h_t and h_{t-1} (both in time order)."""
+    """y_t from h_t and h_{t-1} (both in time order; a trailing state axis for dense)."""
     out = ir.output
     if out.is_identity:
         return h
-    shape = h.shape
+    shape = next(iter(inputs.values())).shape
+    dense = ir.kind == "dense"
     with np.errstate(all="ignore"):
-        y = eval_operand(out.new, inputs, dtype, shape) * h
-        if not (out.old.op == "const" and out.old.value == 0):
-            y = y + eval_operand(out.old, inputs, dtype, shape) * hprev
-        if not (out.const.op == "const" and out.const.value == 0):
+        y = np.zeros(shape, dtype)
+        for j, (new, old) in enumerate(zip(_components(out.new), _components(out.old))):
+            hj, pj = (h[..., j], hprev[..., j]) if dense else (h, hprev)
+            if not _is_zero(new):
+                y = y + eval_operand(new, inputs, dtype, shape) * hj
+            if not _is_zero(old):
+                y = y + eval_operand(old, inputs, dtype, shape) * pj
+        if not _is_zero(out.const):
             y = y + eval_operand(out.const, inputs, dtype, shape)
     return y
 
 
 def _time_order(arr, reverse):
-    return arr[..., ::-1] if reverse else arr
+    return arr[:, ::-1] if reverse else arr
 
 
 def _prev_states(h: np.ndarray, h0: np.ndarray, reverse: bool) -> np.ndarray:
@@ -80,19 +146,22 @@ def run(ir: AffineScanIR, schedule: ScheduleIR | None, inputs: dict[str, np.ndar
         ir: the affine normal form.
         schedule: the schedule to interpret; ``None`` runs the sequential oracle.
         inputs: operand name -> ``(lanes, L)`` array.
-        h0: initial state per lane, or ``None`` for zeros.
+        h0: initial state per lane (``(lanes, k)`` for a dense state), or ``None`` for zeros.
         reset: boolean ``(lanes, L)`` mask, or ``None``.
         dtype: accumulation dtype (float64 for the oracle).
 
     Returns:
-        ``(y, h_last)``: outputs ``(lanes, L)`` and the final state ``(lanes,)``.
+        ``(y, h_last)``: outputs ``(lanes, L)`` and the final state ``(lanes,)``
+        (``(lanes, k)`` for a dense state).
     """
     lanes, L = next(iter(inputs.values())).shape
     reverse = ir.features.reverse
+    alg = algebra(ir)
     A, U = elements(ir, inputs, reset, dtype)
     A, U = _time_order(A, reverse), _time_order(U, reverse)
-    h0v = np.zeros(lanes, dtype) if h0 is None else np.asarray(h0, dtype).reshape(lanes)
-    ctx = {"A": A, "U": U, "h0": h0v, "dtype": dtype, "h": np.empty((lanes, L), dtype)}
+    state = alg.state_shape((lanes,))
+    h0v = np.zeros(state, dtype) if h0 is None else np.asarray(h0, dtype).reshape(state)
+    ctx = {"A": A, "U": U, "h0": h0v, "dtype": dtype, "alg": alg, "h": np.empty(alg.state_shape((lanes, L)), dtype)}
     ops = schedule.ops if schedule is not None else ()
     with np.errstate(all="ignore"):
         if not ops:
@@ -113,68 +182,79 @@ def oracle(ir: AffineScanIR, inputs, h0=None, reset=None):
 
 @op("sequential.scan")
 def _sequential(ctx, attrs):
-    A, U, out = ctx["A"], ctx["U"], ctx["h"]
+    A, U, out, alg = ctx["A"], ctx["U"], ctx["h"], ctx["alg"]
     h = ctx["h0"].copy()
     for t in range(A.shape[1]):
-        h = A[:, t] * h + U[:, t]
+        h = alg.apply(A[:, t], U[:, t], h)
         out[:, t] = h
 
 
 def _blocks(ctx, n):
-    """A and U padded with the identity (1, 0) to whole blocks of n: (lanes, nb, n)."""
-    A, U = ctx["A"], ctx["U"]
-    lanes, L = A.shape
+    """A and U padded with the identity (1, 0) to whole blocks of n: ``(lanes, nb, n, ...)``."""
+    A, U, alg = ctx["A"], ctx["U"], ctx["alg"]
+    lanes, L = A.shape[:2]
     nb = max(1, -(-L // n))
-    pad = nb * n - L
-    Ap = np.concatenate([A, np.ones((lanes, pad), A.dtype)], axis=1).reshape(lanes, nb, n)
-    Up = np.concatenate([U, np.zeros((lanes, pad), U.dtype)], axis=1).reshape(lanes, nb, n)
+    pa, pu = alg.identity((lanes, nb * n - L), A.dtype)
+    Ap = np.concatenate([A, pa], axis=1).reshape(lanes, nb, n, *A.shape[2:])
+    Up = np.concatenate([U, pu], axis=1).reshape(lanes, nb, n, *U.shape[2:])
     return Ap, Up
+
+
+def _store(ctx, h):
+    """Writes blocked states ``(lanes, nb, n, ...)`` back to ``ctx['h']`` without the padding."""
+    L = ctx["A"].shape[1]
+    ctx["h"][:] = h.reshape(h.shape[0], -1, *h.shape[3:])[:, :L]
+
+
+def _chain(ctx, ga, gu):
+    """Carry-in state of each consecutive aggregate ``ga/gu[:, b]``, starting from h0."""
+    alg = ctx["alg"]
+    carry = np.empty(alg.state_shape(ga.shape[:2]), ga.dtype)
+    h = ctx["h0"].copy()
+    for b in range(ga.shape[1]):
+        carry[:, b] = h
+        h = alg.apply(ga[:, b], gu[:, b], h)
+    return carry
 
 
 @op("chunked.reduce")
 def _chunked_reduce(ctx, attrs):
+    alg = ctx["alg"]
     Ac, Uc = _blocks(ctx, attrs["chunk"])
-    ga = np.ones(Ac.shape[:2], Ac.dtype)
-    gu = np.zeros(Ac.shape[:2], Ac.dtype)
+    ga, gu = alg.identity(Ac.shape[:2], Ac.dtype)
     for j in range(Ac.shape[2]):
-        ga, gu = Ac[:, :, j] * ga, Ac[:, :, j] * gu + Uc[:, :, j]
+        ga, gu = alg.compose(Ac[:, :, j], Uc[:, :, j], ga, gu)
     ctx["agg"] = (ga, gu)
     ctx["blocks"] = (Ac, Uc)
 
 
 @op("chunked.scan")
 def _chunked_scan(ctx, attrs):
-    ga, gu = ctx["agg"]
-    carry = np.empty_like(ga)
-    h = ctx["h0"].copy()
-    for c in range(ga.shape[1]):
-        carry[:, c] = h
-        h = ga[:, c] * h + gu[:, c]
-    ctx["carry"] = carry
+    ctx["carry"] = _chain(ctx, *ctx["agg"])
 
 
 @op("chunked.propagate")
 def _chunked_propagate(ctx, attrs):
+    alg = ctx["alg"]
     Ac, Uc = ctx["blocks"]
     h = ctx["carry"].copy()
-    out = np.empty_like(Ac)
+    out = np.empty(alg.state_shape(Ac.shape[:3]), Ac.dtype)
     for j in range(Ac.shape[2]):
-        h = Ac[:, :, j] * h + Uc[:, :, j]
+        h = alg.apply(Ac[:, :, j], Uc[:, :, j], h)
         out[:, :, j] = h
-    L = ctx["A"].shape[1]
-    ctx["h"][:] = out.reshape(out.shape[0], -1)[:, :L]
+    _store(ctx, out)
 
 
 @op("blelloch.up")
 def _blelloch_up(ctx, attrs):
-    n = attrs["block"]
+    n, alg = attrs["block"], ctx["alg"]
     pa, pu = (x.copy() for x in _blocks(ctx, n))
     ctx["elem"] = (pa.copy(), pu.copy())
     d = 1
     while d < n:
         r = np.arange(2 * d - 1, n, 2 * d)
         lft = r - d
-        pa[..., r], pu[..., r] = pa[..., r] * pa[..., lft], pa[..., r] * pu[..., lft] + pu[..., r]
+        pa[:, :, r], pu[:, :, r] = alg.compose(pa[:, :, r], pu[:, :, r], pa[:, :, lft], pu[:, :, lft])
         d *= 2
     ctx["tree"] = (pa, pu)
 
@@ -182,44 +262,37 @@ def _blelloch_up(ctx, attrs):
 @op("blelloch.root")
 def _blelloch_root(ctx, attrs):
     pa, pu = ctx["tree"]
-    ctx["totals"] = (pa[..., -1].copy(), pu[..., -1].copy())
-    pa[..., -1], pu[..., -1] = 1, 0
+    ctx["totals"] = (pa[:, :, -1].copy(), pu[:, :, -1].copy())
+    pa[:, :, -1], pu[:, :, -1] = ctx["alg"].identity(pa.shape[:2], pa.dtype)
 
 
 @op("blelloch.down")
 def _blelloch_down(ctx, attrs):
-    n = attrs["block"]
+    n, alg = attrs["block"], ctx["alg"]
     pa, pu = ctx["tree"]
     d = n // 2
     while d >= 1:
         r = np.arange(2 * d - 1, n, 2 * d)
         lft = r - d
-        ta, tu = pa[..., lft].copy(), pu[..., lft].copy()
-        pa[..., lft], pu[..., lft] = pa[..., r], pu[..., r]
+        ta, tu = pa[:, :, lft].copy(), pu[:, :, lft].copy()
+        pa[:, :, lft], pu[:, :, lft] = pa[:, :, r], pu[:, :, r]
         # prefix (earlier) then left subtree (later): t o p
-        pa[..., r], pu[..., r] = ta * pa[..., r], ta * pu[..., r] + tu
+        pa[:, :, r], pu[:, :, r] = alg.compose(ta, tu, pa[:, :, r], pu[:, :, r])
         d //= 2
 
 
 @op("blelloch.carry")
 def _blelloch_carry(ctx, attrs):
-    ta, tu = ctx["totals"]
-    carry = np.empty_like(ta)
-    h = ctx["h0"].copy()
-    for b in range(ta.shape[1]):
-        carry[:, b] = h
-        h = ta[:, b] * h + tu[:, b]
-    ctx["carry"] = carry
+    ctx["carry"] = _chain(ctx, *ctx["totals"])
 
 
 @op("blelloch.apply")
 def _blelloch_apply(ctx, attrs):
+    alg = ctx["alg"]
     ea, eu = ctx["elem"]
     pa, pu = ctx["tree"]
-    ia, iu = ea * pa, ea * pu + eu
-    h = ia * ctx["carry"][..., None] + iu
-    L = ctx["A"].shape[1]
-    ctx["h"][:] = h.reshape(h.shape[0], -1)[:, :L]
+    ia, iu = alg.compose(ea, eu, pa, pu)
+    _store(ctx, alg.apply(ia, iu, ctx["carry"][:, :, None]))
 
 
 # Handlers of the GPU schedule ops live in their own module and register into OPS.
