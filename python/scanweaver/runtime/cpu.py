@@ -1,0 +1,197 @@
+"""The ``cpu`` backend: C kernels from :mod:`scanweaver.targets.c`, compiled once and cached.
+
+Kernels are built by the system C compiler (:mod:`.toolchain`) with OpenMP
+when it is available and called through :mod:`ctypes`.  Every argument is
+checked before the call (dtypes, shapes, contiguity, sizes), so a bad array
+raises :class:`~scanweaver.errors.ScanInputError` instead of crashing.
+
+Tunables beyond the schedule's: ``threads`` (0 = every core) and
+``interleave`` (independent recurrence chains a thread advances together,
+which hides the latency of the ``h = A*h + U`` dependency chain).
+
+Example:
+    >>> import numpy as np, scanweaver
+    >>> a = np.full((2, 5), 0.5, np.float32); b = np.ones_like(a); x = np.ones_like(a)
+    >>> scanweaver.selective_scan(a, b, x, backend="cpu")[0].tolist()
+    [1.0, 1.5, 1.75, 1.875, 1.9375]
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import os
+import platform
+import threading
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from ..errors import ScanInputError
+from ..passes import Stages
+from ..schedules import Tunable
+from ..schedules.base import non_negative
+from ..targets.c import CRenderer
+from . import toolchain
+from .base import Availability, Backend, ScanArrays, register
+
+#: Chunk (scan positions per tile) when a thread scans groups of lanes side by side:
+#: 8 lanes x 256 steps x (A, U) in float32 is 16 KiB, inside a 32 KiB L1 data cache.
+ROWS_CHUNK = 256
+#: Chunk when one lane's tiles are spread over threads: big enough that the chained
+#: hand-off between threads is rare, small enough that a tile's (A, U) stays in L2.
+SPLIT_CHUNK = 8192
+#: Default number of interleaved chains per thread (covers a 4-cycle FMA latency at 2 per cycle).
+INTERLEAVE = 8
+
+
+def _interleave_rule(value: object) -> str | None:
+    return None if 1 <= value <= 32 else "it must be between 1 and 32"
+
+
+def cpu_threads() -> int:
+    """Cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def cpu_model() -> str:
+    """A readable CPU name, e.g. ``AMD EPYC``."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "CPU"
+
+
+@register
+class CpuBackend(Backend):
+    """Compiled C on the host's cores (OpenMP when the compiler has it)."""
+
+    name = "cpu"
+    target = "c"
+    schedules = ("chunked", "sequential")
+    auto_priority = 10
+    extra_tunables = (
+        Tunable("threads", 0, (0, 1, 2, 4, 8, 16), "OpenMP threads; 0 uses every core", non_negative),
+        Tunable("interleave", INTERLEAVE, (2, 4, 8, 12, 16),
+                "independent recurrence chains one thread advances together (chunked)", _interleave_rule),
+    )
+
+    def __init__(self) -> None:
+        self._renderer = CRenderer()
+        self._functions: dict[str, ctypes._CFuncPtr] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def probe(cls) -> Availability:
+        reason = toolchain.missing_reason()
+        if reason:
+            return Availability(False, reason)
+        return Availability(True, device=f"{cpu_model()} ({cpu_threads()} threads)")
+
+    def default_schedule(self, lanes: int, L: int) -> str:
+        return "chunked"
+
+    def default_config(self, schedule: str, lanes: int, L: int, dtype: str) -> dict[str, object]:
+        """``chunked``: short tiles when lanes fill every thread's chains, long tiles otherwise."""
+        if schedule != "chunked":
+            return {}
+        rows = 2 * lanes >= cpu_threads() * INTERLEAVE
+        return {"chunk": ROWS_CHUNK if rows else SPLIT_CHUNK}
+
+    def emit(self, stages: Stages) -> Stages:
+        return dataclasses.replace(stages, kernel=self._renderer.render(stages), target="c")
+
+    def function(self, stages: Stages):
+        """The compiled ``sw_scan`` of ``stages`` (built or loaded once per process)."""
+        if stages.kernel is None or stages.target != "c":
+            stages = self.emit(stages)
+        src = stages.kernel
+        with self._lock:
+            fn = self._functions.get(src)
+        if fn is None:
+            fn = toolchain.find_toolchain().load(src).sw_scan
+            nptr = len(stages.affine.inputs) + 4
+            fn.argtypes = [ctypes.c_void_p] * nptr + [ctypes.c_long, ctypes.c_long]
+            fn.restype = ctypes.c_int
+            with self._lock:
+                self._functions[src] = fn
+        return fn
+
+    def bind(self, stages: Stages, arrays: ScanArrays, y: np.ndarray, h_last: np.ndarray) -> Callable[[], None]:
+        """A call of the kernel on checked arrays, writing ``y`` and ``h_last`` (for timing loops).
+
+        Raises:
+            ScanInputError: when an array does not fit the kernel.
+        """
+        fn = self.function(stages)
+        args = _checked_args(stages, arrays, np.dtype(stages.affine.dtype), y, h_last)
+        lanes, L = arrays.lanes, arrays.L
+
+        def call() -> None:
+            if lanes == 0 or L == 0:
+                h_last[:] = arrays.h0 if arrays.h0 is not None else 0
+                return
+            rc = fn(*args, lanes, L)
+            if rc != 0:
+                raise MemoryError(f"cpu backend: the kernel could not allocate its scratch memory (status {rc})")
+
+        return call
+
+    def run(self, stages: Stages, arrays: ScanArrays):
+        dtype = np.dtype(stages.affine.dtype)
+        y = np.empty((arrays.lanes, arrays.L), dtype)
+        h_last = np.empty(arrays.lanes, dtype)
+        self.bind(stages, arrays, y, h_last)()
+        return y, h_last
+
+
+def _pointer(name: str, arr: np.ndarray | None, dtype: np.dtype, shape: tuple[int, ...]) -> int | None:
+    """The data address of a checked array, or ``None`` for an absent optional one."""
+    if arr is None:
+        return None
+    if not isinstance(arr, np.ndarray):
+        raise ScanInputError(f"cpu backend: {name} must be a NumPy array, got {type(arr).__name__}")
+    if arr.dtype != dtype:
+        raise ScanInputError(f"cpu backend: {name} has dtype {arr.dtype}; the kernel was built for {dtype}")
+    if arr.shape != shape:
+        raise ScanInputError(f"cpu backend: {name} has shape {arr.shape}; it needs {shape}")
+    if not (arr.flags.c_contiguous and arr.flags.aligned):
+        raise ScanInputError(f"cpu backend: {name} must be C-contiguous and aligned "
+                             "(use np.ascontiguousarray)")
+    if arr.size and not arr.ctypes.data:
+        raise ScanInputError(f"cpu backend: {name} has a null data pointer")
+    return arr.ctypes.data or None
+
+
+def _checked_args(stages: Stages, arrays: ScanArrays, dtype: np.dtype, y: np.ndarray, h_last: np.ndarray) -> list:
+    """Validated ctypes arguments in ABI order (everything but ``nlanes`` and ``L``)."""
+    aff, feats = stages.affine, stages.affine.features
+    lanes, L = arrays.lanes, arrays.L
+    if np.dtype(arrays.dtype) != dtype:
+        raise ScanInputError(f"cpu backend: operands are {arrays.dtype}; the kernel was built for {dtype}")
+    if set(arrays.inputs) != set(aff.inputs):
+        raise ScanInputError(f"cpu backend: operands {sorted(arrays.inputs)} do not match the kernel's "
+                             f"{list(aff.inputs)}")
+    limit = 2 ** (8 * ctypes.sizeof(ctypes.c_long) - 1) - 1
+    if lanes < 0 or L < 0 or lanes * max(L, 1) > limit:
+        raise ScanInputError(f"cpu backend: lanes={lanes}, L={L}: lanes*L must fit the C long index ({limit})")
+    shape = (lanes, L)
+    args = [_pointer(f"operand {n}", arrays.inputs[n], dtype, shape) for n in aff.inputs]
+    args.append(_pointer("y", y, dtype, shape))
+    if feats.has_h0 and arrays.h0 is None:
+        raise ScanInputError("cpu backend: the kernel reads h0 but none was given")
+    if feats.has_reset and arrays.reset is None:
+        raise ScanInputError("cpu backend: the kernel reads reset but none was given")
+    args.append(_pointer("h0", arrays.h0, dtype, (lanes,)) if feats.has_h0 else None)
+    args.append(_pointer("hlast", h_last, dtype, (lanes,)))
+    args.append(_pointer("reset", arrays.reset, np.dtype(np.uint8), shape) if feats.has_reset else None)
+    if lanes and L and any(a is None for a in args[: len(aff.inputs) + 1]):
+        raise ScanInputError("cpu backend: an operand has no data")
+    return args

@@ -1,0 +1,152 @@
+"""C source pieces of the CPU target, assembled by :mod:`scanweaver.targets.c`.
+
+Tokens ``@NAME@`` are filled in by the emitter.  Everything here is plain
+C99 that also compiles as C++ (Kernel Tuner builds ``lang="C"`` kernels
+with ``g++``): pointers from ``malloc`` are cast, ``restrict`` maps to
+``__restrict`` under C++, and no identifier equals a tunable's bare name
+(Kernel Tuner ``#define``s those).  OpenMP and vector units are optional:
+without ``-fopenmp`` the pragmas are ignored and one thread runs.
+"""
+
+PRELUDE = r"""
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#if defined(__unix__) || defined(__APPLE__)
+#include <sched.h>
+#define SW_YIELD() sched_yield()
+#else
+#define SW_YIELD() ((void)0)
+#endif
+#ifdef __cplusplus
+#define restrict __restrict
+#endif
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Status codes of sw_scan. */
+#define SW_OK 0
+#define SW_ENOMEM 1
+
+/* Scan position s (0 = first element in scan order) -> time index. */
+#define SW_POS(len, s) (SW_REVERSE ? (len) - 1 - (s) : (s))
+#define SW_MIN(p, q) ((p) < (q) ? (p) : (q))
+"""
+
+CONTEXT = r"""
+/* Kernel operands, passed by pointer to the schedule's helpers. */
+typedef struct {
+@FIELDS@
+} sw_ctx;
+
+/* (A_t, U_t) of element i, resets applied. */
+static inline void sw_pair(const sw_ctx* sw, long i, SW_T* A, SW_T* U) {
+@UNPACK@
+  *A = @A@;
+  *U = @U@;
+}
+
+/* y_t of element i from h_t and h_{t-1} (previous in scan order). */
+static inline SW_T sw_out(const sw_ctx* sw, long i, SW_T h, SW_T hp) {
+@UNPACK@
+  (void)h; (void)hp;
+  return @OUT@;
+}
+
+#if defined(__GNUC__)
+#define SW_PREFETCH(p, rw) __builtin_prefetch((p), (rw), 2)
+#else
+#define SW_PREFETCH(p, rw) ((void)(p))
+#endif
+/* Elements per cache line (prefetch stride). */
+#define SW_LINE (64 / (long)sizeof(SW_T))
+
+/* Prefetches the operands and outputs of flat elements [lo, hi) into cache. */
+static inline void sw_prefetch_range(const sw_ctx* sw, long lo, long hi) {
+  for (long i = lo; i < hi; i += SW_LINE) {
+@PREFETCH@
+  }
+}
+
+static inline SW_T sw_h0(const sw_ctx* sw, long lane) {
+  return SW_HAS_H0 ? sw->h0[lane] : (SW_T)0;
+}
+
+/* hlast is written whenever it is given (SW_RETURN_STATE only documents the call site). */
+static inline void sw_store_last(const sw_ctx* sw, long lane, SW_T h) {
+  if (sw->hlast) sw->hlast[lane] = h;
+}
+
+/* Threads to use: SW_THREADS, or every core when it is 0. */
+static int sw_threads(void) {
+#ifdef _OPENMP
+  return SW_THREADS > 0 ? SW_THREADS : omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+"""
+
+SEQUENTIAL = r"""
+/* Schedule `sequential`: one loop over L per lane, lanes split over threads. */
+static int sw_run(const sw_ctx* sw) {
+  const long nl = sw->nlanes, len = sw->L;
+  const int nt = (int)SW_MIN((long)sw_threads(), nl);
+  (void)nt;
+#pragma omp parallel for schedule(static) num_threads(nt)
+  for (long lane = 0; lane < nl; ++lane) {
+    SW_T h = sw_h0(sw, lane);
+    for (long s = 0; s < len; ++s) {
+      const long i = lane * len + SW_POS(len, s);
+      SW_T A, U;
+      sw_pair(sw, i, &A, &U);
+      const SW_T hp = h;
+      h = A * h + U;
+      sw->y[i] = sw_out(sw, i, h, hp);
+    }
+    sw_store_last(sw, lane, h);
+  }
+  return SW_OK;
+}
+"""
+
+TIMED = r"""
+static double sw_now(void) {
+#ifdef _OPENMP
+  return omp_get_wtime();
+#else
+  struct timespec ts;
+  timespec_get(&ts, TIME_UTC);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+#endif
+}
+
+/* Kernel Tuner lang="C" entry: runs the scan, returns its time in ms (-1 on failure). */
+float sw_scan_timed(@PARAMS@) {
+  const double t0 = sw_now();
+  const int rc = sw_scan(@ARGS@);
+  const double t1 = sw_now();
+  return rc == SW_OK ? (float)((t1 - t0) * 1e3) : -1.0f;
+}
+"""
+
+ENTRY = r"""
+/* Entry point: 0 on success, SW_ENOMEM when scratch memory is short. */
+int sw_scan(@PARAMS@) {
+  sw_ctx sw;
+@INIT@
+  if (nlanes <= 0 || L <= 0) return SW_OK;
+  return sw_run(&sw);
+}
+"""
+
+EPILOGUE = r"""
+#ifdef __cplusplus
+}
+#endif
+"""
