@@ -89,7 +89,7 @@ def test_mismatched_shapes_name_each_argument(rng):
         assert part in msg
 
 
-@pytest.mark.parametrize("bad, what", [(np.int32, "int32"), (object, "object"), (np.complex64, "complex")])
+@pytest.mark.parametrize("bad, what", [(np.int32, "int32"), (object, "object"), (np.int8, "int8")])
 def test_unsupported_dtypes(rng, bad, what):
     ops = make_operands(rng, (2, 10))
     ops["b"] = ops["b"].astype(bad)

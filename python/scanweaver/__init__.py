@@ -14,6 +14,9 @@ from .errors import (
     VerificationError,
 )
 from .frontend import sigmoid, silu, softplus
+from .tuning import tune
+from .logspace import log_scan
+from .mamba import mamba_selective_scan
 
 __version__ = "0.1.0"
 
@@ -25,9 +28,12 @@ __all__ = [
     "ScanInputError",
     "ScanWeaverError",
     "VerificationError",
+    "log_scan",
+    "mamba_selective_scan",
     "recurrence",
     "selective_scan",
     "sigmoid",
     "silu",
     "softplus",
+    "tune",
 ]

@@ -17,7 +17,7 @@ from .frontend import trace
 from .ir.printer import print_affine
 from .ir.stages import Features
 from .passes import Stages, lower
-from .runtime import REGISTRY, Backend, get_backend, load_all
+from .runtime import REGISTRY, Backend, device_arrays, get_backend, load_all
 from .schedules import get_schedule
 
 log = logging.getLogger("scanweaver")
@@ -25,16 +25,18 @@ log = logging.getLogger("scanweaver")
 _warned: set[str] = set()
 
 
-def pick_backend(name: str) -> Backend:
+def pick_backend(name: str, dtype: str | None = None) -> Backend:
     """Resolves ``backend=`` to an instance; ``auto`` takes the best available one.
 
     ``auto`` falls back to ``numpy`` with one warning that says why the
-    preferred backend (``cpu``) cannot run.
+    preferred backend (``cpu``) cannot run.  With ``dtype``, ``auto`` only
+    considers backends that list it in ``Backend.dtypes``.
     """
     if name != "auto":
         return get_backend(name)
     load_all()
-    ranked = sorted((c for c in REGISTRY.values() if c.auto_priority >= 0), key=lambda c: -c.auto_priority)
+    ranked = sorted((c for c in REGISTRY.values() if c.auto_priority >= 0 and (dtype is None or dtype in c.dtypes)),
+                    key=lambda c: -c.auto_priority)
     skipped = []
     for cls in ranked:
         avail = cls.availability()
@@ -47,6 +49,20 @@ def pick_backend(name: str) -> Backend:
         if cls.name == "cpu":
             skipped.append((cls.name, avail.reason))
     raise BackendUnavailable("backend 'auto': no backend is available")
+
+
+def check_dtype(api: str, be: Backend, dtype: str) -> None:
+    """Raises :class:`ScanInputError` when backend ``be`` cannot accumulate in ``dtype``."""
+    if dtype in be.dtypes:
+        return
+    load_all()
+    others = sorted(n for n, c in REGISTRY.items() if dtype in c.dtypes)
+    ready = [n for n in others if REGISTRY[n].availability().ok]
+    fix = f"use backend={(ready or others)[0]!r} (backends with {dtype}: {', '.join(others)})" if others else \
+        "no backend supports it"
+    raise ScanInputError(
+        f"{api}: backend {be.name!r} does not support dtype {dtype} (it runs {', '.join(be.dtypes)}); {fix}"
+    )
 
 
 def _tuned(backend: Backend, rec: "Recurrence", dtype: str, lanes: int, L: int):
@@ -154,7 +170,7 @@ class Recurrence:
         return schedule, cfg, source
 
     def __call__(self, *args, h0=None, reset=None, reverse: bool = False, return_state: bool = False,
-                 backend: str = "auto", schedule: str = "auto", config="auto", **kwargs):
+                 backend: str = "auto", schedule: str = "auto", config="auto", cu_seqlens=None, **kwargs):
         """Runs the scan.
 
         Args:
@@ -166,17 +182,25 @@ class Recurrence:
             backend: ``auto``, ``numpy``, ``cpu``, ``opencl``, ``cuda`` or ``julia``.
             schedule: ``auto`` or a schedule the backend supports.
             config: ``auto`` (tuned store, then defaults), ``default``, or a dict of tunables.
+            cu_seqlens: offsets ``[0, ..., L]`` of sequences packed along L; each one
+                after the first starts from zero (turned into resets; see
+                :func:`scanweaver.arrays.seqlens_reset`).
             **kwargs: operands by name, or tunables such as ``chunk=4096``.
 
         Returns:
-            ``y`` with the operands' shape and dtype, or ``(y, h_last)``.
+            ``y`` with the operands' shape and dtype, or ``(y, h_last)``.  float16 and
+            bfloat16 operands accumulate in float32; ``y`` comes back in their dtype,
+            ``h_last`` stays float32 so that it can be passed back as ``h0`` losslessly.
         """
         operands, tunables = self._bind(args, kwargs)
-        arrays = prepare(self.name, operands, h0, reset, broadcast=self.broadcast)
+        arrays = prepare(self.name, operands, h0, reset, broadcast=self.broadcast, cu_seqlens=cu_seqlens,
+                         reverse=bool(reverse))
         dtype = arrays.dtype.name
-        be = pick_backend(backend)
+        backend = device_arrays.backend_for(self.name, arrays, backend)
+        be = pick_backend(backend, dtype)
+        check_dtype(self.name, be, dtype)
         sched, cfg, source = self._resolve(be, schedule, config, tunables, dtype, arrays.lanes, arrays.L)
-        features = Features(reverse=bool(reverse), has_h0=h0 is not None, has_reset=reset is not None,
+        features = Features(reverse=bool(reverse), has_h0=h0 is not None, has_reset=arrays.reset is not None,
                             return_state=bool(return_state))
         stages = self._lowered(be, dtype, features, sched, tuple(sorted(cfg.items())))
         self.last = CallInfo(be.name, sched, stages.schedule.config, source, stages)
@@ -187,7 +211,10 @@ class Recurrence:
             h_last = arrays.h0.copy() if arrays.h0 is not None else np.zeros(arrays.lanes, arrays.dtype)
         else:
             y, h_last = be.run(stages, arrays)
-        y = np.asarray(y).reshape(shape)
+        if device_arrays.kind(y):
+            return (device_arrays.result(y, shape), device_arrays.result(h_last, arrays.batch_shape)) \
+                if return_state else device_arrays.result(y, shape)
+        y = np.asarray(y).reshape(shape).astype(arrays.out_dtype or arrays.dtype, copy=False)
         if return_state:
             return y, np.asarray(h_last).reshape(arrays.batch_shape)
         return y
@@ -255,11 +282,12 @@ SELECTIVE_NO_C = Recurrence(_selective_noc, name="selective_scan_h", broadcast=F
 
 
 def selective_scan(a, b, x, c=None, *, h0=None, reset=None, reverse: bool = False, return_state: bool = False,
-                   backend: str = "auto", schedule: str = "auto", config="auto", **tunables):
+                   backend: str = "auto", schedule: str = "auto", config="auto", cu_seqlens=None, **tunables):
     """The selective scan h_t = a_t*h_{t-1} + b_t*x_t, y_t = c_t*h_t over the last axis.
 
     Operands share one layout ``(..., L)`` (the paper's ``(B, D, L)``), in
-    float32 or float64; y = h when ``c`` is None.  Runs the best stored tuned
+    float32 or float64 (float16/bfloat16 accumulate in float32; complex on
+    backends that list it in ``dtypes``); y = h when ``c`` is None.  Runs the best stored tuned
     configuration for this device and problem size when there is one.
 
     Args:
@@ -269,6 +297,7 @@ def selective_scan(a, b, x, c=None, *, h0=None, reset=None, reverse: bool = Fals
         reset: boolean mask ``(..., L)``; True at t starts a new segment.
         reverse: scan from t = L-1 down to 0.
         return_state: also return h_L (h_0 of the reversed scan).
+        cu_seqlens: offsets ``[0, ..., L]`` of sequences packed along L (varlen batches).
         backend: ``auto``, ``numpy``, ``cpu``, ``opencl``, ``cuda`` or ``julia``.
         schedule: ``auto`` or a schedule name (``sequential``, ``chunked`` ...).
         config: ``auto``, ``default`` or a dict of tunables.
@@ -286,4 +315,4 @@ def selective_scan(a, b, x, c=None, *, h0=None, reset=None, reverse: bool = Fals
     rec = SELECTIVE_NO_C if c is None else SELECTIVE
     operands = (a, b, x) if c is None else (a, b, x, c)
     return rec(*operands, h0=h0, reset=reset, reverse=reverse, return_state=return_state, backend=backend,
-               schedule=schedule, config=config, **tunables)
+               schedule=schedule, config=config, cu_seqlens=cu_seqlens, **tunables)

@@ -1,4 +1,17 @@
-"""Validation of user arrays into :class:`~scanweaver.runtime.ScanArrays`."""
+"""Validation of user arrays into :class:`~scanweaver.runtime.ScanArrays`.
+
+Dtype policy (one place, used by every entry point):
+
+* ``float32`` and ``float64`` are stored and accumulated as given.
+* ``float16`` and ``bfloat16`` (the ``ml_dtypes`` extension type, optional)
+  are *storage* types: operands are widened to float32 before the scan,
+  which accumulates in float32, and ``y`` comes back in the input dtype.
+* ``complex64`` and ``complex128`` transitions are passed through; only
+  backends that list them in ``Backend.dtypes`` accept them.
+
+Mixed operands promote as NumPy does after widening the half types, so
+``float16`` with ``float32`` computes and returns float32.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +21,25 @@ from .errors import ScanInputError
 from .runtime.base import ScanArrays
 
 SUPPORTED = (np.dtype(np.float32), np.dtype(np.float64))
+COMPLEX = (np.dtype(np.complex64), np.dtype(np.complex128))
+#: Storage-only dtypes, widened to float32 for accumulation (by name: bfloat16 comes from ml_dtypes).
+HALF = ("float16", "bfloat16")
+ACCEPTED = "float16, bfloat16, float32, float64, complex64 and complex128"
 
 
-def _as_array(api: str, name: str, value: object) -> np.ndarray:
+def is_half(dtype: np.dtype) -> bool:
+    """True for the storage-only dtypes float16 and bfloat16."""
+    return np.dtype(dtype).name in HALF
+
+
+def as_array(api: str, name: str, value: object) -> np.ndarray:
+    """``value`` as a NumPy array of a supported dtype, else :class:`ScanInputError`.
+
+    Args:
+        api: the public function's name, for error messages.
+        name: the argument's name.
+        value: anything ``np.asarray`` reads.
+    """
     if hasattr(value, "__cuda_array_interface__") and not isinstance(value, np.ndarray):
         raise ScanInputError(
             f"{api}: {name} is a device array ({type(value).__name__}); pass NumPy arrays, "
@@ -20,19 +49,67 @@ def _as_array(api: str, name: str, value: object) -> np.ndarray:
         arr = np.asarray(value)
     except Exception as exc:
         raise ScanInputError(f"{api}: {name} cannot be read as an array: {exc}") from exc
-    if arr.dtype.kind == "c":
-        raise ScanInputError(f"{api}: {name} has complex dtype {arr.dtype}; complex scans are not supported yet, "
-                             "split into real and imaginary recurrences")
-    if arr.dtype.kind not in "f" or arr.dtype not in SUPPORTED:
+    if arr.dtype in SUPPORTED or arr.dtype in COMPLEX or is_half(arr.dtype):
+        return arr
+    raise ScanInputError(
+        f"{api}: {name} has dtype {arr.dtype}; supported dtypes are {ACCEPTED} "
+        f"(convert with {name}.astype(np.float32))"
+    )
+
+
+def compute_dtype(dtypes) -> np.dtype:
+    """The accumulation dtype for operands of ``dtypes``: half types widen to float32."""
+    wide = [np.dtype(np.float32) if is_half(d) else np.dtype(d) for d in dtypes]
+    return np.dtype(np.result_type(*wide))
+
+
+def result_dtype(dtypes) -> np.dtype:
+    """The dtype ``y`` is returned in: the common input dtype, or the accumulation dtype when they differ."""
+    dtypes = [np.dtype(d) for d in dtypes]
+    if all(d == dtypes[0] for d in dtypes):
+        return dtypes[0]
+    return compute_dtype(dtypes)
+
+
+def seqlens_reset(api: str, cu_seqlens: object, L: int, reverse: bool = False) -> np.ndarray:
+    """A ``(L,)`` boolean reset mask from ``cu_seqlens`` offsets of packed sequences.
+
+    ``cu_seqlens = [0, l0, l0+l1, ..., L]`` marks where each packed sequence
+    starts.  A forward scan resets at every start after the first (the first
+    sequence starts from ``h0``); a reverse scan resets at the last element of
+    every sequence but the final one (the final one starts from ``h0``).
+
+    Raises:
+        ScanInputError: naming ``cu_seqlens`` and its bad values.
+    """
+    cu = np.asarray(cu_seqlens)
+    if cu.ndim != 1 or cu.dtype.kind not in "iu" or cu.size == 0:
         raise ScanInputError(
-            f"{api}: {name} has dtype {arr.dtype}; supported dtypes are float32 and float64 "
-            f"(convert with {name}.astype(np.float32))"
+            f"{api}: cu_seqlens must be a non-empty 1-D integer array of sequence offsets "
+            f"[0, ..., L]; got shape {cu.shape} dtype {cu.dtype}"
         )
-    return arr
+    cu = cu.astype(np.int64)
+    if cu[0] != 0:
+        raise ScanInputError(f"{api}: cu_seqlens must start at 0; got cu_seqlens[0] = {cu[0]}")
+    steps = np.diff(cu)
+    bad = np.flatnonzero(steps <= 0)
+    if bad.size:
+        i = int(bad[0])
+        raise ScanInputError(
+            f"{api}: cu_seqlens must be strictly increasing (no empty sequences); got "
+            f"cu_seqlens[{i}] = {cu[i]} followed by cu_seqlens[{i + 1}] = {cu[i + 1]}"
+        )
+    if cu[-1] != L:
+        raise ScanInputError(
+            f"{api}: cu_seqlens must end at the sequence length L = {L}; got cu_seqlens[-1] = {cu[-1]}"
+        )
+    mask = np.zeros(L, dtype=bool)
+    mask[cu[1:-1] - 1 if reverse else cu[1:-1]] = True
+    return mask
 
 
 def prepare(api: str, operands: dict[str, object], h0: object = None, reset: object = None,
-            broadcast: bool = False) -> ScanArrays:
+            broadcast: bool = False, cu_seqlens: object = None, reverse: bool = False) -> ScanArrays:
     """Checks shapes and dtypes and returns 2-D C-contiguous operands.
 
     Args:
@@ -41,11 +118,22 @@ def prepare(api: str, operands: dict[str, object], h0: object = None, reset: obj
         h0: initial state of shape ``(...)`` or ``None``.
         reset: boolean mask of layout ``(..., L)`` or ``None``.
         broadcast: broadcast operands to one shape instead of requiring equal shapes.
+        cu_seqlens: offsets of packed sequences along L (see :func:`seqlens_reset`),
+            merged into the reset mask, or ``None``.
+        reverse: the scan runs backwards (decides where ``cu_seqlens`` resets go).
+
+    Returns:
+        :class:`ScanArrays` in the accumulation dtype; ``out_dtype`` is the dtype
+        ``y`` is returned in.
 
     Raises:
         ScanInputError: naming each argument, its shape or dtype, and the rule.
     """
-    arrs = {n: _as_array(api, n, v) for n, v in operands.items()}
+    from .runtime import device_arrays
+
+    if device_arrays.operands_kind(api, operands) and cu_seqlens is None:
+        return device_arrays.prepare(api, operands, h0, reset)
+    arrs = {n: as_array(api, n, v) for n, v in operands.items()}
     for n, a in arrs.items():
         if a.ndim == 0:
             raise ScanInputError(f"{api}: {n} is a scalar; operands need layout (..., L), scanned over the last axis")
@@ -61,7 +149,8 @@ def prepare(api: str, operands: dict[str, object], h0: object = None, reset: obj
         if any(s != shape for s in shapes.values()):
             desc = ", ".join(f"{n}{s}" for n, s in shapes.items())
             raise ScanInputError(f"{api}: operands must all have the same shape (..., L); got {desc}")
-    dtype = np.result_type(*arrs.values())
+    dtype = compute_dtype(a.dtype for a in arrs.values())
+    out_dtype = result_dtype(a.dtype for a in arrs.values())
     batch, L = tuple(shape[:-1]), shape[-1]
     lanes = int(np.prod(batch, dtype=np.int64))
     inputs = {n: np.ascontiguousarray(np.broadcast_to(a, shape), dtype=dtype).reshape(lanes, L)
@@ -69,8 +158,10 @@ def prepare(api: str, operands: dict[str, object], h0: object = None, reset: obj
     h0v = None
     if h0 is not None:
         h = np.asarray(h0)
-        if h.dtype.kind not in "fiu":
-            raise ScanInputError(f"{api}: h0 has dtype {h.dtype}; it needs a real float dtype")
+        kinds = "fiuc" if dtype.kind == "c" else "fiu"
+        if h.dtype.kind not in kinds and not is_half(h.dtype):
+            need = "a float or complex dtype" if dtype.kind == "c" else "a real float dtype"
+            raise ScanInputError(f"{api}: h0 has dtype {h.dtype}; it needs {need}")
         if h.shape != batch:
             raise ScanInputError(f"{api}: h0 has shape {h.shape}; it needs the operands' leading shape {batch}")
         h0v = np.ascontiguousarray(h, dtype=dtype).reshape(lanes)
@@ -82,4 +173,7 @@ def prepare(api: str, operands: dict[str, object], h0: object = None, reset: obj
         if r.dtype != np.bool_ and r.dtype.kind not in "iu":
             raise ScanInputError(f"{api}: reset has dtype {r.dtype}; it needs a boolean mask")
         rmask = np.ascontiguousarray(r != 0, dtype=np.uint8).reshape(lanes, L)
-    return ScanArrays(inputs=inputs, h0=h0v, reset=rmask, batch_shape=batch, dtype=np.dtype(dtype))
+    if cu_seqlens is not None:
+        seg = np.broadcast_to(seqlens_reset(api, cu_seqlens, L, reverse), (lanes, L))
+        rmask = np.ascontiguousarray(seg, dtype=np.uint8) if rmask is None else rmask | seg
+    return ScanArrays(inputs=inputs, h0=h0v, reset=rmask, batch_shape=batch, dtype=dtype, out_dtype=out_dtype)

@@ -43,7 +43,9 @@ class ScanArrays:
         h0: initial state ``(lanes,)`` or ``None``.
         reset: ``(lanes, L)`` uint8 mask (1 = a segment starts) or ``None``.
         batch_shape: the leading shape ``(...)`` the caller used.
-        dtype: storage dtype (float32 or float64).
+        dtype: accumulation dtype of the scan (one of the backend's ``dtypes``).
+        out_dtype: the dtype ``y`` is returned in (float16/bfloat16 inputs accumulate
+            in float32 and come back in their own dtype); ``None`` means ``dtype``.
     """
 
     inputs: dict[str, np.ndarray]
@@ -51,6 +53,7 @@ class ScanArrays:
     reset: np.ndarray | None
     batch_shape: tuple[int, ...]
     dtype: np.dtype
+    out_dtype: np.dtype | None = None
 
     @property
     def lanes(self) -> int:
@@ -80,6 +83,8 @@ class Backend(ABC):
         schedules: schedules it can run.
         extra_tunables: backend tunables beyond the schedule's (e.g. ``threads``).
         auto_priority: preference for ``backend="auto"``; higher wins, negative never.
+        dtypes: accumulation dtypes it runs (float16/bfloat16 are widened to float32
+            before a backend sees them).
     """
 
     name: ClassVar[str]
@@ -87,6 +92,7 @@ class Backend(ABC):
     schedules: ClassVar[tuple[str, ...]]
     extra_tunables: ClassVar[tuple[Tunable, ...]] = ()
     auto_priority: ClassVar[int] = -1
+    dtypes: ClassVar[tuple[str, ...]] = ("float32", "float64")
 
     @classmethod
     @abstractmethod

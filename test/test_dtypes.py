@@ -1,0 +1,155 @@
+"""Dtype paths: float16/bfloat16 storage with float32 accumulation, complex transitions, error bounds.
+
+The documented bound (bounded gates a in (0.5, 1), L <= 4096) per element is
+
+    |y - y*| <= u_out * |y*| + 1e-6 * max_t |y*|
+
+with y* the float64 oracle of the same (rounded) inputs and u_out the unit
+roundoff of the output dtype: 2^-24 float32, 2^-11 float16, 2^-8 bfloat16.
+The first term is the final rounding to the output dtype, the second the
+float32 accumulation.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import scanweaver
+from scanweaver import ScanInputError
+from scanweaver.runtime import REGISTRY, load_all
+
+load_all()
+UNIT_ROUNDOFF = {"float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
+ACCUMULATION = 1e-6
+
+
+def bfloat16():
+    ml_dtypes = pytest.importorskip("ml_dtypes", reason="bfloat16 needs the optional ml_dtypes package "
+                                                        "(pip install scanweaver[bfloat16])")
+    return ml_dtypes.bfloat16
+
+
+def half_dtypes():
+    out = [np.float16]
+    try:
+        import ml_dtypes
+
+        out.append(ml_dtypes.bfloat16)
+    except ImportError:
+        pass
+    return out
+
+
+def operands(rng, shape, dtype):
+    return [rng.uniform(0.5, 1.0, shape).astype(dtype)] + [rng.standard_normal(shape).astype(dtype)
+                                                           for _ in range(3)]
+
+
+def oracle(ops, **kw):
+    return scanweaver.selective_scan(*(np.asarray(v, np.float64) for v in ops), backend="numpy",
+                                     schedule="sequential", return_state=True, **kw)
+
+
+def assert_within_bound(y, ey, dtype_name):
+    y64 = np.asarray(y, np.float64)
+    scale = np.abs(ey).max(axis=-1, keepdims=True)
+    bound = UNIT_ROUNDOFF[dtype_name] * np.abs(ey) + ACCUMULATION * scale
+    excess = np.abs(y64 - ey) - bound
+    assert excess.max() <= 0, f"{dtype_name}: error exceeds the documented bound by {excess.max():.3g}"
+
+
+@pytest.mark.parametrize("L", [1, 129, 4096])
+@pytest.mark.parametrize("dtype", [np.float32, *half_dtypes()], ids=lambda d: np.dtype(d).name)
+def test_documented_bound_on_every_numpy_schedule(rng, dtype, L):
+    ops = operands(rng, (3, L), dtype)
+    h0 = rng.standard_normal(3).astype(dtype)
+    ey, eh = oracle(ops, h0=h0)
+    for sched in REGISTRY["numpy"].schedules:
+        y, h = scanweaver.selective_scan(*ops, h0=h0, return_state=True, backend="numpy", schedule=sched)
+        assert y.dtype == np.dtype(dtype), sched
+        assert h.dtype == np.float32, "the state keeps the float32 accumulation"
+        assert_within_bound(y, ey, np.dtype(dtype).name)
+        np.testing.assert_allclose(h, eh, rtol=1e-5, atol=1e-5 * np.abs(eh).max())
+
+
+def test_half_inputs_are_not_accumulated_in_half(rng):
+    L = 4096
+    ops = [rng.uniform(0.99, 1.0, (2, L)).astype(np.float16), *operands(rng, (2, L), np.float16)[1:3]]
+    ey, _ = oracle(ops)
+    naive = np.zeros(2, np.float16)
+    out = np.empty((2, L), np.float16)
+    for t in range(L):
+        naive = ops[0][:, t] * naive + ops[1][:, t] * ops[2][:, t]
+        out[:, t] = naive
+    y = scanweaver.selective_scan(*ops, backend="numpy")
+    assert_within_bound(y, ey, "float16")
+    assert np.abs(y - ey).max() < np.abs(out.astype(np.float64) - ey).max() / 4
+
+
+def test_bfloat16_mixed_with_float16_computes_float32(rng):
+    bf16 = bfloat16()
+    a, b, x, _ = operands(rng, (2, 30), np.float32)
+    y = scanweaver.selective_scan(a.astype(bf16), b.astype(np.float16), x.astype(bf16), backend="numpy")
+    assert y.dtype == np.float32
+
+
+@pytest.mark.parametrize("dtype", half_dtypes(), ids=lambda d: np.dtype(d).name)
+def test_mamba_half_inputs(rng, dtype):
+    name = np.dtype(dtype).name
+    ops = dict(u=rng.standard_normal((2, 8, 300)), delta=rng.uniform(0.01, 0.5, (2, 8, 300)),
+               A=-rng.uniform(0.5, 8, (8, 4)), B=rng.standard_normal((2, 4, 300)),
+               C=rng.standard_normal((2, 4, 300)), D=rng.standard_normal(8), z=rng.standard_normal((2, 8, 300)))
+    ops = {k: v.astype(dtype) for k, v in ops.items()}
+    y = scanweaver.mamba_selective_scan(**ops, delta_softplus=True, backend="numpy")
+    ey = scanweaver.mamba_selective_scan(**{k: v.astype(np.float64) for k, v in ops.items()},
+                                         delta_softplus=True, backend="numpy")
+    assert y.dtype == np.dtype(dtype)
+    assert_within_bound(y, ey, name)
+
+
+@pytest.mark.parametrize("sched", ["sequential", "chunked", "blelloch"])
+def test_complex64_transitions_on_numpy(rng, sched):
+    shape = (3, 77)
+    radius, angle = rng.uniform(0.5, 1.0, shape), rng.uniform(-np.pi, np.pi, shape)
+    a = (radius * np.exp(1j * angle)).astype(np.complex64)
+    b, x = rng.standard_normal(shape).astype(np.float32), rng.standard_normal(shape).astype(np.float32)
+    c = (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(np.complex64)
+    h0 = (rng.standard_normal(3) + 1j).astype(np.complex64)
+    y, h = scanweaver.selective_scan(a, b, x, c, h0=h0, return_state=True, backend="numpy", schedule=sched)
+    assert y.dtype == np.complex64
+    ey = np.empty(shape, np.complex128)
+    hh = h0.astype(np.complex128)
+    for t in range(shape[1]):
+        hh = a[:, t].astype(np.complex128) * hh + b[:, t] * x[:, t].astype(np.float64)
+        ey[:, t] = c[:, t] * hh
+    np.testing.assert_allclose(y, ey, rtol=0, atol=2e-6 * np.abs(ey).max())
+    np.testing.assert_allclose(h, hh, rtol=0, atol=2e-6 * np.abs(hh).max())
+
+
+def test_complex128_oracle(rng):
+    a = (0.9 * np.exp(1j * rng.uniform(-1, 1, (2, 20))))
+    ones = np.ones((2, 20))
+    y = scanweaver.selective_scan(a, ones, ones, backend="numpy", schedule="blelloch", workgroup_size=4)
+    assert y.dtype == np.complex128
+    h = np.zeros(2, complex)
+    for t in range(20):
+        h = a[:, t] * h + 1
+    np.testing.assert_allclose(y[:, -1], h, rtol=1e-13)
+
+
+def test_auto_backend_picks_one_that_supports_complex(rng):
+    a = np.full((1, 5), 0.5 + 0.5j, np.complex64)
+    y = scanweaver.selective_scan(a, np.ones((1, 5), np.float32), np.ones((1, 5), np.float32))
+    assert y.dtype == np.complex64
+    assert scanweaver.api.SELECTIVE_NO_C.last.backend in [n for n, c in REGISTRY.items() if "complex64" in c.dtypes]
+
+
+def test_complex_on_a_backend_without_it_is_an_error_naming_it():
+    real_only = [n for n, c in REGISTRY.items() if "complex64" not in c.dtypes and c.availability().ok]
+    if not real_only:
+        pytest.skip("no available backend without complex support is registered in this build")
+    a = np.full((1, 5), 0.5 + 0.5j, np.complex64)
+    with pytest.raises(ScanInputError, match=f"backend '{real_only[0]}' does not support dtype complex64.*"
+                                             "use backend='numpy'"):
+        scanweaver.selective_scan(a, a, a, backend=real_only[0])

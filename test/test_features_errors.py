@@ -1,0 +1,146 @@
+"""Bad input to the Mamba front end, reset masks, cu_seqlens, dtypes and log-space scans: precise errors."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+import scanweaver
+from scanweaver import ScanInputError
+from scanweaver.logspace import log_scan
+from scanweaver.runtime import REGISTRY, load_all
+from conftest import make_operands
+
+load_all()
+BATCH, DM, N, L = 2, 6, 4, 11
+
+
+def mamba_ops(rng, **over):
+    ops = dict(u=rng.standard_normal((BATCH, DM, L)), delta=rng.uniform(0.1, 1, (BATCH, DM, L)),
+               A=-rng.uniform(0.5, 2, (DM, N)), B=rng.standard_normal((BATCH, N, L)),
+               C=rng.standard_normal((BATCH, N, L)))
+    ops.update(over)
+    return ops
+
+
+MAMBA_BAD = [
+    ("u", (DM, L), r"u has shape \(6, 11\); it needs \(batch, D, L\)"),
+    ("delta", (BATCH, DM, L + 1), r"delta has shape \(2, 6, 12\); it needs u's shape \(batch, D, L\) = \(2, 6, 11\)"),
+    ("A", (DM + 1, N), r"A has shape \(7, 4\); it needs \(D, N\) with D = 6"),
+    ("A", (DM,), r"A has shape \(6,\); it needs \(D, N\) with D = 6"),
+    ("B", (BATCH, N + 1, L), r"B has shape \(2, 5, 11\); it needs \(batch, N, L\) = \(2, 4, 11\) when it varies"),
+    ("B", (BATCH, N, L - 1), r"B has shape \(2, 4, 10\); it needs \(batch, N, L\)"),
+    ("B", (BATCH + 1, N, L), r"B has shape \(3, 4, 11\); it needs \(batch, N, L\)"),
+    ("C", (DM, N + 1), r"C has shape \(6, 5\); it needs \(D, N\) = \(6, 4\) when fixed over time"),
+    ("C", (BATCH, 4, N, L), r"C has G = 4 groups \(shape \(2, 4, 4, 11\)\); G must divide D = 6"),
+    ("B", (BATCH, 3, N + 1, L), r"B has shape \(2, 3, 5, 11\); it needs \(batch, G, N, L\)"),
+    ("B", (1, BATCH, 1, N, L), r"B has shape \(1, 2, 1, 4, 11\); it needs \(D, N\), \(batch, N, L\) or "
+                               r"\(batch, G, N, L\)"),
+    ("D", (DM, 1), r"D has shape \(6, 1\); it needs \(D,\) = \(6,\)"),
+    ("z", (BATCH, DM), r"z has shape \(2, 6\); it needs u's shape"),
+    ("delta_bias", (DM + 2,), r"delta_bias has shape \(8,\); it needs \(D,\) = \(6,\)"),
+    ("h0", (BATCH, DM), r"h0 has shape \(2, 6\); it needs \(batch, D, N\) = \(2, 6, 4\)"),
+]
+
+
+@pytest.mark.parametrize("name, shape, message", MAMBA_BAD)
+def test_mamba_operand_shapes(rng, name, shape, message):
+    ops = mamba_ops(rng, **{name: rng.standard_normal(shape)})
+    with pytest.raises(ScanInputError, match="^mamba_selective_scan: " + message):
+        scanweaver.mamba_selective_scan(**ops, backend="numpy")
+
+
+def test_mamba_accepts_every_documented_b_c_layout(rng):
+    for shape in ((DM, N), (BATCH, N, L), (BATCH, 1, N, L), (BATCH, 2, N, L), (BATCH, 3, N, L), (BATCH, 6, N, L)):
+        y = scanweaver.mamba_selective_scan(**mamba_ops(rng, B=rng.standard_normal(shape),
+                                                        C=rng.standard_normal(shape)), backend="numpy")
+        assert y.shape == (BATCH, DM, L)
+
+
+def test_mamba_dtype_errors(rng):
+    with pytest.raises(ScanInputError, match="mamba_selective_scan: u has dtype int64; supported dtypes are"):
+        scanweaver.mamba_selective_scan(**mamba_ops(rng, u=np.ones((BATCH, DM, L), np.int64)), backend="numpy")
+    cplx = mamba_ops(rng, A=mamba_ops(rng)["A"] + 0.5j)
+    with pytest.raises(ScanInputError, match="log_space=True needs a real A"):
+        scanweaver.mamba_selective_scan(**cplx, log_space=True)
+    with pytest.raises(ScanInputError, match="log_space=True runs as a NumPy front end; got backend='cpu'"):
+        scanweaver.mamba_selective_scan(**mamba_ops(rng), log_space=True, backend="cpu")
+
+
+def test_reset_mask_of_the_wrong_shape(rng):
+    ops = make_operands(rng, (2, 3, 10))
+    for bad in (np.zeros((2, 3, 9), bool), np.zeros((3, 10), bool), np.zeros(10, bool)):
+        message = f"selective_scan: reset has shape {bad.shape}; it needs the operands' shape (2, 3, 10)"
+        with pytest.raises(ScanInputError, match="^" + re.escape(message)):
+            scanweaver.selective_scan(**ops, reset=bad, backend="numpy")
+    with pytest.raises(ScanInputError, match="reset has dtype float64; it needs a boolean mask"):
+        scanweaver.selective_scan(**ops, reset=np.zeros((2, 3, 10)), backend="numpy")
+
+
+CU_BAD = [
+    ([0, 5, 5, 10], r"strictly increasing .*cu_seqlens\[1\] = 5 followed by cu_seqlens\[2\] = 5"),
+    ([0, 6, 3, 10], r"strictly increasing .*cu_seqlens\[1\] = 6 followed by cu_seqlens\[2\] = 3"),
+    ([0, 4, 9], r"must end at the sequence length L = 10; got cu_seqlens\[-1\] = 9"),
+    ([0, 4, 12], r"must end at the sequence length L = 10; got cu_seqlens\[-1\] = 12"),
+    ([1, 4, 10], r"must start at 0; got cu_seqlens\[0\] = 1"),
+    ([0.0, 4.0, 10.0], r"1-D integer array .*got shape \(3,\) dtype float64"),
+    ([[0, 10]], r"1-D integer array .*got shape \(1, 2\)"),
+    ([], r"non-empty 1-D integer array"),
+]
+
+
+@pytest.mark.parametrize("cu, message", CU_BAD)
+def test_cu_seqlens_validation(rng, cu, message):
+    ops = make_operands(rng, (3, 10))
+    with pytest.raises(ScanInputError, match="^selective_scan: cu_seqlens .*" + message):
+        scanweaver.selective_scan(**ops, cu_seqlens=cu, backend="numpy")
+
+
+def test_cu_seqlens_on_mamba_is_validated(rng):
+    with pytest.raises(ScanInputError, match="mamba_selective_scan: cu_seqlens must end at .* L = 11"):
+        scanweaver.mamba_selective_scan(**mamba_ops(rng), cu_seqlens=[0, 3, 10], backend="numpy")
+
+
+@pytest.mark.parametrize("backend", ["cpu", "opencl", "cuda", "julia"])
+def test_complex_where_unsupported(rng, backend):
+    if backend not in REGISTRY or not REGISTRY[backend].availability().ok:
+        pytest.skip(f"backend {backend!r} is not available here")
+    if "complex64" in REGISTRY[backend].dtypes:
+        pytest.skip(f"backend {backend!r} supports complex64")
+    ops = make_operands(rng, (2, 10), np.float32)
+    ops["a"] = ops["a"] * np.complex64(1j)
+    with pytest.raises(ScanInputError, match=f"^selective_scan: backend '{backend}' does not support dtype complex64 "
+                                             r"\(it runs .*\); use backend='numpy'"):
+        scanweaver.selective_scan(**ops, backend=backend)
+
+
+def test_complex_h0_needs_complex_operands(rng):
+    ops = make_operands(rng, (2, 10))
+    with pytest.raises(ScanInputError, match="h0 has dtype complex128; it needs a real float dtype"):
+        scanweaver.selective_scan(**ops, h0=np.zeros(2, complex), backend="numpy")
+
+
+def test_half_paths(rng):
+    ops = make_operands(rng, (2, 10), np.float16)
+    y, h = scanweaver.selective_scan(**ops, h0=np.ones(2, np.float16), return_state=True, backend="numpy")
+    assert y.dtype == np.float16 and h.dtype == np.float32
+    ml_dtypes = pytest.importorskip("ml_dtypes", reason="bfloat16 needs the optional ml_dtypes package")
+    bf = {k: v.astype(ml_dtypes.bfloat16) for k, v in ops.items()}
+    assert scanweaver.selective_scan(**bf, backend="numpy").dtype == ml_dtypes.bfloat16
+    with pytest.raises(ScanInputError, match="h0 has dtype <U1; it needs a real float dtype"):
+        scanweaver.selective_scan(**bf, h0=np.array(["a", "b"]), backend="numpy")
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"chunk": 1}, "chunk must be an int >= 2, got 1"),
+    ({"chunk": 4.0}, "chunk must be an int >= 2, got 4.0"),
+    ({"h0": np.zeros(3)}, r"h0 has shape \(3,\); it needs the leading shape \(2,\)"),
+    ({"reset": np.zeros((2, 4), bool)}, r"reset has shape \(2, 4\); it needs to broadcast to \(2, 5\)"),
+])
+def test_log_scan_errors(kwargs, message):
+    with pytest.raises(ScanInputError, match="^log_scan: " + message):
+        log_scan(np.zeros((2, 5)), np.ones((2, 5)), **kwargs)
+    with pytest.raises(ScanInputError, match="^log_scan: log_a has complex dtype complex128"):
+        log_scan(np.zeros((2, 5), complex), np.ones((2, 5)))

@@ -1,0 +1,111 @@
+"""cu_seqlens packed sequences and the log-space front end, against plain loops."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import scanweaver
+from scanweaver.logspace import log_scan
+from scanweaver.runtime import REGISTRY, load_all
+from conftest import loop_reference, make_operands
+
+load_all()
+BACKENDS = ("numpy", "cpu", "opencl", "cuda", "julia")
+
+
+def need(name: str) -> None:
+    if name not in REGISTRY:
+        pytest.skip(f"backend {name!r} is not part of this build (no module registers it)")
+    avail = REGISTRY[name].availability()
+    if not avail.ok:
+        pytest.skip(f"backend {name!r} unavailable: {avail.reason}")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("reverse", [False, True])
+def test_cu_seqlens_equals_scanning_each_sequence(rng, backend, reverse):
+    need(backend)
+    cu = [0, 1, 4, 40, 41, 97]
+    ops = make_operands(rng, (3, cu[-1]))
+    h0 = rng.standard_normal(3)
+    for sched in REGISTRY[backend].schedules:
+        y, h = scanweaver.selective_scan(**ops, h0=h0, cu_seqlens=np.array(cu), reverse=reverse,
+                                         return_state=True, backend=backend, schedule=sched)
+        first, last = (len(cu) - 2, 0) if reverse else (0, len(cu) - 2)
+        for k, (s, e) in enumerate(zip(cu[:-1], cu[1:])):
+            part = {n: v[:, s:e] for n, v in ops.items()}
+            ey, eh = loop_reference(**part, h0=h0 if k == first else None, reverse=reverse)
+            np.testing.assert_allclose(y[:, s:e], ey, rtol=1e-10, atol=1e-10, err_msg=f"{sched} seq {k}")
+            if k == last:
+                np.testing.assert_allclose(h, eh, rtol=1e-10, atol=1e-10)
+
+
+def test_cu_seqlens_merges_with_a_reset_mask(rng):
+    ops = make_operands(rng, (2, 30))
+    reset = np.zeros((2, 30), bool)
+    reset[0, 12] = True
+    y = scanweaver.selective_scan(**ops, reset=reset, cu_seqlens=[0, 20, 30], backend="numpy")
+    both = reset.copy()
+    both[:, 20] = True
+    np.testing.assert_allclose(y, loop_reference(**ops, reset=both)[0], rtol=1e-12)
+
+
+def test_cu_seqlens_on_a_recurrence(rng):
+    @scanweaver.recurrence
+    def ema(h, alpha, x):
+        return alpha * h + (1 - alpha) * x
+
+    alpha, x = rng.uniform(0.1, 0.9, (4, 25)), rng.standard_normal((4, 25))
+    y = ema(alpha, x, cu_seqlens=(0, 10, 25), backend="numpy")
+    assert ema.last.stages.affine.features.has_reset
+    np.testing.assert_allclose(y[:, 10:], ema(alpha[:, 10:], x[:, 10:], backend="numpy"), rtol=1e-12)
+
+
+@pytest.mark.parametrize("L", [1, 2, 63, 64, 65, 700])
+@pytest.mark.parametrize("chunk", [2, 5, 64])
+def test_log_scan_matches_the_loop(rng, L, chunk):
+    la = rng.uniform(-2.0, 0.1, (3, L))
+    x = rng.standard_normal((3, L))
+    h0 = rng.standard_normal(3)
+    reset = rng.random((3, L)) < 0.05
+    for reverse in (False, True):
+        h, hl = log_scan(la, x, h0=h0, reset=reset, reverse=reverse, return_state=True, chunk=chunk)
+        ey, eh = loop_reference(np.exp(la), np.ones_like(x), x, h0=h0, reset=reset, reverse=reverse)
+        np.testing.assert_allclose(h, ey, rtol=1e-11, atol=1e-11)
+        np.testing.assert_allclose(hl, eh, rtol=1e-11, atol=1e-11)
+
+
+def test_log_scan_minus_inf_is_a_zero_gate(rng):
+    la = np.log(rng.uniform(0.2, 1.0, (2, 9)))
+    la[:, 4] = -np.inf
+    x = rng.standard_normal((2, 9))
+    h = log_scan(la, x, chunk=3)
+    assert np.all(np.isfinite(h))
+    np.testing.assert_allclose(h[:, 4:], log_scan(la[:, 4:], x[:, 4:]), rtol=1e-12)
+
+
+def test_log_space_is_more_accurate_for_near_one_gates(rng):
+    L = 20000
+    la = (-np.exp(rng.uniform(np.log(1e-7), np.log(1e-5), (2, L)))).astype(np.float32)
+    x = rng.standard_normal((2, L)).astype(np.float32)
+    ref = loop_reference(np.exp(la.astype(np.float64)), np.ones((2, L)), x)[0]
+
+    @scanweaver.recurrence
+    def exp_gate(h, log_a, x):
+        return np.exp(log_a) * h + x
+
+    scale = np.abs(ref).max()
+    err_direct = np.abs(exp_gate(la, x, backend="numpy", schedule="sequential") - ref).max() / scale
+    err_log = np.abs(log_scan(la, x) - ref).max() / scale
+    assert err_log < 2e-6 < err_direct
+    assert err_log * 10 < err_direct
+
+
+def test_log_scan_float16_accumulates_in_float32(rng):
+    la = rng.uniform(-0.05, 0.0, (2, 500)).astype(np.float16)
+    x = rng.standard_normal((2, 500)).astype(np.float16)
+    h = log_scan(la, x)
+    assert h.dtype == np.float16
+    ref = loop_reference(np.exp(la.astype(np.float64)), np.ones((2, 500)), x)[0]
+    np.testing.assert_allclose(h, ref, rtol=2.0**-11, atol=1e-6 * np.abs(ref).max())
