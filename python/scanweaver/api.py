@@ -24,8 +24,11 @@ log = logging.getLogger("scanweaver")
 
 _warned: set[str] = set()
 
+#: Largest vector state a recurrence may declare (compiled targets unroll up to their own limit).
+MAX_STATE = 64
 
-def pick_backend(name: str, dtype: str | None = None) -> Backend:
+
+def pick_backend(name: str, dtype: str | None = None, kind: str = "diagonal") -> Backend:
     """Resolves ``backend=`` to an instance; ``auto`` takes the best available one.
 
     ``auto`` falls back to ``numpy`` with one warning that says why the
@@ -35,8 +38,8 @@ def pick_backend(name: str, dtype: str | None = None) -> Backend:
     if name != "auto":
         return get_backend(name)
     load_all()
-    ranked = sorted((c for c in REGISTRY.values() if c.auto_priority >= 0 and (dtype is None or dtype in c.dtypes)),
-                    key=lambda c: -c.auto_priority)
+    ranked = sorted((c for c in REGISTRY.values() if c.auto_priority >= 0 and (dtype is None or dtype in c.dtypes)
+                     and kind in c.kinds), key=lambda c: -c.auto_priority)
     skipped = []
     for cls in ranked:
         avail = cls.availability()
@@ -63,6 +66,15 @@ def check_dtype(api: str, be: Backend, dtype: str) -> None:
     raise ScanInputError(
         f"{api}: backend {be.name!r} does not support dtype {dtype} (it runs {', '.join(be.dtypes)}); {fix}"
     )
+
+
+def check_kind(api: str, be: Backend, kind: str) -> None:
+    """Raises :class:`ScanInputError` when backend ``be`` cannot run ``kind`` transitions."""
+    if kind in be.kinds:
+        return
+    others = sorted(n for n, c in REGISTRY.items() if kind in c.kinds)
+    raise ScanInputError(f"{api}: backend {be.name!r} does not run {kind} transitions; "
+                         f"backends that do: {', '.join(others)}")
 
 
 def _tuned(backend: Backend, rec: "Recurrence", dtype: str, lanes: int, L: int):
@@ -97,11 +109,15 @@ class Recurrence:
         last: :class:`CallInfo` of the most recent call (``None`` before).
     """
 
-    def __init__(self, step: Callable, name: str | None = None, broadcast: bool = True):
+    def __init__(self, step: Callable, name: str | None = None, broadcast: bool = True, state_size: int = 1):
         self.step = step
         self.name = name or getattr(step, "__name__", "recurrence").replace("<lambda>", "lambda")
         self.broadcast = broadcast
-        scan = trace(step, name=self.name)
+        if isinstance(state_size, bool) or not isinstance(state_size, int) or not 1 <= state_size <= MAX_STATE:
+            raise ScanInputError(f"recurrence: state_size must be an int from 1 to {MAX_STATE}, got {state_size!r}")
+        self.state_size = state_size
+        self.kind = "diagonal" if state_size == 1 else "dense"
+        scan = trace(step, name=self.name, state_size=state_size)
         self.inputs = scan.inputs
         lower(scan)  # proves affinity now: NotAffineError at decoration time
         self.last: CallInfo | None = None
@@ -112,7 +128,7 @@ class Recurrence:
 
     @functools.lru_cache(maxsize=64)
     def _scan_ir(self, dtype: str, features: Features):
-        return trace(self.step, name=self.name, dtype=dtype, features=features)
+        return trace(self.step, name=self.name, dtype=dtype, features=features, state_size=self.state_size)
 
     def signature(self, dtype: str = "float32") -> str:
         """A stable hash of the affine normal form (the tuned-store key)."""
@@ -163,7 +179,7 @@ class Recurrence:
         elif config not in ("auto", "default"):
             raise ScanInputError(f"{api}: config must be 'auto', 'default' or a dict, got {config!r}")
         if schedule == "auto":
-            schedule = be.default_schedule(lanes, L)
+            schedule = be.default_schedule_for(self.kind, lanes, L)
         if source == "default" or source == "explicit":
             cfg = {**be.default_config(schedule, lanes, L, dtype), **cfg, **tunables}
         cfg.pop("schedule", None)
@@ -194,11 +210,12 @@ class Recurrence:
         """
         operands, tunables = self._bind(args, kwargs)
         arrays = prepare(self.name, operands, h0, reset, broadcast=self.broadcast, cu_seqlens=cu_seqlens,
-                         reverse=bool(reverse))
+                         reverse=bool(reverse), state_size=self.state_size)
         dtype = arrays.dtype.name
         backend = device_arrays.backend_for(self.name, arrays, backend)
-        be = pick_backend(backend, dtype)
+        be = pick_backend(backend, dtype, self.kind)
         check_dtype(self.name, be, dtype)
+        check_kind(self.name, be, self.kind)
         sched, cfg, source = self._resolve(be, schedule, config, tunables, dtype, arrays.lanes, arrays.L)
         features = Features(reverse=bool(reverse), has_h0=h0 is not None, has_reset=arrays.reset is not None,
                             return_state=bool(return_state))
@@ -206,9 +223,10 @@ class Recurrence:
         self.last = CallInfo(be.name, sched, stages.schedule.config, source, stages)
         log.debug("%s: backend=%s schedule=%s config=%s (%s)", self.name, be.name, sched, self.last.config, source)
         shape = (*arrays.batch_shape, arrays.L)
+        state = arrays.batch_shape if self.state_size == 1 else (*arrays.batch_shape, self.state_size)
         if arrays.L == 0 or arrays.lanes == 0:
             y = np.zeros(shape, arrays.dtype)
-            h_last = arrays.h0.copy() if arrays.h0 is not None else np.zeros(arrays.lanes, arrays.dtype)
+            h_last = arrays.h0.copy() if arrays.h0 is not None else np.zeros(state, arrays.dtype)
         else:
             y, h_last = be.run(stages, arrays)
         if device_arrays.kind(y):
@@ -216,7 +234,7 @@ class Recurrence:
                 if return_state else device_arrays.result(y, shape)
         y = np.asarray(y).reshape(shape).astype(arrays.out_dtype or arrays.dtype, copy=False)
         if return_state:
-            return y, np.asarray(h_last).reshape(arrays.batch_shape)
+            return y, np.asarray(h_last).reshape(state)
         return y
 
     def _bind(self, args: tuple, kwargs: dict):
@@ -239,7 +257,8 @@ class Recurrence:
         return operands, tunables
 
 
-def recurrence(step: Callable | None = None, *, name: str | None = None, broadcast: bool = True):
+def recurrence(step: Callable | None = None, *, name: str | None = None, broadcast: bool = True,
+               state_size: int = 1):
     """Compiles a step function ``step(h, *operands)`` into a :class:`Recurrence`.
 
     The step is traced with symbolic values and proved affine in ``h``
@@ -251,6 +270,9 @@ def recurrence(step: Callable | None = None, *, name: str | None = None, broadca
         step: the step function.
         name: name used in IR and messages (defaults to the function's).
         broadcast: broadcast operands to a common shape (else require equal shapes).
+        state_size: k > 1 makes ``h`` a vector of k components (dense k x k
+            transitions such as second-order filters); ``h0`` and the returned
+            state then have shape ``(..., k)``.
 
     Raises:
         NotAffineError: quoting the sub-expression that is not affine in ``h``.
@@ -264,8 +286,8 @@ def recurrence(step: Callable | None = None, *, name: str | None = None, broadca
         [0.5, 0.75, 0.875, 0.9375]
     """
     if step is None:
-        return lambda fn: Recurrence(fn, name=name, broadcast=broadcast)
-    return Recurrence(step, name=name, broadcast=broadcast)
+        return lambda fn: Recurrence(fn, name=name, broadcast=broadcast, state_size=state_size)
+    return Recurrence(step, name=name, broadcast=broadcast, state_size=state_size)
 
 
 def _selective(h, a, b, x, c):

@@ -109,7 +109,8 @@ def seqlens_reset(api: str, cu_seqlens: object, L: int, reverse: bool = False) -
 
 
 def prepare(api: str, operands: dict[str, object], h0: object = None, reset: object = None,
-            broadcast: bool = False, cu_seqlens: object = None, reverse: bool = False) -> ScanArrays:
+            broadcast: bool = False, cu_seqlens: object = None, reverse: bool = False,
+            state_size: int = 1) -> ScanArrays:
     """Checks shapes and dtypes and returns 2-D C-contiguous operands.
 
     Args:
@@ -121,6 +122,7 @@ def prepare(api: str, operands: dict[str, object], h0: object = None, reset: obj
         cu_seqlens: offsets of packed sequences along L (see :func:`seqlens_reset`),
             merged into the reset mask, or ``None``.
         reverse: the scan runs backwards (decides where ``cu_seqlens`` resets go).
+        state_size: k for a vector state; ``h0`` then has shape ``(..., k)``.
 
     Returns:
         :class:`ScanArrays` in the accumulation dtype; ``out_dtype`` is the dtype
@@ -131,7 +133,7 @@ def prepare(api: str, operands: dict[str, object], h0: object = None, reset: obj
     """
     from .runtime import device_arrays
 
-    if device_arrays.operands_kind(api, operands) and cu_seqlens is None:
+    if device_arrays.operands_kind(api, operands) and cu_seqlens is None and state_size == 1:
         return device_arrays.prepare(api, operands, h0, reset)
     arrs = {n: as_array(api, n, v) for n, v in operands.items()}
     for n, a in arrs.items():
@@ -162,9 +164,11 @@ def prepare(api: str, operands: dict[str, object], h0: object = None, reset: obj
         if h.dtype.kind not in kinds and not is_half(h.dtype):
             need = "a float or complex dtype" if dtype.kind == "c" else "a real float dtype"
             raise ScanInputError(f"{api}: h0 has dtype {h.dtype}; it needs {need}")
-        if h.shape != batch:
-            raise ScanInputError(f"{api}: h0 has shape {h.shape}; it needs the operands' leading shape {batch}")
-        h0v = np.ascontiguousarray(h, dtype=dtype).reshape(lanes)
+        want = batch if state_size == 1 else (*batch, state_size)
+        if h.shape != want:
+            rule = "the operands' leading shape" if state_size == 1 else f"the operands' leading shape plus the state size {state_size}"
+            raise ScanInputError(f"{api}: h0 has shape {h.shape}; it needs {rule}: {want}")
+        h0v = np.ascontiguousarray(h, dtype=dtype).reshape((lanes,) if state_size == 1 else (lanes, state_size))
     rmask = None
     if reset is not None:
         r = np.asarray(reset)

@@ -93,6 +93,8 @@ class Backend(ABC):
     extra_tunables: ClassVar[tuple[Tunable, ...]] = ()
     auto_priority: ClassVar[int] = -1
     dtypes: ClassVar[tuple[str, ...]] = ("float32", "float64")
+    #: transition kinds it runs (``dense``: k x k matrices, see :class:`~scanweaver.ir.stages.AffineScanIR`)
+    kinds: ClassVar[tuple[str, ...]] = ("diagonal",)
 
     @classmethod
     @abstractmethod
@@ -107,6 +109,10 @@ class Backend(ABC):
     def default_schedule(self, lanes: int, L: int) -> str:
         """The schedule used when the caller and the tuned store give none."""
         return self.schedules[0]
+
+    def default_schedule_for(self, kind: str, lanes: int, L: int) -> str:
+        """The default schedule for a transition ``kind`` (``diagonal`` or ``dense``)."""
+        return self.default_schedule(lanes, L)
 
     def default_config(self, schedule: str, lanes: int, L: int, dtype: str) -> dict[str, object]:
         """Documented defaults for the tunables of ``schedule`` on this backend."""

@@ -76,6 +76,7 @@ class CpuBackend(Backend):
     name = "cpu"
     target = "c"
     schedules = ("chunked", "sequential")
+    kinds = ("diagonal", "dense")
     auto_priority = 10
     extra_tunables = (
         Tunable("threads", 0, (0, 1, 2, 4, 8, 16), "OpenMP threads; 0 uses every core", non_negative),
@@ -147,9 +148,15 @@ class CpuBackend(Backend):
     def run(self, stages: Stages, arrays: ScanArrays):
         dtype = np.dtype(stages.affine.dtype)
         y = np.empty((arrays.lanes, arrays.L), dtype)
-        h_last = np.empty(arrays.lanes, dtype)
+        h_last = np.empty(state_shape(stages, arrays.lanes), dtype)
         self.bind(stages, arrays, y, h_last)()
         return y, h_last
+
+
+def state_shape(stages: Stages, lanes: int) -> tuple[int, ...]:
+    """Shape of h0 and h_last: ``(lanes,)``, or ``(lanes, k)`` for a dense state of size k."""
+    k = stages.affine.state_size
+    return (lanes,) if k == 1 else (lanes, k)
 
 
 def _pointer(name: str, arr: np.ndarray | None, dtype: np.dtype, shape: tuple[int, ...]) -> int | None:
@@ -189,8 +196,9 @@ def _checked_args(stages: Stages, arrays: ScanArrays, dtype: np.dtype, y: np.nda
         raise ScanInputError("cpu backend: the kernel reads h0 but none was given")
     if feats.has_reset and arrays.reset is None:
         raise ScanInputError("cpu backend: the kernel reads reset but none was given")
-    args.append(_pointer("h0", arrays.h0, dtype, (lanes,)) if feats.has_h0 else None)
-    args.append(_pointer("hlast", h_last, dtype, (lanes,)))
+    state = state_shape(stages, lanes)
+    args.append(_pointer("h0", arrays.h0, dtype, state) if feats.has_h0 else None)
+    args.append(_pointer("hlast", h_last, dtype, state))
     args.append(_pointer("reset", arrays.reset, np.dtype(np.uint8), shape) if feats.has_reset else None)
     if lanes and L and any(a is None for a in args[: len(aff.inputs) + 1]):
         raise ScanInputError("cpu backend: an operand has no data")

@@ -49,6 +49,11 @@ class GPUBackend(Backend):
     """
 
     multi_block: ClassVar[str] = "reduce_then_scan"
+    kinds = ("diagonal", "dense")
+
+    def default_schedule_for(self, kind: str, lanes: int, L: int) -> str:
+        """Dense transitions run one work-item per lane (``sequential``)."""
+        return "sequential" if kind == "dense" else self.default_schedule(lanes, L)
 
     def default_schedule(self, lanes: int, L: int) -> str:
         if lanes >= MIN_LANES_FOR_HYBRID or L < LONG_L:
@@ -95,7 +100,7 @@ class GPUBackend(Backend):
         on_device = any(self.is_device_array(a) for a in arrays.inputs.values())
         ins = [self.to_device(arrays.inputs[n]) for n in stages.affine.inputs]
         y = self.empty(lanes * L, dtype)
-        hlast = self.empty(max(lanes, 1), dtype)
+        hlast = self.empty(max(lanes, 1) * stages.affine.state_size, dtype)
         h0 = self.to_device(arrays.h0) if arrays.h0 is not None else self.empty(1, dtype)
         reset = self.to_device(arrays.reset) if arrays.reset is not None else self.empty(1, np.dtype(np.uint8))
         ws = self.empty(max(plan.ws, 1), dtype)

@@ -17,6 +17,7 @@ class NumpyBackend(Backend):
     target = "numpy"
     schedules = ("sequential", "chunked", "blelloch", "hybrid", "reduce_then_scan", "lookback")
     auto_priority = 0
+    kinds = ("diagonal", "dense")
     dtypes = ("float32", "float64", "complex64", "complex128")
 
     @classmethod

@@ -42,9 +42,10 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from ..errors import ScanInputError
 from ..passes import Stages
-from . import c_chunked, c_source
-from .cstyle import CStyleRenderer
+from . import c_chunked, c_dense, c_source
+from .cstyle import CStyleRenderer, DenseMixin
 
 #: Schedule name -> C source defining ``static int sw_run(const sw_ctx*)``.
 SCHEDULE_BODIES: dict[str, str] = {
@@ -52,11 +53,20 @@ SCHEDULE_BODIES: dict[str, str] = {
     "chunked": c_chunked.CHUNKED,
 }
 
+#: Schedule name -> C source of dense k x k transitions.
+DENSE_BODIES: dict[str, str] = {
+    "sequential": c_dense.SEQUENTIAL,
+    "chunked": c_dense.CHUNKED,
+}
+
+#: Largest dense state the C target unrolls (k*k values per step live in registers and stack).
+MAX_DENSE_STATE = 8
+
 #: Defaults of the CPU tunables the C source reads, when a lowering does not set them.
 TUNABLE_DEFAULTS: dict[str, int] = {"threads": 0, "interleave": 8, "chunk": 2048}
 
 
-class CRenderer(CStyleRenderer):
+class CRenderer(DenseMixin, CStyleRenderer):
     """Renders the ``sequential`` and ``chunked`` schedules as portable C (OpenMP optional)."""
 
     target: ClassVar[str] = "c"
@@ -79,13 +89,18 @@ class CRenderer(CStyleRenderer):
                              f"it renders {', '.join(SCHEDULE_BODIES)}")
         dtype = stages.affine.dtype
         params = self.params(stages)
+        dense = stages.affine.kind == "dense"
+        if dense and stages.affine.state_size > MAX_DENSE_STATE:
+            raise ScanInputError(f"C emitter: a dense state of size {stages.affine.state_size} exceeds "
+                             f"{MAX_DENSE_STATE}; use backend='numpy' for larger states")
         parts = [
-            f"/* scanweaver C kernel: {stages.affine.name}, schedule {sched.schedule}, {dtype} */",
+            f"/* scanweaver C kernel: {stages.affine.name}, schedule {sched.schedule}, {dtype}"
+            + (f", dense state {stages.affine.state_size}" if dense else "") + " */",
             self._defines(stages, kernel_tuner),
             c_source.PRELUDE,
             self.helpers(dtype),
-            self._context(stages),
-            SCHEDULE_BODIES[sched.schedule],
+            self._dense_context(stages) if dense else self._context(stages),
+            (DENSE_BODIES if dense else SCHEDULE_BODIES)[sched.schedule],
             c_source.ENTRY.replace("@PARAMS@", ", ".join(params)).replace("@INIT@", self._init(stages)),
         ]
         if kernel_tuner:
@@ -102,6 +117,7 @@ class CRenderer(CStyleRenderer):
             f"#define SW_HAS_H0 {int(f.has_h0)}",
             f"#define SW_HAS_RESET {int(f.has_reset)}",
             f"#define SW_RETURN_STATE {int(f.return_state)}",
+            f"#define SW_K {stages.affine.state_size}",
         ]
         values = {**TUNABLE_DEFAULTS, **{k: v for k, v in stages.schedule.params
                                           if isinstance(v, int) and not isinstance(v, bool)}}
@@ -134,6 +150,23 @@ class CRenderer(CStyleRenderer):
         return (c_source.CONTEXT.replace("@FIELDS@", fields).replace("@UNPACK@", unpack)
                 .replace("@PREFETCH@", prefetch)
                 .replace("@A@", A).replace("@U@", U).replace("@OUT@", out))
+
+    def _fields_unpack(self, stages: Stages) -> tuple[str, str]:
+        fields = "\n".join(f"  {p.replace(' restrict', '').replace('const long', 'long')};"
+                           for p in self.params(stages))
+        unpack = "\n".join(
+            [f"  const SW_T* restrict in_{n} = sw->in_{n}; (void)in_{n};" for n in stages.affine.inputs]
+            + ["  const unsigned char* restrict reset = sw->reset; (void)reset;"]
+        )
+        return fields, unpack
+
+    def _dense_context(self, stages: Stages) -> str:
+        dtype = stages.affine.dtype
+        fields, unpack = self._fields_unpack(stages)
+        pair = "\n".join("  " + line for line in self.dense_element(stages, "i", dtype))
+        out = self.dense_output(stages, "i", "h", "hp", dtype)
+        return (c_dense.CONTEXT.replace("@FIELDS@", fields).replace("@UNPACK@", unpack)
+                .replace("@PAIR@", pair).replace("@OUT@", out))
 
     def _init(self, stages: Stages) -> str:
         return "\n".join(f"  sw.{n} = {n};" for n in self._arg_names(stages))

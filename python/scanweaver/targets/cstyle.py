@@ -198,3 +198,35 @@ class CStyleRenderer:
                     lines += [f"#ifndef {name}", f"#define {name} {value}", "#endif",
                               f"#define SW_{name.upper()} ({name})"]
         return "\n".join(lines)
+
+
+class DenseMixin:
+    """Rendering of dense k x k transitions (``kind=dense``) for C-family targets.
+
+    States are arrays ``h[K]``; ``A`` is filled row-major (``A[r*K + c]``).
+    """
+
+    def dense_element(self, stages: Stages, idx: str, dtype: str) -> list[str]:
+        """C statements filling ``A[K*K]`` and ``U[K]`` for the element at flat index ``idx``."""
+        aff = stages.affine
+        load = lambda n: f"in_{n}[{idx}]"  # noqa: E731
+        lines = [f"A[{j}] = {self.expr(e, load, dtype)};" for j, e in enumerate(aff.A)]
+        lines += [f"U[{j}] = {self.expr(e, load, dtype)};" for j, e in enumerate(aff.U)]
+        if aff.features.has_reset:
+            zero = self.literal(0.0, dtype)
+            lines.append(f"if (reset[{idx}]) {{ for (int q = 0; q < {len(aff.A)}; ++q) A[q] = {zero}; }}")
+        return lines
+
+    def dense_output(self, stages: Stages, idx: str, h: str, hp: str, dtype: str) -> str:
+        """C expression of y_t = sum_j new_j h_t[j] + old_j h_{t-1}[j] + const."""
+        out = stages.affine.output
+        load = lambda n: f"in_{n}[{idx}]"  # noqa: E731
+        terms = []
+        for j, (new, old) in enumerate(zip(out.new, out.old)):
+            if not (new.op == "const" and new.value == 0):
+                terms.append(f"{self.expr(new, load, dtype)} * {h}[{j}]")
+            if not (old.op == "const" and old.value == 0):
+                terms.append(f"{self.expr(old, load, dtype)} * {hp}[{j}]")
+        if not (out.const.op == "const" and out.const.value == 0):
+            terms.append(self.expr(out.const, load, dtype))
+        return " + ".join(terms) if terms else self.literal(0.0, dtype)

@@ -44,7 +44,7 @@ from typing import Callable, ClassVar
 
 from ..errors import ScanInputError
 from ..passes import Stages
-from .cstyle import CStyleRenderer
+from .cstyle import CStyleRenderer, DenseMixin
 
 
 @dataclass(frozen=True)
@@ -155,7 +155,37 @@ SHUFFLE_SCAN = """SW_DEVICE void sw_group_scan(sw_pair agg, sw_pair* excl, sw_pa
 }"""
 
 
-class GPURenderer(CStyleRenderer):
+def dense_sequential_body(r: "GPURenderer", stages: Stages) -> str:
+    """``sw_sequential`` over dense k x k transitions: one work-item per lane, state in registers."""
+    dt = stages.affine.dtype
+    pair = "\n".join("    " + line for line in r.dense_element(stages, "i", dt))
+    out = r.dense_output(stages, "i", "h", "hp", dt)
+    return f"""SW_KERNEL void sw_sequential({r.gpu_params(stages)}) {{
+  const sw_index lane = SW_GROUP * SW_WORKGROUP_SIZE + SW_LID;
+  if (lane >= nlanes) return;
+  const sw_index base = lane * L;
+  SW_T h[SW_K], hp[SW_K], A[SW_K * SW_K], U[SW_K];
+  for (int q = 0; q < SW_K; ++q) h[q] = SW_HAS_H0 ? h0[lane * SW_K + q] : (SW_T)0;
+  for (sw_index s = 0; s < L; ++s) {{
+    const sw_index i = SW_IDX(base, s);
+{pair}
+    for (int q = 0; q < SW_K; ++q) hp[q] = h[q];
+    for (int q = 0; q < SW_K; ++q) {{
+      SW_T acc = U[q];
+      for (int c = 0; c < SW_K; ++c) acc += A[q * SW_K + c] * hp[c];
+      h[q] = acc;
+    }}
+    y[i] = {out};
+  }}
+  if (SW_RETURN_STATE) for (int q = 0; q < SW_K; ++q) hlast[lane * SW_K + q] = h[q];
+}}"""
+
+
+#: Largest dense state the GPU targets keep in registers.
+MAX_DENSE_STATE = 8
+
+
+class GPURenderer(DenseMixin, CStyleRenderer):
     """The GPU side of the C-family renderer; targets override the strings."""
 
     def gpu_macros(self) -> list[str]:
@@ -212,7 +242,15 @@ class GPURenderer(CStyleRenderer):
         if spec is None:
             raise ScanInputError(f"{self.target} emitter: schedule {stages.schedule.schedule!r} has no GPU kernels; "
                                  f"GPU schedules: {', '.join(sorted(SCHEDULES))}")
+        dense = stages.affine.kind == "dense"
+        if dense and (stages.schedule.schedule != "sequential" or stages.affine.state_size > MAX_DENSE_STATE):
+            raise ScanInputError(
+                f"{self.target} emitter: dense transitions run with schedule 'sequential' and a state of at most "
+                f"{MAX_DENSE_STATE}; got schedule {stages.schedule.schedule!r}, state {stages.affine.state_size}"
+            )
         features = self.feature_defines(dataclasses.replace(stages, schedule=None))
+        if dense:
+            features += f"\n#define SW_K {stages.affine.state_size}"
         parts = [
             f"/* scanweaver {self.target} kernels: schedule {stages.schedule.schedule}, "
             f"recurrence {stages.affine.name} */",
@@ -221,10 +259,11 @@ class GPURenderer(CStyleRenderer):
             self.guarded_tunable_defines(stages),
             spec.defines(stages.schedule.config),
             "\n".join(self.gpu_macros()),
-            "\n".join(self.element_macros(stages)),
+            "" if dense else "\n".join(self.element_macros(stages)),
+            "#define SW_IDX(base, s) ((base) + (SW_REVERSE ? (L - 1 - (s)) : (s)))" if dense else "",
             self.helpers(stages.affine.dtype),
-            PAIR,
-            spec.body(self, stages),
+            "" if dense else PAIR,
+            dense_sequential_body(self, stages) if dense else spec.body(self, stages),
         ]
         return "\n".join(p for p in parts if p) + "\n"
 
