@@ -1,5 +1,5 @@
 # A plain sequential loop in double precision: the reference for element types
-# the golden files do not cover (Float16, BFloat16, complex, dense transitions).
+# and random cases beyond the golden files (BFloat16, complex, arbitrary dense transitions).
 
 widen64(v::Real) = Float64(v)
 widen64(v::Complex) = ComplexF64(v)

@@ -38,6 +38,9 @@ end
 
 @testset "ScanWeaver" begin
     include("test_pairs.jl")
+    @testset "golden file layout: $(g.name)" for g in golden_cases()
+        check_golden_layout(g)
+    end
     for (name, array_type) in BACKENDS
         run_testsuite(name, array_type)
     end

@@ -5,27 +5,43 @@
 from the float64 sequential oracle (:func:`scanweaver.targets.reference.oracle`)
 on non-uniform random data from a fixed seed, so the files are reproducible.
 
-Schema of each file::
+Schema of each file (flat arrays are in C order of the Python shape, which is
+Julia's column-major order of the reversed shape)::
 
     name = "basic_f64"           # the case
-    dtype = "float64"            # or "float32"; the inputs are exact values of this dtype
-    shape = [B, D, L]            # Python layout (..., L); flat arrays are in C order,
-                                 # which is Julia's column-major (L, D, B)
+    kind = "dense"               # optional: "diagonal" (the default when absent) or "dense"
+    dtype = "float64"            # "float16", "float32" or "float64"; the inputs are exact values of it
+    shape = [B, D, L]            # Python layout (..., L); Julia's (L, D, B)
+    state_size = k               # dense only: the state is a vector of k components
     reverse = false
     return_state = true
+    rtol = 0.002                 # optional: tolerance of a backend's result, elementwise
+    atol = 0.002                 #   |got - y| <= atol + rtol * |y|; readers default by dtype
+    cu_seqlens = [0, 7, ..., L]  # optional: packed sequences along L; `reset` holds the same
+                                 # segments as a mask (see scanweaver.arrays.seqlens_reset)
     a = [...]  b = [...]  x = [...]
     c = [...]                    # optional: y = c * h, else y = h
-    h0 = [...]                   # optional, shape [B, D]
+    h0 = [...]                   # optional, shape [B, D] ([B, D, k] when dense)
     reset = [0, 1, ...]          # optional 0/1 flags, shape [B, D, L]
     y = [...]                    # expected, shape [B, D, L]
-    h_last = [...]               # expected final state, shape [B, D]
+    h_last = [...]               # expected final state, shape [B, D] ([B, D, k] when dense)
+
+Dense files hold h_t = A_t h_{t-1} + b_t x_t, y_t = c_t . h_t with ``a`` of
+shape ``[B, D, L, k, k]``: ``a[b, d, t, r, j]`` is row ``r``, column ``j`` of
+``A_t``, so each run of k*k values is one matrix in row-major order.  Julia
+reads that run column-major, which is the transpose: build the matrix as
+``transpose(SMatrix{k, k}(run))``.  ``b`` and ``c`` have shape ``[B, D, L, k]``.
+In Python the scan is :func:`dense_recurrence` with operands
+``a00 .. a{k-1}{k-1}, b0 .. b{k-1}, x, c0 .. c{k-1}`` (see :func:`dense_operands`).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import inspect
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -35,11 +51,20 @@ DEFAULT_DIR = Path(__file__).resolve().parents[2] / "test" / "golden"
 SEED = 20240611
 #: Block boundaries the reset case straddles: blocks of 64, 128 and 256 elements.
 RESET_POSITIONS = (63, 64, 127, 128, 255, 256)
+#: ``(rtol, atol)`` written into files whose dtype needs its own tolerance: float16 results are
+#: rounded to float16 (relative 2**-11) after float32 accumulation.
+TOLERANCE = {"float16": (2e-3, 2e-3)}
 
 
 @dataclass(frozen=True)
 class Case:
-    """One golden case: its shape, dtype and which features it exercises."""
+    """One golden case: its shape, dtype and which features it exercises.
+
+    Attributes:
+        state_size: k > 1 makes a dense case (k x k transitions).
+        form: how dense transitions are drawn: ``companion`` (a second-order filter) or ``random``.
+        cu_seqlens: offsets of packed sequences along L (a varlen case), or empty.
+    """
 
     name: str
     shape: tuple[int, int, int]
@@ -49,7 +74,9 @@ class Case:
     reverse: bool = False
     reset: str = ""
     return_state: bool = True
-    extra: dict = field(default_factory=dict)
+    state_size: int = 1
+    form: str = "random"
+    cu_seqlens: tuple[int, ...] = ()
 
 
 CASES = (
@@ -63,23 +90,96 @@ CASES = (
     Case("length1_f32", (3, 4, 1), dtype="float32", with_h0=True),
     Case("odd257_one_lane_f32", (1, 1, 257), dtype="float32"),
     Case("many_lanes_f64", (4, 8, 9), with_h0=True),
+    Case("h0_f16", (2, 3, 45), dtype="float16", with_h0=True),
+    Case("reverse_f16", (1, 2, 70), dtype="float16", with_h0=True, reverse=True),
+    Case("varlen_f64", (2, 2, 61), with_c=False, with_h0=True, cu_seqlens=(0, 7, 8, 30, 61)),
+    Case("varlen_reverse_f64", (1, 3, 50), with_h0=True, reverse=True, cu_seqlens=(0, 1, 19, 20, 50)),
+    Case("dense2_companion_f64", (2, 2, 37), with_h0=True, reset="random", state_size=2, form="companion"),
+    Case("dense2_reverse_f32", (1, 3, 45), dtype="float32", with_h0=True, reverse=True, reset="random",
+         state_size=2),
+    Case("dense3_reverse_f64", (1, 3, 29), with_h0=True, reverse=True, reset="random", state_size=3),
+    Case("dense3_length1_f64", (2, 2, 1), with_h0=True, reverse=True, reset="random", state_size=3),
 )
+
+
+@functools.lru_cache(maxsize=None)
+def dense_recurrence(k: int):
+    """The dense scan of state size ``k``: ``h_t = A_t h_{t-1} + b_t x_t``, ``y_t = c_t . h_t``.
+
+    Operands, in call order: ``a{r}{j}`` (row r, column j of A_t) for r, j < k,
+    then ``b0 .. b{k-1}``, ``x``, ``c0 .. c{k-1}``, each of layout ``(..., L)``.
+
+    Example:
+        >>> import numpy as np
+        >>> rec = dense_recurrence(2)
+        >>> rec.inputs[:5]
+        ('a00', 'a01', 'a10', 'a11', 'b0')
+        >>> ops = dict(a00=0.5, a01=0.0, a10=1.0, a11=0.0, b0=1.0, b1=0.0, x=1.0, c0=0.0, c1=1.0)
+        >>> rec(**{n: np.full((1, 3), v) for n, v in ops.items()}, backend="numpy").tolist()
+        [[0.0, 1.0, 1.5]]
+    """
+    from .api import Recurrence
+
+    names = ([f"a{r}{j}" for r in range(k) for j in range(k)] + [f"b{r}" for r in range(k)] + ["x"]
+             + [f"c{r}" for r in range(k)])
+
+    def step(h, *ops):
+        A = np.array(ops[:k * k], dtype=object).reshape(k, k)
+        b, x, c = ops[k * k:k * k + k], ops[k * k + k], ops[k * k + k + 1:]
+        hn = A @ h + np.array([bj * x for bj in b], dtype=object)
+        return hn, sum(cj * hj for cj, hj in zip(c, hn))
+
+    param = inspect.Parameter
+    step.__signature__ = inspect.Signature(
+        [param(n, param.POSITIONAL_OR_KEYWORD) for n in ("h", *names)])
+    return Recurrence(step, name=f"dense{k}", broadcast=False, state_size=k)
+
+
+def dense_operands(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The operands of :func:`dense_recurrence` from ``a (..., L, k, k)``, ``b, c (..., L, k)``, ``x (..., L)``."""
+    a, b, c = inputs["a"], inputs["b"], inputs["c"]
+    k = b.shape[-1]
+    out = {f"a{r}{j}": a[..., r, j] for r in range(k) for j in range(k)}
+    out.update({f"b{r}": b[..., r] for r in range(k)})
+    out["x"] = inputs["x"]
+    out.update({f"c{r}": c[..., r] for r in range(k)})
+    return out
+
+
+def _dense_transitions(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """``(a, b)`` of a dense case: stable k x k matrices and input vectors."""
+    k, lead = case.state_size, case.shape
+    if case.form == "companion":
+        radius, angle = rng.uniform(0.6, 0.95, lead), rng.uniform(0.1, 1.2, lead)
+        a = np.zeros((*lead, 2, 2))
+        a[..., 0, 0], a[..., 0, 1], a[..., 1, 0] = 2 * radius * np.cos(angle), -radius ** 2, 1.0
+        b = np.zeros((*lead, 2))
+        b[..., 0] = rng.normal(0.0, 1.0, lead)
+        return a, b
+    m = rng.normal(0.0, 1.0, (*lead, k, k))
+    norm = np.linalg.norm(m, ord=2, axis=(-2, -1))
+    a = m * (rng.uniform(0.5, 0.95, lead) / norm)[..., None, None]
+    return a, rng.normal(0.0, 1.0, (*lead, k))
 
 
 def make_inputs(case: Case, rng: np.random.Generator) -> dict[str, np.ndarray]:
     """Non-uniform random operands for ``case`` (exact values of its dtype)."""
+    from .arrays import seqlens_reset
+
     B, D, L = case.shape
+    k = case.state_size
     dt = np.dtype(case.dtype)
-    out = {
-        "a": rng.uniform(0.55, 0.999, (B, D, L)),
-        "b": rng.normal(0.0, 1.0, (B, D, L)),
-        "x": rng.normal(0.5, 2.0, (B, D, L)),
-    }
+    if k == 1:
+        out = {"a": rng.uniform(0.55, 0.999, (B, D, L)), "b": rng.normal(0.0, 1.0, (B, D, L))}
+    else:
+        out = dict(zip(("a", "b"), _dense_transitions(case, rng)))
+    out["x"] = rng.normal(0.5, 2.0, (B, D, L))
+    vec = () if k == 1 else (k,)
     if case.with_c:
-        out["c"] = rng.normal(0.0, 1.5, (B, D, L))
+        out["c"] = rng.normal(0.0, 1.5, (B, D, L, *vec))
     if case.with_h0:
-        out["h0"] = rng.normal(0.0, 3.0, (B, D))
-    out = {k: v.astype(dt) for k, v in out.items()}
+        out["h0"] = rng.normal(0.0, 3.0, (B, D, *vec))
+    out = {key: v.astype(dt) for key, v in out.items()}
     if case.reset == "blocks":
         r = np.zeros((B, D, L), np.int64)
         r[..., list(RESET_POSITIONS)] = 1
@@ -87,26 +187,34 @@ def make_inputs(case: Case, rng: np.random.Generator) -> dict[str, np.ndarray]:
         out["reset"] = r
     elif case.reset == "random":
         out["reset"] = (rng.random((B, D, L)) < 0.1).astype(np.int64)
+    elif case.cu_seqlens:
+        mask = seqlens_reset("golden", np.asarray(case.cu_seqlens), L, case.reverse)
+        out["reset"] = np.broadcast_to(mask, (B, D, L)).astype(np.int64)
     return out
 
 
 def expected(case: Case, inputs: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """``(y, h_last)`` from the float64 oracle, shaped ``(B, D, L)`` and ``(B, D)``."""
+    """``(y, h_last)`` from the float64 oracle, shaped ``(B, D, L)`` and ``(B, D)`` (``(B, D, k)`` dense)."""
     from .api import SELECTIVE, SELECTIVE_NO_C
     from .ir.stages import Features
     from .targets.reference import oracle
 
     B, D, L = case.shape
-    rec = SELECTIVE if case.with_c else SELECTIVE_NO_C
+    k = case.state_size
     features = Features(reverse=case.reverse, has_h0=case.with_h0, has_reset="reset" in inputs,
                         return_state=case.return_state)
+    if k > 1:
+        rec, operands = dense_recurrence(k), dense_operands(inputs)
+    else:
+        rec = SELECTIVE if case.with_c else SELECTIVE_NO_C
+        operands = {n: inputs[n] for n in rec.inputs}
     ir = rec.lower(backend="numpy", schedule="sequential", dtype="float64", features=features).affine
-    names = ("a", "b", "x", "c") if case.with_c else ("a", "b", "x")
-    ops = {n: inputs[n].reshape(B * D, L).astype(np.float64) for n in names}
-    h0 = inputs["h0"].reshape(B * D).astype(np.float64) if case.with_h0 else None
+    ops = {n: v.reshape(B * D, L).astype(np.float64) for n, v in operands.items()}
+    state = (B * D,) if k == 1 else (B * D, k)
+    h0 = inputs["h0"].reshape(state).astype(np.float64) if case.with_h0 else None
     reset = inputs["reset"].reshape(B * D, L) if "reset" in inputs else None
     y, h_last = oracle(ir, ops, h0, reset)
-    return y.reshape(B, D, L), h_last.reshape(B, D)
+    return y.reshape(B, D, L), h_last.reshape((B, D) if k == 1 else (B, D, k))
 
 
 def _toml_value(v) -> str:
@@ -127,14 +235,28 @@ def _flat(arr: np.ndarray) -> list:
     return [float(e) for e in arr.ravel()]
 
 
+def _header(case: Case) -> dict:
+    """The scalar fields of ``case``'s file, in file order (diagonal files carry no kind)."""
+    fields: dict = {"name": case.name}
+    if case.state_size > 1:
+        fields["kind"] = "dense"
+    fields.update(dtype=case.dtype, shape=list(case.shape))
+    if case.state_size > 1:
+        fields["state_size"] = case.state_size
+    fields.update(reverse=case.reverse, return_state=case.return_state)
+    if case.dtype in TOLERANCE:
+        fields["rtol"], fields["atol"] = TOLERANCE[case.dtype]
+    if case.cu_seqlens:
+        fields["cu_seqlens"] = list(case.cu_seqlens)
+    return fields
+
+
 def render(case: Case) -> str:
     """The TOML text of ``case`` (deterministic)."""
     rng = np.random.default_rng([SEED, CASES.index(case)])
     inputs = make_inputs(case, rng)
     y, h_last = expected(case, inputs)
-    fields = {"name": case.name, "dtype": case.dtype, "shape": list(case.shape), "reverse": case.reverse,
-              "return_state": case.return_state}
-    lines = [f"{k} = {_toml_value(v)}" for k, v in fields.items()]
+    lines = [f"{k} = {_toml_value(v)}" for k, v in _header(case).items()]
     for key in ("a", "b", "x", "c", "h0", "reset"):
         if key in inputs:
             lines.append(f"{key} = {_toml_value(_flat(inputs[key]))}")
@@ -144,7 +266,11 @@ def render(case: Case) -> str:
 
 
 def load(path: str | Path) -> dict:
-    """A golden file as a dict of NumPy arrays in their shapes (Python layout)."""
+    """A golden file as a dict of NumPy arrays in their shapes (Python layout).
+
+    Adds ``kind`` (``"diagonal"`` when the file has none) and ``state_size``
+    (1 for diagonal files); ``cu_seqlens`` becomes an int64 array.
+    """
     import tomllib
 
     with open(path, "rb") as fh:
@@ -152,14 +278,18 @@ def load(path: str | Path) -> dict:
     B, D, L = raw["shape"]
     dt = np.dtype(raw["dtype"])
     out = dict(raw)
-    for key in ("a", "b", "x", "c", "y"):
+    out.setdefault("kind", "diagonal")
+    k = out.setdefault("state_size", 1)
+    vec = () if k == 1 else (k,)
+    shapes = {"a": (B, D, L, *vec, *vec), "b": (B, D, L, *vec), "x": (B, D, L), "c": (B, D, L, *vec),
+              "y": (B, D, L), "h0": (B, D, *vec), "h_last": (B, D, *vec)}
+    for key, shape in shapes.items():
         if key in raw:
-            out[key] = np.asarray(raw[key], dtype=np.float64 if key == "y" else dt).reshape(B, D, L)
-    for key in ("h0", "h_last"):
-        if key in raw:
-            out[key] = np.asarray(raw[key], dtype=np.float64 if key == "h_last" else dt).reshape(B, D)
+            out[key] = np.asarray(raw[key], dtype=np.float64 if key in ("y", "h_last") else dt).reshape(shape)
     if "reset" in raw:
         out["reset"] = np.asarray(raw["reset"], dtype=bool).reshape(B, D, L)
+    if "cu_seqlens" in raw:
+        out["cu_seqlens"] = np.asarray(raw["cu_seqlens"], dtype=np.int64)
     return out
 
 
