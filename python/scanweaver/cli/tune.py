@@ -1,0 +1,87 @@
+"""``scanweaver tune``: tune the selective scan on a backend with Kernel Tuner and store the best configuration.
+
+``--show`` lists what the store holds instead.  Examples::
+
+    scanweaver tune --backend cpu --shape 8,512,4096
+    scanweaver tune --backend opencl --shape 4,1024 --strategy random_sample --max-fevals 20 --json
+    scanweaver tune --show
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from . import command, parse_shape
+
+
+def _values(text: str) -> tuple[str, tuple[int, ...]]:
+    """``name=v1,v2`` -> (name, (v1, v2))."""
+    name, _, vals = text.partition("=")
+    try:
+        parsed = tuple(int(v) for v in vals.split(",") if v.strip())
+    except ValueError:
+        parsed = ()
+    if not name.strip() or not parsed:
+        raise argparse.ArgumentTypeError(f"--values must look like chunk=512,1024, got {text!r}")
+    return name.strip(), parsed
+
+
+def show(as_json: bool) -> int:
+    """Prints every stored tuned configuration."""
+    from ..tuning import store
+
+    entries = store.load()
+    rows = [e.to_json() for e in entries]
+    if as_json:
+        print(json.dumps({"store_path": str(store.store_path()), "entries": rows}, indent=1))
+        return 0
+    print(f"tuned configurations in {store.store_path()}: {len(rows)}")
+    for e in sorted(entries, key=lambda e: (e.backend, e.device, e.signature, e.dtype, e.lanes, e.L)):
+        cfg = ", ".join(f"{k}={v}" for k, v in sorted(e.config.items()))
+        speed = f", {e.default_ms / e.time_ms:.2f}x vs default" if e.default_ms and e.time_ms else ""
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(e.created))
+        print(f"  {e.backend:<7} {e.device}  {e.signature} {e.dtype} lanes={e.lanes} L={e.L}: "
+              f"{e.schedule}({cfg}) {e.time_ms:.4g} ms{speed} [{e.strategy}, {when}]")
+    return 0
+
+
+@command("tune", help="auto-tune the selective scan with Kernel Tuner and store the best configuration")
+class Tune:
+    @staticmethod
+    def add_arguments(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--backend", default="cpu", help="cpu, opencl, cuda or julia (default: cpu)")
+        p.add_argument("--shape", type=parse_shape, default=(8, 512, 4096),
+                       help="operand shape B,D,L (any leading sizes; last is L), default 8,512,4096")
+        p.add_argument("--dtype", default="float32", choices=("float32", "float64"))
+        p.add_argument("--schedule", action="append", help="tune only this schedule family (repeatable)")
+        p.add_argument("--recurrence", default="selective_scan", choices=("selective_scan", "selective_scan_h"),
+                       help="selective_scan (with c) or selective_scan_h (y = h)")
+        p.add_argument("--strategy", default="brute_force",
+                       help="Kernel Tuner strategy: brute_force, random_sample, bayes_opt, genetic_algorithm, ...")
+        p.add_argument("--max-fevals", type=int, help="evaluation budget")
+        p.add_argument("--time-limit", type=float, help="seconds for the whole tune")
+        p.add_argument("--values", type=_values, action="append", metavar="NAME=V1,V2",
+                       help="candidate values of one tunable instead of the declared ones (repeatable)")
+        p.add_argument("--confirm", type=int, default=0, metavar="N",
+                       help="re-measure best and default alternately N times after the search")
+        p.add_argument("--fresh", action="store_true", help="re-measure instead of reusing Kernel Tuner's cache")
+        p.add_argument("--no-store", action="store_true", help="do not record the result in the store")
+        p.add_argument("--out", help="directory for tune.json, tune.txt and tune.png")
+        p.add_argument("--json", action="store_true", help="print the summary as JSON")
+        p.add_argument("--show", action="store_true", help="list the stored tuned configurations and exit")
+
+    @staticmethod
+    def run(args: argparse.Namespace) -> int:
+        if args.show:
+            return show(args.json)
+        from ..tuning import tune
+
+        schedule = tuple(args.schedule) if args.schedule else None
+        report = tune(args.recurrence, backend=args.backend, shape=args.shape, dtype=args.dtype, schedule=schedule,
+                      strategy=args.strategy, max_fevals=args.max_fevals, time_limit=args.time_limit,
+                      values=dict(args.values or []), fresh=args.fresh, record=not args.no_store,
+                      progress=not args.json, out=args.out, confirm=args.confirm)
+        print(json.dumps(report.to_json(), indent=1) if args.json else report.table())
+        return 0 if report.best is not None else 1

@@ -1,0 +1,238 @@
+"""``scanweaver.tune``: tune a recurrence on a backend with Kernel Tuner and store the best configuration.
+
+The flow: build the problem's test data and float64 oracle answer, the
+backend's search space (:mod:`.space`) and its Kernel Tuner kernel
+(:mod:`.langs`), run the strategy (:mod:`.session`; failing configurations
+are skipped with their reason), time the default configuration too, and
+record the best one in the tuned-configuration store (:mod:`.store`), where
+every later scan call on this device finds it.
+
+Which schedules are tuned (and why):
+
+* ``cpu`` (``lang="C"``): every schedule, each timed as one call of the
+  emitted host function ``sw_scan_timed``, which runs all phases of the
+  schedule (reduce, carry, propagate) and times itself.
+* ``opencl`` / ``cuda`` (``lang="OpenCL"`` / ``"cupy"``): only schedules that
+  are one kernel launch and need no zeroed scratch between launches
+  (Kernel Tuner times one launch and does not reset buffers between its
+  timed runs); the schedule family is a tunable over those.
+* ``julia`` (``lang="julia"``): the ScanWeaver.jl kernels with ``Val``
+  tunables, the Julia GPU backend passed explicitly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+
+from ..errors import BackendUnavailable, ScanInputError
+from ..ir.stages import Features
+from . import store
+from .langs import get_target
+from .problem import TuneProblem
+from .report import TuneReport, summarize
+from .session import KernelTunerSession, require_kernel_tuner
+from .space import SearchSpace, build_space
+
+STRATEGIES_NOTE = "any Kernel Tuner strategy: brute_force, random_sample, bayes_opt, genetic_algorithm, ..."
+
+
+def _cache_stem(problem: TuneProblem, device: str, space: SearchSpace, fingerprint: str) -> str:
+    blob = json.dumps([problem.backend, device, problem.signature, problem.dtype, problem.lanes, problem.L,
+                       problem.features.text(), {k: list(v) for k, v in space.params.items()}, fingerprint],
+                      default=str)
+    digest = hashlib.sha256(blob.encode()).hexdigest()[:12]
+    return f"{problem.recurrence.name}-{problem.dtype}-{problem.lanes}x{problem.L}-{digest}"
+
+
+def default_params(problem: TuneProblem, space: SearchSpace) -> dict | None:
+    """Kernel Tuner params of the backend's default configuration, or ``None`` if it is outside the space."""
+    from ..runtime import get_backend
+
+    be = get_backend(problem.backend)
+    sched = be.default_schedule(problem.lanes, problem.L)
+    if sched not in space.schedules:
+        return None
+    from ..passes.materialize_schedule import resolve_config
+
+    cfg = resolve_config(sched, be.default_config(sched, problem.lanes, problem.L, problem.dtype), "tune",
+                         be.extra_tunables)
+    p = space.join(sched, cfg)
+    return p if space.why_rejected(p) is None else None
+
+
+def _confirm(report: TuneReport, session: KernelTunerSession, space: SearchSpace, default: dict | None,
+             rounds: int) -> None:
+    """Re-measures best and default alternately (each run in a throwaway cache) and updates ``report``."""
+    from statistics import median
+
+    from .session import result_time
+
+    best = space.join(report.best.schedule, report.best.config)
+    picks = {"best": best, **({"default": default} if default is not None and report.default else {})}
+    times: dict[str, list[float]] = {name: [] for name in picks}
+    for i in range(rounds):
+        for name, p in picks.items():
+            scratch = session.cachefile.with_name(f".confirm-{os.getpid()}-{i}-{name}.json")
+            again = KernelTunerSession(session.spec, space, scratch, check=session.check, answer=session.answer,
+                                       iterations=session.iterations)
+            try:
+                t = [result_time(r) for r in again.run(only=p) if r]
+            finally:
+                scratch.unlink(missing_ok=True)
+            if t and t[0] is not None:
+                times[name].append(t[0])
+    report.confirmed = {name: ts for name, ts in times.items() if ts}
+    if len(report.confirmed) == len(picks):
+        report.notes.append(f"best/default: both re-measured alternately {rounds}x after the search "
+                            f"(medians {median(times['best']):.4g} ms vs "
+                            f"{median(times.get('default', [float('nan')])):.4g} ms)")
+
+
+def tune(recurrence=None, *, backend: str = "cpu", shape=(8, 512, 4096), dtype: str = "float32",
+         schedule: str | tuple | None = None, strategy: str = "brute_force", max_fevals: int | None = None,
+         time_limit: float | None = None, features: Features = Features(), seed: int = 0, record: bool = True,
+         progress: bool = True, out: str | Path | None = None, iterations: int = 7, fresh: bool = False,
+         values: dict[str, tuple] | None = None, confirm: int = 0) -> TuneReport:
+    """Tunes ``recurrence`` on ``backend`` for one problem shape and stores the best configuration.
+
+    After this, every scan call of that recurrence on this device (and the
+    same dtype) runs the tuned configuration of the nearest tuned size, with
+    no tuning code in the caller (``Recurrence.last.source == "tuned"``).
+
+    Args:
+        recurrence: a :class:`~scanweaver.Recurrence`, ``scanweaver.selective_scan``
+            (the default) or a :class:`~scanweaver.tuning.problem.TuneProblem`.
+        backend: ``cpu``, ``opencl``, ``cuda`` or ``julia``.
+        shape: operand shape ``(..., L)``, e.g. ``(B, D, L)``.
+        dtype: ``float32`` or ``float64``.
+        schedule: restrict to one schedule family (or a tuple of them).
+        strategy: a Kernel Tuner strategy (``brute_force``, ``random_sample``, ``bayes_opt`` ...).
+        max_fevals: evaluation budget (``None``: the strategy's own).
+        time_limit: seconds for the whole tune.
+        features: call-site features the kernels are built for.
+        seed: seed of the test data and of the strategy.
+        record: write the best configuration to the store.
+        progress: show a progress bar.
+        out: directory for ``tune.json``, ``tune.txt`` and ``tune.png``.
+        iterations: timed runs per configuration (the median counts).
+        fresh: discard Kernel Tuner's cached measurements of this problem first.
+        values: narrow tunables to these candidate values, e.g. ``{"chunk": (512, 1024)}``.
+        confirm: after the search, re-measure the best and the default configuration
+            alternately this many times each (fresh compiles, no cache) and report
+            those medians, so that load drift on a shared machine between the
+            sweep and the default's measurement cannot skew best/default.
+
+    Returns:
+        a :class:`~scanweaver.tuning.report.TuneReport`.
+
+    Raises:
+        ScanWeaverError: Kernel Tuner is not installed (``pip install scanweaver[tune]``).
+        BackendUnavailable: the backend cannot run or cannot be tuned here.
+
+    Example:
+        >>> import scanweaver
+        >>> report = scanweaver.tune(backend="cpu", shape=(64, 1024), max_fevals=4)  # doctest: +SKIP
+        >>> report.best.config  # doctest: +SKIP
+        {'chunk': 512, 'interleave': 8, 'threads': 2}
+    """
+    require_kernel_tuner()
+    from kernel_tuner.interface import strategy_map
+
+    if strategy not in strategy_map:
+        raise ScanInputError(f"tune: unknown strategy {strategy!r}; Kernel Tuner has {', '.join(sorted(strategy_map))}")
+    if max_fevals is not None and max_fevals < 1:
+        raise ScanInputError(f"tune: max_fevals must be >= 1, got {max_fevals}")
+    t0 = time.monotonic()
+    if isinstance(recurrence, TuneProblem):
+        problem = recurrence
+    else:
+        problem = TuneProblem(recurrence, backend, tuple(shape), dtype, features, seed)
+    target = get_target(problem.backend)
+    why = target.unavailable()
+    if why:
+        raise BackendUnavailable(f"tune: backend {problem.backend!r} cannot be tuned here: {why}")
+    from ..runtime import get_backend
+
+    be = get_backend(problem.backend)
+    device = be.availability().device
+    tunable = target.schedules(be.schedules)
+    wanted = (schedule,) if isinstance(schedule, str) else tuple(schedule or tunable)
+    outside = [s for s in wanted if s not in tunable]
+    if outside:
+        raise ScanInputError(f"tune: schedule(s) {', '.join(outside)} cannot be tuned on {problem.backend!r} "
+                             f"(tunable there: {', '.join(tunable)})")
+    space = build_space(problem.backend, schedules=wanted, lanes=problem.lanes, L=problem.L, dtype=problem.dtype,
+                        limits=target.limits(problem),
+                        backend_owners=target.owners(wanted, [t.name for t in be.extra_tunables]),
+                        pins=target.pins(wanted), values=values)
+    if space.size == 0:
+        raise ScanInputError(f"tune: the search space of {problem.backend!r} for shape {problem.shape} is empty")
+    inputs = problem.inputs()
+    answer = problem.oracle(inputs)[0]
+    atol = problem.tolerance(answer)
+    workdir = store.cache_dir() / "kernel_tuner" / problem.backend
+    spec = target.kernel(problem, space, inputs, workdir)
+    spec.device_options = {**target.device_options(), **spec.device_options}
+    stem = _cache_stem(problem, device, space, spec.fingerprint)
+    cachefile = workdir / f"{stem}.json"
+    if fresh and cachefile.exists():
+        cachefile.unlink()
+    session = KernelTunerSession(spec, space, cachefile,
+                                 check=lambda y: problem.check(target.as_lanes(y, problem), answer, atol),
+                                 progress=progress, iterations=iterations,
+                                 answer=target.answer_layout(answer.astype(problem.dtype)))
+    total = min(space.size, max_fevals) if max_fevals else space.size
+    results = session.run(strategy=strategy, max_fevals=max_fevals, time_limit=time_limit, seed=seed, total=total)
+    default = default_params(problem, space)
+    extra: list[dict] = []
+    if default is not None and all(space.key(default) != space.key(r) for r in results if r):
+        extra = session.run(only=default, seed=seed)
+    report = summarize(results, space, default=default, default_results=extra, backend=problem.backend,
+                       device=device, strategy=strategy, signature=problem.signature, dtype=problem.dtype,
+                       shape=problem.shape, kt_cache=str(cachefile), timing=target.timing)
+    if default is None:
+        report.notes.append("the default schedule is outside the tuned space; its time was not measured")
+    if confirm > 0 and report.best is not None:
+        _confirm(report, session, space, default, confirm)
+    cachefile.with_suffix(".space.json").write_text(json.dumps(
+        {"space": space.to_json(), "default": default, "device": device, "signature": problem.signature,
+         "dtype": problem.dtype, "shape": list(problem.shape), "timing": target.timing}, indent=1, default=str))
+    if record and report.best is not None:
+        best = report.best
+        entry = store.Entry(backend=problem.backend, device=device, signature=problem.signature,
+                            dtype=problem.dtype, lanes=problem.lanes, L=problem.L, schedule=best.schedule,
+                            config=dict(best.config), time_ms=best.time_ms, default_ms=report.default_ms,
+                            strategy=strategy, kt_cache=str(cachefile.relative_to(store.cache_dir())))
+        report.store_path = str(store.record(entry))
+    report.wall_s = time.monotonic() - t0
+    if out is not None:
+        report.save(out)
+    return report
+
+
+def replay(cachefile: str | Path, *, strategy: str = "brute_force", max_fevals: int | None = None,
+           seed: int | None = 0) -> TuneReport:
+    """Replays a strategy over a finished tune's Kernel Tuner cache (simulation mode, nothing runs).
+
+    Needs the ``.space.json`` that :func:`tune` writes next to the cache.
+    Useful to compare strategies on one set of measurements, and to test the
+    selection logic deterministically.
+
+    Example:
+        >>> from scanweaver.tuning.kt import replay
+        >>> replay("selective_scan-float32-64x1000-xxxx.json", strategy="random_sample", max_fevals=5)  # doctest: +SKIP
+    """
+    from .session import read_cached, replay as simulate
+
+    cachefile = Path(cachefile)
+    meta = json.loads(cachefile.with_suffix(".space.json").read_text())
+    space = SearchSpace.from_json(meta["space"])
+    results = simulate(cachefile, space, strategy=strategy, max_fevals=max_fevals, seed=seed)
+    return summarize(results, space, default=meta.get("default"), default_results=read_cached(cachefile),
+                     backend=space.backend, device=meta.get("device", ""), strategy=strategy,
+                     signature=meta.get("signature", ""), dtype=meta.get("dtype", ""),
+                     shape=tuple(meta.get("shape", ())), kt_cache=str(cachefile), timing=meta.get("timing", ""))
