@@ -48,6 +48,22 @@ def test_stages_text_is_pinned(name):
     check_golden(name, str(stages))
 
 
+KERNELS = {
+    "kernel_c_chunked": ("cpu", dict(schedule="chunked", chunk=1024, threads=0, interleave=8)),
+    "kernel_opencl_blelloch": ("opencl", dict(schedule="blelloch", workgroup_size=128)),
+    "kernel_cuda_hybrid": ("cuda", dict(schedule="hybrid", workgroup_size=256, items_per_thread=8,
+                                        lanes_per_group=1)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(KERNELS))
+def test_kernel_source_is_pinned(name):
+    backend, kw = KERNELS[name]
+    stages = SELECTIVE.lower(backend=backend, **kw)
+    assert stages.kernel, f"{backend} emitted no kernel"
+    check_golden(name, stages.text()["kernel"])
+
+
 def test_text_is_deterministic():
     assert str(SELECTIVE.lower(backend="numpy", schedule="chunked")) == str(
         SELECTIVE.lower(backend="numpy", schedule="chunked"))

@@ -42,6 +42,9 @@ ROWS_CHUNK = 256
 #: Chunk when one lane's tiles are spread over threads: big enough that the chained
 #: hand-off between threads is rare, small enough that a tile's (A, U) stays in L2.
 SPLIT_CHUNK = 8192
+#: Below this many elements one thread is the default: starting and joining an OpenMP team
+#: costs microseconds (and far more when another process holds a core), more than the scan.
+SMALL_PROBLEM = 1 << 15
 #: Default number of interleaved chains per thread (covers a 4-cycle FMA latency at 2 per cycle).
 INTERLEAVE = 8
 
@@ -100,11 +103,13 @@ class CpuBackend(Backend):
         return "chunked"
 
     def default_config(self, schedule: str, lanes: int, L: int, dtype: str) -> dict[str, object]:
-        """``chunked``: short tiles when lanes fill every thread's chains, long tiles otherwise."""
-        if schedule != "chunked":
-            return {}
-        rows = 2 * lanes >= cpu_threads() * INTERLEAVE
-        return {"chunk": ROWS_CHUNK if rows else SPLIT_CHUNK}
+        """One thread for small problems; ``chunked``: short tiles when lanes fill every
+        thread's chains, long tiles otherwise."""
+        cfg: dict[str, object] = {"threads": 1} if lanes * L < SMALL_PROBLEM else {}
+        if schedule == "chunked":
+            rows = 2 * lanes >= cpu_threads() * INTERLEAVE
+            cfg["chunk"] = ROWS_CHUNK if rows else SPLIT_CHUNK
+        return cfg
 
     def emit(self, stages: Stages) -> Stages:
         return dataclasses.replace(stages, kernel=self._renderer.render(stages), target="c")
