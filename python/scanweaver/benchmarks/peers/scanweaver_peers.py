@@ -1,0 +1,162 @@
+"""ScanWeaver's own entries: every available backend and schedule, the default path, and the roofline.
+
+Entries are made on demand from :data:`scanweaver.runtime.REGISTRY`, so a
+backend that appears later (or is restricted with ``--backend``) needs no
+change here.  ``ScanWeaver default path`` is ``selective_scan`` as a user
+calls it: ``backend="auto"``, ``config="auto"`` (the tuned store, else the
+documented defaults).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..cases import Case, Settings
+from ..machine import host_cpu
+from . import Peer, provider
+
+#: Cost model of one call per backend, ns per element (the numpy backend also pays per step).
+BACKEND_COST_NS = {"numpy": 250.0, "cpu": 3.0, "opencl": 100.0}
+#: Per-step cost of the NumPy interpreter's Python loops, microseconds.
+NUMPY_STEP_US = 8.0
+#: Figure 4's kernels: the naive sequential kernel (compiled backends; the interpreter is no kernel) and Blelloch.
+PAPER_SCHEDULES = {"sequential": "compiled", "blelloch": "any"}
+#: What --quick runs per backend (None: every schedule).  Others compile for seconds per schedule
+#: (PoCL) or interpret slowly; ``--backend NAME`` runs all of that backend's schedules even in --quick.
+QUICK_SCHEDULES: dict[str, tuple[str, ...] | None] = {"cpu": None, "auto": None, "numpy": ("sequential", "blelloch")}
+
+
+class ScanWeaverEntry(Peer):
+    """``scanweaver.selective_scan(a, b, x, c, backend=B, schedule=S, config=...)``."""
+
+    kind = "ours"
+
+    def __init__(self, backend: str, schedule: str = "auto", config: str = "default", explicit: bool = False):
+        self.backend, self.schedule, self.config, self.explicit = backend, schedule, config, explicit
+        self.name = f"scanweaver:{backend}:{schedule}" if config == "default" else f"scanweaver:{backend}:{config}"
+        self.label = f"ScanWeaver {backend}/{schedule}"
+        role = PAPER_SCHEDULES.get(schedule)
+        self.paper = role == "any" or (role == "compiled" and backend != "numpy")
+        self.ns_per_element = BACKEND_COST_NS.get(backend, 5.0)
+        self.us_per_step = NUMPY_STEP_US if backend == "numpy" else 0.0
+
+    def availability(self) -> str | None:
+        from ...runtime import REGISTRY, load_all
+
+        load_all()
+        if self.backend == "auto":
+            return None
+        cls = REGISTRY.get(self.backend)
+        if cls is None:
+            return f"backend {self.backend!r} is not registered (known: {', '.join(sorted(REGISTRY))})"
+        avail = cls.availability()
+        return None if avail.ok else avail.reason
+
+    def device(self) -> str:
+        from ...api import pick_backend
+
+        dev = pick_backend(self.backend).availability().device
+        return dev or host_cpu()
+
+    def skip_reason(self, case: Case, settings: Settings) -> str | None:
+        if settings.quick and not self.explicit:
+            allowed = QUICK_SCHEDULES.get(self.backend, ())
+            if allowed is not None and self.schedule not in allowed:
+                return (f"left out of --quick ({self.backend}/{self.schedule} compiles or interprets slowly); "
+                        f"run without --quick, or with --backend {self.backend}")
+        return super().skip_reason(case, settings)
+
+    def estimate(self, case: Case) -> float:
+        if self.backend == "auto":
+            from ...api import pick_backend
+
+            name = pick_backend("auto").name
+            return case.elements * BACKEND_COST_NS.get(name, 5.0) * 1e-9
+        return super().estimate(case)
+
+    def prepare(self, ops):
+        import scanweaver
+
+        a, b, x, c = (ops[k] for k in ("a", "b", "x", "c"))
+        kw = {"backend": self.backend, "schedule": self.schedule, "config": self.config}
+        return lambda: scanweaver.selective_scan(a, b, x, c, **kw)
+
+    def details(self) -> dict:
+        from ...api import SELECTIVE
+
+        last = SELECTIVE.last
+        if last is None:
+            return {}
+        return {"backend": last.backend, "schedule": last.schedule, "config": dict(last.config),
+                "config_source": last.source}
+
+
+class DefaultPath(ScanWeaverEntry):
+    """What a user gets with no arguments: the best backend, the tuned store's config (else defaults)."""
+
+    def __init__(self, backend: str = "auto", explicit: bool = False):
+        super().__init__(backend, "auto", "auto", explicit)
+        self.paper = True
+        self.label = "ScanWeaver default path (tuned best)" if backend == "auto" else f"ScanWeaver {backend}/tuned"
+
+
+class Roofline(Peer):
+    """An elementwise C kernel with the scan's traffic (4 reads, 1 write) on every core: the memory bound."""
+
+    name = "roofline"
+    label = "Roofline: elementwise a*b+x*c (memory bound)"
+    kind = "bound"
+    recurrence = "elementwise (no recurrence)"
+    checked = False
+    note = ("Roofline: y = a*b + x*c in C with OpenMP on every core (scanweaver.runtime.roofline's kernel) on "
+            "the same operands, writing a preallocated y; same bytes as the scan; roofline fraction = roofline "
+            "time / scan time. The public selective_scan call also allocates and first-touches its output.")
+    ns_per_element = 1.0
+
+    def availability(self):
+        try:
+            from ...runtime import roofline  # noqa: F401
+            from ...runtime.toolchain import missing_reason
+        except ImportError as exc:
+            return f"the roofline kernel is not available: {exc}"
+        return missing_reason()
+
+    def device(self) -> str:
+        return host_cpu()
+
+    def prepare(self, ops):
+        import ctypes
+
+        from ...runtime import roofline
+
+        make = getattr(roofline, "kernel", None) or roofline._kernel
+        fn = make(ops["a"].dtype.name)
+        a, b, x, c = (np.ascontiguousarray(ops[k]) for k in ("a", "b", "x", "c"))
+        y = np.empty_like(a)
+        keep = (a, b, x, c, y)  # the closure holds the arrays whose addresses the kernel gets
+
+        def run():
+            fn(*[v.ctypes.data for v in keep], ctypes.c_long(y.size))
+
+        return run
+
+
+@provider
+def scanweaver_entries(backend: str | None) -> list[Peer]:
+    """One entry per (backend, schedule), the default path, and the roofline bound."""
+    from ...runtime import REGISTRY, load_all
+
+    load_all()
+    out: list[Peer] = []
+    for name in sorted(REGISTRY):
+        if backend not in (None, "auto", name):
+            continue
+        cls = REGISTRY[name]
+        if not cls.availability().ok:
+            out.append(ScanWeaverEntry(name, "any"))
+            continue
+        out.extend(ScanWeaverEntry(name, sched, explicit=backend == name) for sched in cls.schedules)
+    out.append(DefaultPath(backend or "auto", explicit=backend is not None))
+    out.append(Roofline())
+    return out
+
