@@ -4,7 +4,8 @@ For each shape, in one process: the roofline kernel (``y = a*b + x*c``, the
 scan's traffic, OpenMP on every core), the ``chunked`` C kernel with the
 backend's default configuration, the naive ``sequential`` C kernel, and a
 NumPy loop over L vectorised over lanes.  Times are medians of ``--repeats``
-runs after one warm-up; kernels write into preallocated outputs, like the
+runs after one warm-up, the three C kernels timed round-robin so that all
+see the same machine; kernels write into preallocated outputs, like the
 roofline (``api_ns_per_element`` is the public call, which also allocates
 and first-touches ``y``).  The NumPy loop of the long sequence is timed on a
 prefix (``numpy_loop.measured_L``): 2^24 Python iterations would take minutes.
@@ -28,7 +29,8 @@ import scanweaver
 from scanweaver.arrays import prepare
 from scanweaver.runtime import get_backend
 from scanweaver.runtime.cpu import cpu_model, cpu_threads
-from scanweaver.runtime.roofline import bytes_per_element, measure_roofline
+from scanweaver.runtime import roofline
+from scanweaver.runtime.roofline import bytes_per_element
 
 SHAPES = ((4096, 4096), (1, 2**24))
 #: Longest prefix of L the NumPy loop is timed on.
@@ -56,15 +58,31 @@ def operands(lanes: int, L: int) -> dict[str, np.ndarray]:
     }
 
 
-def kernel_time(ops: dict, schedule: str, repeats: int) -> tuple[float, dict]:
-    """Median seconds of the C kernel of ``schedule`` with default tunables, and those tunables."""
+def kernel_call(ops: dict, schedule: str) -> tuple:
+    """The C kernel of ``schedule`` with default tunables (a zero-argument call), and those tunables."""
     be = get_backend("cpu")
     lanes, L = ops["a"].shape
     rec = scanweaver.api.SELECTIVE
     stages = rec.lower(backend="cpu", schedule=schedule, dtype="float32", lanes=lanes, L=L,
                        **be.default_config(schedule, lanes, L, "float32"))
     y, h_last = np.empty((lanes, L), np.float32), np.empty(lanes, np.float32)
-    return median_time(be.bind(stages, prepare("bench", ops), y, h_last), repeats), stages.schedule.config
+    call = be.bind(stages, prepare("bench", ops), y, h_last)
+    call.keep = (y, h_last)
+    return call, stages.schedule.config
+
+
+def interleaved_medians(calls: dict, repeats: int) -> dict:
+    """Median seconds of each call, timed round-robin (one warm-up each), so that every
+    kernel sees the same drift of a shared machine."""
+    for fn in calls.values():
+        fn()
+    times = {name: [] for name in calls}
+    for _ in range(repeats):
+        for name, fn in calls.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def numpy_loop_time(ops: dict, repeats: int) -> tuple[float, int]:
@@ -86,9 +104,11 @@ def bench_shape(lanes: int, L: int, repeats: int) -> dict:
     n = lanes * L
     bpe = bytes_per_element("float32")
     ops = operands(lanes, L)
-    roof = measure_roofline(lanes, L, "float32", repeats)
-    ours, config = kernel_time(ops, "chunked", repeats)
-    seq, _ = kernel_time(ops, "sequential", repeats)
+    chunked, config = kernel_call(ops, "chunked")
+    sequential, _ = kernel_call(ops, "sequential")
+    med = interleaved_medians({"roofline": roofline.bind(lanes, L, "float32"), "chunked": chunked,
+                               "sequential": sequential}, repeats)
+    roof, ours, seq = med["roofline"], med["chunked"], med["sequential"]
     api = median_time(lambda: scanweaver.selective_scan(**ops, backend="cpu"), max(1, repeats // 2))
     np_per_el, np_steps = numpy_loop_time(ops, repeats)
 

@@ -6,8 +6,8 @@ checked before the call (dtypes, shapes, contiguity, sizes), so a bad array
 raises :class:`~scanweaver.errors.ScanInputError` instead of crashing.
 
 Tunables beyond the schedule's: ``threads`` (0 = every core) and
-``interleave`` (independent recurrence chains a thread advances together,
-which hides the latency of the ``h = A*h + U`` dependency chain).
+``interleave`` (lanes a thread streams side by side in the ``chunked``
+schedule).
 
 Example:
     >>> import numpy as np, scanweaver
@@ -36,17 +36,16 @@ from ..targets.c import CRenderer
 from . import toolchain
 from .base import Availability, Backend, ScanArrays, register
 
-#: Chunk (scan positions per tile) when a thread scans groups of lanes side by side:
-#: 8 lanes x 256 steps x (A, U) in float32 is 16 KiB, inside a 32 KiB L1 data cache.
-ROWS_CHUNK = 256
-#: Chunk when one lane's tiles are spread over threads: big enough that the chained
-#: hand-off between threads is rare, small enough that a tile's (A, U) stays in L2.
+#: Chunk (scan positions per tile) when one lane's tiles are spread over threads: big
+#: enough that the chained hand-off between threads is rare, small enough that a tile's
+#: operands (8192 x 4 arrays x 4 bytes = 128 KiB) are still in L2 for the second pass.
 SPLIT_CHUNK = 8192
 #: Below this many elements one thread is the default: starting and joining an OpenMP team
 #: costs microseconds (and far more when another process holds a core), more than the scan.
 SMALL_PROBLEM = 1 << 15
-#: Default number of interleaved chains per thread (covers a 4-cycle FMA latency at 2 per cycle).
-INTERLEAVE = 8
+#: Lanes a thread streams side by side.  One is best measured here: the block scan already
+#: hides the multiply-add latency, and every further lane adds five memory streams.
+INTERLEAVE = 1
 
 
 def _interleave_rule(value: object) -> str | None:
@@ -83,8 +82,8 @@ class CpuBackend(Backend):
     auto_priority = 10
     extra_tunables = (
         Tunable("threads", 0, (0, 1, 2, 4, 8, 16), "OpenMP threads; 0 uses every core", non_negative),
-        Tunable("interleave", INTERLEAVE, (2, 4, 8, 12, 16),
-                "independent recurrence chains one thread advances together (chunked)", _interleave_rule),
+        Tunable("interleave", INTERLEAVE, (1, 2, 4),
+                "lanes one thread streams side by side (chunked)", _interleave_rule),
     )
 
     def __init__(self) -> None:
@@ -107,8 +106,7 @@ class CpuBackend(Backend):
         thread's chains, long tiles otherwise."""
         cfg: dict[str, object] = {"threads": 1} if lanes * L < SMALL_PROBLEM else {}
         if schedule == "chunked":
-            rows = 2 * lanes >= cpu_threads() * INTERLEAVE
-            cfg["chunk"] = ROWS_CHUNK if rows else SPLIT_CHUNK
+            cfg["chunk"] = SPLIT_CHUNK
         return cfg
 
     def emit(self, stages: Stages) -> Stages:

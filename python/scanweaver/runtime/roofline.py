@@ -38,7 +38,8 @@ void sw_roofline(const SW_T* restrict a, const SW_T* restrict b, const SW_T* res
 _CTYPES = {"float32": "float", "float64": "double"}
 
 
-def _kernel(dtype: str):
+def kernel(dtype: str):
+    """The compiled ``sw_roofline(a, b, x, c, y, n)`` for ``dtype`` (ctypes function)."""
     fn = find_toolchain().load(_SOURCE.format(ctype=_CTYPES[dtype])).sw_roofline
     fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_long]
     fn.restype = None
@@ -66,20 +67,37 @@ def measure_roofline(lanes: int, L: int, dtype: str = "float32", repeats: int = 
         raise ScanInputError(f"measure_roofline: dtype must be float32 or float64, got {dtype!r}")
     if lanes < 1 or L < 1 or repeats < 1:
         raise ScanInputError(f"measure_roofline: lanes, L and repeats must be >= 1, got {lanes}, {L}, {repeats}")
-    n = lanes * L
-    rng = np.random.default_rng(0)
-    ops = [rng.uniform(0.5, 1.0, n).astype(dtype) for _ in range(READS)]
-    y = np.empty(n, dtype)
-    fn = _kernel(dtype)
-    ptrs = [o.ctypes.data for o in ops] + [y.ctypes.data]
+    call = bind(lanes, L, dtype)
     times = []
     for i in range(repeats + 1):
         t0 = time.perf_counter()
-        fn(*ptrs, n)
+        call()
         dt = time.perf_counter() - t0
         if i:
             times.append(dt)
     return statistics.median(times)
+
+
+def bind(lanes: int, L: int, dtype: str = "float32"):
+    """A zero-argument call of the roofline kernel on fresh operands of ``lanes * L`` elements.
+
+    For benchmarks that interleave the roofline with the kernels they compare
+    against it, so that both see the same machine state.
+    """
+    if dtype not in _CTYPES:
+        raise ScanInputError(f"roofline: dtype must be float32 or float64, got {dtype!r}")
+    n = lanes * L
+    rng = np.random.default_rng(0)
+    ops = [rng.uniform(0.5, 1.0, n).astype(dtype) for _ in range(READS)]
+    y = np.empty(n, dtype)
+    fn = kernel(dtype)
+    ptrs = [o.ctypes.data for o in ops] + [y.ctypes.data]
+
+    def call() -> None:
+        fn(*ptrs, n)
+
+    call.keep = (ops, y)  # the arrays live as long as the call
+    return call
 
 
 def roofline_ns_per_element(lanes: int, L: int, dtype: str = "float32", repeats: int = 5) -> float:

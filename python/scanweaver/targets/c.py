@@ -47,10 +47,16 @@ from ..passes import Stages
 from . import c_chunked, c_dense, c_source
 from .cstyle import CStyleRenderer, DenseMixin
 
-#: Schedule name -> C source defining ``static int sw_run(const sw_ctx*)``.
-SCHEDULE_BODIES: dict[str, str] = {
-    "sequential": c_source.SEQUENTIAL,
-    "chunked": c_chunked.CHUNKED,
+#: Schedule name -> C source (a function of the renderer and the stages) defining ``static int sw_run(const sw_ctx*)``.
+SCHEDULE_BODIES: dict[str, object] = {
+    "sequential": lambda renderer, stages: c_source.SEQUENTIAL,
+    "chunked": c_chunked.chunked_source,
+}
+
+#: Schedule name -> the tunables its C source reads (the tuner pins the others).
+SCHEDULE_TUNABLES: dict[str, tuple[str, ...]] = {
+    "sequential": ("threads",),
+    "chunked": ("chunk", "interleave", "threads"),
 }
 
 #: Schedule name -> C source of dense k x k transitions.
@@ -63,7 +69,7 @@ DENSE_BODIES: dict[str, str] = {
 MAX_DENSE_STATE = 8
 
 #: Defaults of the CPU tunables the C source reads, when a lowering does not set them.
-TUNABLE_DEFAULTS: dict[str, int] = {"threads": 0, "interleave": 8, "chunk": 2048}
+TUNABLE_DEFAULTS: dict[str, int] = {"threads": 0, "interleave": 1, "chunk": 8192}
 
 
 class CRenderer(DenseMixin, CStyleRenderer):
@@ -100,7 +106,7 @@ class CRenderer(DenseMixin, CStyleRenderer):
             c_source.PRELUDE,
             self.helpers(dtype),
             self._dense_context(stages) if dense else self._context(stages),
-            (DENSE_BODIES if dense else SCHEDULE_BODIES)[sched.schedule],
+            DENSE_BODIES[sched.schedule] if dense else SCHEDULE_BODIES[sched.schedule](self, stages),
             c_source.ENTRY.replace("@PARAMS@", ", ".join(params)).replace("@INIT@", self._init(stages)),
         ]
         if kernel_tuner:

@@ -1,203 +1,271 @@
 """C source of the ``chunked`` schedule on CPU cores (assembled by :mod:`scanweaver.targets.c`).
 
-The scan runs in tiles of ``SW_CHUNK`` scan positions.  Each tile's pairs
-(A_t, U_t) are computed once into a scratch buffer (so input expressions such
-as ``exp`` gates are evaluated once per element), and ``SW_INTERLEAVE``
-independent recurrence chains advance together, so the latency of one
-``h = A*h + U`` (a dependency chain of fused multiply-adds) is hidden behind
-the others.  Two work layouts, picked per call from the shape:
+The chunks of the schedule are vector blocks of ``SW_VL`` scan positions
+(32 bytes: 8 floats or 4 doubles).  Each block's pairs (A_t, U_t) are
+computed once, then scanned in registers in log2(SW_VL) steps of
+shift-and-compose (``chunked.reduce`` within the block); one fused
+multiply-add per block applies the carry-in to every position
+(``chunked.propagate``), and the carry-out, the block's last state, feeds
+the next block (``chunked.scan``).  The dependency chain from block to block
+is one multiply-add per SW_VL elements instead of one per element, so a
+single lane streams at memory speed.  Two work layouts, picked per call:
 
-* rows (many lanes): a thread takes ``SW_INTERLEAVE`` lanes at once and walks
-  their tiles in order.  A lane's carry never leaves its thread, so the
-  ``chunked.reduce`` pass is not needed: ``chunked.scan`` is the running state.
-* split (few lanes, long L): the tiles of one lane are dealt round-robin to
-  the threads.  A tile is reduced to its aggregate over ``SW_INTERLEAVE``
-  contiguous sub-ranges at once (``chunked.reduce``), takes its carry-in from
-  the previous tile through a ready flag and publishes its carry-out
-  (``chunked.scan``, a chained hand-off), then replays its sub-ranges from
-  their carries (``chunked.propagate``) while the tile is still in cache,
-  so memory is read once.
+* lanes (many lanes): each thread takes ``SW_INTERLEAVE`` lanes at a time
+  and streams through them block by block; every byte is read once.
+* split (few lanes, long L): tiles of ``SW_CHUNK`` positions of one lane are
+  dealt round-robin to the threads.  A tile is first reduced to its aggregate
+  (reading memory), takes its carry-in from the tile before through a ready
+  flag, publishes its carry-out, and replays its blocks from the carry while
+  the tile is still in cache, so memory is read once.
 """
 
-CHUNKED = r"""
+from __future__ import annotations
+
+#: Two-vector shuffles of the vector-extension dialects (GCC, Clang).
+SHUFFLE = r"""
+#if defined(__clang__)
+#define SW_SHUF2(x, y, ...) __builtin_shufflevector((x), (y), __VA_ARGS__)
+#define SW_SHUF1(x, ...) __builtin_shufflevector((x), (x), __VA_ARGS__)
+#else
+#define SW_SHUF2(x, y, ...) __builtin_shuffle((x), (y), (sw_ivec){__VA_ARGS__})
+#define SW_SHUF1(x, ...) __builtin_shuffle((x), (sw_ivec){__VA_ARGS__})
+#endif
+"""
+
+
+def _shift_mask(vl: int, s: int) -> str:
+    """Lanes i >= s take x[i-s]; lanes below s take the fill vector's lane i."""
+    return ", ".join(str(i - s if i >= s else vl + i) for i in range(vl))
+
+
+def _half_masks(vl: int) -> list[str]:
+    """Shift-and-compose masks: in-half shifts of each 16-byte half, then one cross-half step.
+
+    Shuffles within a 16-byte half are single cheap instructions on x86 (and
+    NEON); only the last step moves data across halves.
+    """
+    h = vl // 2
+    masks = []
+    s = 1
+    while s < h:
+        masks.append(", ".join(str(i - s if i % h >= s else vl + i) for i in range(vl)))
+        s *= 2
+    masks.append(", ".join(str(h - 1 if i >= h else vl + i) for i in range(vl)))
+    return masks
+
+
+def block_scan(vl: int) -> str:
+    """The in-register inclusive scan of one block of ``vl`` pairs (shift-and-compose steps)."""
+    steps = [f"  {{ const sw_vec as = SW_SHUF2(a, sw_one, {m}), us = SW_SHUF2(u, sw_zero, {m});\n"
+             f"    u = a * us + u; a = a * as; }}" for m in _half_masks(vl)]
+    last = ", ".join([str(vl - 1)] * vl)
+    prev = _shift_mask(vl, 1)
+    return f"""
+/* Inclusive scan of a block of pairs in registers: lane i becomes elem(i) o ... o elem(0). */
+SW_INLINE void sw_vscan(sw_vec* A, sw_vec* U) {{
+  sw_vec a = *A, u = *U;
+{chr(10).join(steps)}
+  *A = a; *U = u;
+}}
+SW_INLINE sw_vec sw_vlast(sw_vec v) {{ return SW_SHUF1(v, {last}); }}
+/* h_{{t-1}} of every lane: lane 0 takes the carry-in (broadcast in hin). */
+SW_INLINE sw_vec sw_vprev(sw_vec h, sw_vec hin) {{ return SW_SHUF2(h, hin, {prev}); }}
+"""
+
+
+def vector_pairs(renderer, stages) -> str:
+    """``sw_vpairs``/``sw_vout`` on whole vectors when A, U and y are plain arithmetic of the
+    operands (no function calls, no reset mask); otherwise element by element.
+
+    Building a block from scalars goes through the stack, and a 32-byte load of
+    what was stored in pieces stalls store-to-load forwarding; plain arithmetic
+    is rendered on vector loads instead.
+    """
+    aff = stages.affine
+    exprs = [aff.A, aff.U, aff.output.new, aff.output.old, aff.output.const]
+    plain = not aff.features.has_reset and not any(n.op == "call" for e in exprs for n in e.walk())
+    if not plain:
+        return SCALAR_PAIRS
+    dt = aff.dtype
+    load = lambda n: f"sw_vload(sw->in_{n}, i0)"  # noqa: E731
+    vec = lambda e: renderer.expr(e, load, dt) if e.inputs() else f"(sw_zero + {renderer.expr(e, load, dt)})"  # noqa: E731
+    out = aff.output
+    zero = lambda e: e.op == "const" and e.value == 0  # noqa: E731
+    terms = [f"{vec(e)} * {v}" for e, v in ((out.new, "H"), (out.old, "P")) if not zero(e)]
+    terms += [] if zero(out.const) else [vec(out.const)]
+    y = "H" if out.is_identity else (" + ".join(terms) or "sw_zero")
+    return VECTOR_PAIRS.replace("@A@", vec(aff.A)).replace("@U@", vec(aff.U)).replace("@Y@", y)
+
+
+def chunked_source(renderer, stages) -> str:
+    """The ``chunked`` schedule's C source (the block width depends on the dtype)."""
+    dtype = stages.affine.dtype
+    vl = 8 if dtype == "float32" else 4
+    itype = "int" if dtype == "float32" else "long long"
+    rev = ", ".join(str(vl - 1 - k) for k in range(vl))
+    return (f"#define SW_VL {vl}\n"
+            f"typedef SW_T sw_vec __attribute__((vector_size(32)));\n"
+            f"typedef {itype} sw_ivec __attribute__((vector_size(32)));\n"
+            + SHUFFLE + PRELUDE
+            + f"static const sw_vec sw_zero = {{0}}, sw_one = {{{', '.join(['1'] * vl)}}};\n"
+            + f"SW_INLINE sw_vec sw_vrev(sw_vec v) {{ return SW_SHUF1(v, {rev}); }}\n"
+            + VECTOR_IO + vector_pairs(renderer, stages) + block_scan(vl) + BODY)
+
+
+VECTOR_IO = r"""
+/* The block of SW_VL elements of p in scan order whose first element sits at flat index i0. */
+SW_INLINE sw_vec sw_vload(const SW_T* p, long i0) {
+  sw_vec v;
+  memcpy(&v, p + (SW_REVERSE ? i0 - (SW_VL - 1) : i0), sizeof v);
+  return SW_REVERSE ? sw_vrev(v) : v;
+}
+SW_INLINE void sw_vstore(SW_T* p, long i0, sw_vec v) {
+  if (SW_REVERSE) v = sw_vrev(v);
+  memcpy(p + (SW_REVERSE ? i0 - (SW_VL - 1) : i0), &v, sizeof v);
+}
+"""
+
+VECTOR_PAIRS = r"""
+/* Pairs of the block starting (in scan order) at flat index i0, on whole vectors. */
+SW_INLINE void sw_vpairs_at(const sw_ctx* sw, long i0, sw_vec* A, sw_vec* U) {
+  *A = @A@;
+  *U = @U@;
+}
+/* y of the block from states H (h_t) and P (h_{t-1}). */
+SW_INLINE void sw_vout(const sw_ctx* sw, long i0, sw_vec H, sw_vec P) {
+  (void)P;
+  sw_vstore(sw->y, i0, @Y@);
+}
+"""
+
+SCALAR_PAIRS = r"""
+/* Pairs of the block starting (in scan order) at flat index i0, element by element. */
+SW_INLINE void sw_vpairs_at(const sw_ctx* sw, long i0, sw_vec* A, sw_vec* U) {
+  const long step = SW_REVERSE ? -1 : 1;
+  for (int k = 0; k < SW_VL; ++k) {
+    SW_T a, u;
+    sw_pair(sw, i0 + step * k, &a, &u);
+    (*A)[k] = a;
+    (*U)[k] = u;
+  }
+}
+/* y of the block from states H (h_t) and P (h_{t-1}). */
+SW_INLINE void sw_vout(const sw_ctx* sw, long i0, sw_vec H, sw_vec P) {
+  const long step = SW_REVERSE ? -1 : 1;
+  for (int k = 0; k < SW_VL; ++k) sw->y[i0 + step * k] = sw_out(sw, i0 + step * k, H[k], P[k]);
+}
+"""
+
+
+PRELUDE = r"""
 #define SW_G SW_INTERLEAVE
-/* Elements of padding after a scratch row or sub-range: a pitch that is a
- * multiple of 4 KiB puts every chain in the same L1 sets (4K aliasing). */
-#define SW_ROW_PAD (64 / (long)sizeof(SW_T))
-/* Bytes between the A and U scratch buffers modulo 4 KiB, past the chains' pads. */
-#define SW_AU_SKEW 512
-#define SW_PAGE (4096 / (long)sizeof(SW_T))
-/* Row pitch of the rows layout: a compile-time constant, so the chains share one index. */
-#define SW_ROWS_LD ((long)SW_CHUNK + SW_ROW_PAD)
 #if defined(__GNUC__)
 #define SW_INLINE static inline __attribute__((always_inline))
 #else
 #define SW_INLINE static inline
 #endif
-/* A tile is split over chains only when each chain gets this many elements. */
-#define SW_SPLIT_MIN 32
-/* A chain pass is cut into this many blocks; after each, a slice of the next
- * tile is prefetched, so memory streams while the chains compute. */
-#define SW_PF_PARTS 16
 /* Busy polls of a ready flag before the waiting thread yields its core. */
 #define SW_SPINS 2048
+"""
 
-/* Chains j < nch, row j at j*ld, over k in [k0, k1): h_j <- A h_j + U, h written over U. */
-SW_INLINE void sw_chains_scan(const SW_T* restrict A, SW_T* restrict U, long ld, long k0, long k1,
-                                  const int nch, SW_T* restrict h) {
-  SW_T hh[SW_G];
-  for (int j = 0; j < nch; ++j) hh[j] = h[j];
-  for (long k = k0; k < k1; ++k) {
-    const SW_T* a = A + k;
-    SW_T* u = U + k;
-    for (int j = 0; j < nch; ++j) {
-      hh[j] = a[j * ld] * hh[j] + u[j * ld];
-      u[j * ld] = hh[j];
-    }
-  }
-  for (int j = 0; j < nch; ++j) h[j] = hh[j];
+BODY = r"""
+/* Pairs of scan positions s0 .. s0+SW_VL-1 of the lane at flat offset base. */
+SW_INLINE void sw_vpairs(const sw_ctx* sw, long base, long s0, sw_vec* A, sw_vec* U) {
+  sw_vpairs_at(sw, base + SW_POS(sw->L, s0), A, U);
 }
 
-/* Aggregates of chains j < nch over k in [k0, k1): (ga, gu) <- (A ga, A gu + U). */
-SW_INLINE void sw_chains_reduce(const SW_T* restrict A, const SW_T* restrict U, long ld, long k0, long k1,
-                                    const int nch, SW_T* restrict ga, SW_T* restrict gu) {
-  SW_T pa[SW_G], pu[SW_G];
-  for (int j = 0; j < nch; ++j) { pa[j] = ga[j]; pu[j] = gu[j]; }
-  for (long k = k0; k < k1; ++k) {
-    const SW_T* a = A + k;
-    const SW_T* u = U + k;
-    for (int j = 0; j < nch; ++j) {
-      pu[j] = a[j * ld] * pu[j] + u[j * ld];
-      pa[j] = a[j * ld] * pa[j];
-    }
-  }
-  for (int j = 0; j < nch; ++j) { ga[j] = pa[j]; gu[j] = pu[j]; }
+/* One block: scan, apply the carry-in (broadcast in *hb), write y, leave the carry-out
+ * broadcast in *hb (kept in a register: the block-to-block chain is a multiply-add and a shuffle). */
+SW_INLINE void sw_vblock(const sw_ctx* sw, long base, long s0, sw_vec* hb) {
+  sw_vec A, U;
+  const long i0 = base + SW_POS(sw->L, s0);
+  sw_vpairs_at(sw, i0, &A, &U);
+  sw_vscan(&A, &U);
+  const sw_vec hin = *hb;
+  const sw_vec hv = A * hin + U;
+  sw_vout(sw, i0, hv, sw_vprev(hv, hin));
+  *hb = sw_vlast(hv);
 }
 
-/* (A_t, U_t) of scan positions s0 .. s0+n-1 of a lane into A[0..n), U[0..n). */
-static void sw_fill(const sw_ctx* sw, long lane, long s0, long n, SW_T* restrict A, SW_T* restrict U) {
-  const long len = sw->L, base = lane * len;
-  for (long k = 0; k < n; ++k) sw_pair(sw, base + SW_POS(len, s0 + k), A + k, U + k);
-}
-
-/* y of scan positions s0 .. s0+n-1 of a lane from states H[0..n); hb is the state before. */
-static void sw_emit(const sw_ctx* sw, long lane, long s0, long n, const SW_T* restrict H, SW_T hb) {
-  const long len = sw->L, base = lane * len;
-  SW_T* restrict y = sw->y;
-  y[base + SW_POS(len, s0)] = sw_out(sw, base + SW_POS(len, s0), H[0], hb);
-  for (long k = 1; k < n; ++k) {
-    const long i = base + SW_POS(len, s0 + k);
-    y[i] = sw_out(sw, i, H[k], H[k - 1]);
+/* Scalar steps for positions [s0, s1) of a lane (block tails). */
+static void sw_steps(const sw_ctx* sw, long base, long s0, long s1, SW_T* h) {
+  const long len = sw->L;
+  for (long s = s0; s < s1; ++s) {
+    const long i = base + SW_POS(len, s);
+    SW_T A, U;
+    sw_pair(sw, i, &A, &U);
+    const SW_T hp = *h;
+    *h = A * *h + U;
+    sw->y[i] = sw_out(sw, i, *h, hp);
   }
 }
 
-/* Flat element range [lo, hi) of scan positions s0 .. s0+n-1 of a lane. */
-typedef struct { const sw_ctx* sw; long lo, hi; } sw_span;
-
-static sw_span sw_tile_span(const sw_ctx* sw, long lane, long s0, long n) {
-  sw_span r;
-  const long len = sw->L, base = lane * len;
-  n = s0 < len ? SW_MIN(n, len - s0) : 0;
-  r.sw = sw;
-  r.lo = base + (SW_REVERSE ? len - s0 - n : s0);
-  r.hi = r.lo + n;
-  return r;
+/* Positions [s0, s1) of a lane from state *h: whole blocks, then scalar steps. */
+static void sw_replay(const sw_ctx* sw, long lane, long s0, long s1, SW_T* h) {
+  const long base = lane * sw->L;
+  long s = s0;
+  sw_vec hb = sw_zero + *h;
+  for (; s + SW_VL <= s1; s += SW_VL) sw_vblock(sw, base, s, &hb);
+  *h = hb[0];
+  sw_steps(sw, base, s, s1, h);
 }
 
-/* Prefetches part q of SW_PF_PARTS of a span. */
-static inline void sw_prefetch_part(sw_span r, long q) {
-  const long w = r.hi - r.lo;
-  if (w > 0) sw_prefetch_range(r.sw, r.lo + w * q / SW_PF_PARTS, r.lo + w * (q + 1) / SW_PF_PARTS);
-}
+/* ---- lanes: SW_G lanes per step of a thread, each streamed block by block ---- */
 
-/* ---- rows: SW_G lanes per thread, each lane's tiles in order ---- */
-
-static void sw_rows_group(const sw_ctx* sw, long g, SW_T* A, SW_T* U) {
-  const long ld = SW_ROWS_LD;
-  const long len = sw->L, l0 = g * SW_G;
-  const int nv = (int)SW_MIN((long)SW_G, sw->nlanes - l0);
-  SW_T h[SW_G], hb[SW_G];
-  for (int j = 0; j < SW_G; ++j) {
-    h[j] = j < nv ? sw_h0(sw, l0 + j) : (SW_T)0;
-    if (j >= nv) {
-      memset(A + j * ld, 0, sizeof(SW_T) * (size_t)ld);
-      memset(U + j * ld, 0, sizeof(SW_T) * (size_t)ld);
-    }
+static void sw_lane_group(const sw_ctx* sw, long l0, int ng) {
+  const long len = sw->L, nb = len / SW_VL * SW_VL;
+  if (ng == 1) {  /* one chain: keep its carry in a register */
+    SW_T h = sw_h0(sw, l0);
+    sw_replay(sw, l0, 0, len, &h);
+    sw_store_last(sw, l0, h);
+    return;
   }
-  for (long s0 = 0; s0 < len; s0 += SW_CHUNK) {
-    const long n = SW_MIN((long)SW_CHUNK, len - s0);
-    for (int j = 0; j < nv; ++j) sw_fill(sw, l0 + j, s0, n, A + j * ld, U + j * ld);
-    for (int j = 0; j < SW_G; ++j) hb[j] = h[j];
-    for (long q = 0; q < SW_PF_PARTS; ++q) {
-      sw_chains_scan(A, U, ld, n * q / SW_PF_PARTS, n * (q + 1) / SW_PF_PARTS, SW_G, h);
-      for (int j = 0; j < nv; ++j) sw_prefetch_part(sw_tile_span(sw, l0 + j, s0 + SW_CHUNK, SW_CHUNK), q);
-    }
-    for (int j = 0; j < nv; ++j) sw_emit(sw, l0 + j, s0, n, U + j * ld, hb[j]);
+  sw_vec hb[SW_G];
+  SW_T h[SW_G];
+  for (int g = 0; g < ng; ++g) hb[g] = sw_zero + sw_h0(sw, l0 + g);
+  for (long s = 0; s < nb; s += SW_VL)
+    for (int g = 0; g < ng; ++g) sw_vblock(sw, (l0 + g) * len, s, hb + g);
+  for (int g = 0; g < ng; ++g) {
+    h[g] = hb[g][0];
+    sw_steps(sw, (l0 + g) * len, nb, len, h + g);
+    sw_store_last(sw, l0 + g, h[g]);
   }
-  for (int j = 0; j < nv; ++j) sw_store_last(sw, l0 + j, h[j]);
 }
 
-static int sw_run_rows(const sw_ctx* sw, int nt) {
+static int sw_run_lanes(const sw_ctx* sw, int nt) {
   const long ngroups = (sw->nlanes + SW_G - 1) / SW_G;
-  const long ubase = SW_G * SW_ROWS_LD + SW_AU_SKEW / (long)sizeof(SW_T);
-  const long per_thread = 2 * ubase;
-  SW_T* scratch = (SW_T*)malloc(sizeof(SW_T) * (size_t)(per_thread * nt));
-  if (!scratch) return SW_ENOMEM;
-#pragma omp parallel num_threads(nt)
-  {
-#ifdef _OPENMP
-    SW_T* A = scratch + per_thread * omp_get_thread_num();
-#else
-    SW_T* A = scratch;
-#endif
-#pragma omp for schedule(dynamic, 1)
-    for (long g = 0; g < ngroups; ++g) sw_rows_group(sw, g, A, A + ubase);
+  (void)nt;
+#pragma omp parallel for schedule(static) num_threads(nt)
+  for (long g = 0; g < ngroups; ++g) {
+    const long l0 = g * SW_G;
+    sw_lane_group(sw, l0, (int)SW_MIN((long)SW_G, sw->nlanes - l0));
   }
-  free(scratch);
   return SW_OK;
 }
 
 /* ---- split: one lane's tiles over the threads, chained carries ---- */
 
-/* Sub-ranges of a tile of n: chains j < nch start at j*ld; the last one holds `last`. */
-typedef struct { long ld, last; int nch; } sw_plan;
-
-SW_INLINE sw_plan sw_plan_tile(long n) {
-  sw_plan p;
-  const long q = n / SW_G;
-  if (q < SW_SPLIT_MIN) { p.ld = n; p.last = n; p.nch = 1; return p; }
-  p.ld = q + (q >= 2 * SW_G * SW_ROW_PAD ? SW_ROW_PAD : 0);
-  p.last = n - (SW_G - 1) * p.ld;
-  p.nch = SW_G;
-  return p;
-}
-
-/* Sub-range aggregates of a tile; prefetches span `next` on the way. */
-SW_INLINE void sw_tile_reduce(const SW_T* A, const SW_T* U, sw_plan p, SW_T* ga, SW_T* gu, sw_span next) {
-  for (int j = 0; j < SW_G; ++j) { ga[j] = (SW_T)1; gu[j] = (SW_T)0; }
-  if (p.nch == 1) {
-    sw_chains_reduce(A, U, p.ld, 0, p.ld, 1, ga, gu);
-    for (long q = 0; q < SW_PF_PARTS; ++q) sw_prefetch_part(next, q);
-    return;
+/* Aggregate (ga, gu) of positions [s0, s1) of a lane: h_out = ga * h_in + gu. */
+static void sw_tile_reduce(const sw_ctx* sw, long base, long s0, long s1, SW_T* ga, SW_T* gu) {
+  SW_T pa = 1, pu = 0;
+  long s = s0;
+  for (; s + SW_VL <= s1; s += SW_VL) {
+    sw_vec A, U;
+    sw_vpairs(sw, base, s, &A, &U);
+    sw_vscan(&A, &U);
+    const SW_T ba = A[SW_VL - 1], bu = U[SW_VL - 1];
+    pu = ba * pu + bu;
+    pa = ba * pa;
   }
-  const long common = SW_MIN(p.ld, p.last), tail = (SW_G - 1) * p.ld;
-  for (long q = 0; q < SW_PF_PARTS; ++q) {
-    sw_chains_reduce(A, U, p.ld, common * q / SW_PF_PARTS, common * (q + 1) / SW_PF_PARTS, SW_G, ga, gu);
-    sw_prefetch_part(next, q);
+  const long len = sw->L;
+  for (; s < s1; ++s) {
+    SW_T A, U;
+    sw_pair(sw, base + SW_POS(len, s), &A, &U);
+    pu = A * pu + U;
+    pa = A * pa;
   }
-  if (p.last < p.ld) sw_chains_reduce(A, U, p.ld, common, p.ld, SW_G - 1, ga, gu);
-  else sw_chains_reduce(A + tail, U + tail, p.ld, common, p.last, 1, ga + SW_G - 1, gu + SW_G - 1);
-}
-
-SW_INLINE void sw_tile_scan(const SW_T* A, SW_T* U, sw_plan p, const SW_T* ga, const SW_T* gu, SW_T carry) {
-  SW_T h[SW_G];
-  h[0] = carry;
-  for (int j = 1; j < p.nch; ++j) h[j] = ga[j - 1] * h[j - 1] + gu[j - 1];
-  if (p.nch == 1) { sw_chains_scan(A, U, p.ld, 0, p.ld, 1, h); return; }
-  const long common = SW_MIN(p.ld, p.last), tail = (SW_G - 1) * p.ld;
-  sw_chains_scan(A, U, p.ld, 0, common, SW_G, h);
-  if (p.last < p.ld) sw_chains_scan(A, U, p.ld, common, p.ld, SW_G - 1, h);
-  else sw_chains_scan(A + tail, U + tail, p.ld, common, p.last, 1, h + SW_G - 1);
+  *ga = pa;
+  *gu = pu;
 }
 
 static inline int sw_flag_get(int* p) {
@@ -230,66 +298,54 @@ static SW_T sw_wait_carry(int* ready, const SW_T* carry) {
   return *carry;
 }
 
-static void sw_split_tile(const sw_ctx* sw, long lane, long tile, long ntiles, long nthreads, SW_T* A, SW_T* U,
-                          SW_T* carry, int* ready) {
-  const long s0 = tile * (long)SW_CHUNK, n = SW_MIN((long)SW_CHUNK, sw->L - s0);
-  /* Full tiles get a compile-time plan (constant sub-range offsets). */
-  const sw_plan p = n == SW_CHUNK ? sw_plan_tile(SW_CHUNK) : sw_plan_tile(n);
-  const sw_span next = sw_tile_span(sw, lane, s0 + nthreads * (long)SW_CHUNK, SW_CHUNK);
-  SW_T ga[SW_G], gu[SW_G];
-  sw_fill(sw, lane, s0, n, A, U);
-  if (n == SW_CHUNK) sw_tile_reduce(A, U, sw_plan_tile(SW_CHUNK), ga, gu, next);
-  else sw_tile_reduce(A, U, p, ga, gu, next);
-  const SW_T c = sw_wait_carry(ready + tile, carry + tile);
-  /* Carry-out through the sub-range aggregates in order (not their product,
-   * which underflows sooner and would turn an infinite state into NaN). */
-  SW_T out = c;
-  for (int j = 0; j < p.nch; ++j) out = ga[j] * out + gu[j];
-  carry[tile + 1] = out;
+static void sw_split_tile(const sw_ctx* sw, long lane, long tile, SW_T* carry, int* ready) {
+  const long s0 = tile * (long)SW_CHUNK, s1 = SW_MIN(s0 + (long)SW_CHUNK, sw->L);
+  SW_T ga, gu;
+  sw_tile_reduce(sw, lane * sw->L, s0, s1, &ga, &gu);
+  SW_T h = sw_wait_carry(ready + tile, carry + tile);
+  carry[tile + 1] = ga * h + gu;
   sw_flag_set(ready + tile + 1);
-  if (n == SW_CHUNK) sw_tile_scan(A, U, sw_plan_tile(SW_CHUNK), ga, gu, c);
-  else sw_tile_scan(A, U, p, ga, gu, c);
-  sw_emit(sw, lane, s0, n, U, c);
-  if (tile == ntiles - 1) carry[ntiles] = U[n - 1];
+  sw_replay(sw, lane, s0, s1, &h);
 }
 
 static int sw_run_split(const sw_ctx* sw, int nt) {
   const long len = sw->L, ntiles = (len + SW_CHUNK - 1) / SW_CHUNK;
-  const long ld = SW_MIN((long)SW_CHUNK, len);
-  const long ubase = (ld + SW_PAGE - 1) / SW_PAGE * SW_PAGE + SW_AU_SKEW / (long)sizeof(SW_T);
-  const long per_thread = 2 * ubase;
   if (nt > ntiles) nt = (int)ntiles;
-  SW_T* scratch = (SW_T*)malloc(sizeof(SW_T) * (size_t)(per_thread * nt));
   SW_T* carry = (SW_T*)malloc(sizeof(SW_T) * (size_t)(ntiles + 1));
   int* ready = (int*)malloc(sizeof(int) * (size_t)(ntiles + 1));
-  if (!scratch || !carry || !ready) { free(scratch); free(carry); free(ready); return SW_ENOMEM; }
+  if (!carry || !ready) { free(carry); free(ready); return SW_ENOMEM; }
   for (long lane = 0; lane < sw->nlanes; ++lane) {
     memset(ready, 0, sizeof(int) * (size_t)(ntiles + 1));
     carry[0] = sw_h0(sw, lane);
     ready[0] = 1;
+    if (nt <= 1) {
+      SW_T h = carry[0];
+      sw_replay(sw, lane, 0, len, &h);
+      carry[ntiles] = h;
+    } else {
 #pragma omp parallel num_threads(nt)
-    {
+      {
 #ifdef _OPENMP
-      const long tid = omp_get_thread_num(), P = omp_get_num_threads();
+        const long tid = omp_get_thread_num(), P = omp_get_num_threads();
 #else
-      const long tid = 0, P = 1;
+        const long tid = 0, P = 1;
 #endif
-      SW_T* A = scratch + per_thread * tid;
-      for (long tile = tid; tile < ntiles; tile += P) sw_split_tile(sw, lane, tile, ntiles, P, A, A + ubase, carry, ready);
+        for (long tile = tid; tile < ntiles; tile += P) sw_split_tile(sw, lane, tile, carry, ready);
+      }
     }
     sw_store_last(sw, lane, carry[ntiles]);
   }
-  free(scratch); free(carry); free(ready);
+  free(carry);
+  free(ready);
   return SW_OK;
 }
 
-/* Rows when every thread gets at least half a group of lanes, else split. */
+/* Lanes when they spread evenly (or plentifully) over the threads, else split tiles of one lane. */
 static int sw_run(const sw_ctx* sw) {
   const int nt = sw_threads();
-  if (2 * sw->nlanes >= (long)nt * SW_G) {
-    const long ngroups = (sw->nlanes + SW_G - 1) / SW_G;
-    return sw_run_rows(sw, (int)SW_MIN((long)nt, ngroups));
-  }
+  const long per = (long)nt * SW_G;
+  if (nt <= 1 || sw->nlanes % per == 0 || sw->nlanes >= 8 * per)
+    return sw_run_lanes(sw, (int)SW_MIN((long)nt, (sw->nlanes + SW_G - 1) / SW_G));
   return sw_run_split(sw, nt);
 }
 """

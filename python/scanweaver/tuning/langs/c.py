@@ -33,12 +33,6 @@ DISPATCH_HEAD = ('/* scanweaver tuning dispatcher: the included units declare ex
                  'and use OpenMP (#pragma omp). */\n')
 
 
-def _usage(body: str, name: str) -> bool:
-    """Whether a schedule's C body reads tunable ``name`` (directly or through ``sw_threads()``)."""
-    macro = f"SW_{name.upper()}"
-    return macro in body or (name == "threads" and "sw_threads()" in body)
-
-
 @register
 class CTarget(KernelTunerTarget):
     """Emitted C, timed by its own ``sw_scan_timed`` (Kernel Tuner's C convention)."""
@@ -55,9 +49,9 @@ class CTarget(KernelTunerTarget):
 
     def owners(self, schedules: tuple[str, ...], names: list[str]) -> dict[str, tuple[str, ...]]:
         """Backend tunable name -> schedules whose C body reads it."""
-        from ...targets.c import SCHEDULE_BODIES
+        from ...targets.c import SCHEDULE_TUNABLES
 
-        return {n: tuple(s for s in schedules if _usage(SCHEDULE_BODIES[s], n)) for n in names}
+        return {n: tuple(s for s in schedules if n in SCHEDULE_TUNABLES[s]) for n in names}
 
     def compiler(self) -> tuple[str, list[str]]:
         """The runtime's compiler and flags, as Kernel Tuner's ``compiler``/``compiler_options``."""
