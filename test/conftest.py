@@ -37,8 +37,9 @@ def loop_reference(a, b, x, c=None, h0=None, reset=None, reverse=False):
     h = np.zeros(a.shape[:-1]) if h0 is None else np.asarray(h0, np.float64).copy()
     y = np.empty(a.shape)
     order = range(L - 1, -1, -1) if reverse else range(L)
-    for t in order:
-        at = a[..., t] if reset is None else np.where(reset[..., t], 0.0, a[..., t])
-        h = at * h + b[..., t] * x[..., t]
-        y[..., t] = h if c is None else np.asarray(c, np.float64)[..., t] * h
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN/Inf inputs propagate on purpose
+        for t in order:
+            at = a[..., t] if reset is None else np.where(reset[..., t], 0.0, a[..., t])
+            h = at * h + b[..., t] * x[..., t]
+            y[..., t] = h if c is None else np.asarray(c, np.float64)[..., t] * h
     return y, h
