@@ -46,7 +46,9 @@ def test_lookup_picks_nearest_bucket_for_this_device_only():
     e = entry()
     key = dict(backend="numpy", device=e.device, signature=e.signature, dtype="float32")
     assert store.lookup(**key, lanes=50, L=900) == ("chunked", {"chunk": 256})
-    assert store.lookup(**key, lanes=1, L=40000) == ("chunked", {"chunk": 4096})
+    assert store.lookup(**key, lanes=32, L=40000) == ("chunked", {"chunk": 4096})
+    # far from every tuned size (one lane instead of 64): the defaults apply, not a distant tune
+    assert store.lookup(**key, lanes=1, L=40000) is None
     assert store.lookup(**{**key, "dtype": "float64"}, lanes=64, L=1024) is None
     assert store.lookup(**{**key, "signature": "0" * 16}, lanes=64, L=1024) is None
     assert store.lookup(**{**key, "device": "another GPU"}, lanes=64, L=1024) == ("chunked", {"chunk": 8192})

@@ -130,8 +130,9 @@ class Recurrence:
     def _scan_ir(self, dtype: str, features: Features):
         return trace(self.step, name=self.name, dtype=dtype, features=features, state_size=self.state_size)
 
+    @functools.lru_cache(maxsize=16)
     def signature(self, dtype: str = "float32") -> str:
-        """A stable hash of the affine normal form (the tuned-store key)."""
+        """A stable hash of the affine normal form (the tuned-store key), computed once per dtype."""
         text = print_affine(lower(self._scan_ir(dtype, Features())).affine)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 

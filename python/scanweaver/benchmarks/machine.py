@@ -2,32 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import platform
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-
-def cpu_threads() -> int:
-    """Cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
-def cpu_model() -> str:
-    """A readable CPU name, e.g. ``AMD EPYC 7B13``."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "CPU"
+from ..runtime.cpu import cpu_model, cpu_threads
 
 
 def host_cpu() -> str:

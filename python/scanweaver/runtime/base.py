@@ -8,6 +8,7 @@ it on prepared :class:`ScanArrays`.  Capabilities are data on the class.
 from __future__ import annotations
 
 import functools
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar
@@ -58,7 +59,7 @@ class ScanArrays:
     @property
     def lanes(self) -> int:
         """Number of independent sequences."""
-        return int(np.prod(self.batch_shape, dtype=np.int64))
+        return math.prod(self.batch_shape)
 
     @property
     def L(self) -> int:

@@ -74,13 +74,6 @@ static inline void sw_dreplay(const sw_ctx* sw, long lane, long s0, long s1, SW_
   }
 }
 
-static int sw_threads(void) {
-#ifdef _OPENMP
-  return SW_THREADS > 0 ? SW_THREADS : omp_get_max_threads();
-#else
-  return 1;
-#endif
-}
 """
 
 SEQUENTIAL = r"""

@@ -36,6 +36,15 @@ extern "C" {
 /* Scan position s (0 = first element in scan order) -> time index. */
 #define SW_POS(len, s) (SW_REVERSE ? (len) - 1 - (s) : (s))
 #define SW_MIN(p, q) ((p) < (q) ? (p) : (q))
+
+/* Threads to use: SW_THREADS, or every core when it is 0. */
+static int sw_threads(void) {
+#ifdef _OPENMP
+  return SW_THREADS > 0 ? SW_THREADS : omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
 """
 
 CONTEXT = r"""
@@ -82,14 +91,6 @@ static inline void sw_store_last(const sw_ctx* sw, long lane, SW_T h) {
   if (sw->hlast) sw->hlast[lane] = h;
 }
 
-/* Threads to use: SW_THREADS, or every core when it is 0. */
-static int sw_threads(void) {
-#ifdef _OPENMP
-  return SW_THREADS > 0 ? SW_THREADS : omp_get_max_threads();
-#else
-  return 1;
-#endif
-}
 """
 
 SEQUENTIAL = r"""

@@ -92,6 +92,15 @@ def _confirm(report: TuneReport, session: KernelTunerSession, space: SearchSpace
                             f"{median(times.get('default', [float('nan')])):.4g} ms)")
 
 
+def _default_confirmed_faster(report: TuneReport) -> bool:
+    """True when the alternate re-measurement found the default no slower than the best."""
+    from statistics import median
+
+    times = report.confirmed or {}
+    return bool(times.get("best")) and bool(times.get("default")) and \
+        median(times["default"]) <= median(times["best"])
+
+
 def tune(recurrence=None, *, backend: str = "cpu", shape=(8, 512, 4096), dtype: str = "float32",
          schedule: str | tuple | None = None, strategy: str = "brute_force", max_fevals: int | None = None,
          time_limit: float | None = None, features: Features = Features(), seed: int = 0, record: bool = True,
@@ -124,7 +133,8 @@ def tune(recurrence=None, *, backend: str = "cpu", shape=(8, 512, 4096), dtype: 
         confirm: after the search, re-measure the best and the default configuration
             alternately this many times each (fresh compiles, no cache) and report
             those medians, so that load drift on a shared machine between the
-            sweep and the default's measurement cannot skew best/default.
+            sweep and the default's measurement cannot skew best/default; when the
+            default is then no slower, the default is what gets stored.
 
     Returns:
         a :class:`~scanweaver.tuning.report.TuneReport`.
@@ -203,9 +213,15 @@ def tune(recurrence=None, *, backend: str = "cpu", shape=(8, 512, 4096), dtype: 
          "dtype": problem.dtype, "shape": list(problem.shape), "timing": target.timing}, indent=1, default=str))
     if record and report.best is not None:
         best = report.best
+        schedule, config, time_ms = best.schedule, dict(best.config), best.time_ms
+        if _default_confirmed_faster(report) and default is not None:
+            schedule, config = space.split(default)
+            time_ms = report.default_ms
+            report.notes.append("re-measured, the default was at least as fast as the search's best: "
+                                "the default configuration is stored")
         entry = store.Entry(backend=problem.backend, device=device, signature=problem.signature,
-                            dtype=problem.dtype, lanes=problem.lanes, L=problem.L, schedule=best.schedule,
-                            config=dict(best.config), time_ms=best.time_ms, default_ms=report.default_ms,
+                            dtype=problem.dtype, lanes=problem.lanes, L=problem.L, schedule=schedule,
+                            config=dict(config), time_ms=time_ms, default_ms=report.default_ms,
                             strategy=strategy, kt_cache=str(cachefile.relative_to(store.cache_dir())))
         report.store_path = str(store.record(entry))
     report.wall_s = time.monotonic() - t0

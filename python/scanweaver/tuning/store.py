@@ -23,6 +23,7 @@ reported with a :class:`RuntimeWarning` and renamed aside
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -52,7 +53,11 @@ def cache_dir() -> Path:
         >>> store.cache_dir().name != ""
         True
     """
-    env = os.environ.get("SCANWEAVER_CACHE_DIR")
+    return _cache_dir(os.environ.get("SCANWEAVER_CACHE_DIR"))
+
+
+@functools.lru_cache(maxsize=8)
+def _cache_dir(env: str | None) -> Path:
     if env:
         return Path(env).expanduser()
     import platformdirs
@@ -208,14 +213,20 @@ def _valid(entry: Entry) -> bool:
     return True
 
 
+#: A tuned entry serves problems within this many log2 buckets of its lanes and of its L; a
+#: configuration tuned for thousands of short lanes says nothing about one long lane.
+MAX_BUCKET_DISTANCE = 2
+
+
 def lookup(*, backend: str, device: str, signature: str, dtype: str, lanes: int, L: int,
            path: Path | None = None) -> tuple[str, dict] | None:
     """The tuned ``(schedule, config)`` nearest to this problem size, or ``None``.
 
     Only entries for the same backend, device, recurrence signature and dtype
-    count; among them the one whose size buckets are nearest (sum of the
-    log2 distances, L first on ties, newest last) wins.  Never raises on a
-    bad store file.
+    count, and only those within :data:`MAX_BUCKET_DISTANCE` log2 buckets of
+    the problem in lanes and in L; among them the one whose size buckets are
+    nearest (sum of the log2 distances, L first on ties, newest last) wins.
+    Never raises on a bad store file.
 
     Example:
         >>> from scanweaver.tuning import store
@@ -233,6 +244,8 @@ def lookup(*, backend: str, device: str, signature: str, dtype: str, lanes: int,
     if not mine:
         return None
     lb, Lb = bucket(lanes), bucket(L)
+    mine = [e for e in mine if abs(e.lanes_bucket - lb) <= MAX_BUCKET_DISTANCE
+            and abs(e.L_bucket - Lb) <= MAX_BUCKET_DISTANCE]
     mine.sort(key=lambda e: (abs(e.lanes_bucket - lb) + abs(e.L_bucket - Lb), abs(e.L_bucket - Lb), -e.created))
     for e in mine:
         if _valid(e):
