@@ -137,3 +137,29 @@ def test_import_loads_no_optional_dependency():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("backend", ["numpy", "cpu"])
+def test_out_buffer_is_written_and_returned(rng, backend):
+    from scanweaver.runtime import REGISTRY, load_all
+
+    load_all()
+    if not REGISTRY[backend].availability().ok:
+        pytest.skip(f"backend {backend!r} unavailable: {REGISTRY[backend].availability().reason}")
+    ops = make_operands(rng, (3, 4, 50), np.float32)
+    out = np.full((3, 4, 50), np.nan, np.float32)
+    y = scanweaver.selective_scan(**ops, backend=backend, out=out)
+    assert y is out
+    np.testing.assert_allclose(out, loop_reference(**ops)[0], rtol=1e-4, atol=1e-5)
+
+
+def test_out_buffer_errors(rng):
+    ops = make_operands(rng, (2, 10), np.float32)
+    with pytest.raises(ScanInputError, match=r"out has shape \(2, 9\) and dtype float32; it needs shape \(2, 10\)"):
+        scanweaver.selective_scan(**ops, backend="numpy", out=np.empty((2, 9), np.float32))
+    with pytest.raises(ScanInputError, match="dtype float64; it needs .*float32"):
+        scanweaver.selective_scan(**ops, backend="numpy", out=np.empty((2, 10)))
+    with pytest.raises(ScanInputError, match="C-contiguous"):
+        scanweaver.selective_scan(**ops, backend="numpy", out=np.empty((10, 2), np.float32).T)
+    with pytest.raises(ScanInputError, match="overlaps an operand"):
+        scanweaver.selective_scan(**ops, backend="numpy", out=ops["x"])

@@ -68,6 +68,23 @@ def check_dtype(api: str, be: Backend, dtype: str) -> None:
     )
 
 
+def check_out(api: str, out: object, shape: tuple[int, ...], arrays) -> np.ndarray | None:
+    """Validates ``out=``; returns the ``(lanes, L)`` view a backend may write into, or ``None``
+    when ``y`` must be converted first (half-precision results)."""
+    want = np.dtype(arrays.out_dtype or arrays.dtype)
+    if not isinstance(out, np.ndarray) or not all(isinstance(a, np.ndarray) for a in arrays.inputs.values()):
+        raise ScanInputError(f"{api}: out must be a NumPy array, and is for NumPy operands; got "
+                             f"{type(out).__name__}")
+    if out.shape != shape or out.dtype != want:
+        raise ScanInputError(f"{api}: out has shape {out.shape} and dtype {out.dtype}; it needs shape {shape} "
+                             f"and dtype {want}")
+    if not (out.flags.c_contiguous and out.flags.writeable):
+        raise ScanInputError(f"{api}: out must be C-contiguous and writeable")
+    if any(np.shares_memory(out, a) for a in arrays.inputs.values()):
+        raise ScanInputError(f"{api}: out overlaps an operand; pass a separate buffer")
+    return out.reshape(arrays.lanes, arrays.L) if want == arrays.dtype else None
+
+
 def check_kind(api: str, be: Backend, kind: str) -> None:
     """Raises :class:`ScanInputError` when backend ``be`` cannot run ``kind`` transitions."""
     if kind in be.kinds:
@@ -187,7 +204,8 @@ class Recurrence:
         return schedule, cfg, source
 
     def __call__(self, *args, h0=None, reset=None, reverse: bool = False, return_state: bool = False,
-                 backend: str = "auto", schedule: str = "auto", config="auto", cu_seqlens=None, **kwargs):
+                 backend: str = "auto", schedule: str = "auto", config="auto", cu_seqlens=None, out=None,
+                 **kwargs):
         """Runs the scan.
 
         Args:
@@ -202,6 +220,9 @@ class Recurrence:
             cu_seqlens: offsets ``[0, ..., L]`` of sequences packed along L; each one
                 after the first starts from zero (turned into resets; see
                 :func:`scanweaver.arrays.seqlens_reset`).
+            out: a C-contiguous NumPy array of the operands' shape and ``y``'s dtype
+                to write ``y`` into (and return); saves allocating and first
+                touching a fresh output on every call.
             **kwargs: operands by name, or tunables such as ``chunk=4096``.
 
         Returns:
@@ -213,6 +234,8 @@ class Recurrence:
         arrays = prepare(self.name, operands, h0, reset, broadcast=self.broadcast, cu_seqlens=cu_seqlens,
                          reverse=bool(reverse), state_size=self.state_size)
         dtype = arrays.dtype.name
+        if out is not None:
+            arrays.out = check_out(self.name, out, (*arrays.batch_shape, arrays.L), arrays)
         backend = device_arrays.backend_for(self.name, arrays, backend)
         be = pick_backend(backend, dtype, self.kind)
         check_dtype(self.name, be, dtype)
@@ -234,6 +257,10 @@ class Recurrence:
             return (device_arrays.result(y, shape), device_arrays.result(h_last, arrays.batch_shape)) \
                 if return_state else device_arrays.result(y, shape)
         y = np.asarray(y).reshape(shape).astype(arrays.out_dtype or arrays.dtype, copy=False)
+        if out is not None:
+            if not np.shares_memory(y, out):
+                out[...] = y
+            y = out
         if return_state:
             return y, np.asarray(h_last).reshape(state)
         return y
@@ -305,7 +332,8 @@ SELECTIVE_NO_C = Recurrence(_selective_noc, name="selective_scan_h", broadcast=F
 
 
 def selective_scan(a, b, x, c=None, *, h0=None, reset=None, reverse: bool = False, return_state: bool = False,
-                   backend: str = "auto", schedule: str = "auto", config="auto", cu_seqlens=None, **tunables):
+                   backend: str = "auto", schedule: str = "auto", config="auto", cu_seqlens=None, out=None,
+                   **tunables):
     """The selective scan h_t = a_t*h_{t-1} + b_t*x_t, y_t = c_t*h_t over the last axis.
 
     Operands share one layout ``(..., L)`` (the paper's ``(B, D, L)``), in
@@ -321,6 +349,7 @@ def selective_scan(a, b, x, c=None, *, h0=None, reset=None, reverse: bool = Fals
         reverse: scan from t = L-1 down to 0.
         return_state: also return h_L (h_0 of the reversed scan).
         cu_seqlens: offsets ``[0, ..., L]`` of sequences packed along L (varlen batches).
+        out: a preallocated C-contiguous output of shape ``(..., L)`` (see :meth:`Recurrence.__call__`).
         backend: ``auto``, ``numpy``, ``cpu``, ``opencl``, ``cuda`` or ``julia``.
         schedule: ``auto`` or a schedule name (``sequential``, ``chunked`` ...).
         config: ``auto``, ``default`` or a dict of tunables.
@@ -338,4 +367,4 @@ def selective_scan(a, b, x, c=None, *, h0=None, reset=None, reverse: bool = Fals
     rec = SELECTIVE_NO_C if c is None else SELECTIVE
     operands = (a, b, x) if c is None else (a, b, x, c)
     return rec(*operands, h0=h0, reset=reset, reverse=reverse, return_state=return_state, backend=backend,
-               schedule=schedule, config=config, cu_seqlens=cu_seqlens, **tunables)
+               schedule=schedule, config=config, cu_seqlens=cu_seqlens, out=out, **tunables)

@@ -47,6 +47,8 @@ class ScanArrays:
         dtype: accumulation dtype of the scan (one of the backend's ``dtypes``).
         out_dtype: the dtype ``y`` is returned in (float16/bfloat16 inputs accumulate
             in float32 and come back in their own dtype); ``None`` means ``dtype``.
+        out: a caller's ``(lanes, L)`` output buffer in ``dtype`` that a backend may
+            write ``y`` into directly, or ``None``.
     """
 
     inputs: dict[str, np.ndarray]
@@ -55,6 +57,7 @@ class ScanArrays:
     batch_shape: tuple[int, ...]
     dtype: np.dtype
     out_dtype: np.dtype | None = None
+    out: np.ndarray | None = None
 
     @property
     def lanes(self) -> int:

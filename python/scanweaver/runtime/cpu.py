@@ -150,7 +150,7 @@ class CpuBackend(Backend):
 
     def run(self, stages: Stages, arrays: ScanArrays):
         dtype = np.dtype(stages.affine.dtype)
-        y = np.empty((arrays.lanes, arrays.L), dtype)
+        y = arrays.out if arrays.out is not None else np.empty((arrays.lanes, arrays.L), dtype)
         h_last = np.empty(state_shape(stages, arrays.lanes), dtype)
         self.bind(stages, arrays, y, h_last)()
         return y, h_last
