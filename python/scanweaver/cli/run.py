@@ -25,18 +25,6 @@ def random_problem(shape: tuple[int, ...], dtype: str, seed: int = 0) -> dict[st
     }
 
 
-def time_call(fn, repeats: int, min_seconds: float = 0.2) -> float:
-    """Median seconds of ``fn()`` after one warm-up call (compile and caches excluded)."""
-    fn()
-    times = []
-    start = time.perf_counter()
-    while len(times) < repeats or (time.perf_counter() - start < min_seconds and len(times) < 50):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
-
-
 def errors(y: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
     """Max absolute error and normwise relative error (max |err| / max |ref|)."""
     err = np.abs(y.astype(np.float64) - ref)
@@ -45,16 +33,30 @@ def errors(y: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
     return abs_err, abs_err / scale if scale > 0 else abs_err
 
 
-def roofline_seconds(lanes: int, L: int) -> float | None:
-    """Seconds of the elementwise roofline kernel for this size, or None without a C compiler."""
+def roofline_call(lanes: int, L: int):
+    """A call of the elementwise roofline kernel for this size, or None without a C compiler."""
+    from ..runtime import roofline
+
     try:
-        from ..runtime import roofline
-    except ImportError:
-        return None
-    try:
-        return roofline.measure_roofline(lanes, L, "float32")
+        return roofline.bind(lanes, L, "float32")
     except Exception:  # no compiler: the fraction is reported as null
         return None
+
+
+def interleaved(calls: dict, repeats: int, min_seconds: float = 0.2) -> dict:
+    """Median seconds of each call, timed round-robin after one warm-up each, so that all of
+    them see the same state of a shared machine."""
+    for fn in calls.values():
+        fn()
+    times: dict = {name: [] for name in calls}
+    start = time.perf_counter()
+    while min(len(t) for t in times.values()) < repeats or (
+            time.perf_counter() - start < min_seconds and len(times["scan"]) < 50):
+        for name, fn in calls.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: float(np.median(t)) for name, t in times.items()}
 
 
 @command("run", help="build, run and check the selective scan on random data (the main job)")
@@ -81,9 +83,15 @@ class Run:
         lanes, L = int(np.prod(args.shape[:-1], dtype=np.int64)), args.shape[-1]
         ref, _ = oracle(info.stages.affine, {k: v.reshape(lanes, L) for k, v in ops.items()})
         abs_err, rel_err = errors(y.reshape(lanes, L), ref)
-        seconds = time_call(call, args.repeats)
+        out = np.empty_like(y)  # the timed calls reuse one output, as a loop over batches would
+        timed = {"scan": lambda: scanweaver.selective_scan(**ops, backend=args.backend, schedule=args.schedule,
+                                                            out=out)}
+        roof_fn = roofline_call(lanes, L) if args.dtype == "float32" else None
+        if roof_fn is not None:
+            timed["roofline"] = roof_fn
+        med = interleaved(timed, args.repeats)
+        seconds, roof = med["scan"], med.get("roofline")
         nbytes = 5 * lanes * L * np.dtype(args.dtype).itemsize
-        roof = roofline_seconds(lanes, L) if args.dtype == "float32" else None
         result = {
             "backend": info.backend,
             "schedule": info.schedule,
