@@ -21,6 +21,8 @@ single lane streams at memory speed.  Two work layouts, picked per call:
 
 from __future__ import annotations
 
+from ..ir.expr import is_const
+
 #: Two-vector shuffles of the vector-extension dialects (GCC, Clang).
 SHUFFLE = r"""
 #if defined(__clang__)
@@ -90,9 +92,8 @@ def vector_pairs(renderer, stages) -> str:
     load = lambda n: f"sw_vload(sw->in_{n}, i0)"  # noqa: E731
     vec = lambda e: renderer.expr(e, load, dt) if e.inputs() else f"(sw_zero + {renderer.expr(e, load, dt)})"  # noqa: E731
     out = aff.output
-    zero = lambda e: e.op == "const" and e.value == 0  # noqa: E731
-    terms = [f"{vec(e)} * {v}" for e, v in ((out.new, "H"), (out.old, "P")) if not zero(e)]
-    terms += [] if zero(out.const) else [vec(out.const)]
+    terms = [f"{vec(e)} * {v}" for e, v in ((out.new, "H"), (out.old, "P")) if not is_const(e, 0.0)]
+    terms += [] if is_const(out.const, 0.0) else [vec(out.const)]
     y = "H" if out.is_identity else (" + ".join(terms) or "sw_zero")
     return VECTOR_PAIRS.replace("@A@", vec(aff.A)).replace("@U@", vec(aff.U)).replace("@Y@", y)
 

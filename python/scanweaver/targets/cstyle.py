@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from typing import Callable, ClassVar
 
-from ..ir.expr import BINARY, Expr
+from ..ir.expr import BINARY, Expr, is_const
 from ..passes import Stages
 
 CTYPES = {"float32": "float", "float64": "double"}
@@ -165,25 +165,28 @@ class CStyleRenderer:
             A = f"(reset[{idx}] ? {self.literal(0.0, dtype)} : {A})"
         return A, self.expr(aff.U, load, dtype)
 
+    def projection(self, stages: Stages, idx: str, states: list[tuple[Expr, str]], dtype: str) -> str:
+        """C text of ``sum coefficient * state + const`` at flat index ``idx``, zero terms left out.
+
+        ``states`` pairs each output coefficient with the C text of the state it scales.
+        """
+        load = lambda n: f"in_{n}[{idx}]"  # noqa: E731
+        terms = [f"{self.expr(coef, load, dtype)} * {state}" for coef, state in states if not is_const(coef, 0.0)]
+        const = stages.affine.output.const
+        if not is_const(const, 0.0):
+            terms.append(self.expr(const, load, dtype))
+        return " + ".join(terms) if terms else self.literal(0.0, dtype)
+
     def output(self, stages: Stages, idx: str, h: str, hprev: str, dtype: str) -> str:
         """C text of y_t from h_t and h_{t-1} at flat index ``idx``."""
         out = stages.affine.output
         if out.is_identity:
             return h
-        load = lambda n: f"in_{n}[{idx}]"  # noqa: E731
-        terms = []
-        if not (out.new.op == "const" and out.new.value == 0):
-            terms.append(f"{self.expr(out.new, load, dtype)} * {h}")
-        if not (out.old.op == "const" and out.old.value == 0):
-            terms.append(f"{self.expr(out.old, load, dtype)} * {hprev}")
-        if not (out.const.op == "const" and out.const.value == 0):
-            terms.append(self.expr(out.const, load, dtype))
-        return " + ".join(terms) if terms else self.literal(0.0, dtype)
+        return self.projection(stages, idx, [(out.new, h), (out.old, hprev)], dtype)
 
     def uses_prev_state(self, stages: Stages) -> bool:
         """True when y_t reads h_{t-1}, so kernels must keep it."""
-        old = stages.affine.output.old
-        return not (old.op == "const" and old.value == 0)
+        return not is_const(stages.affine.output.old, 0.0)
 
     def guarded_tunable_defines(self, stages: Stages) -> str:
         """Tunables as ``#ifndef``-guarded defines of their bare names, mapped to ``SW_<NAME>``.
@@ -220,13 +223,6 @@ class DenseMixin:
     def dense_output(self, stages: Stages, idx: str, h: str, hp: str, dtype: str) -> str:
         """C expression of y_t = sum_j new_j h_t[j] + old_j h_{t-1}[j] + const."""
         out = stages.affine.output
-        load = lambda n: f"in_{n}[{idx}]"  # noqa: E731
-        terms = []
-        for j, (new, old) in enumerate(zip(out.new, out.old)):
-            if not (new.op == "const" and new.value == 0):
-                terms.append(f"{self.expr(new, load, dtype)} * {h}[{j}]")
-            if not (old.op == "const" and old.value == 0):
-                terms.append(f"{self.expr(old, load, dtype)} * {hp}[{j}]")
-        if not (out.const.op == "const" and out.const.value == 0):
-            terms.append(self.expr(out.const, load, dtype))
-        return " + ".join(terms) if terms else self.literal(0.0, dtype)
+        states = [pair for j, (new, old) in enumerate(zip(out.new, out.old))
+                  for pair in ((new, f"{h}[{j}]"), (old, f"{hp}[{j}]"))]
+        return self.projection(stages, idx, states, dtype)

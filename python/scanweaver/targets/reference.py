@@ -13,7 +13,7 @@ from typing import Callable
 import numpy as np
 
 from ..frontend.symbolic import NUMPY_FUNCTIONS
-from ..ir.expr import Expr, evaluate
+from ..ir.expr import Expr, evaluate, is_const
 from ..ir.stages import AffineScanIR, ScheduleIR
 
 OPS: dict[str, Callable[[dict, dict], None]] = {}
@@ -103,10 +103,6 @@ def elements(ir: AffineScanIR, inputs: dict[str, np.ndarray], reset: np.ndarray 
     return A, U
 
 
-def _is_zero(e: Expr) -> bool:
-    return e.op == "const" and e.value == 0
-
-
 def project(ir: AffineScanIR, inputs: dict[str, np.ndarray], h: np.ndarray, hprev: np.ndarray, dtype):
     """y_t from h_t and h_{t-1} (both in time order; a trailing state axis for dense)."""
     out = ir.output
@@ -118,11 +114,11 @@ def project(ir: AffineScanIR, inputs: dict[str, np.ndarray], h: np.ndarray, hpre
         y = np.zeros(shape, dtype)
         for j, (new, old) in enumerate(zip(_components(out.new), _components(out.old))):
             hj, pj = (h[..., j], hprev[..., j]) if dense else (h, hprev)
-            if not _is_zero(new):
+            if not is_const(new, 0.0):
                 y = y + eval_operand(new, inputs, dtype, shape) * hj
-            if not _is_zero(old):
+            if not is_const(old, 0.0):
                 y = y + eval_operand(old, inputs, dtype, shape) * pj
-        if not _is_zero(out.const):
+        if not is_const(out.const, 0.0):
             y = y + eval_operand(out.const, inputs, dtype, shape)
     return y
 
