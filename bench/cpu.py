@@ -134,7 +134,8 @@ def table(results: list[dict]) -> str:
             e = r[name]
             frac = r["roofline"]["ns_per_element"] / e["ns_per_element"]
             vs = r["sequential"]["ns_per_element"] / e["ns_per_element"]
-            lines.append(f"{shape:>12} {name:>10} {e['ns_per_element']:7.3f} {e['GB_per_s']:6.1f} {frac:9.2f} {vs:7.2f}")
+            lines.append(f"{shape:>12} {name:>10} {e['ns_per_element']:7.3f} {e['GB_per_s']:6.1f} "
+                         f"{frac:9.2f} {vs:7.2f}")
         lines.append(f"{shape:>12} {'numpy loop':>10} {r['numpy_loop']['ns_per_element']:7.2f}"
                      f"   (on L={r['numpy_loop']['measured_L']});  public call {r['chunked']['api_ns_per_element']:.3f}"
                      f" ns/el;  chunked config {r['chunked']['config']}")

@@ -33,7 +33,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -156,12 +156,12 @@ def plot(rows: list[dict], path: Path) -> bool:
     except ImportError:
         return False
     fig, axes = plt.subplots(1, len(GATES), figsize=(5 * len(GATES), 4), sharey=True)
-    for ax, gate in zip(axes, GATES.values()):
+    for ax, gate in zip(axes, GATES.values(), strict=True):
         mine = [r for r in rows if r["gate"] == gate.name and np.isfinite(r["rel_error"])]
         for label in dict.fromkeys(r["variant"] for r in mine):
             pts = sorted((r["L"], max(r["rel_error"], 1e-9)) for r in mine if r["variant"] == label)
             style = {"linewidth": 2.5, "color": "black"} if label == "logspace" else {"alpha": 0.7}
-            ax.plot(*zip(*pts), marker="o", markersize=3, label=label, **style)
+            ax.plot(*zip(*pts, strict=True), marker="o", markersize=3, label=label, **style)
         ax.set(xscale="log", yscale="log", title=f"{gate.name}: {gate.doc}", xlabel="L")
     axes[0].set_ylabel("max relative error vs float64 oracle (float32 runs)")
     axes[-1].legend(fontsize=7)

@@ -1,4 +1,4 @@
-# Reading the golden files written by `python -m scanweaver.golden`.
+# Reading the golden files written by `python -m scanweaver.tools.golden`.
 
 """
 A golden case in Julia layout: operands `(L, D, B)`, states `(D, B)`.

@@ -13,7 +13,7 @@ import pytest
 import scanweaver
 from scanweaver import ScanInputError
 from scanweaver.arrays import compute_dtype, seqlens_reset
-from scanweaver.golden import CASES, DEFAULT_DIR, dense_operands, dense_recurrence, load
+from scanweaver.tools.golden import CASES, DEFAULT_DIR, dense_operands, dense_recurrence, load
 from scanweaver.ir.stages import Features
 from scanweaver.runtime import REGISTRY, get_backend, load_all
 from scanweaver.schedules import get_schedule
@@ -26,7 +26,7 @@ load_all()
 RTOL = {"float32": 2e-4, "float64": 1e-10}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _load(path: Path) -> dict:
     return load(path)
 
@@ -80,7 +80,7 @@ def _unsupported(backend: str, schedule: str, g: dict) -> str | None:
 
 def test_golden_files_match_the_oracle():
     assert DEFAULT_DIR == GOLDEN
-    proc = subprocess.run([sys.executable, "-m", "scanweaver.golden", "--check"], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "scanweaver.tools.golden", "--check"], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
 

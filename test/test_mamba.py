@@ -128,7 +128,7 @@ def test_cu_seqlens_equals_separate_sequences(rng):
     ops = operands(rng, 1, 4, 3, 17)
     cu = [0, 5, 6, 17]
     y = scanweaver.mamba_selective_scan(**ops, cu_seqlens=cu, backend="numpy")
-    for s, e in zip(cu[:-1], cu[1:]):
+    for s, e in zip(cu[:-1], cu[1:], strict=True):
         part = {k: (v[..., s:e] if v.ndim >= 3 else v) for k, v in ops.items()}
         np.testing.assert_allclose(y[..., s:e], s6_reference(**part)[0], rtol=1e-10, atol=1e-10)
 

@@ -92,7 +92,7 @@ def test_two_processes_compiling_the_same_source_both_succeed(tmp_path):
     procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True, env=env) for _ in range(2)]
     outs = [p.communicate(timeout=120) for p in procs]
-    for p, (out, err) in zip(procs, outs):
+    for p, (out, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err
         assert out.strip() == "33"
     assert len(list((tmp_path / "c").glob("*.so"))) == 1

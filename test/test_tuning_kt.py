@@ -137,8 +137,8 @@ def test_replay_of_a_committed_cache_selects_deterministically(cache):
     med = {k: float(np.median(v["times"])) for k, v in raw.items()}
     full = replay(cachefile)
     assert full.strategy == "brute_force" and len(full.ok) == full.space_size == len(full.evaluations)
-    best_key = min((k for k in med if all(str(v) in map(str, keys[n]) for n, v in zip(keys, k.split(",")))),
-                   key=med.get)
+    in_space = (k for k in med if all(str(v) in map(str, keys[n]) for n, v in zip(keys, k.split(","), strict=True)))
+    best_key = min(in_space, key=med.get)
     assert full.best.time_ms == pytest.approx(med[best_key])
     assert full.median_ms == pytest.approx(np.median([e.time_ms for e in full.ok]))
     assert full.default is not None and full.default.config.get("threads") == 0

@@ -33,7 +33,7 @@ def test_cu_seqlens_equals_scanning_each_sequence(rng, backend, reverse):
         y, h = scanweaver.selective_scan(**ops, h0=h0, cu_seqlens=np.array(cu), reverse=reverse,
                                          return_state=True, backend=backend, schedule=sched)
         first, last = (len(cu) - 2, 0) if reverse else (0, len(cu) - 2)
-        for k, (s, e) in enumerate(zip(cu[:-1], cu[1:])):
+        for k, (s, e) in enumerate(zip(cu[:-1], cu[1:], strict=True)):
             part = {n: v[:, s:e] for n, v in ops.items()}
             ey, eh = loop_reference(**part, h0=h0 if k == first else None, reverse=reverse)
             np.testing.assert_allclose(y[:, s:e], ey, rtol=1e-10, atol=1e-10, err_msg=f"{sched} seq {k}")

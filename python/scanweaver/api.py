@@ -7,7 +7,7 @@ import hashlib
 import logging
 import warnings
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -15,8 +15,9 @@ from .arrays import prepare
 from .errors import BackendUnavailable, ScanInputError
 from .frontend import trace
 from .ir.printer import print_affine
-from .ir.stages import Features
-from .passes import Stages, lower
+from .ir.stages import Features, ScanIR
+from .passes import lower
+from .ir import Stages
 from .runtime import REGISTRY, Backend, device_arrays, get_backend, load_all
 from .schedules import get_schedule
 
@@ -94,7 +95,7 @@ def check_kind(api: str, be: Backend, kind: str) -> None:
                          f"backends that do: {', '.join(others)}")
 
 
-def _tuned(backend: Backend, rec: "Recurrence", dtype: str, lanes: int, L: int):
+def _tuned(backend: Backend, rec: Recurrence, dtype: str, lanes: int, L: int):
     """The stored tuned (schedule, config) for this problem, or ``None``."""
     try:
         from .tuning import store
@@ -138,24 +139,26 @@ class Recurrence:
         self.inputs = scan.inputs
         lower(scan)  # proves affinity now: NotAffineError at decoration time
         self.last: CallInfo | None = None
+        # Per-instance caches (a method-level lru_cache would keep every instance alive).
+        self.scan_ir = functools.lru_cache(maxsize=64)(self._trace)
+        self.signature = functools.lru_cache(maxsize=16)(self._signature)
+        self._lowered = functools.lru_cache(maxsize=256)(self._lower_emit)
         functools.update_wrapper(self, step)
 
     def __repr__(self) -> str:
         return f"<scanweaver.Recurrence {self.name}({', '.join(self.inputs)})>"
 
-    @functools.lru_cache(maxsize=64)
-    def _scan_ir(self, dtype: str, features: Features):
+    def _trace(self, dtype: str, features: Features) -> ScanIR:
+        """Stage ``scan`` for ``dtype`` and call-site ``features`` (cached per instance as :meth:`scan_ir`)."""
         return trace(self.step, name=self.name, dtype=dtype, features=features, state_size=self.state_size)
 
-    @functools.lru_cache(maxsize=16)
-    def signature(self, dtype: str = "float32") -> str:
+    def _signature(self, dtype: str = "float32") -> str:
         """A stable hash of the affine normal form (the tuned-store key), computed once per dtype."""
-        text = print_affine(lower(self._scan_ir(dtype, Features())).affine)
+        text = print_affine(lower(self.scan_ir(dtype, Features())).affine)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
-    @functools.lru_cache(maxsize=256)
-    def _lowered(self, backend: Backend, dtype: str, features: Features, schedule: str, cfg: tuple) -> Stages:
-        return backend.emit(lower(self._scan_ir(dtype, features), schedule, dict(cfg), backend.extra_tunables))
+    def _lower_emit(self, backend: Backend, dtype: str, features: Features, schedule: str, cfg: tuple) -> Stages:
+        return backend.emit(lower(self.scan_ir(dtype, features), schedule, dict(cfg), backend.extra_tunables))
 
     def lower(self, *, backend: str = "numpy", schedule: str = "auto", dtype: str = "float32",
               features: Features = Features(), lanes: int = 1, L: int = 1024, **tunables) -> Stages:
@@ -269,7 +272,7 @@ class Recurrence:
         if len(args) > len(self.inputs):
             raise ScanInputError(f"{self.name}: takes {len(self.inputs)} operands ({', '.join(self.inputs)}), "
                                  f"got {len(args)}")
-        operands = dict(zip(self.inputs, args))
+        operands = dict(zip(self.inputs, args, strict=False))
         tunables = {}
         for k, v in kwargs.items():
             if k in self.inputs:

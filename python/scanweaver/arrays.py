@@ -166,7 +166,8 @@ def prepare(api: str, operands: dict[str, object], h0: object = None, reset: obj
             raise ScanInputError(f"{api}: h0 has dtype {h.dtype}; it needs {need}")
         want = batch if state_size == 1 else (*batch, state_size)
         if h.shape != want:
-            rule = "the operands' leading shape" if state_size == 1 else f"the operands' leading shape plus the state size {state_size}"
+            rule = ("the operands' leading shape" if state_size == 1
+                    else f"the operands' leading shape plus the state size {state_size}")
             raise ScanInputError(f"{api}: h0 has shape {h.shape}; it needs {rule}: {want}")
         h0v = np.ascontiguousarray(h, dtype=dtype).reshape((lanes,) if state_size == 1 else (lanes, state_size))
     rmask = None

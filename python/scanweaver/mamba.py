@@ -16,7 +16,7 @@ import numpy as np
 from .api import recurrence
 from .arrays import as_array, compute_dtype, seqlens_reset
 from .errors import ScanInputError
-from .frontend.symbolic import NUMPY_FUNCTIONS
+from .ir.functions import NUMPY
 
 API = "mamba_selective_scan"
 
@@ -145,7 +145,7 @@ def mamba_selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, del
     if "delta_bias" in extra:
         delta = delta + extra["delta_bias"][:, None]
     if delta_softplus:
-        delta = NUMPY_FUNCTIONS["softplus"](delta)
+        delta = NUMPY["softplus"](delta)
     G = max(gb, 1)
     H = Dm // G
     state0 = extra["h0"].reshape(batch, G, H, N) if "h0" in extra else None
@@ -160,7 +160,7 @@ def mamba_selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, del
     if "D" in extra:
         y = y + extra["D"][:, None] * u
     if "z" in extra:
-        y = y * NUMPY_FUNCTIONS["silu"](extra["z"])
+        y = y * NUMPY["silu"](extra["z"])
     y = y.astype(out_dtype, copy=False)
     return (y, h_last.reshape(batch, Dm, N)) if return_state else y
 

@@ -87,7 +87,7 @@ class Settings:
     max_compile_s: float = 120.0
 
     @classmethod
-    def for_mode(cls, quick: bool) -> "Settings":
+    def for_mode(cls, quick: bool) -> Settings:
         """The defaults of ``--quick`` or of a full run."""
         if quick:
             return cls(quick=True, min_repeats=3, max_repeats=10, budget_s=0.05, max_call_s=0.5, max_compile_s=5.0)
@@ -145,7 +145,7 @@ def oracle64(ops: dict[str, np.ndarray], block: int = ORACLE_BLOCK) -> np.ndarra
     A = a.reshape(-1, L)
     U = (b * x).reshape(-1, L)
     lanes = A.shape[0]
-    if L <= block:
+    if block >= L:
         h = _scan_time_major(np.ascontiguousarray(A.T), np.ascontiguousarray(U.T)).T
     else:
         nb = -(-L // block)

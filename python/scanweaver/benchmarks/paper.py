@@ -43,7 +43,7 @@ def _match(pattern: str, name: str) -> bool:
     return name.startswith(pre) and name.endswith(post)
 
 
-def paper_rows(run: "Run") -> list[dict]:
+def paper_rows(run: Run) -> list[dict]:
     """Rows of the L = 1024 comparison (empty when the run has no L = 1024 sweep case)."""
     case = next((c for c in run.cases if c.group == "sweep" and c.L == PAPER_L), None)
     if case is None:

@@ -11,7 +11,7 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 from ..errors import ScanInputError
 from .cases import Case
@@ -66,7 +66,7 @@ def _sweep(bd: tuple[int, int], log2s: tuple[int, ...], dtype: str) -> list[Case
 
 
 def _shapes(shapes, headline, dtype: str) -> list[Case]:
-    return [Case(f"{B}x{D}x{L}", (B, D, L), dtype, group="shape", headline=(B, D, L) == headline)
+    return [Case(f"{B}x{D}x{L}", (B, D, L), dtype, group="shape", headline=headline == (B, D, L))
             for B, D, L in shapes]
 
 

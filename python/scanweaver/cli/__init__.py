@@ -6,7 +6,7 @@ import argparse
 import importlib
 import sys
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 from ..errors import ScanWeaverError
 
@@ -42,7 +42,8 @@ def parse_shape(text: str) -> tuple[int, ...]:
     try:
         shape = tuple(int(v) for v in text.replace("x", ",").split(",") if v.strip())
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--shape must be comma-separated integers like 8,512,4096, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"--shape must be comma-separated integers like 8,512,4096, got {text!r}") from None
     if not shape or any(s < 0 for s in shape):
         raise argparse.ArgumentTypeError(f"--shape must be non-negative sizes like 8,512,4096, got {text!r}")
     return shape

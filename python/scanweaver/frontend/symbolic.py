@@ -14,6 +14,7 @@ import numpy as np
 
 from ..errors import NotAffineError, ScanWeaverError
 from ..ir import expr as E
+from ..ir.functions import NUMPY
 
 _UFUNCS = {
     "add": lambda x, y: E.add(x, y),
@@ -63,7 +64,7 @@ class Sym:
     def __repr__(self) -> str:
         return f"Sym({E.format_expr(self.expr)})"
 
-    def _bin(self, other: object, fn, swap: bool = False) -> "Sym":
+    def _bin(self, other: object, fn, swap: bool = False) -> Sym:
         x, y = self.expr, to_expr(other)
         return Sym(fn(y, x) if swap else fn(x, y))
 
@@ -135,33 +136,6 @@ def _lift(name: str, numeric):
     return fn
 
 
-def _np_sigmoid(x):
-    return 1.0 / (1.0 + np.exp(-x))
-
-
-def _np_softplus(x):
-    return np.logaddexp(0.0, x)
-
-
-sigmoid = _lift("sigmoid", _np_sigmoid)
-softplus = _lift("softplus", _np_softplus)
-silu = _lift("silu", lambda x: x * _np_sigmoid(x))
-
-#: NumPy implementations of every function in :data:`scanweaver.ir.expr.FUNCTIONS`.
-NUMPY_FUNCTIONS = {
-    "exp": np.exp,
-    "log": np.log,
-    "log1p": np.log1p,
-    "expm1": np.expm1,
-    "sqrt": np.sqrt,
-    "tanh": np.tanh,
-    "sin": np.sin,
-    "cos": np.cos,
-    "abs": np.abs,
-    "sigmoid": _np_sigmoid,
-    "softplus": _np_softplus,
-    "silu": lambda x: x * _np_sigmoid(x),
-    "pow": np.power,
-    "max": np.maximum,
-    "min": np.minimum,
-}
+sigmoid = _lift("sigmoid", NUMPY["sigmoid"])
+softplus = _lift("softplus", NUMPY["softplus"])
+silu = _lift("silu", NUMPY["silu"])

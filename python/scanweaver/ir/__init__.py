@@ -1,6 +1,7 @@
 """ScanWeaver's IR: expressions, the stage dataclasses, printer and verifiers."""
 
 from .expr import Expr
+from .lowered import STAGE_NAMES, Stages
 from .printer import print_affine, print_assoc, print_scan, print_schedule
 from .stages import (
     AffineScanIR,
@@ -13,6 +14,8 @@ from .stages import (
 )
 
 __all__ = [
+    "STAGE_NAMES",
+    "Stages",
     "AffineScanIR",
     "AssocScanIR",
     "Expr",

@@ -9,26 +9,12 @@ hash-consed by structure, so equal trees compare equal.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
-#: Elementwise functions an expression may call, with their arity.
-FUNCTIONS: dict[str, int] = {
-    "exp": 1,
-    "log": 1,
-    "log1p": 1,
-    "expm1": 1,
-    "sqrt": 1,
-    "tanh": 1,
-    "sin": 1,
-    "cos": 1,
-    "abs": 1,
-    "sigmoid": 1,
-    "softplus": 1,
-    "silu": 1,
-    "pow": 2,
-    "max": 2,
-    "min": 2,
-}
+from .functions import FUNCTIONS as _FUNCTIONS
+
+#: Elementwise functions an expression may call, with their arity (from :mod:`.functions`).
+FUNCTIONS: dict[str, int] = {name: f.arity for name, f in _FUNCTIONS.items()}
 
 BINARY = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 LEAVES = ("input", "const", "state", "new_state")
@@ -47,11 +33,11 @@ class Expr:
     """
 
     op: str
-    args: tuple["Expr", ...] = ()
+    args: tuple[Expr, ...] = ()
     name: str = ""
     value: float = 0.0
 
-    def walk(self) -> Iterator["Expr"]:
+    def walk(self) -> Iterator[Expr]:
         """Yields this node and every descendant, parents first."""
         yield self
         for arg in self.args:

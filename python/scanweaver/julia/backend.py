@@ -11,13 +11,13 @@ Never picked by ``backend="auto"`` (starting Julia takes seconds).
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
 from ..errors import ScanInputError
 from ..ir.expr import Expr
-from ..passes import Stages
+from ..ir import Stages
 from ..runtime.base import Availability, Backend, ScanArrays, register
 from ..schedules import REGISTRY as PY_SCHEDULES
 from ..schedules import Tunable
@@ -145,5 +145,5 @@ class JuliaBackend(Backend):
         if not project:
             return h, h_last
         h0 = arrays.h0 if arrays.h0 is not None else np.zeros(lanes, arrays.dtype)
-        hprev = reference._prev_states(h, h0, stages.affine.features.reverse)
+        hprev = reference.prev_states(h, h0, stages.affine.features.reverse)
         return reference.project(stages.affine, arrays.inputs, h, hprev, arrays.dtype), h_last

@@ -11,7 +11,7 @@ import glob
 import platform
 import shutil
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 from ..errors import BackendUnavailable
 from . import session

@@ -1,5 +1,5 @@
-"""Lowering passes; :mod:`.pipeline` names the stages."""
+"""Lowering passes; :mod:`.pipeline` runs them in stage order."""
 
-from .pipeline import STAGE_NAMES, Stages, lower, lower_front
+from .pipeline import lower, lower_front
 
-__all__ = ["STAGE_NAMES", "Stages", "lower", "lower_front"]
+__all__ = ["lower", "lower_front"]

@@ -16,7 +16,7 @@ from typing import ClassVar
 import numpy as np
 
 from ..errors import BackendUnavailable, ScanInputError
-from ..passes import Stages
+from ..ir import Stages
 from ..schedules import Tunable
 
 

@@ -24,12 +24,12 @@ import os
 import platform
 import threading
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
 from ..errors import ScanInputError
-from ..passes import Stages
+from ..ir import Stages
 from ..schedules import Tunable
 from ..schedules.base import non_negative
 from ..targets.c import CRenderer

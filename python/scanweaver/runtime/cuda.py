@@ -104,7 +104,7 @@ class CUDABackend(GPUBackend):
         kernels = [self.function(source, step.kernel) for step in plan.launches]
         start, end = cupy.cuda.Event(), cupy.cuda.Event()
         start.record()
-        for step, kernel in zip(plan.launches, kernels):
+        for step, kernel in zip(plan.launches, kernels, strict=True):
             if step.groups > MAX_GRID_X:
                 raise ScanInputError(f"cuda: {step.kernel} needs {step.groups} blocks, more than CUDA's "
                                      f"{MAX_GRID_X}; raise items_per_thread or workgroup_size")

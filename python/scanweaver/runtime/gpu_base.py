@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..passes import Stages
+from ..ir import Stages
 from ..targets.gpu import Plan, emit_source, launch_plan
 from .base import Backend, ScanArrays
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..passes import Stages
+from ..ir import Stages
 from ..targets import reference
 from .base import Availability, Backend, ScanArrays, register
 

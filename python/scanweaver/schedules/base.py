@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Callable, ClassVar
+from typing import ClassVar
+from collections.abc import Callable
 
 from ..errors import ScanInputError
 from ..ir.stages import ScheduleOp

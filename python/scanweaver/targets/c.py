@@ -43,7 +43,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from ..errors import ScanInputError
-from ..passes import Stages
+from ..ir import Stages
 from . import c_chunked, c_dense, c_source
 from .cstyle import CStyleRenderer, DenseMixin
 

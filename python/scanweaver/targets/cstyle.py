@@ -16,10 +16,11 @@ Kernel ABI (every target, in this order):
 from __future__ import annotations
 
 import math
-from typing import Callable, ClassVar
+from typing import ClassVar
+from collections.abc import Callable
 
 from ..ir.expr import BINARY, Expr, is_const
-from ..passes import Stages
+from ..ir import Stages
 
 CTYPES = {"float32": "float", "float64": "double"}
 
@@ -223,6 +224,6 @@ class DenseMixin:
     def dense_output(self, stages: Stages, idx: str, h: str, hp: str, dtype: str) -> str:
         """C expression of y_t = sum_j new_j h_t[j] + old_j h_{t-1}[j] + const."""
         out = stages.affine.output
-        states = [pair for j, (new, old) in enumerate(zip(out.new, out.old))
+        states = [pair for j, (new, old) in enumerate(zip(out.new, out.old, strict=True))
                   for pair in ((new, f"{h}[{j}]"), (old, f"{hp}[{j}]"))]
         return self.projection(stages, idx, states, dtype)

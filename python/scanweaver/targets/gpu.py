@@ -40,10 +40,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Callable, ClassVar
+from collections.abc import Callable
 
 from ..errors import ScanInputError
-from ..passes import Stages
+from ..ir import Stages
 from .cstyle import CStyleRenderer, DenseMixin
 
 
@@ -84,15 +84,15 @@ class GPUSchedule:
     """
 
     defines: Callable[[dict], str]
-    body: Callable[["GPURenderer", Stages], str]
+    body: Callable[[GPURenderer, Stages], str]
     plan: Callable[[dict, int, int], Plan]
 
 
 SCHEDULES: dict[str, GPUSchedule] = {}
-TARGETS: dict[str, type["GPURenderer"]] = {}
+TARGETS: dict[str, type[GPURenderer]] = {}
 
 
-def register_target(cls: type["GPURenderer"]) -> type["GPURenderer"]:
+def register_target(cls: type[GPURenderer]) -> type[GPURenderer]:
     """Class decorator adding a GPU target renderer to :data:`TARGETS`."""
     TARGETS[cls.target] = cls
     return cls
@@ -155,7 +155,7 @@ SHUFFLE_SCAN = """SW_DEVICE void sw_group_scan(sw_pair agg, sw_pair* excl, sw_pa
 }"""
 
 
-def dense_sequential_body(r: "GPURenderer", stages: Stages) -> str:
+def dense_sequential_body(r: GPURenderer, stages: Stages) -> str:
     """``sw_sequential`` over dense k x k transitions: one work-item per lane, state in registers."""
     dt = stages.affine.dtype
     pair = "\n".join("    " + line for line in r.dense_element(stages, "i", dt))

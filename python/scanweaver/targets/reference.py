@@ -8,11 +8,11 @@ against it and against the oracle.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
-from ..frontend.symbolic import NUMPY_FUNCTIONS
+from ..ir.functions import NUMPY
 from ..ir.expr import Expr, evaluate, is_const
 from ..ir.stages import AffineScanIR, ScheduleIR
 
@@ -32,7 +32,7 @@ def op(name: str):
 def eval_operand(e: Expr, inputs: dict[str, np.ndarray], dtype, shape) -> np.ndarray:
     """Evaluates an h-free expression elementwise, broadcast to ``shape``."""
     with np.errstate(all="ignore"):
-        val = evaluate(e, lambda n: inputs[n].astype(dtype, copy=False), NUMPY_FUNCTIONS)
+        val = evaluate(e, lambda n: inputs[n].astype(dtype, copy=False), NUMPY)
     return np.broadcast_to(np.asarray(val, dtype=dtype), shape)
 
 
@@ -112,7 +112,7 @@ def project(ir: AffineScanIR, inputs: dict[str, np.ndarray], h: np.ndarray, hpre
     dense = ir.kind == "dense"
     with np.errstate(all="ignore"):
         y = np.zeros(shape, dtype)
-        for j, (new, old) in enumerate(zip(_components(out.new), _components(out.old))):
+        for j, (new, old) in enumerate(zip(_components(out.new), _components(out.old), strict=True)):
             hj, pj = (h[..., j], hprev[..., j]) if dense else (h, hprev)
             if not is_const(new, 0.0):
                 y = y + eval_operand(new, inputs, dtype, shape) * hj
@@ -127,7 +127,7 @@ def _time_order(arr, reverse):
     return arr[:, ::-1] if reverse else arr
 
 
-def _prev_states(h: np.ndarray, h0: np.ndarray, reverse: bool) -> np.ndarray:
+def prev_states(h: np.ndarray, h0: np.ndarray, reverse: bool) -> np.ndarray:
     """h_{t-1} in time order (h_{t+1} for reverse scans), h0 at the start."""
     hs = _time_order(h, reverse)
     prev = np.concatenate([h0[:, None], hs[:, :-1]], axis=1)
@@ -166,7 +166,7 @@ def run(ir: AffineScanIR, schedule: ScheduleIR | None, inputs: dict[str, np.ndar
             OPS[o.name](ctx, dict(o.attrs))
     h = _time_order(ctx["h"], reverse)
     h_last = ctx["h"][:, -1].copy() if L else h0v.copy()
-    hprev = _prev_states(h, h0v, reverse) if L else h
+    hprev = prev_states(h, h0v, reverse) if L else h
     return project(ir, inputs, h, hprev, dtype), h_last
 
 

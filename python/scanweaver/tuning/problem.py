@@ -81,7 +81,7 @@ class TuneProblem:
         """The recurrence lowered to ``assoc_scan`` (no schedule) for this dtype and features."""
         from ..passes import lower
 
-        return lower(self.recurrence._scan_ir(self.dtype, self.features))
+        return lower(self.recurrence.scan_ir(self.dtype, self.features))
 
     @cached_property
     def signature(self) -> str:

@@ -92,7 +92,8 @@ def kt_restriction(space: SearchSpace):
     names = list(space.params)
 
     def restriction(*args):
-        return space.valid(args[0] if len(args) == 1 and isinstance(args[0], dict) else dict(zip(names, args)))
+        params = args[0] if len(args) == 1 and isinstance(args[0], dict) else dict(zip(names, args, strict=True))
+        return space.valid(params)
 
     return restriction
 

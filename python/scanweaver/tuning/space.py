@@ -35,7 +35,7 @@ import dataclasses
 import itertools
 import os
 from dataclasses import dataclass, field
-from typing import Callable
+from collections.abc import Callable
 
 from ..errors import ScanInputError
 from ..passes.materialize_schedule import resolve_config
@@ -169,7 +169,7 @@ class SearchSpace:
     def configs(self) -> list[dict]:
         """Every valid configuration, as Kernel Tuner params dicts."""
         names = list(self.params)
-        out = (dict(zip(names, vals)) for vals in itertools.product(*self.params.values()))
+        out = (dict(zip(names, vals, strict=True)) for vals in itertools.product(*self.params.values()))
         return [p for p in out if self.valid(p)]
 
     @property
@@ -202,7 +202,7 @@ class SearchSpace:
                 "pinned": self.pinned, "limits": dataclasses.asdict(self.limits)}
 
     @classmethod
-    def from_json(cls, d: dict) -> "SearchSpace":
+    def from_json(cls, d: dict) -> SearchSpace:
         """The space :meth:`to_json` described (backend tunables resolved from the registry)."""
         from ..runtime import REGISTRY, load_all
 

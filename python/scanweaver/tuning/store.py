@@ -121,7 +121,7 @@ class Entry:
         return {**asdict(self), "lanes_bucket": self.lanes_bucket, "L_bucket": self.L_bucket}
 
     @classmethod
-    def from_json(cls, d: dict) -> "Entry":
+    def from_json(cls, d: dict) -> Entry:
         names = cls.__dataclass_fields__
         return cls(**{k: v for k, v in d.items() if k in names})
 

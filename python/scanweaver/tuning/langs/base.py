@@ -13,7 +13,8 @@ import importlib.util
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, ClassVar
+from typing import ClassVar
+from collections.abc import Callable
 
 import numpy as np
 

@@ -67,7 +67,7 @@ class CTarget(KernelTunerTarget):
         from ...targets.c import CRenderer
 
         be = get_backend(problem.backend)
-        scan = problem.recurrence._scan_ir(problem.dtype, problem.features)
+        scan = problem.recurrence.scan_ir(problem.dtype, problem.features)
         units = {}
         for sched in space.schedules:
             cfg = space.split(space.join(sched, {}))[1]

@@ -63,12 +63,12 @@ class GPUTarget(KernelTunerTarget):
         from ...targets.gpu import emit_source, launch_plan
 
         extra = REGISTRY[problem.backend].extra_tunables
-        scan = problem.recurrence._scan_ir(problem.dtype, problem.features)
+        scan = problem.recurrence.scan_ir(problem.dtype, problem.features)
 
         def split(p: dict) -> tuple[str, dict]:
             return space.split({k: p[k] for k in space.params})
 
-        @functools.lru_cache(maxsize=None)
+        @functools.cache
         def source_of(sched: str, cfg: tuple) -> str:
             stages = lower(scan, sched, dict(cfg), extra)
             text = emit_source(stages, self.emitter)
