@@ -32,3 +32,7 @@ class CompileError(ScanWeaverError):
 
 class BackendUnavailable(ScanWeaverError):
     """A backend cannot run on this machine; the message says why and how to fix it."""
+
+
+class UnknownPluginError(ScanInputError):
+    """A schedule, backend, target or other plug-in name is not registered; the message lists the known ones."""
