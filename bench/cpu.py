@@ -28,7 +28,7 @@ import numpy as np
 import scanweaver
 from scanweaver.arrays import prepare
 from scanweaver.runtime import get_backend
-from scanweaver.runtime.cpu import cpu_model, cpu_threads
+from scanweaver.runtime.cpu_backend import cpu_model, cpu_threads
 from scanweaver.runtime import roofline
 from scanweaver.runtime.roofline import bytes_per_element
 

@@ -139,9 +139,8 @@ def main(argv=None) -> int:
     try:
         import cupy as cp
         import scanweaver
-        from scanweaver.runtime import REGISTRY, get_backend, load_all
+        from scanweaver.runtime import REGISTRY, get_backend
 
-        load_all()
         avail = REGISTRY["cuda"].availability()
     except Exception as exc:  # no CuPy, or a broken install
         avail, cp = None, None

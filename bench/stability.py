@@ -39,7 +39,7 @@ import numpy as np
 
 import scanweaver
 from scanweaver.logspace import log_scan
-from scanweaver.runtime import REGISTRY, load_all
+from scanweaver.runtime import REGISTRY
 
 
 @scanweaver.recurrence(name="gate_scan")
@@ -192,7 +192,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backends", nargs="+", default=None, help="default: every available backend")
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = p.parse_args(argv)
-    load_all()
     backends = args.backends or [n for n, c in REGISTRY.items() if c.availability().ok]
     lengths = [L for L in args.lengths if L <= 4096] if args.quick else args.lengths
     rows = sweep(lengths, args.lanes, backends)

@@ -21,7 +21,7 @@ import scanweaver
 from scanweaver.arrays import prepare
 from scanweaver.errors import ScanInputError
 from scanweaver.runtime import get_backend
-from scanweaver.runtime.cpu import CpuBackend
+from scanweaver.runtime.cpu_backend import CpuBackend
 
 pytestmark = pytest.mark.skipif(not CpuBackend.availability().ok,
                                 reason=f"cpu backend unavailable: {CpuBackend.availability().reason}")

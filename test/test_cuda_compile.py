@@ -16,7 +16,7 @@ import pytest
 import scanweaver
 from scanweaver.ir.stages import Features
 from scanweaver.targets.gpu import emit_source
-from scanweaver.targets.gpu_kernels import SCHEDULES  # importing registers every GPU schedule
+from scanweaver.targets.gpu import SCHEDULES
 
 NVCC = shutil.which("nvcc")
 pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH (CUDA toolkit not installed)")

@@ -10,9 +10,8 @@ import pytest
 
 import scanweaver
 from scanweaver import ScanInputError
-from scanweaver.runtime import REGISTRY, load_all
+from scanweaver.runtime import REGISTRY
 
-load_all()
 
 
 def _available(name):

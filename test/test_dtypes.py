@@ -17,9 +17,8 @@ import pytest
 
 import scanweaver
 from scanweaver import ScanInputError
-from scanweaver.runtime import REGISTRY, load_all
+from scanweaver.runtime import REGISTRY
 
-load_all()
 UNIT_ROUNDOFF = {"float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
 ACCUMULATION = 1e-6
 

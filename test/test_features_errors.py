@@ -10,10 +10,9 @@ import pytest
 import scanweaver
 from scanweaver import ScanInputError
 from scanweaver.logspace import log_scan
-from scanweaver.runtime import REGISTRY, load_all
+from scanweaver.runtime import REGISTRY
 from conftest import make_operands
 
-load_all()
 BATCH, DM, N, L = 2, 6, 4, 11
 
 

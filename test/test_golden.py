@@ -15,12 +15,11 @@ from scanweaver import ScanInputError
 from scanweaver.arrays import compute_dtype, seqlens_reset
 from scanweaver.tools.golden import CASES, DEFAULT_DIR, dense_operands, dense_recurrence, load
 from scanweaver.ir.stages import Features
-from scanweaver.runtime import REGISTRY, get_backend, load_all
+from scanweaver.runtime import REGISTRY, get_backend
 from scanweaver.schedules import get_schedule
 
 GOLDEN = Path(__file__).parent / "golden"
 FILES = sorted(GOLDEN.glob("*.toml"))
-load_all()
 
 #: Relative tolerance by dtype of the inputs, for files that state none (expected values are float64 oracle results).
 RTOL = {"float32": 2e-4, "float64": 1e-10}

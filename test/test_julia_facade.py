@@ -55,7 +55,7 @@ def test_juliapkg_accepts_the_compat_bounds():
 
 def test_import_scanweaver_loads_no_juliacall():
     proc = _run("import sys, scanweaver, scanweaver.julia, scanweaver.julia.backend, scanweaver.julia.kernels\n"
-                "from scanweaver.runtime import load_all; load_all()\n"
+                "from scanweaver.runtime import REGISTRY; REGISTRY.load()\n"
                 "print(sorted(m for m in ('juliacall', 'juliapkg') if m in sys.modules))")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"

@@ -7,9 +7,8 @@ import pytest
 
 import scanweaver
 from scanweaver import ScanInputError
-from scanweaver.runtime import REGISTRY, load_all
+from scanweaver.runtime import REGISTRY
 
-load_all()
 BACKENDS = ("numpy", "cpu", "opencl", "cuda", "julia")
 
 

@@ -12,9 +12,8 @@ import pytest
 
 import scanweaver
 from conftest import loop_reference, make_operands
-from scanweaver.runtime import get_backend, load_all, REGISTRY
+from scanweaver.runtime import get_backend, REGISTRY
 
-load_all()
 AVAIL = REGISTRY["opencl"].availability()
 pytestmark = pytest.mark.skipif(not AVAIL.ok, reason=f"opencl backend unavailable: {AVAIL.reason}")
 

@@ -9,11 +9,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import scanweaver
-from scanweaver.runtime import REGISTRY, load_all
+from scanweaver.runtime import REGISTRY
 from scanweaver.schedules import get_schedule
 from conftest import loop_reference
 
-load_all()
 BACKENDS = ("numpy", "cpu", "opencl", "cuda", "julia")
 PAIRS = [(b, s) for b in BACKENDS for s in (REGISTRY[b].schedules if b in REGISTRY else ("-",))]
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -16,7 +16,7 @@ import scanweaver
 from scanweaver.errors import CompileError
 from scanweaver.runtime import toolchain
 from scanweaver.runtime.roofline import measure_roofline, roofline_ns_per_element
-from scanweaver.targets.c import CRenderer
+from scanweaver.targets.c_target import CRenderer
 
 pytestmark = pytest.mark.skipif(toolchain.missing_reason() is not None,
                                 reason=f"no C compiler: {toolchain.missing_reason()}")

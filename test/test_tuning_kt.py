@@ -14,7 +14,6 @@ pytest.importorskip("kernel_tuner", reason="Kernel Tuner is not installed (pip i
 import scanweaver  # noqa: E402
 from scanweaver.api import SELECTIVE  # noqa: E402
 from scanweaver.cli import main  # noqa: E402
-from scanweaver.runtime import load_all  # noqa: E402
 from scanweaver.tuning import store  # noqa: E402
 from scanweaver.tuning.kt import replay  # noqa: E402
 from scanweaver.tuning.langs import KernelSpec, get_target  # noqa: E402
@@ -22,7 +21,6 @@ from scanweaver.tuning.session import SKIP_REASON, KernelTunerSession, read_cach
 from scanweaver.tuning.space import build_space  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "tuning"
-load_all()
 
 
 @pytest.fixture(autouse=True)

@@ -7,10 +7,9 @@ import pytest
 
 import scanweaver
 from scanweaver.logspace import log_scan
-from scanweaver.runtime import REGISTRY, load_all
+from scanweaver.runtime import REGISTRY
 from conftest import loop_reference, make_operands
 
-load_all()
 BACKENDS = ("numpy", "cpu", "opencl", "cuda", "julia")
 
 

@@ -12,13 +12,13 @@ from collections.abc import Callable
 import numpy as np
 
 from .arrays import prepare
-from .errors import BackendUnavailable, ScanInputError
-from .frontend import trace
+from .errors import api_boundary, BackendUnavailable, ScanInputError
+from .frontend import RECURRENCES, trace
 from .ir.printer import print_affine
 from .ir.stages import Features, ScanIR
 from .passes import lower
 from .ir import Stages
-from .runtime import REGISTRY, Backend, device_arrays, get_backend, load_all
+from .runtime import REGISTRY, Backend, device_arrays, get_backend
 from .schedules import get_schedule
 
 log = logging.getLogger("scanweaver")
@@ -38,10 +38,9 @@ def pick_backend(name: str, dtype: str | None = None, kind: str = "diagonal") ->
     """
     if name != "auto":
         return get_backend(name)
-    load_all()
     ranked = sorted((c for c in REGISTRY.values() if c.auto_priority >= 0 and (dtype is None or dtype in c.dtypes)
                      and kind in c.kinds), key=lambda c: -c.auto_priority)
-    skipped = []
+    skipped: list[tuple[str, str]] = []
     for cls in ranked:
         avail = cls.availability()
         if avail.ok:
@@ -59,7 +58,6 @@ def check_dtype(api: str, be: Backend, dtype: str) -> None:
     """Raises :class:`ScanInputError` when backend ``be`` cannot accumulate in ``dtype``."""
     if dtype in be.dtypes:
         return
-    load_all()
     others = sorted(n for n, c in REGISTRY.items() if dtype in c.dtypes)
     ready = [n for n in others if REGISTRY[n].availability().ok]
     fix = f"use backend={(ready or others)[0]!r} (backends with {dtype}: {', '.join(others)})" if others else \
@@ -206,6 +204,7 @@ class Recurrence:
         cfg.pop("schedule", None)
         return schedule, cfg, source
 
+    @api_boundary
     def __call__(self, *args, h0=None, reset=None, reverse: bool = False, return_state: bool = False,
                  backend: str = "auto", schedule: str = "auto", config="auto", cu_seqlens=None, out=None,
                  **kwargs):
@@ -247,6 +246,7 @@ class Recurrence:
         features = Features(reverse=bool(reverse), has_h0=h0 is not None, has_reset=arrays.reset is not None,
                             return_state=bool(return_state))
         stages = self._lowered(be, dtype, features, sched, tuple(sorted(cfg.items())))
+        assert stages.schedule is not None
         self.last = CallInfo(be.name, sched, stages.schedule.config, source, stages)
         log.debug("%s: backend=%s schedule=%s config=%s (%s)", self.name, be.name, sched, self.last.config, source)
         shape = (*arrays.batch_shape, arrays.L)
@@ -288,6 +288,7 @@ class Recurrence:
         return operands, tunables
 
 
+@api_boundary
 def recurrence(step: Callable | None = None, *, name: str | None = None, broadcast: bool = True,
                state_size: int = 1):
     """Compiles a step function ``step(h, *operands)`` into a :class:`Recurrence`.
@@ -332,8 +333,11 @@ def _selective_noc(h, a, b, x):
 
 SELECTIVE = Recurrence(_selective, name="selective_scan", broadcast=False)
 SELECTIVE_NO_C = Recurrence(_selective_noc, name="selective_scan_h", broadcast=False)
+RECURRENCES.add("selective_scan", SELECTIVE)
+RECURRENCES.add("selective_scan_h", SELECTIVE_NO_C)
 
 
+@api_boundary
 def selective_scan(a, b, x, c=None, *, h0=None, reset=None, reverse: bool = False, return_state: bool = False,
                    backend: str = "auto", schedule: str = "auto", config="auto", cu_seqlens=None, out=None,
                    **tunables):
@@ -371,3 +375,7 @@ def selective_scan(a, b, x, c=None, *, h0=None, reset=None, reverse: bool = Fals
     operands = (a, b, x) if c is None else (a, b, x, c)
     return rec(*operands, h0=h0, reset=reset, reverse=reverse, return_state=return_state, backend=backend,
                schedule=schedule, config=config, cu_seqlens=cu_seqlens, out=out, **tunables)
+
+
+#: The recurrence :func:`selective_scan` runs (with ``c``), for APIs that take either.
+selective_scan.recurrence = SELECTIVE  # type: ignore[attr-defined]

@@ -6,6 +6,15 @@ what was wrong and what to do instead.
 
 from __future__ import annotations
 
+import functools
+import os
+import types
+from collections.abc import Callable
+from typing import ParamSpec, TypeVar
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
 
 class ScanWeaverError(Exception):
     """Base class of every error ScanWeaver raises on purpose."""
@@ -36,3 +45,55 @@ class BackendUnavailable(ScanWeaverError):
 
 class UnknownPluginError(ScanInputError):
     """A schedule, backend, target or other plug-in name is not registered; the message lists the known ones."""
+
+
+#: Set to ``full`` (or ``off``) to see ScanWeaver's own frames in the tracebacks of its errors.
+TRACEBACK_ENV = "SCANWEAVER_TRACEBACK"
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _user_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
+    """``tb`` without the frames of ScanWeaver's own modules (the caller's frames stay)."""
+    kept = []
+    while tb is not None:
+        if not tb.tb_frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+            kept.append(tb)
+        tb = tb.tb_next
+    out = None
+    for t in reversed(kept):
+        out = types.TracebackType(out, t.tb_frame, t.tb_lasti, t.tb_lineno)
+    return out
+
+
+def api_boundary(fn: Callable[P, R]) -> Callable[P, R]:
+    """Marks a public entry point: a :class:`ScanWeaverError` leaving it shows the caller's frames only.
+
+    As in JAX, the internal frames between the call and the ``raise`` are
+    hidden, so the traceback ends at the user's line and the message; set
+    ``SCANWEAVER_TRACEBACK=full`` to keep them (for debugging ScanWeaver).
+    Other exceptions (bugs) always keep their full traceback.
+
+    Example:
+        >>> @api_boundary
+        ... def area(w):
+        ...     if w < 0:
+        ...         raise ScanInputError(f"area: w must be >= 0, got {w}")
+        ...     return w * w
+        >>> area(3)
+        9
+    """
+
+    @functools.wraps(fn)
+    def boundary(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except ScanWeaverError as exc:
+            if os.environ.get(TRACEBACK_ENV, "").lower() in ("full", "off", "0"):
+                raise
+            hidden = not getattr(exc, "_scanweaver_filtered", False)
+            exc._scanweaver_filtered = True  # type: ignore[attr-defined]
+            if hidden and hasattr(exc, "add_note"):
+                exc.add_note(f"(ScanWeaver's internal frames are hidden; set {TRACEBACK_ENV}=full to show them)")
+            raise exc.with_traceback(_user_frames(exc.__traceback__))
+
+    return boundary

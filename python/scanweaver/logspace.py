@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from .arrays import as_array, compute_dtype, result_dtype
-from .errors import ScanInputError
+from .errors import api_boundary, ScanInputError
 
 API = "log_scan"
 #: Elements of the (lanes, chunks, chunk, chunk) weight temporary per lane block (64 MiB in float32).
@@ -65,6 +65,7 @@ def _scan(la: np.ndarray, x: np.ndarray, h0: np.ndarray, K: int) -> np.ndarray:
     return h.reshape(lanes, nc * K)[:, :L]
 
 
+@api_boundary
 def log_scan(log_a, x, *, h0=None, reset=None, reverse: bool = False, return_state: bool = False,
              chunk: int = 64):
     """The scan h_t = exp(log_a_t) * h_{t-1} + x_t, computed in log space.

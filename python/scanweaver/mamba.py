@@ -15,7 +15,7 @@ import numpy as np
 
 from .api import recurrence
 from .arrays import as_array, compute_dtype, seqlens_reset
-from .errors import ScanInputError
+from .errors import api_boundary, ScanInputError
 from .ir.functions import NUMPY
 
 API = "mamba_selective_scan"
@@ -65,6 +65,7 @@ def _checked(name: str, value, shape: tuple, need: str) -> np.ndarray:
     return arr
 
 
+@api_boundary
 def mamba_selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus: bool = False,
                          h0=None, return_state: bool = False, *, cu_seqlens=None, log_space: bool = False,
                          backend: str = "auto", schedule: str = "auto", **tunables):

@@ -27,31 +27,33 @@ Example:
 
 from __future__ import annotations
 
+import fnmatch
 import importlib
 import pkgutil
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from .errors import UnknownPluginError
 
 T = TypeVar("T")
+_MISSING = object()
 
 
 @dataclass(frozen=True)
 class Discovery:
-    """Where a registry finds its plug-in modules.
+    """Where a registry finds its plug-in modules: the naming convention of one kind.
 
     Attributes:
         package: a package whose modules are scanned (``scanweaver.schedules``).
-        suffix: only modules whose name ends with it (``""``: every public
-            module, i.e. not starting with ``_``).
+        patterns: shell-style patterns a module name must match (``*_backend``);
+            private modules (a leading ``_``) never match.
         exclude: module names that are support code, not plug-ins.
     """
 
     package: str
-    suffix: str = ""
+    patterns: tuple[str, ...] = ("*",)
     exclude: tuple[str, ...] = ("base",)
 
     def modules(self) -> list[str]:
@@ -60,7 +62,8 @@ class Discovery:
         found = [
             f"{self.package}.{m.name}"
             for m in pkgutil.iter_modules(pkg.__path__)
-            if not m.name.startswith("_") and m.name.endswith(self.suffix) and m.name not in self.exclude
+            if not m.name.startswith("_") and m.name not in self.exclude
+            and any(fnmatch.fnmatchcase(m.name, p) for p in self.patterns)
         ]
         return sorted(found)
 
@@ -73,10 +76,12 @@ class Registry(Generic[T]):
         discover: where the plug-in modules are (imported on first lookup).
         describe: a short phrase for the error message's list of names, e.g.
             ``"or 'auto'"`` appended after the known names.
+        key: the attribute that names a plug-in registered without an explicit name.
     """
 
-    def __init__(self, kind: str, discover: tuple[Discovery, ...] = (), describe: str = ""):
+    def __init__(self, kind: str, discover: tuple[Discovery, ...] = (), describe: str = "", key: str = "name"):
         self.kind = kind
+        self.key = key
         self.discover = discover
         self.describe = describe
         self._items: dict[str, T] = {}
@@ -84,15 +89,20 @@ class Registry(Generic[T]):
         self._loaded = not discover
         self._lock = threading.RLock()
 
-    def register(self, name: str | None = None, *, replace: bool = False) -> Callable[[T], T]:
-        """Decorator adding a plug-in under ``name`` (default: its ``name`` attribute).
+    def register(self, name: str | T | None = None, *, replace: bool = False):
+        """Adds a plug-in; use as ``@reg.register``, ``@reg.register("name")`` or ``reg.register(obj)``.
+
+        Without a name the plug-in's ``name`` attribute (or the registry's ``key``) is used.
 
         Raises:
             ValueError: a different plug-in already has that name (``replace=True`` allows it).
         """
+        if name is not None and not isinstance(name, str):
+            self.add(getattr(name, self.key), name, replace=replace)
+            return name
 
         def deco(obj: T) -> T:
-            self.add(name if name is not None else obj.name, obj, replace=replace)  # type: ignore[attr-defined]
+            self.add(name if name is not None else getattr(obj, self.key), obj, replace=replace)
             return obj
 
         return deco
@@ -104,6 +114,11 @@ class Registry(Generic[T]):
             if old is not None and old is not obj and not replace and _qualname(old) != _qualname(obj):
                 raise ValueError(f"{self.kind} registry: {name!r} is already registered by {_qualname(old)}")
             self._items[name] = obj
+
+    def remove(self, name: str) -> None:
+        """Removes ``name`` (a no-op when absent): for tests and plug-ins that withdraw."""
+        with self._lock:
+            self._items.pop(name, None)
 
     def load(self) -> None:
         """Imports every plug-in module once; failures are remembered with their reason."""
@@ -120,20 +135,22 @@ class Registry(Generic[T]):
                     except Exception as exc:  # an optional plug-in must not take the registry down
                         self._failed[mod] = f"{type(exc).__name__}: {exc}"
 
-    def get(self, name: str) -> T:
-        """The plug-in ``name``.
+    def get(self, name: str, default: object = _MISSING):
+        """The plug-in ``name`` (or ``default``, when one is given and the name is unknown).
 
         Raises:
             UnknownPluginError: naming the known plug-ins and the modules that failed to load.
         """
         try:
             return self._items[name]
-        except KeyError:
+        except (KeyError, TypeError):
             pass
         self.load()
         try:
             return self._items[name]
-        except KeyError:
+        except (KeyError, TypeError):
+            if default is not _MISSING:
+                return default
             raise UnknownPluginError(self.unknown_message(name)) from None
 
     def unknown_message(self, name: object) -> str:

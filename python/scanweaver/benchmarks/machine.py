@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from ..runtime.cpu import cpu_model, cpu_threads
+from ..runtime.cpu_backend import cpu_model, cpu_threads
 
 
 def host_cpu() -> str:

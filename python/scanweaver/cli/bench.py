@@ -34,9 +34,8 @@ def run_bench(args: argparse.Namespace) -> int:
     from ..benchmarks.harness import stderr_log
 
     if args.backend is not None:
-        from ..runtime import REGISTRY, load_all
+        from ..runtime import REGISTRY
 
-        load_all()
         if args.backend not in REGISTRY and args.backend != "auto":
             print(f"scanweaver bench: error: --backend must be one of {', '.join(sorted(REGISTRY))}, "
                   f"got {args.backend!r}", file=sys.stderr)

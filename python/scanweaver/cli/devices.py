@@ -10,9 +10,8 @@ from . import command
 
 def backend_rows() -> list[dict]:
     """One row per registered backend (and per Julia device where the Julia façade exists)."""
-    from ..runtime import REGISTRY, load_all
+    from ..runtime import REGISTRY
 
-    load_all()
     rows = []
     for name in sorted(REGISTRY, key=lambda n: -REGISTRY[n].auto_priority):
         avail = REGISTRY[name].availability()

@@ -18,9 +18,8 @@ def _param(text: str) -> tuple[str, object]:
 
 def target_backend(target: str) -> str:
     """The backend whose emitter renders ``target``."""
-    from ..runtime import REGISTRY, load_all
+    from ..runtime import REGISTRY
 
-    load_all()
     for name, cls in REGISTRY.items():
         if cls.target == target:
             return name

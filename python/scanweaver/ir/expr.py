@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from .functions import FUNCTIONS as _FUNCTIONS
 
@@ -177,7 +178,7 @@ def _wrap(e: Expr) -> str:
     return f"({text})" if e.op in BINARY else text
 
 
-def evaluate(e: Expr, env: Callable[[str], object], fns: dict[str, Callable]) -> object:
+def evaluate(e: Expr, env: Callable[[str], Any], fns: dict[str, Callable]) -> Any:
     """Evaluates ``e`` with inputs from ``env(name)`` and functions from ``fns``.
 
     Works on NumPy arrays and scalars alike; the state nodes are looked up by

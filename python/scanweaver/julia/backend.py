@@ -19,8 +19,8 @@ from ..errors import ScanInputError
 from ..ir.expr import Expr
 from ..ir import Stages
 from ..runtime.base import Availability, Backend, ScanArrays, register
-from ..schedules import REGISTRY as PY_SCHEDULES
-from ..schedules import Tunable
+from ..schedules import Tunable, get_schedule
+from ..targets import TARGETS
 from ..targets import reference
 from . import devices, kernels, session
 
@@ -53,6 +53,21 @@ SCHEDULE_MAP: dict[str, Callable[[dict], tuple[str, dict]]] = {
     "chunked": lambda cfg: ("reduce_then_scan", {"workgroup_size": LAUNCH_WORKGROUP, "chunk": cfg["chunk"]}),
     "reduce_then_scan": _reduce_then_scan,
 }
+
+@TARGETS.register
+class JuliaTarget:
+    """ScanWeaver.jl as a target: the Python schedules :data:`SCHEDULE_MAP` maps onto its kernels."""
+
+    target = "julia"
+
+    @classmethod
+    def implements(cls, schedule: str, kind: str) -> bool:
+        """True when ``schedule`` maps onto a ScanWeaver.jl schedule (diagonal transitions from Python)."""
+        if kind != "diagonal" or schedule not in SCHEDULE_MAP:
+            return False
+        julia_schedule, _ = SCHEDULE_MAP[schedule](get_schedule(schedule).defaults())
+        return julia_schedule in kernels.SCHEDULES
+
 
 #: Julia's spelling of each tunable keyword (KernelAbstractions says ``workgroupsize``).
 JULIA_KEYWORDS = {"workgroup_size": "workgroupsize", "items_per_thread": "items_per_thread", "chunk": "chunk"}
@@ -102,7 +117,6 @@ class JuliaBackend(Backend):
 
     name = "julia"
     target = "julia"
-    schedules = tuple(s for s in SCHEDULE_MAP if s in PY_SCHEDULES)
     extra_tunables = (
         Tunable("device", "cpu", tuple(devices.DEVICES),
                 "KernelAbstractions device: cpu, cuda, amdgpu, oneapi or metal", _device_rule),

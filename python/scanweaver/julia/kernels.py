@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ScanInputError
+from ..registry import Registry
 from .devices import DEVICES
 
 #: Arguments every schedule's entry point takes, before its ``Val`` tunables.
@@ -63,11 +64,12 @@ def _single(name: str, kernel: str, tunables: tuple[str, ...], per_group: bool) 
 _RTS = ("workgroup_size", "chunk")
 
 #: Julia schedule name -> its kernels, entry point and tunables (mirrors ``SCHEDULES`` in src/schedules.jl).
-SCHEDULES: dict[str, JuliaSchedule] = {
-    "sequential": _single("sequential", "sequential_scan_kernel!", ("workgroup_size",), False),
-    "blelloch": _single("blelloch", "blelloch_scan_kernel!", ("workgroup_size",), True),
-    "hybrid": _single("hybrid", "hybrid_scan_kernel!", ("workgroup_size", "items_per_thread"), True),
-    "reduce_then_scan": JuliaSchedule(
+SCHEDULES: Registry[JuliaSchedule] = Registry("Julia schedule")
+for _schedule in (
+    _single("sequential", "sequential_scan_kernel!", ("workgroup_size",), False),
+    _single("blelloch", "blelloch_scan_kernel!", ("workgroup_size",), True),
+    _single("hybrid", "hybrid_scan_kernel!", ("workgroup_size", "items_per_thread"), True),
+    JuliaSchedule(
         "reduce_then_scan", "reduce_then_scan!", _RTS,
         (
             KernelSignature("chunk_reduce_kernel!", ("agg", "a", "b", "x", "reset", "reversed"), _RTS),
@@ -77,7 +79,8 @@ SCHEDULES: dict[str, JuliaSchedule] = {
         ),
         True,
     ),
-}
+):
+    SCHEDULES.add(_schedule.name, _schedule)
 
 DTYPES = {"float32": np.float32, "float64": np.float64, "complex64": np.complex64, "complex128": np.complex128}
 

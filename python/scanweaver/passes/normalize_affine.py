@@ -85,7 +85,9 @@ def normalize_affine(ir: ScanIR) -> AffineScanIR:
         NotAffineError: when h' is not affine in h, or y not affine in h and h'.
     """
     k = ir.state_size
-    if k == 1:
+    A: E.Expr | tuple[E.Expr, ...]
+    U: E.Expr | tuple[E.Expr, ...]
+    if isinstance(ir.next_state, E.Expr):
         coef, offset = linearize(ir.next_state)
         A, U, kind = coef.get("state", E.ZERO), offset, "diagonal"
     else:

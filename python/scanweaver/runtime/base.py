@@ -15,9 +15,10 @@ from typing import ClassVar
 
 import numpy as np
 
-from ..errors import BackendUnavailable, ScanInputError
+from ..errors import BackendUnavailable
 from ..ir import Stages
-from ..schedules import Tunable
+from ..registry import Discovery, Registry
+from ..schedules import Tunable, schedules_for
 
 
 @dataclass(frozen=True)
@@ -78,13 +79,22 @@ class ScanArrays:
         return total
 
 
+class _TargetSchedules:
+    """``Backend.schedules``: the schedules that list the backend's target, read from the registry."""
+
+    def __get__(self, obj: object, owner: type) -> tuple[str, ...]:
+        return schedules_for(owner.target)
+
+
 class Backend(ABC):
     """A runtime backend.
 
     Class attributes:
         name: the ``backend=`` keyword value.
-        target: the emitter target it compiles for (``numpy`` for the interpreter).
-        schedules: schedules it can run.
+        target: the target it runs (a key of :data:`scanweaver.targets.TARGETS`; ``numpy`` is
+            the interpreter).
+        schedules: schedules it can run: those whose ``implementations`` list its target
+            (derived, never written by hand).
         extra_tunables: backend tunables beyond the schedule's (e.g. ``threads``).
         auto_priority: preference for ``backend="auto"``; higher wins, negative never.
         dtypes: accumulation dtypes it runs (float16/bfloat16 are widened to float32
@@ -93,8 +103,8 @@ class Backend(ABC):
 
     name: ClassVar[str]
     target: ClassVar[str]
-    schedules: ClassVar[tuple[str, ...]]
     extra_tunables: ClassVar[tuple[Tunable, ...]] = ()
+    schedules: ClassVar[tuple[str, ...]] = _TargetSchedules()  # type: ignore[assignment]
     auto_priority: ClassVar[int] = -1
     dtypes: ClassVar[tuple[str, ...]] = ("float32", "float64")
     #: transition kinds it runs (``dense``: k x k matrices, see :class:`~scanweaver.ir.stages.AffineScanIR`)
@@ -139,12 +149,18 @@ def _cached_probe(cls: type[Backend]) -> Availability:
         return Availability(False, f"probe failed: {type(exc).__name__}: {exc}")
 
 
-REGISTRY: dict[str, type[Backend]] = {}
+#: Backend name -> class.  Backends live in modules named ``*_backend`` in this package
+#: (and ``scanweaver.julia.backend``); they are imported on the first lookup.
+REGISTRY: Registry[type[Backend]] = Registry(
+    "backend",
+    (Discovery("scanweaver.runtime", ("*_backend",)), Discovery("scanweaver.julia", ("backend",))),
+    describe="or 'auto'",
+)
 
 
 def register(cls: type[Backend]) -> type[Backend]:
     """Class decorator adding a backend to :data:`REGISTRY`."""
-    REGISTRY[cls.name] = cls
+    REGISTRY.add(cls.name, cls)
     return cls
 
 
@@ -156,13 +172,11 @@ def get_backend(name: str, require_available: bool = True) -> Backend:
 
     With ``require_available=False`` an instance is returned even where the
     backend cannot run, for emitting kernel source without a device.
-    """
-    from . import load_all
 
-    load_all()
+    Raises:
+        UnknownPluginError: for a name no backend has (the message lists them).
+    """
     cls = REGISTRY.get(name)
-    if cls is None:
-        raise ScanInputError(f"backend: unknown backend {name!r}; known: {', '.join(sorted(REGISTRY))} or 'auto'")
     avail = cls.availability()
     if not avail.ok and require_available:
         raise BackendUnavailable(f"backend {name!r} is unavailable: {avail.reason}")

@@ -15,7 +15,6 @@ class NumpyBackend(Backend):
 
     name = "numpy"
     target = "numpy"
-    schedules = ("sequential", "chunked", "blelloch", "hybrid", "reduce_then_scan", "lookback")
     auto_priority = 0
     kinds = ("diagonal", "dense")
     dtypes = ("float32", "float64", "complex64", "complex128")

@@ -1,6 +1,5 @@
-"""Schedule families; importing this package registers them all."""
+"""Schedule families, one module each, found through :data:`~.base.REGISTRY`."""
 
-from . import blelloch, chunked, hybrid, lookback, reduce_then_scan, sequential  # noqa: F401  (registration)
-from .base import REGISTRY, Schedule, Tunable, get_schedule, register
+from .base import REGISTRY, Schedule, Tunable, get_schedule, register, schedules_for
 
-__all__ = ["REGISTRY", "Schedule", "Tunable", "get_schedule", "register"]
+__all__ = ["REGISTRY", "Schedule", "Tunable", "get_schedule", "register", "schedules_for"]

@@ -1,21 +1,26 @@
 """Schedules: how an associative scan over affine pairs is split into parallel work.
 
-One :class:`Schedule` subclass per schedule family, found through
-:data:`REGISTRY`.  Each declares its tunables (the same names are the
-keywords ``selective_scan`` accepts and the keys of Kernel Tuner search
-spaces) and the ops it lowers to.  The NumPy interpreter in
-:mod:`scanweaver.targets.reference` defines what every op means.
+One :class:`Schedule` subclass per schedule family, one module per family in
+this package, found through :data:`REGISTRY` (every module here but ``base``
+is imported on the first lookup).  A schedule is declared once: its tunables
+(the same names are the keywords ``selective_scan`` accepts and the keys of
+Kernel Tuner search spaces), the ops it lowers to, and the table of the
+targets that implement it (:attr:`Schedule.implementations`).  The NumPy
+interpreter in :mod:`scanweaver.targets.reference` defines what every op
+means; ``test/test_registry.py`` fails when a claimed implementation is
+missing or an implementation is not claimed.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import ClassVar
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from ..errors import ScanInputError
 from ..ir.stages import ScheduleOp
+from ..registry import Discovery, Registry
 
 
 @dataclass(frozen=True)
@@ -59,29 +64,61 @@ class Tunable:
         return value
 
 
-def positive(value: object) -> str | None:
+def positive(value: Any) -> str | None:
     """Rule: a positive int."""
     return None if value >= 1 else "it must be >= 1"
 
 
-def power_of_two(value: object) -> str | None:
+def power_of_two(value: Any) -> str | None:
     """Rule: a positive power of two."""
     return None if value >= 1 and value & (value - 1) == 0 else "it must be a power of two >= 1"
 
 
-def non_negative(value: object) -> str | None:
+def non_negative(value: Any) -> str | None:
     """Rule: zero or more."""
     return None if value >= 0 else "it must be >= 0"
 
 
+def workgroup_rule(value: Any) -> str | None:
+    """Rule shared by the GPU schedules: a power of two from 32 to 1024."""
+    return power_of_two(value) or (None if 32 <= value <= 1024 else "it must be between 32 and 1024")
+
+
+def items_rule(value: Any) -> str | None:
+    """Rule for ``items_per_thread``: 1 .. 64 (they live in registers)."""
+    return positive(value) or (None if value <= 64 else "it must be <= 64 (items are kept in registers)")
+
+
+#: Work-items per workgroup, shared by every GPU schedule (the Kernel Tuner block-size name).
+WORKGROUP_SIZE = Tunable("workgroup_size", 256, (64, 128, 256, 512, 1024), "work-items per workgroup",
+                         workgroup_rule)
+#: Consecutive elements one work-item keeps in registers, shared by the tiled GPU schedules.
+ITEMS_PER_THREAD = Tunable("items_per_thread", 8, (1, 2, 4, 8, 16, 32), "consecutive elements each work-item scans",
+                           items_rule)
+
+BOTH = ("diagonal", "dense")
+DIAGONAL = ("diagonal",)
+
+
 class Schedule(ABC):
-    """A schedule family: its tunables and its op sequence."""
+    """A schedule family: its tunables, its op sequence and which targets implement it.
+
+    Class attributes:
+        name: the ``schedule=`` keyword value.
+        description: one line for listings.
+        tunables: typed, validated tunables (defaults, search-space values, rules).
+        kinds: transition kinds the schedule's ops handle (the interpreter runs them all).
+        implementations: target name -> the transition kinds that target implements,
+            e.g. ``{"numpy": BOTH, "c": BOTH, "cuda": DIAGONAL}``.  Targets are the
+            keys of :data:`scanweaver.targets.TARGETS` (``numpy`` is the interpreter);
+            a backend runs the schedules its target implements.
+    """
 
     name: ClassVar[str]
     description: ClassVar[str]
     tunables: ClassVar[tuple[Tunable, ...]] = ()
-    #: transition kinds the schedule's ops handle
-    kinds: ClassVar[tuple[str, ...]] = ("diagonal", "dense")
+    kinds: ClassVar[tuple[str, ...]] = BOTH
+    implementations: ClassVar[dict[str, tuple[str, ...]]] = {}
 
     @abstractmethod
     def ops(self, config: dict[str, object]) -> tuple[ScheduleOp, ...]:
@@ -91,21 +128,27 @@ class Schedule(ABC):
         """Every tunable at its default."""
         return {t.name: t.default for t in self.tunables}
 
+    def runs_on(self, target: str, kind: str | None = None) -> bool:
+        """True when ``target`` implements this schedule (for transitions of ``kind``, if given)."""
+        kinds = self.implementations.get(target)
+        return kinds is not None and (kind is None or kind in kinds)
 
-REGISTRY: dict[str, Schedule] = {}
+
+#: Schedule name -> :class:`Schedule` instance (every module of this package registers its own).
+REGISTRY: Registry[Schedule] = Registry("schedule", (Discovery("scanweaver.schedules"),))
 
 
 def register(cls: type[Schedule]) -> type[Schedule]:
-    """Class decorator adding a schedule to :data:`REGISTRY`."""
-    REGISTRY[cls.name] = cls()
+    """Class decorator adding (an instance of) a schedule to :data:`REGISTRY`."""
+    REGISTRY.add(cls.name, cls())
     return cls
 
 
 def get_schedule(name: str) -> Schedule:
     """The registered schedule ``name``, or a clear error listing the known ones."""
-    try:
-        return REGISTRY[name]
-    except KeyError:
-        raise ScanInputError(
-            f"schedule: unknown schedule {name!r}; known schedules: {', '.join(sorted(REGISTRY))}"
-        ) from None
+    return REGISTRY.get(name)
+
+
+def schedules_for(target: str) -> tuple[str, ...]:
+    """Names of the schedules ``target`` implements, sorted."""
+    return tuple(n for n, s in REGISTRY.items() if s.runs_on(target))

@@ -10,8 +10,10 @@ into h_t.  Blelloch (1990), "Prefix sums and their applications".
 
 from __future__ import annotations
 
+import dataclasses
+
 from ..ir.stages import ScheduleOp
-from .base import Schedule, Tunable, power_of_two, register
+from .base import BOTH, DIAGONAL, WORKGROUP_SIZE, Schedule, power_of_two, register
 
 
 def _wg_rule(value):
@@ -24,9 +26,10 @@ class Blelloch(Schedule):
 
     name = "blelloch"
     description = "Blelloch up-sweep/root/down-sweep over affine pairs in blocks of 2*workgroup_size"
+    implementations = {"numpy": BOTH, "opencl": DIAGONAL, "cuda": DIAGONAL, "julia": DIAGONAL}
     tunables = (
-        Tunable("workgroup_size", 256, (32, 64, 128, 256, 512, 1024),
-                "work-items per workgroup; a block holds 2*workgroup_size elements", _wg_rule),
+        dataclasses.replace(WORKGROUP_SIZE, values=(32, 64, 128, 256, 512, 1024), rule=_wg_rule,
+                            doc="work-items per workgroup; a block holds 2*workgroup_size elements"),
     )
 
     def ops(self, config):

@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 from ..ir.stages import ScheduleOp
-from .base import Schedule, Tunable, positive, register
+from .base import BOTH, DIAGONAL, Schedule, Tunable, positive, register
 
 
 @register
@@ -20,6 +20,7 @@ class Chunked(Schedule):
 
     name = "chunked"
     description = "split L into chunks: local reduce, scan of chunk aggregates, carry fix-up"
+    implementations = {"numpy": BOTH, "c": BOTH, "julia": DIAGONAL}
     tunables = (
         Tunable("chunk", 2048, (256, 512, 1024, 2048, 4096, 8192, 16384),
                 "elements of L per chunk", positive),

@@ -23,20 +23,10 @@ from __future__ import annotations
 
 from ..errors import ScanInputError
 from ..ir.stages import ScheduleOp
-from .base import Schedule, Tunable, positive, power_of_two, register
+from .base import DIAGONAL, ITEMS_PER_THREAD, WORKGROUP_SIZE, Schedule, Tunable, power_of_two, register
 
 #: Work-items per subgroup scan: the NVIDIA warp; targets without shuffles scan the same groups in local memory.
 SUBGROUP_WIDTH = 32
-
-
-def workgroup_rule(value: object) -> str | None:
-    """Rule shared by the GPU schedules: a power of two from 32 to 1024."""
-    return power_of_two(value) or (None if 32 <= value <= 1024 else "it must be between 32 and 1024")
-
-
-def items_rule(value: object) -> str | None:
-    """Rule for ``items_per_thread``: 1 .. 64 (they live in registers)."""
-    return positive(value) or (None if value <= 64 else "it must be <= 64 (items are kept in registers)")
 
 
 def threads_per_lane(config: dict, api: str = "hybrid") -> int:
@@ -53,12 +43,12 @@ class Hybrid(Schedule):
     """Sequential items per thread, subgroup scan, workgroup scan of subgroup totals."""
 
     name = "hybrid"
-    kinds = ("diagonal",)
+    kinds = DIAGONAL
+    implementations = {"numpy": DIAGONAL, "opencl": DIAGONAL, "cuda": DIAGONAL, "julia": DIAGONAL}
     description = "items_per_thread in registers, subgroup (warp) scan, workgroup scan of warp totals"
     tunables = (
-        Tunable("workgroup_size", 256, (64, 128, 256, 512, 1024), "work-items per workgroup", workgroup_rule),
-        Tunable("items_per_thread", 8, (1, 2, 4, 8, 16, 32), "consecutive elements each work-item scans",
-                items_rule),
+        WORKGROUP_SIZE,
+        ITEMS_PER_THREAD,
         Tunable("lanes_per_group", 1, (1, 2, 4, 8, 16, 32),
                 "lanes sharing one workgroup (1: a lane per workgroup)", power_of_two),
     )

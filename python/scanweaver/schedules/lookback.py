@@ -20,9 +20,10 @@ exercised), ``lookback.replay``.
 
 from __future__ import annotations
 
+import dataclasses
+
 from ..ir.stages import ScheduleOp
-from .base import Schedule, Tunable, register
-from .hybrid import items_rule, workgroup_rule
+from .base import DIAGONAL, ITEMS_PER_THREAD, WORKGROUP_SIZE, Schedule, register
 
 #: Predecessors the interpreter treats as not yet having published a prefix.
 INTERPRETER_LAG = 3
@@ -33,12 +34,12 @@ class Lookback(Schedule):
     """One pass: tile scan, look-back over predecessors' aggregates, replay."""
 
     name = "lookback"
-    kinds = ("diagonal",)
+    kinds = DIAGONAL
+    implementations = {"numpy": DIAGONAL, "opencl": DIAGONAL, "cuda": DIAGONAL}
     description = "single pass: tiles in ticket order, decoupled look-back for the carry-in"
     tunables = (
-        Tunable("workgroup_size", 256, (64, 128, 256, 512, 1024), "work-items per workgroup", workgroup_rule),
-        Tunable("items_per_thread", 16, (1, 2, 4, 8, 16, 32), "consecutive elements each work-item scans",
-                items_rule),
+        WORKGROUP_SIZE,
+        dataclasses.replace(ITEMS_PER_THREAD, default=16),
     )
 
     def ops(self, config):

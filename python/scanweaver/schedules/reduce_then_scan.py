@@ -17,8 +17,7 @@ pass) but needs no inter-workgroup communication, so it runs on any device.
 from __future__ import annotations
 
 from ..ir.stages import ScheduleOp
-from .base import Schedule, Tunable, positive, register
-from .hybrid import items_rule, workgroup_rule
+from .base import BOTH, DIAGONAL, ITEMS_PER_THREAD, WORKGROUP_SIZE, Schedule, Tunable, positive, register
 
 
 def block_elements(config: dict) -> int:
@@ -32,10 +31,10 @@ class ReduceThenScan(Schedule):
 
     name = "reduce_then_scan"
     description = "three passes over blocks of L: reduce, scan of block aggregates, scan with carry-in"
+    implementations = {"numpy": BOTH, "opencl": DIAGONAL, "cuda": DIAGONAL, "julia": DIAGONAL}
     tunables = (
-        Tunable("workgroup_size", 256, (64, 128, 256, 512, 1024), "work-items per workgroup", workgroup_rule),
-        Tunable("items_per_thread", 8, (1, 2, 4, 8, 16, 32), "consecutive elements each work-item scans",
-                items_rule),
+        WORKGROUP_SIZE,
+        ITEMS_PER_THREAD,
         Tunable("tiles_per_block", 4, (1, 2, 4, 8, 16, 32),
                 "tiles (workgroup_size * items_per_thread elements) each block walks", positive),
     )

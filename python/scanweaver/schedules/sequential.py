@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..ir.stages import ScheduleOp
-from .base import Schedule, register
+from .base import BOTH, DIAGONAL, Schedule, register
 
 
 @register
@@ -13,6 +13,7 @@ class Sequential(Schedule):
     name = "sequential"
     description = "one loop over L per lane (the naive baseline); lanes in parallel"
     tunables = ()
+    implementations = {"numpy": BOTH, "c": BOTH, "opencl": BOTH, "cuda": BOTH, "julia": DIAGONAL}
 
     def ops(self, config):
         return (ScheduleOp("sequential.scan"),)

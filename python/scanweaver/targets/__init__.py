@@ -1,0 +1,5 @@
+"""Targets: the NumPy interpreter (the semantics) and the C-family renderers, found through :data:`TARGETS`."""
+
+from .base import TARGETS
+
+__all__ = ["TARGETS"]

@@ -1,4 +1,4 @@
-"""C source of the ``chunked`` schedule on CPU cores (assembled by :mod:`scanweaver.targets.c`).
+"""C source of the ``chunked`` schedule on CPU cores (assembled by :mod:`scanweaver.targets.c_target`).
 
 The chunks of the schedule are vector blocks of ``SW_VL`` scan positions
 (32 bytes: 8 floats or 4 doubles).  Each block's pairs (A_t, U_t) are
@@ -22,6 +22,8 @@ single lane streams at memory speed.  Two work layouts, picked per call:
 from __future__ import annotations
 
 from ..ir.expr import is_const
+from . import c_dense
+from .c_source import C_SCHEDULES, CSchedule
 
 #: Two-vector shuffles of the vector-extension dialects (GCC, Clang).
 SHUFFLE = r"""
@@ -350,3 +352,6 @@ static int sw_run(const sw_ctx* sw) {
   return sw_run_split(sw, nt);
 }
 """
+
+
+C_SCHEDULES.register(CSchedule("chunked", chunked_source, c_dense.CHUNKED, ("chunk", "interleave", "threads")))

@@ -4,7 +4,7 @@ h_t = A_t h_{t-1} + U_t with a state vector of ``SW_K`` entries per lane;
 ``h0`` and ``hlast`` hold ``SW_K`` values per lane.  ``chunked`` composes
 each chunk's matrices (k^3 work per element, worth it for few long lanes),
 chains the chunk aggregates per lane, and replays each chunk from its carry.
-Tokens ``@NAME@`` are filled in by :mod:`scanweaver.targets.c`.
+Tokens ``@NAME@`` are filled in by :mod:`scanweaver.targets.c_target`.
 """
 
 CONTEXT = r"""

@@ -1,4 +1,4 @@
-"""C source pieces of the CPU target, assembled by :mod:`scanweaver.targets.c`.
+"""C source pieces of the CPU target, assembled by :mod:`scanweaver.targets.c_target`.
 
 Tokens ``@NAME@`` are filled in by the emitter.  Everything here is plain
 C99 that also compiles as C++ (Kernel Tuner builds ``lang="C"`` kernels
@@ -6,7 +6,42 @@ with ``g++``): pointers from ``malloc`` are cast, ``restrict`` maps to
 ``__restrict`` under C++, and no identifier equals a tunable's bare name
 (Kernel Tuner ``#define``s those).  OpenMP and vector units are optional:
 without ``-fopenmp`` the pragmas are ignored and one thread runs.
+
+Each schedule's C rendering is a :class:`CSchedule` in :data:`C_SCHEDULES`,
+registered by the ``c_*`` module that owns it (``sequential`` here,
+``chunked`` in :mod:`.c_chunked`).
 """
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..registry import Discovery, Registry
+from . import c_dense
+
+
+@dataclass(frozen=True)
+class CSchedule:
+    """How one schedule becomes C on CPU cores.
+
+    Attributes:
+        name: the schedule.
+        body: ``body(renderer, stages)`` -> C source defining ``static int sw_run(const sw_ctx*)``
+            for diagonal transitions.
+        dense: C source of the same for dense k x k transitions, or ``None`` when not rendered.
+        reads: the CPU tunables the source reads (Kernel Tuner pins the others).
+    """
+
+    name: str
+    body: Callable
+    dense: str | None
+    reads: tuple[str, ...]
+
+
+#: Schedule name -> its C rendering (from the ``c_*`` modules of this package).
+C_SCHEDULES: Registry[CSchedule] = Registry(
+    "C schedule", (Discovery("scanweaver.targets", ("c_*",), exclude=("c_target",)),))
 
 PRELUDE = r"""
 #include <math.h>
@@ -115,6 +150,8 @@ static int sw_run(const sw_ctx* sw) {
   return SW_OK;
 }
 """
+
+C_SCHEDULES.register(CSchedule("sequential", lambda renderer, stages: SEQUENTIAL, c_dense.SEQUENTIAL, ("threads",)))
 
 TIMED = r"""
 static double sw_now(void) {

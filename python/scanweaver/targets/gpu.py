@@ -5,7 +5,8 @@ every GPU kernel shares (feature and tunable defines, element macros, the
 affine pair type, the workgroup scan); targets (:mod:`.opencl`,
 :mod:`.cuda`, later HIP) subclass it and override strings only.  Each
 schedule's kernels and launch geometry are a :class:`GPUSchedule` found
-through :data:`SCHEDULES` (defined in :mod:`.gpu_kernels`).
+through :data:`SCHEDULES` (registered by the ``gpu_*`` modules of this
+package, :mod:`.gpu_kernels` and :mod:`.gpu_multiblock`).
 
 Kernel contract (every schedule, every GPU target; Kernel Tuner relies on it):
 
@@ -43,7 +44,9 @@ from dataclasses import dataclass
 from collections.abc import Callable
 
 from ..errors import ScanInputError
+from ..registry import Discovery, Registry
 from ..ir import Stages
+from .base import TARGETS
 from .cstyle import CStyleRenderer, DenseMixin
 
 
@@ -88,14 +91,13 @@ class GPUSchedule:
     plan: Callable[[dict, int, int], Plan]
 
 
-SCHEDULES: dict[str, GPUSchedule] = {}
-TARGETS: dict[str, type[GPURenderer]] = {}
+#: Schedule name -> its GPU kernels (from the ``gpu_*`` modules of this package).
+SCHEDULES: Registry[GPUSchedule] = Registry("GPU schedule", (Discovery("scanweaver.targets", ("gpu_*",)),))
 
 
 def register_target(cls: type[GPURenderer]) -> type[GPURenderer]:
-    """Class decorator adding a GPU target renderer to :data:`TARGETS`."""
-    TARGETS[cls.target] = cls
-    return cls
+    """Class decorator adding a GPU target renderer to :data:`~scanweaver.targets.TARGETS`."""
+    return TARGETS.register(cls)
 
 
 PAIR = """typedef struct { SW_T a; SW_T u; } sw_pair;
@@ -188,6 +190,11 @@ MAX_DENSE_STATE = 8
 class GPURenderer(DenseMixin, CStyleRenderer):
     """The GPU side of the C-family renderer; targets override the strings."""
 
+    @classmethod
+    def implements(cls, schedule: str, kind: str) -> bool:
+        """True when ``schedule`` has GPU kernels for ``kind`` transitions (dense: ``sequential`` only)."""
+        return schedule in SCHEDULES and (kind == "diagonal" or schedule == "sequential")
+
     def gpu_macros(self) -> list[str]:
         """Target macros the shared kernel text is written in."""
         lines = [
@@ -238,10 +245,10 @@ class GPURenderer(DenseMixin, CStyleRenderer):
         """Complete kernel source for ``stages`` (its schedule chooses the kernels)."""
         if stages.schedule is None:
             raise ScanInputError(f"{self.target} emitter: stages have no schedule; lower with schedule=...")
-        spec = SCHEDULES.get(stages.schedule.schedule)
+        spec = SCHEDULES.get(stages.schedule.schedule, None)
         if spec is None:
             raise ScanInputError(f"{self.target} emitter: schedule {stages.schedule.schedule!r} has no GPU kernels; "
-                                 f"GPU schedules: {', '.join(sorted(SCHEDULES))}")
+                                 f"GPU schedules: {', '.join(SCHEDULES.names())}")
         dense = stages.affine.kind == "dense"
         if dense and (stages.schedule.schedule != "sequential" or stages.affine.state_size > MAX_DENSE_STATE):
             raise ScanInputError(
@@ -277,26 +284,22 @@ def emit_source(stages: Stages, target: str) -> str:
 
     Args:
         stages: stages lowered with a GPU schedule.
-        target: a key of :data:`TARGETS`.
+        target: a GPU key of :data:`~scanweaver.targets.TARGETS`.
 
     Raises:
         ScanInputError: for an unknown target or a schedule without GPU kernels.
     """
-    from . import cuda, gpu_kernels, opencl  # noqa: F401  (registration)
-
-    cls = TARGETS.get(target)
-    if cls is None:
-        raise ScanInputError(f"emit_source: unknown GPU target {target!r}; known: {', '.join(sorted(TARGETS))}")
-    return cls().render(stages)
+    gpu = [name for name, cls in TARGETS.items() if issubclass(cls, GPURenderer)]
+    if target not in gpu:
+        raise ScanInputError(f"emit_source: unknown GPU target {target!r}; known: {', '.join(gpu)}")
+    return TARGETS.get(target)().render(stages)
 
 
 def launch_plan(schedule: str, config: dict, lanes: int, L: int) -> Plan:
     """Launch geometry and scratch sizes of ``schedule`` for ``lanes`` sequences of length ``L``."""
-    from . import gpu_kernels  # noqa: F401  (registration)
-
     if schedule not in SCHEDULES:
         raise ScanInputError(f"launch_plan: schedule {schedule!r} has no GPU kernels; "
-                             f"GPU schedules: {', '.join(sorted(SCHEDULES))}")
+                             f"GPU schedules: {', '.join(SCHEDULES.names())}")
     return SCHEDULES[schedule].plan(config, lanes, L)
 
 

@@ -105,12 +105,12 @@ def _sequential_plan(cfg, lanes, L) -> Plan:
     return Plan((Launch("sw_sequential", ceil_div(lanes, wg), wg),))
 
 
-SCHEDULES["sequential"] = GPUSchedule(
+SCHEDULES.add("sequential", GPUSchedule(
     defines=lambda cfg: (f"#ifndef workgroup_size\n#define workgroup_size {SEQUENTIAL_WORKGROUP}\n#endif\n"
                          "#define SW_WORKGROUP_SIZE (workgroup_size)"),
     body=_sequential_body,
     plan=_sequential_plan,
-)
+))
 
 
 def _blelloch_body(r, stages) -> str:
@@ -170,11 +170,11 @@ def _blelloch_body(r, stages) -> str:
 }}"""
 
 
-SCHEDULES["blelloch"] = GPUSchedule(
+SCHEDULES.add("blelloch", GPUSchedule(
     defines=lambda cfg: "",
     body=_blelloch_body,
     plan=lambda cfg, lanes, L: Plan((Launch("sw_blelloch", lanes, cfg["workgroup_size"]),)),
-)
+))
 
 
 def _hybrid_body(r, stages) -> str:
@@ -193,12 +193,12 @@ SW_KERNEL void sw_hybrid({r.gpu_params(stages)}) {{
 }}"""
 
 
-SCHEDULES["hybrid"] = GPUSchedule(
+SCHEDULES.add("hybrid", GPUSchedule(
     defines=lambda cfg: ("#define SW_TPL (SW_WORKGROUP_SIZE / SW_LANES_PER_GROUP)\n"
                          "#define SW_IPT SW_ITEMS_PER_THREAD"),
     body=_hybrid_body,
     plan=lambda cfg, lanes, L: Plan((Launch("sw_hybrid", ceil_div(lanes, cfg["lanes_per_group"]),
                                             cfg["workgroup_size"]),)),
-)
+))
 
 from . import gpu_multiblock  # noqa: E402,F401  (registers reduce_then_scan and lookback)

@@ -69,11 +69,11 @@ def _rts_plan(cfg, lanes, L) -> Plan:
                  Launch("sw_rts_scan", lanes * nb, wg)), ws=3 * lanes * nb, wsi=1)
 
 
-SCHEDULES["reduce_then_scan"] = GPUSchedule(
+SCHEDULES.add("reduce_then_scan", GPUSchedule(
     defines=lambda cfg: TILE_DEFINES + "\n#define SW_BLOCK ((sw_index)SW_WORKGROUP_SIZE * SW_IPT * SW_TILES_PER_BLOCK)",
     body=_rts_body,
     plan=_rts_plan,
-)
+))
 
 
 def _lookback_body(r, stages) -> str:
@@ -136,8 +136,8 @@ def _lookback_plan(cfg, lanes, L) -> Plan:
     return Plan((Launch("sw_lookback", G, cfg["workgroup_size"]),), ws=3 * G, wsi=1 + G, zero_wsi=True)
 
 
-SCHEDULES["lookback"] = GPUSchedule(
+SCHEDULES.add("lookback", GPUSchedule(
     defines=lambda cfg: TILE_DEFINES + "\n#define SW_TILE ((sw_index)SW_WORKGROUP_SIZE * SW_IPT)",
     body=_lookback_body,
     plan=_lookback_plan,
-)
+))

@@ -15,18 +15,31 @@ import numpy as np
 from ..ir.functions import NUMPY
 from ..ir.expr import Expr, evaluate, is_const
 from ..ir.stages import AffineScanIR, ScheduleIR
+from ..registry import Discovery, Registry
+from ..schedules import get_schedule
+from .base import TARGETS
 
-OPS: dict[str, Callable[[dict, dict], None]] = {}
+#: Schedule op name -> its interpreter handler ``fn(ctx, attrs)`` (this module and ``reference_*``).
+OPS: Registry[Callable[[dict, dict], None]] = Registry(
+    "interpreter op", (Discovery("scanweaver.targets", ("reference*",)),))
 
 
 def op(name: str):
     """Registers the interpreter handler for schedule op ``name``."""
+    return OPS.register(name)
 
-    def deco(fn):
-        OPS[name] = fn
-        return fn
 
-    return deco
+@TARGETS.register
+class Interpreter:
+    """The NumPy interpreter as a target (``numpy``): it implements every schedule whose ops all have handlers."""
+
+    target = "numpy"
+
+    @classmethod
+    def implements(cls, schedule: str, kind: str) -> bool:
+        """True when every op of ``schedule`` (at its defaults) has a handler and the ops handle ``kind``."""
+        sched = get_schedule(schedule)
+        return kind in sched.kinds and all(o.name in OPS for o in sched.ops(sched.defaults()))
 
 
 def eval_operand(e: Expr, inputs: dict[str, np.ndarray], dtype, shape) -> np.ndarray:
@@ -290,6 +303,3 @@ def _blelloch_apply(ctx, attrs):
     ia, iu = alg.compose(ea, eu, pa, pu)
     _store(ctx, alg.apply(ia, iu, ctx["carry"][:, :, None]))
 
-
-# Handlers of the GPU schedule ops live in their own module and register into OPS.
-from . import reference_gpu  # noqa: E402,F401

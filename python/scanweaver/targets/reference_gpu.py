@@ -1,6 +1,6 @@
 """Interpreter handlers for the GPU schedule ops (``hybrid``, ``reduce_then_scan``, ``lookback``).
 
-Registered into :data:`scanweaver.targets.reference.OPS`; like the rest of
+Registered into :data:`scanweaver.targets.reference.OPS` (found by its name, ``reference_*``); like the rest of
 the interpreter they define what each op means.  Pairs compose later after
 earlier: ``(A2, U2) o (A1, U1) = (A2*A1, A2*U1 + U2)``.
 """

@@ -28,7 +28,7 @@ import os
 import time
 from pathlib import Path
 
-from ..errors import BackendUnavailable, ScanInputError
+from ..errors import api_boundary, BackendUnavailable, ScanInputError
 from ..ir.stages import Features
 from . import store
 from .langs import get_target
@@ -101,6 +101,7 @@ def _default_confirmed_faster(report: TuneReport) -> bool:
         median(times["default"]) <= median(times["best"])
 
 
+@api_boundary
 def tune(recurrence=None, *, backend: str = "cpu", shape=(8, 512, 4096), dtype: str = "float32",
          schedule: str | tuple | None = None, strategy: str = "brute_force", max_fevals: int | None = None,
          time_limit: float | None = None, features: Features = Features(), seed: int = 0, record: bool = True,
@@ -149,11 +150,6 @@ def tune(recurrence=None, *, backend: str = "cpu", shape=(8, 512, 4096), dtype: 
         >>> report.best.config  # doctest: +SKIP
         {'chunk': 512, 'interleave': 8, 'threads': 2}
     """
-    require_kernel_tuner()
-    from kernel_tuner.interface import strategy_map
-
-    if strategy not in strategy_map:
-        raise ScanInputError(f"tune: unknown strategy {strategy!r}; Kernel Tuner has {', '.join(sorted(strategy_map))}")
     if max_fevals is not None and max_fevals < 1:
         raise ScanInputError(f"tune: max_fevals must be >= 1, got {max_fevals}")
     t0 = time.monotonic()
@@ -175,6 +171,11 @@ def tune(recurrence=None, *, backend: str = "cpu", shape=(8, 512, 4096), dtype: 
     if outside:
         raise ScanInputError(f"tune: schedule(s) {', '.join(outside)} cannot be tuned on {problem.backend!r} "
                              f"(tunable there: {', '.join(tunable)})")
+    require_kernel_tuner()  # after the checks that need no Kernel Tuner, so their errors come first
+    from kernel_tuner.interface import strategy_map
+
+    if strategy not in strategy_map:
+        raise ScanInputError(f"tune: unknown strategy {strategy!r}; Kernel Tuner has {', '.join(sorted(strategy_map))}")
     space = build_space(problem.backend, schedules=wanted, lanes=problem.lanes, L=problem.L, dtype=problem.dtype,
                         limits=target.limits(problem),
                         backend_owners=target.owners(wanted, [t.name for t in be.extra_tunables]),

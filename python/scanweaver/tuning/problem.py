@@ -14,21 +14,24 @@ from functools import cached_property
 import numpy as np
 
 from ..errors import ScanInputError
+from ..frontend import RECURRENCES
 from ..ir.stages import DTYPES, Features
 
 
 def resolve_recurrence(rec):
-    """A :class:`~scanweaver.Recurrence` from one, from ``selective_scan`` or from its name."""
-    from .. import api
-
-    if isinstance(rec, api.Recurrence):
+    """A :class:`~scanweaver.Recurrence` from one, from a function that names one
+    (``scanweaver.selective_scan``), or from a registered name (``"selective_scan"``)."""
+    if hasattr(rec, "scan_ir") and hasattr(rec, "signature"):
         return rec
-    if rec is api.selective_scan or rec in ("selective_scan", None):
-        return api.SELECTIVE
-    if rec == "selective_scan_h":
-        return api.SELECTIVE_NO_C
-    raise ScanInputError(f"tune: expected a scanweaver.Recurrence, scanweaver.selective_scan or "
-                         f"'selective_scan'/'selective_scan_h', got {rec!r}")
+    named = getattr(rec, "recurrence", None)
+    if named is not None:
+        return named
+    if rec is None or isinstance(rec, str):
+        found = RECURRENCES.get(rec or "selective_scan", None)
+        if found is not None:
+            return found
+    raise ScanInputError(f"tune: expected a scanweaver.Recurrence, scanweaver.selective_scan or a recurrence name "
+                         f"({', '.join(repr(n) for n in RECURRENCES.names())}), got {rec!r}")
 
 
 @dataclass(frozen=True)

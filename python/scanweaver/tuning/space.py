@@ -204,10 +204,9 @@ class SearchSpace:
     @classmethod
     def from_json(cls, d: dict) -> SearchSpace:
         """The space :meth:`to_json` described (backend tunables resolved from the registry)."""
-        from ..runtime import REGISTRY, load_all
+        from ..runtime import REGISTRY
 
-        load_all()
-        backend = REGISTRY.get(d["backend"])
+        backend = REGISTRY.get(d["backend"], None)
         return cls(d["backend"], tuple(d["schedules"]), {k: tuple(v) for k, v in d["params"].items()},
                    {n: {s: frozenset(vs) for s, vs in o.items()} for n, o in d["owners"].items()},
                    dict(d["pinned"]), Limits(**d["limits"]), tuple(backend.extra_tunables) if backend else ())
@@ -238,12 +237,9 @@ def build_space(backend: str, *, schedules: tuple[str, ...] | None = None, lanes
     Raises:
         ScanInputError: unknown backend or a schedule the backend cannot run.
     """
-    from ..runtime import REGISTRY, load_all
+    from ..runtime import REGISTRY
 
-    load_all()
     cls = REGISTRY.get(backend)
-    if cls is None:
-        raise ScanInputError(f"tune: unknown backend {backend!r}; known: {', '.join(sorted(REGISTRY))}")
     schedules = tuple(schedules or cls.schedules)
     bad = [s for s in schedules if s not in cls.schedules]
     if bad:

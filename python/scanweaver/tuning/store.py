@@ -201,7 +201,7 @@ def _valid(entry: Entry) -> bool:
     from ..passes.materialize_schedule import resolve_config
     from ..runtime.base import REGISTRY
 
-    backend = REGISTRY.get(entry.backend)
+    backend = REGISTRY.get(entry.backend, None)
     extra = backend.extra_tunables if backend is not None else ()
     if backend is not None and entry.schedule not in backend.schedules:
         return False

@@ -41,14 +41,13 @@ class ScanWeaverEntry(Peer):
         self.us_per_step = NUMPY_STEP_US if backend == "numpy" else 0.0
 
     def availability(self) -> str | None:
-        from ...runtime import REGISTRY, load_all
+        from ...runtime import REGISTRY
 
-        load_all()
         if self.backend == "auto":
             return None
-        cls = REGISTRY.get(self.backend)
+        cls = REGISTRY.get(self.backend, None)
         if cls is None:
-            return f"backend {self.backend!r} is not registered (known: {', '.join(sorted(REGISTRY))})"
+            return REGISTRY.unknown_message(self.backend)
         avail = cls.availability()
         return None if avail.ok else avail.reason
 
@@ -144,9 +143,8 @@ class Roofline(Peer):
 @provider
 def scanweaver_entries(backend: str | None) -> list[Peer]:
     """One entry per (backend, schedule), the default path, and the roofline bound."""
-    from ...runtime import REGISTRY, load_all
+    from ...runtime import REGISTRY
 
-    load_all()
     out: list[Peer] = []
     for name in sorted(REGISTRY):
         if backend not in (None, "auto", name):

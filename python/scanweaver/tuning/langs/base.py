@@ -4,7 +4,8 @@ A :class:`KernelTunerTarget` knows the Kernel Tuner ``lang`` of its backend,
 which schedule families can be timed as one Kernel Tuner kernel, the
 device limits that shape the search space, and how to build the kernel
 source, arguments and launch geometry (:class:`KernelSpec`).  Targets are
-found through :data:`TARGETS`, keyed by backend name.
+found through :data:`TARGETS`, keyed by backend name: every module of this
+package but ``base`` and ``gpu`` (shared by the GPU targets) defines one.
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
-from collections.abc import Callable
 
 import numpy as np
 
 from ...errors import ScanInputError
+from ...registry import Discovery, Registry
 from ..problem import TuneProblem
 from ..space import Limits, SearchSpace
 
@@ -80,13 +81,12 @@ class KernelTunerTarget(ABC):
 
     def unavailable(self) -> str | None:
         """Why this backend cannot be tuned here, or ``None``."""
-        from ...runtime import REGISTRY, load_all
+        from ...runtime import REGISTRY
 
         missing = [m for m in self.requires if importlib.util.find_spec(m) is None]
         if missing:
             return f"Python module(s) {', '.join(missing)} not installed ({self.install})"
-        load_all()
-        cls = REGISTRY.get(self.backend)
+        cls = REGISTRY.get(self.backend, None)
         if cls is None:
             return f"backend {self.backend!r} is not part of this installation"
         avail = cls.availability()
@@ -147,24 +147,20 @@ def abi_arguments(problem: TuneProblem, inputs: dict[str, np.ndarray], index_typ
     ]
 
 
-TARGETS: dict[str, Callable[[], KernelTunerTarget]] = {}
-
-#: modules that define targets (each registers itself on import)
-TARGET_MODULES = ("c", "opencl", "cuda", "julia")
+#: Backend name -> its Kernel Tuner target class.
+TARGETS: Registry[type[KernelTunerTarget]] = Registry(
+    "Kernel Tuner target", (Discovery("scanweaver.tuning.langs", exclude=("base", "gpu")),), key="backend")
 
 
 def register(cls: type[KernelTunerTarget]) -> type[KernelTunerTarget]:
     """Class decorator adding a target to :data:`TARGETS`."""
-    TARGETS[cls.backend] = cls
-    return cls
+    return TARGETS.register(cls)
 
 
 def get_target(backend: str) -> KernelTunerTarget:
     """The Kernel Tuner target of ``backend``, or a clear error naming the tunable backends."""
-    for mod in TARGET_MODULES:
-        importlib.import_module(f"{__package__}.{mod}")
-    cls = TARGETS.get(backend)
+    cls = TARGETS.get(backend, None)
     if cls is None:
         raise ScanInputError(f"tune: backend {backend!r} cannot be tuned; tunable backends: "
-                             f"{', '.join(sorted(TARGETS))}")
+                             f"{', '.join(TARGETS.names())}")
     return cls()

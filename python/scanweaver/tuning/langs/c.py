@@ -43,15 +43,15 @@ class CTarget(KernelTunerTarget):
     timing = "host clock inside the C function (omp_get_wtime), median of repeated calls"
 
     def schedules(self, backend_schedules):
-        from ...targets.c import SCHEDULE_BODIES
+        from ...targets.c_source import C_SCHEDULES
 
-        return tuple(s for s in backend_schedules if s in SCHEDULE_BODIES)
+        return tuple(s for s in backend_schedules if s in C_SCHEDULES)
 
     def owners(self, schedules: tuple[str, ...], names: list[str]) -> dict[str, tuple[str, ...]]:
         """Backend tunable name -> schedules whose C body reads it."""
-        from ...targets.c import SCHEDULE_TUNABLES
+        from ...targets.c_source import C_SCHEDULES
 
-        return {n: tuple(s for s in schedules if n in SCHEDULE_TUNABLES[s]) for n in names}
+        return {n: tuple(s for s in schedules if n in C_SCHEDULES[s].reads) for n in names}
 
     def compiler(self) -> tuple[str, list[str]]:
         """The runtime's compiler and flags, as Kernel Tuner's ``compiler``/``compiler_options``."""
@@ -64,7 +64,7 @@ class CTarget(KernelTunerTarget):
     def kernel(self, problem: TuneProblem, space: SearchSpace, inputs: dict[str, np.ndarray],
                workdir: Path) -> KernelSpec:
         from ...runtime import get_backend
-        from ...targets.c import CRenderer
+        from ...targets.c_target import CRenderer
 
         be = get_backend(problem.backend)
         scan = problem.recurrence.scan_ir(problem.dtype, problem.features)

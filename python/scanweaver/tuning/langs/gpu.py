@@ -33,7 +33,6 @@ KERNEL_NAME = "sw_tuned"
 def single_launch(schedule: str, lanes: int = 4, L: int = 1000) -> bool:
     """True when ``schedule``'s GPU plan is one kernel that needs no zeroed scratch."""
     from ...schedules import get_schedule
-    from ...targets import gpu_kernels  # noqa: F401  (registers the GPU schedules)
     from ...targets.gpu import SCHEDULES, launch_plan
 
     if schedule not in SCHEDULES:

@@ -1,6 +1,6 @@
 """The ``opencl`` backend under Kernel Tuner ``lang="OpenCL"``, timed by OpenCL profiling events.
 
-The device is the one the runtime uses (:func:`scanweaver.runtime.opencl.select_device`,
+The device is the one the runtime uses (:func:`scanweaver.runtime.opencl_backend.select_device`,
 ``SCANWEAVER_OPENCL_DEVICE``), given to Kernel Tuner as platform and device indices.
 """
 
@@ -15,7 +15,7 @@ from .gpu import GPUTarget
 def _device_indices() -> tuple[int, int, object]:
     import pyopencl as cl
 
-    from ...runtime.opencl import select_device
+    from ...runtime.opencl_backend import select_device
 
     p, d = select_device()
     platforms = cl.get_platforms()

@@ -32,7 +32,6 @@ class CUDABackend(GPUBackend):
 
     name = "cuda"
     target = "cuda"
-    schedules = ("hybrid", "lookback", "reduce_then_scan", "blelloch", "sequential")
     auto_priority = 20
     multi_block = "lookback"
 

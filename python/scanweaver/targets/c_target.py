@@ -32,7 +32,7 @@ as C and as C++ (Kernel Tuner uses ``g++``; it carries its own
 
 Example:
     >>> import scanweaver
-    >>> from scanweaver.targets.c import CRenderer
+    >>> from scanweaver.targets.c_target import CRenderer
     >>> stages = scanweaver.api.SELECTIVE.lower(backend="numpy", schedule="chunked")
     >>> "int sw_scan(" in CRenderer().render(stages)
     True
@@ -44,26 +44,10 @@ from typing import ClassVar
 
 from ..errors import ScanInputError
 from ..ir import Stages
-from . import c_chunked, c_dense, c_source
+from . import c_dense, c_source
+from .base import TARGETS
+from .c_source import C_SCHEDULES
 from .cstyle import CStyleRenderer, DenseMixin
-
-#: Schedule name -> C source (a function of the renderer and the stages) defining ``static int sw_run(const sw_ctx*)``.
-SCHEDULE_BODIES: dict[str, object] = {
-    "sequential": lambda renderer, stages: c_source.SEQUENTIAL,
-    "chunked": c_chunked.chunked_source,
-}
-
-#: Schedule name -> the tunables its C source reads (the tuner pins the others).
-SCHEDULE_TUNABLES: dict[str, tuple[str, ...]] = {
-    "sequential": ("threads",),
-    "chunked": ("chunk", "interleave", "threads"),
-}
-
-#: Schedule name -> C source of dense k x k transitions.
-DENSE_BODIES: dict[str, str] = {
-    "sequential": c_dense.SEQUENTIAL,
-    "chunked": c_dense.CHUNKED,
-}
 
 #: Largest dense state the C target unrolls (k*k values per step live in registers and stack).
 MAX_DENSE_STATE = 8
@@ -72,11 +56,17 @@ MAX_DENSE_STATE = 8
 TUNABLE_DEFAULTS: dict[str, int] = {"threads": 0, "interleave": 1, "chunk": 8192}
 
 
+@TARGETS.register
 class CRenderer(DenseMixin, CStyleRenderer):
-    """Renders the ``sequential`` and ``chunked`` schedules as portable C (OpenMP optional)."""
+    """Renders the schedules of :data:`~.c_source.C_SCHEDULES` as portable C (OpenMP optional)."""
 
     target: ClassVar[str] = "c"
-    schedules: ClassVar[tuple[str, ...]] = tuple(SCHEDULE_BODIES)
+
+    @classmethod
+    def implements(cls, schedule: str, kind: str) -> bool:
+        """True when ``schedule`` has a C rendering for ``kind`` transitions."""
+        spec = C_SCHEDULES.get(schedule, None)
+        return spec is not None and (kind == "diagonal" or spec.dense is not None)
 
     def render(self, stages: Stages, *, kernel_tuner: bool = False) -> str:
         """The C translation unit of ``stages`` (see the module docstring for the ABI).
@@ -89,10 +79,11 @@ class CRenderer(DenseMixin, CStyleRenderer):
             ValueError: when the schedule has no C rendering.
         """
         sched = stages.schedule
-        if sched is None or sched.schedule not in SCHEDULE_BODIES:
+        spec = None if sched is None else C_SCHEDULES.get(sched.schedule, None)
+        if spec is None or not self.implements(spec.name, stages.affine.kind):
             name = None if sched is None else sched.schedule
-            raise ValueError(f"C emitter: no CPU rendering of schedule {name!r}; "
-                             f"it renders {', '.join(SCHEDULE_BODIES)}")
+            raise ValueError(f"C emitter: no CPU rendering of schedule {name!r} for {stages.affine.kind} "
+                             f"transitions; it renders {', '.join(C_SCHEDULES.names())}")
         dtype = stages.affine.dtype
         params = self.params(stages)
         dense = stages.affine.kind == "dense"
@@ -106,7 +97,7 @@ class CRenderer(DenseMixin, CStyleRenderer):
             c_source.PRELUDE,
             self.helpers(dtype),
             self._dense_context(stages) if dense else self._context(stages),
-            DENSE_BODIES[sched.schedule] if dense else SCHEDULE_BODIES[sched.schedule](self, stages),
+            spec.dense if dense else spec.body(self, stages),
             c_source.ENTRY.replace("@PARAMS@", ", ".join(params)).replace("@INIT@", self._init(stages)),
         ]
         if kernel_tuner:

@@ -66,7 +66,6 @@ class OpenCLBackend(GPUBackend):
 
     name = "opencl"
     target = "opencl"
-    schedules = ("hybrid", "blelloch", "sequential", "reduce_then_scan", "lookback")
     auto_priority = 5
     multi_block = "reduce_then_scan"
 

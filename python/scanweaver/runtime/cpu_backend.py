@@ -1,4 +1,4 @@
-"""The ``cpu`` backend: C kernels from :mod:`scanweaver.targets.c`, compiled once and cached.
+"""The ``cpu`` backend: C kernels from :mod:`scanweaver.targets.c_target`, compiled once and cached.
 
 Kernels are built by the system C compiler (:mod:`.toolchain`) with OpenMP
 when it is available and called through :mod:`ctypes`.  Every argument is
@@ -32,7 +32,7 @@ from ..errors import ScanInputError
 from ..ir import Stages
 from ..schedules import Tunable
 from ..schedules.base import non_negative
-from ..targets.c import CRenderer
+from ..targets.c_target import CRenderer
 from . import toolchain
 from .base import Availability, Backend, ScanArrays, register
 
@@ -77,7 +77,6 @@ class CpuBackend(Backend):
 
     name = "cpu"
     target = "c"
-    schedules = ("chunked", "sequential")
     kinds = ("diagonal", "dense")
     auto_priority = 10
     extra_tunables = (
