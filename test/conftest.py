@@ -10,6 +10,8 @@ import pytest
 
 # Every compiled kernel and tuned store of the test run goes to a fresh directory.
 os.environ.setdefault("SCANWEAVER_CACHE_DIR", tempfile.mkdtemp(prefix="scanweaver-test-cache-"))
+# A shared store named in the environment must not receive (or serve) the tests' tuned entries.
+os.environ.pop("SCANWEAVER_TUNED", None)
 
 
 @pytest.fixture

@@ -58,6 +58,8 @@ def test_cli_tunes_the_cpu_in_c_and_the_next_scan_uses_it(cache):
     assert rep["default_ms"] > 0 and rep["speedup_vs_default"] == pytest.approx(rep["default_ms"] / rep["best_ms"])
     assert (cache / "report" / "tune.png").stat().st_size > 1000
     assert Path(rep["store_path"]) == store.store_path()
+    (stored,) = store.load()
+    assert stored.host and stored.versions["kernel_tuner"] and stored.versions["scanweaver"]  # who, with what
 
     best = dict(rep["best_config"])
     sched = best.pop("schedule")

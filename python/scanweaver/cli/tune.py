@@ -1,10 +1,14 @@
 """``scanweaver tune``: tune the selective scan on a backend with Kernel Tuner and store the best configuration.
 
-``--show`` lists what the store holds instead.  Examples::
+``--show`` lists what every store this process reads holds instead (the shared stores of
+``$SCANWEAVER_TUNED``, then the per-user one); ``--export FILE`` writes them to one file and
+``--import FILE`` merges such a file into the store tunes write to.  Examples::
 
     scanweaver tune --backend cpu --shape 8,512,4096
     scanweaver tune --backend opencl --shape 4,1024 --strategy random_sample --max-fevals 20 --json
     scanweaver tune --show
+    scanweaver tune --export tuned-gpu-nodes.json
+    SCANWEAVER_TUNED=/shared/scanweaver/ scanweaver tune --import tuned-gpu-nodes.json
 """
 
 from __future__ import annotations
@@ -28,22 +32,58 @@ def _values(text: str) -> tuple[str, tuple[int, ...]]:
     return name.strip(), parsed
 
 
+def _when(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(t))
+
+
 def show(as_json: bool) -> int:
-    """Prints every stored tuned configuration."""
+    """Prints every tuned configuration of every source, with who measured it, where and when."""
     from ..tuning import store
 
-    entries = store.load()
-    rows = [e.to_json() for e in entries]
+    sources = store.load_sources()
+    shared = set(store.shared_paths())
     if as_json:
-        print(json.dumps({"store_path": str(store.store_path()), "entries": rows}, indent=1))
+        print(json.dumps({"store_path": str(store.store_path()),
+                          "sources": [{"path": str(p), "shared": p in shared, "exists": p.exists(),
+                                       "entries": [e.to_json() for e in es]} for p, es in sources],
+                          "entries": [{**e.to_json(), "source": str(p)} for p, es in sources for e in es]},
+                         indent=1))
         return 0
-    print(f"tuned configurations in {store.store_path()}: {len(rows)}")
-    for e in sorted(entries, key=lambda e: (e.backend, e.device, e.signature, e.dtype, e.lanes, e.L)):
-        cfg = ", ".join(f"{k}={v}" for k, v in sorted(e.config.items()))
-        speed = f", {e.default_ms / e.time_ms:.2f}x vs default" if e.default_ms and e.time_ms else ""
-        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(e.created))
-        print(f"  {e.backend:<7} {e.device}  {e.signature} {e.dtype} lanes={e.lanes} L={e.L}: "
-              f"{e.schedule}({cfg}) {e.time_ms:.4g} ms{speed} [{e.strategy}, {when}]")
+    for path, entries in sources:
+        kind = f"shared, ${store.SHARED_ENV}" if path in shared else "per-user"
+        mark = ", tunes write here" if path == store.store_path() else ""
+        print(f"tuned configurations in {path} ({kind}{mark}): {len(entries)}")
+        for e in sorted(entries, key=lambda e: (e.backend, e.device, e.signature, e.dtype, e.lanes, e.L)):
+            cfg = ", ".join(f"{k}={v}" for k, v in sorted(e.config.items()))
+            speed = f", {e.default_ms / e.time_ms:.2f}x vs default" if e.default_ms and e.time_ms else ""
+            who = f"{e.user}@{e.host}, " if e.host else ""
+            ver = e.versions.get("scanweaver")
+            print(f"  {e.backend:<7} {e.device}  {e.signature} {e.dtype} lanes={e.lanes} L={e.L}: "
+                  f"{e.schedule}({cfg}) {e.time_ms:.4g} ms{speed} [{e.strategy}, {who}{_when(e.created)}"
+                  f"{f', scanweaver {ver}' if ver else ''}]")
+    return 0
+
+
+def export(path: str, as_json: bool) -> int:
+    """``--export``: every visible entry into one file."""
+    from ..tuning import exchange
+
+    n = exchange.export(path)
+    print(json.dumps({"exported": n, "path": path}) if as_json else f"exported {n} tuned configurations to {path}")
+    return 0
+
+
+def import_(path: str, as_json: bool) -> int:
+    """``--import``: merge a file into the store tunes write to."""
+    from ..tuning import exchange, store
+
+    counts = exchange.import_file(path)
+    dest = str(store.store_path())
+    if as_json:
+        print(json.dumps({**counts, "path": path, "store_path": dest}))
+    else:
+        print(f"imported {path} into {dest}: {counts['added']} added, {counts['replaced']} replaced, "
+              f"{counts['kept']} kept (the stored measurement was newer)")
     return 0
 
 
@@ -70,12 +110,22 @@ class Tune:
         p.add_argument("--no-store", action="store_true", help="do not record the result in the store")
         p.add_argument("--out", help="directory for tune.json, tune.txt and tune.png")
         p.add_argument("--json", action="store_true", help="print the summary as JSON")
-        p.add_argument("--show", action="store_true", help="list the stored tuned configurations and exit")
+        act = p.add_mutually_exclusive_group()
+        act.add_argument("--show", action="store_true",
+                         help="list the tuned configurations of every store this process reads and exit")
+        act.add_argument("--export", metavar="FILE",
+                         help="write every visible tuned configuration to FILE (versioned JSON) and exit")
+        act.add_argument("--import", dest="import_file", metavar="FILE",
+                         help="merge FILE into the store tunes write to ($SCANWEAVER_TUNED or per-user) and exit")
 
     @staticmethod
     def run(args: argparse.Namespace) -> int:
         if args.show:
             return show(args.json)
+        if args.export:
+            return export(args.export, args.json)
+        if args.import_file:
+            return import_(args.import_file, args.json)
         from ..tuning import tune
 
         schedule = tuple(args.schedule) if args.schedule else None

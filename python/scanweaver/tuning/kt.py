@@ -31,6 +31,7 @@ from pathlib import Path
 from ..errors import api_boundary, BackendUnavailable, ScanInputError
 from ..ir.stages import Features
 from . import store
+from .exchange import provenance
 from .langs import get_target
 from .problem import TuneProblem
 from .report import TuneReport, summarize
@@ -223,7 +224,8 @@ def tune(recurrence=None, *, backend: str = "cpu", shape=(8, 512, 4096), dtype: 
         entry = store.Entry(backend=problem.backend, device=device, signature=problem.signature,
                             dtype=problem.dtype, lanes=problem.lanes, L=problem.L, schedule=schedule,
                             config=dict(config), time_ms=time_ms, default_ms=report.default_ms,
-                            strategy=strategy, kt_cache=str(cachefile.relative_to(store.cache_dir())))
+                            strategy=strategy, kt_cache=str(cachefile.relative_to(store.cache_dir())),
+                            **provenance())
         report.store_path = str(store.record(entry))
     report.wall_s = time.monotonic() - t0
     if out is not None:

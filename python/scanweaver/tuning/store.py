@@ -1,44 +1,64 @@
 """The tuned-configuration store: the best configuration found per device and problem.
 
 Every scan call asks :func:`lookup` for a tuned ``(schedule, config)``, so
-this module imports nothing heavy and answers from an in-process copy of the
-store file that is re-read only when the file's mtime changes.
+this module imports nothing heavy and answers from an in-process copy of
+each store file that is re-read only when the file's mtime or size changes.
 
-The store is one JSON file, ``tuned.json``, in the cache directory
-(:func:`cache_dir`: ``$SCANWEAVER_CACHE_DIR`` when set, else
-``platformdirs.user_cache_dir("scanweaver")``); Kernel Tuner's own cache
-files live beside it under ``kernel_tuner/``.  An entry is keyed by backend,
-device name, recurrence signature (:meth:`Recurrence.signature`), dtype and
-problem-size bucket (``round(log2(lanes))``, ``round(log2(L))``).  A lookup
-takes the entry of the nearest bucket for that device and recurrence; with
-none, the caller's documented defaults apply.
+A store is one JSON file (:data:`FORMAT`, :data:`VERSION`).  A process reads
+every source :func:`sources` names, in order:
 
-Writers take an exclusive ``fcntl`` lock on ``tuned.json.lock``, re-read the
-file, merge their entry and atomically replace the file, so concurrent tunes
-lose nothing.  A file that is not valid JSON or not a ScanWeaver store is
-reported with a :class:`RuntimeWarning` and renamed aside
+* the paths in ``$SCANWEAVER_TUNED`` (separated by ``os.pathsep``; a
+  directory means ``<dir>/tuned.json``), typically one file on a network
+  file system shared by every node and colleague;
+* the per-user store ``tuned.json`` in the cache directory (:func:`cache_dir`:
+  ``$SCANWEAVER_CACHE_DIR`` when set, else ``platformdirs.user_cache_dir("scanweaver")``),
+  where Kernel Tuner's own cache files live too, under ``kernel_tuner/``.
+
+Tunes and imports write to :func:`store_path`: the first shared path when
+``$SCANWEAVER_TUNED`` is set, else the per-user store.  An entry is keyed
+by backend, device name, recurrence signature (:meth:`Recurrence.signature`),
+dtype and problem-size bucket (``round(log2(lanes))``, ``round(log2(L))``),
+and records who measured it, on which host, when, and with which versions.
+A lookup takes, over every source, the entry of the nearest bucket for that
+device and recurrence (the newest on ties); with none, the caller's
+documented defaults apply.
+
+Writers hold an exclusive POSIX lock (``fcntl.lockf``, which NFSv3 with
+lockd and NFSv4 honour across machines) on ``<store>.lock`` plus a lock per
+process for its threads, re-read the file, merge their entries and replace
+the file atomically (a temporary file in the same directory, ``fsync``, then
+``os.replace``), so concurrent writers on many nodes lose nothing and a
+reader sees either the old or the new file, never a half-written one.  A lock
+not obtained within :data:`LOCK_TIMEOUT_S` raises :class:`StoreLockError`
+instead of hanging.  A file that is not valid JSON or not a ScanWeaver store
+is reported with a :class:`RuntimeWarning` and renamed aside
 (``tuned.json.bad-<time>``); scans then run with defaults.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import logging
 import math
 import os
-import tempfile
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from . import atomic
 
 log = logging.getLogger("scanweaver.tuning")
 
 FORMAT = "scanweaver-tuned-configs"
 VERSION = 1
 STORE_NAME = "tuned.json"
+#: environment variable naming shared stores (files or directories, separated by ``os.pathsep``)
+SHARED_ENV = "SCANWEAVER_TUNED"
+#: seconds a writer waits for the store's lock before :class:`StoreLockError`
+LOCK_TIMEOUT_S = 120.0
+LOCK_HINT = f"point {SHARED_ENV} at a file system with POSIX locks (NFSv4, NFSv3 with lockd)"
 #: key fields of an entry, in order
 KEY = ("backend", "device", "signature", "dtype", "lanes_bucket", "L_bucket")
 
@@ -65,9 +85,46 @@ def _cache_dir(env: str | None) -> Path:
     return Path(platformdirs.user_cache_dir("scanweaver"))
 
 
-def store_path() -> Path:
-    """Path of the tuned-configuration store file."""
+def user_store_path() -> Path:
+    """The per-user store file, ``<cache_dir>/tuned.json``."""
     return cache_dir() / STORE_NAME
+
+
+def shared_paths() -> list[Path]:
+    """The store files named by ``$SCANWEAVER_TUNED`` (empty when unset)."""
+    return list(_shared_paths(os.environ.get(SHARED_ENV, "")))
+
+
+@functools.lru_cache(maxsize=8)
+def _shared_paths(env: str) -> tuple[Path, ...]:
+    out = []
+    for part in env.split(os.pathsep):
+        if not part.strip():
+            continue
+        p = Path(part.strip()).expanduser()
+        out.append(p / STORE_NAME if p.is_dir() or part.strip().endswith(("/", os.sep)) else p)
+    return tuple(out)
+
+
+def sources() -> list[Path]:
+    """Every store file this process reads, in order: shared stores first, then the per-user store.
+
+    Example:
+        >>> from scanweaver.tuning import store
+        >>> store.sources()[-1] == store.user_store_path()
+        True
+    """
+    seen: list[Path] = []
+    for p in [*shared_paths(), user_store_path()]:
+        if p not in seen:
+            seen.append(p)
+    return seen
+
+
+def store_path() -> Path:
+    """The store tunes and imports write to: the first ``$SCANWEAVER_TUNED`` path, else the per-user store."""
+    shared = shared_paths()
+    return shared[0] if shared else user_store_path()
 
 
 def bucket(n: int) -> int:
@@ -89,6 +146,8 @@ class Entry:
         strategy: Kernel Tuner strategy that found it.
         kt_cache: Kernel Tuner cache file of the tune, relative to the cache dir.
         created: Unix time of the tune.
+        host, user: who measured it, and where (:func:`~.exchange.provenance`).
+        versions: package name -> version of the measuring process.
     """
 
     backend: str
@@ -104,6 +163,9 @@ class Entry:
     strategy: str = ""
     kt_cache: str = ""
     created: float = field(default_factory=time.time)
+    host: str = ""
+    user: str = ""
+    versions: dict = field(default_factory=dict)
 
     @property
     def lanes_bucket(self) -> int:
@@ -128,6 +190,10 @@ class Entry:
 
 class StoreFormatError(ValueError):
     """The store file is not a ScanWeaver store (corrupt or foreign)."""
+
+
+#: the writer lock could not be taken (timed out, or the file system has no POSIX locks)
+StoreLockError = atomic.LockError
 
 
 def parse(text: str) -> list[Entry]:
@@ -226,7 +292,8 @@ def lookup(*, backend: str, device: str, signature: str, dtype: str, lanes: int,
     count, and only those within :data:`MAX_BUCKET_DISTANCE` log2 buckets of
     the problem in lanes and in L; among them the one whose size buckets are
     nearest (sum of the log2 distances, L first on ties, newest last) wins.
-    Never raises on a bad store file.
+    ``path`` reads that one file instead of every source.  Never raises on a
+    bad store file.
 
     Example:
         >>> from scanweaver.tuning import store
@@ -235,7 +302,7 @@ def lookup(*, backend: str, device: str, signature: str, dtype: str, lanes: int,
         True
     """
     try:
-        entries = load(path)
+        entries = load(path) if path is not None else [e for _, es in load_sources() for e in es]
     except Exception as exc:  # a store problem must never break a scan
         log.warning("scanweaver: tuned-config store unreadable: %s", exc)
         return None
@@ -253,49 +320,64 @@ def lookup(*, backend: str, device: str, signature: str, dtype: str, lanes: int,
     return None
 
 
-@contextlib.contextmanager
 def locked(path: Path | None = None):
-    """Holds the store's exclusive writer lock (``fcntl.flock``; no lock where fcntl is absent)."""
-    path = Path(path) if path else store_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(path.name + ".lock"), "a") as fh:
-        try:
-            import fcntl
-        except ImportError:
-            yield
-            return
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+    """Holds the writer lock of the store at ``path`` (default :func:`store_path`); see :mod:`.atomic`.
+
+    Raises:
+        StoreLockError: not obtained within :data:`LOCK_TIMEOUT_S`, or refused by the file system.
+    """
+    return atomic.locked(Path(path) if path else store_path(), LOCK_TIMEOUT_S, what="tuned store", hint=LOCK_HINT)
 
 
 def _write(path: Path, entries: list[Entry]) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(dump(entries))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    atomic.replace_text(path, dump(entries))
 
 
 def record(entry: Entry, path: Path | None = None) -> Path:
-    """Adds ``entry``, replacing the one with the same key; safe across processes.
+    """Adds ``entry``, replacing the one with the same key; safe across processes and machines.
 
     Returns:
         the store path.
     """
     path = Path(path) if path else store_path()
-    with locked(path):
-        current = [e for e in load(path, fresh=True) if e.key() != entry.key()]
-        _write(path, [*current, entry])
+    merge([entry], path, keep_newer=False)
     return path
+
+
+def merge(entries: list[Entry], path: Path | None = None, keep_newer: bool = True) -> dict[str, int]:
+    """Adds ``entries`` to the store at ``path`` (default :func:`store_path`) under its lock.
+
+    Args:
+        entries: entries to add.
+        path: the store file.
+        keep_newer: on a key already stored, keep whichever entry was measured
+            last (``created``); with ``False`` the given entry always replaces it.
+
+    Returns:
+        counts ``{"added", "replaced", "kept"}`` (kept: a stored entry was newer).
+    """
+    path = Path(path) if path else store_path()
+    counts = {"added": 0, "replaced": 0, "kept": 0}
+    with locked(path):
+        current = {e.key(): e for e in load(path, fresh=True)}
+        for e in entries:
+            old = current.get(e.key())
+            if old is None:
+                counts["added"] += 1
+            elif keep_newer and old.created > e.created:
+                counts["kept"] += 1
+                continue
+            else:
+                counts["replaced"] += 1
+            current[e.key()] = e
+        if counts["added"] or counts["replaced"]:
+            _write(path, list(current.values()))
+    return counts
+
+
+def load_sources() -> list[tuple[Path, list[Entry]]]:
+    """``(path, entries)`` of every source (:func:`sources`); missing files have no entries."""
+    return [(p, load(p)) for p in sources()]
 
 
 def remove(*, backend: str | None = None, device: str | None = None, signature: str | None = None,
