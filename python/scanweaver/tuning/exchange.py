@@ -50,10 +50,6 @@ def provenance() -> dict:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             continue
-    if "scanweaver" not in versions:
-        from .. import __version__
-
-        versions["scanweaver"] = __version__
     return {"host": socket.gethostname(), "user": user, "versions": versions}
 
 
