@@ -4,11 +4,22 @@ using AMDGPU: AMDGPU, ROCArray, ROCBackend
 import ScanWeaver
 
 ScanWeaver.device_array_type(::Val{:amdgpu}) = ROCArray
+ScanWeaver.device_backend(::Val{:amdgpu}) = ROCBackend()
 
 function ScanWeaver.device_status(::Val{:amdgpu})
     AMDGPU.functional() ||
         return (false, "AMDGPU.jl is loaded but not functional: no ROCm GPU or driver")
     return (true, "AMDGPU.jl on $(AMDGPU.device())")
+end
+
+hip_attribute(attr) = Int(AMDGPU.HIP.attribute(AMDGPU.device(), attr))
+
+function ScanWeaver.max_workgroupsize(::ROCBackend)
+    return hip_attribute(AMDGPU.HIP.hipDeviceAttributeMaxThreadsPerBlock)
+end
+
+function ScanWeaver.local_memory_budget(::ROCBackend)
+    return hip_attribute(AMDGPU.HIP.hipDeviceAttributeMaxSharedMemoryPerBlock)
 end
 
 """

@@ -10,6 +10,7 @@ export elapsed_ms, time_scan, tune_scan
 
 include("pairs.jl")
 include("elements.jl")
+include("limits.jl")
 include("kernels/sequential.jl")
 include("kernels/blelloch.jl")
 include("kernels/hybrid.jl")

@@ -27,11 +27,12 @@ as_lanes(A::AbstractArray, lanes) = reshape(A, lanes)
     selective_scan!(y, a, b, x, c = nothing; h0 = nothing, reset = nothing,
                     reverse = false, h_last = nothing, schedule = :auto,
                     workgroupsize = nothing, items_per_thread = nothing,
-                    chunk = nothing) -> y
+                    chunk = nothing, workspace = nothing) -> y
 
 In-place [`selective_scan`](@ref): writes the outputs into `y` (the size of
 `a`) and, when `h_last` is given (the lane shape `size(a)[2:end]`), the final
-states into `h_last`. All arrays must live on one device; the kernels run on
+states into `h_last`. A [`ScanWorkspace`](@ref) passed as `workspace` keeps
+`:reduce_then_scan`'s buffers from one call to the next. All arrays must live on one device; the kernels run on
 `get_backend(a)` and, like any KernelAbstractions launch, may still be
 running on a GPU when this returns.
 
@@ -61,20 +62,23 @@ function selective_scan!(
     workgroupsize = nothing,
     items_per_thread = nothing,
     chunk = nothing,
+    workspace = nothing,
 )
     api = :selective_scan!
     check_arguments(api, y, h_last, a, b, x, c, h0, reset)
     check_schedule(api, schedule)
-    backend = get_backend(a)
+    backend = array_backend(a)
     L = size(a, 1)
     lanes = prod(Base.tail(size(a)))
     if L == 0 && h_last !== nothing
         h0 === nothing ? fill!(h_last, zero(eltype(h_last))) : copyto!(h_last, h0)
     end
     (L == 0 || lanes == 0) && return y
-    name = schedule === :auto ? default_schedule(backend, L, lanes) : schedule
-    config = schedule_config(name; workgroupsize, items_per_thread, chunk)
-    check_config(api, name, config)
+    P = pair_type(a, b, x)
+    S = fieldtype(P, :U)
+    name = schedule === :auto ? default_schedule(backend, L, lanes, P, S) : schedule
+    config = schedule_config(name, backend, P, S; workgroupsize, items_per_thread, chunk)
+    check_config(api, name, config, backend, P, S)
     launch_schedule!(
         Val(name),
         backend,
@@ -87,7 +91,8 @@ function selective_scan!(
         as_matrix(c, L, lanes),
         as_lanes(h0, lanes),
         as_matrix(reset, L, lanes),
-        reverse,
+        reverse;
+        workspace = something(workspace, ScanWorkspace()),
     )
     return y
 end
@@ -104,13 +109,16 @@ The selective scan `h_t = a_t * h_{t-1} + b_t * x_t`, `y_t = c_t * h_t`
 from Python.
 
 - `h0`: initial states, size `size(a)[2:end]` (zeros when `nothing`).
-- `reset`: `Bool`/integer flags of `a`'s size; a set flag at `t` starts a new
-  segment (`a_t` is taken as 0).
+- `reset`: `Bool`/integer flags of `a`'s size (a `BitArray` on the CPU too);
+  a set flag at `t` starts a new segment (`a_t` is taken as 0).
 - `reverse`: scan from `t = L` down to 1 (`h_t = a_t * h_{t+1} + b_t * x_t`).
 - `return_state`: also return the final states (`h_1` for reverse scans).
 - `schedule`: `:auto`, `:sequential`, `:blelloch`, `:hybrid` or
   `:reduce_then_scan` (see [`SCHEDULES`](@ref)); `workgroupsize`,
-  `items_per_thread` and `chunk` are its tunables.
+  `items_per_thread` and `chunk` are its tunables. The default workgroup
+  size is 256, halved while the schedule's local memory for these element
+  types would exceed the device's budget (48 KiB unless the device says
+  otherwise; see `ScanWeaver.local_memory_budget`).
 
 Works on `Array`, `CuArray`, `ROCArray`, `oneArray` and `MtlArray` alike
 (the kernels run on `get_backend(a)`), for `Float32`, `Float64`, `Float16`

@@ -34,6 +34,44 @@ device_array_type(::Val{:cpu}) = Array
 device_array_type(::Val{D}) where {D} = throw(ArgumentError(device_hint(D)))
 
 """
+    device_backend(Val(device)) -> KernelAbstractions.Backend
+
+The KernelAbstractions backend of `device` (`CPU()` for `:cpu`); the GPU
+package extensions add `CUDABackend()`, `ROCBackend()`, `oneAPIBackend()` and
+`MetalBackend()`.
+"""
+device_backend(::Val{:cpu}) = CPU()
+device_backend(::Val{D}) where {D} = throw(ArgumentError(device_hint(D)))
+
+"""
+    device_dtypes(device) -> Vector{String}
+
+The `HOST_ELTYPES` keys (NumPy dtype names) `device` runs, asked of its
+backend now rather than assumed: the 64-bit ones only where
+`KernelAbstractions.supports_float64` says yes (oneAPI.jl and Metal.jl say no).
+The Python facade calls this once per device.
+
+# Examples
+```julia-repl
+julia> ScanWeaver.device_dtypes("cpu")
+4-element Vector{String}:
+ "float32"
+ "float64"
+ "complex64"
+ "complex128"
+```
+"""
+function device_dtypes(device::AbstractString)
+    backend = device_backend(Val(Symbol(device)))
+    wide = supports_float64(backend)
+    return [
+        String(name)
+        for (name, T) in pairs(HOST_ELTYPES)
+        if wide || !(T <: Union{Float64, ComplexF64})
+    ]
+end
+
+"""
     device_status(device) -> (ok::Bool, reason::String)
 
 Whether `device` (`"cpu"`, `"cuda"`, `"amdgpu"`, `"oneapi"`, `"metal"`) can run
@@ -124,7 +162,7 @@ function host_scan!(
         schedule = Symbol(schedule),
         tunables...,
     )
-    KernelAbstractions.synchronize(get_backend(dev.a))
+    KernelAbstractions.synchronize(array_backend(dev.a))
     if D !== Array
         copyto!(host.y, dev.y)
         host.h_last === nothing || copyto!(host.h_last, dev.h_last)

@@ -98,9 +98,24 @@ Lane `l`'s initial state in accumulator type `S`: `h0[l]`, or zero.
 @inline initial_state(::Type{S}, ::Nothing, l) where {S} = zero(S)
 @inline initial_state(::Type{S}, h0, l) where {S} = widen_to(S, @inbounds h0[l])
 
+"""
+    project(c, h, t, l)
+
+The output at time `t` of lane `l` for state `h`: `h` itself when `c` is
+`nothing`, else [`contract`](@ref)`(c[t, l], h)`. Only the first argument is
+dispatched on here (and `nothing` is the more specific method), so no pair of
+methods is ambiguous; the state's kind is dispatched on in `contract`.
+"""
 @inline project(::Nothing, h, t, l) = h
-@inline project(c, h::Number, t, l) = @inbounds c[t, l] * h
-@inline project(c, h::StaticVector, t, l) = @inbounds sum(c[t, l] .* h)
+@inline project(c, h, t, l) = contract(@inbounds(c[t, l]), h)
+
+"""
+    contract(c, h)
+
+`c * h` for a scalar state, the dot product `sum(c .* h)` for a vector state.
+"""
+@inline contract(c::Number, h::Number) = c * h
+@inline contract(c::StaticVector, h::StaticVector) = sum(c .* h)
 
 """
     store_output!(y, c, h, t, l)

@@ -71,6 +71,14 @@ end
 
 Base.:(==)(p::AffinePair, q::AffinePair) = p.A == q.A && p.U == q.U
 
+# `isequal` and `hash` agree with each other (as `Dict` and `Set` need): equal
+# pairs hash alike whatever their field types, and `-0.0` stays apart from `0.0`
+# as it does for numbers.
+function Base.isequal(p::AffinePair, q::AffinePair)
+    return isequal(p.A, q.A) && isequal(p.U, q.U)
+end
+Base.hash(p::AffinePair, h::UInt) = hash(p.U, hash(p.A, hash(:AffinePair, h)))
+
 function Base.isapprox(p::AffinePair, q::AffinePair; kwargs...)
     return isapprox(p.A, q.A; kwargs...) && isapprox(p.U, q.U; kwargs...)
 end

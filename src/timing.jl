@@ -33,8 +33,9 @@ median_of(times) = sort(times)[cld(length(times), 2)]
               reset = nothing, reverse = false, kwargs...) -> Vector{Float64}
 
 Times `selective_scan!` on these operands: one untimed run (it compiles the
-kernels), then `iterations` runs timed with [`elapsed_ms`](@ref). `kwargs`
-are the schedule and its tunables.
+kernels), then `iterations` runs timed with [`elapsed_ms`](@ref), all into the
+same outputs and one [`ScanWorkspace`](@ref), so the timed runs allocate
+nothing. `kwargs` are the schedule and its tunables.
 
 # Examples
 ```julia-repl
@@ -57,9 +58,22 @@ function time_scan(
     Ty, Th = output_types(a, b, x, c)
     y = similar(a, Ty)
     h_last = similar(a, Th, Base.tail(size(a)))
-    scan_once() = selective_scan!(y, a, b, x, c; h0, reset, reverse, h_last, kwargs...)
+    workspace = ScanWorkspace()
+    scan_once() = selective_scan!(
+        y,
+        a,
+        b,
+        x,
+        c;
+        h0,
+        reset,
+        reverse,
+        h_last,
+        workspace,
+        kwargs...,
+    )
     scan_once()
-    backend = get_backend(a)
+    backend = array_backend(a)
     return [elapsed_ms(scan_once, backend) for _ in 1:iterations]
 end
 
@@ -106,7 +120,10 @@ end
 
 Times every `(schedule, config)` of `space` on these operands with
 [`time_scan`](@ref) and returns `(schedule, config, time_ms)` results, fastest
-(by median time) first. `kwargs` (`h0`, `reset`, `reverse`) go to every run.
+(by median time) first. Configurations that cannot run for these operands on
+this device (see `ScanWeaver.config_problem`: local memory over the budget, a
+workgroup over the device's limit) are left out. `kwargs` (`h0`, `reset`,
+`reverse`) go to every run.
 
 # Examples
 ```julia-repl
@@ -126,7 +143,15 @@ function tune_scan(
     iterations::Integer = 7,
     kwargs...,
 )
-    results = map(space) do (schedule, config)
+    backend = array_backend(a)
+    P = pair_type(a, b, x)
+    S = fieldtype(P, :U)
+    runnable = [
+        (schedule, config)
+        for (schedule, config) in space
+        if config_problem(schedule, config, backend, P, S) === nothing
+    ]
+    results = map(runnable) do (schedule, config)
         times = time_scan(a, b, x, c; iterations, schedule, keywords(config)..., kwargs...)
         (; schedule, config, time_ms = median_of(times))
     end

@@ -55,10 +55,20 @@ end
 
 supports_float64(backend) = KernelAbstractions.supports_float64(backend)
 
+"""
+    array_backend(A) -> Backend
+
+`get_backend(A)`, except that a `BitArray` (what `rand(L, n) .< p` gives for
+reset flags) is a CPU array: KernelAbstractions has no `get_backend` for it,
+and the CPU kernels read it as it is.
+"""
+array_backend(A) = get_backend(A)
+array_backend(::BitArray) = CPU()
+
 function check_backends(api::Symbol, backend, named)
     for (name, A) in pairs(named)
         A === nothing && continue
-        other = get_backend(A)
+        other = array_backend(A)
         if other != backend
             throw(ArgumentError(
                 "$api: $name lives on $other but a lives on $backend; move every array to one device",
@@ -84,23 +94,93 @@ function check_schedule(api::Symbol, schedule)
     return nothing
 end
 
-function check_config(api::Symbol, schedule::Symbol, config::NamedTuple)
+dense_size(::Type{<:StaticMatrix{K, K}}) where {K} = K
+dense_size(::Type) = nothing
+is_vector_of(::Type{<:StaticVector{N}}, K) where {N} = N == K
+is_vector_of(::Type, K) = false
+
+"""
+    check_state_kinds(api, a, b, x, c, h0)
+
+Diagonal and dense operands do not mix: scalar transitions `a` need scalar
+`b`, `c`, `h0`; `K x K` `StaticMatrix` transitions need `StaticVector{K}` `b`,
+`c`, `h0`; `x` is scalar either way. Throws an `ArgumentError` naming the
+first operand that does not match `a`.
+"""
+function check_state_kinds(api::Symbol, a, b, x, c, h0)
+    Ta = eltype(a)
+    K = dense_size(Ta)
+    if K === nothing && Ta <: StaticArray
+        throw(ArgumentError(
+            "$api: a has element type $Ta; dense transitions must be square K x K StaticMatrix elements",
+        ))
+    end
+    need = K === nothing ?
+        "a scalar element type, as a has scalar transitions ($Ta)" :
+        "element type StaticVector{$K} (SVector{$K}), as a has dense $K x $K transitions ($Ta)"
+    for (name, A) in pairs((; b, c, h0))
+        A === nothing && continue
+        T = eltype(A)
+        ok = K === nothing ? T <: Number : is_vector_of(T, K)
+        ok || throw(ArgumentError("$api: $name has element type $T; it needs $need"))
+    end
+    if x !== nothing && !(eltype(x) <: Number)
+        throw(ArgumentError(
+            "$api: x has element type $(eltype(x)); x is a scalar per element",
+        ))
+    end
+    return nothing
+end
+
+"""
+    config_problem(schedule, config, backend, P, S) -> Union{Nothing, String}
+
+What is wrong with running `schedule` with tunables `config` for pairs `P`
+and states `S` on `backend` (`nothing` when nothing is): tunables that are not
+positive integers, a workgroup beyond [`max_workgroupsize`](@ref), a
+`:blelloch` workgroup that is not a power of two, or [`local_memory`](@ref)
+beyond the backend's [`local_memory_budget`](@ref).
+"""
+function config_problem(schedule::Symbol, config::NamedTuple, backend, P, S)
     for (name, value) in pairs(config)
         if !(value isa Integer) || value < 1
-            throw(ArgumentError("$api: $name = $(repr(value)) must be a positive integer"))
+            key = name === :workgroup_size ? :workgroupsize : name
+            return "$key = $(repr(value)) must be a positive integer"
         end
     end
     wg = config.workgroup_size
-    if wg > MAX_WORKGROUP_SIZE
-        throw(ArgumentError(
-            "$api: workgroupsize = $wg exceeds $MAX_WORKGROUP_SIZE, the largest GPU workgroup",
-        ))
+    limit = max_workgroupsize(backend)
+    if wg > limit
+        return "workgroupsize = $wg exceeds $limit, the largest workgroup on $backend"
     end
     if schedule === :blelloch && !ispow2(wg)
-        throw(ArgumentError(
-            "$api: workgroupsize = $wg must be a power of two for schedule :blelloch",
-        ))
+        return "workgroupsize = $wg must be a power of two for schedule :blelloch"
     end
+    bytes = local_memory(Val(schedule), config, P, S)
+    budget = local_memory_budget(backend)
+    if bytes > budget
+        fits = default_workgroupsize(
+            schedule,
+            backend,
+            P,
+            S,
+            get(config, :items_per_thread, 1);
+            start = prevpow(2, wg),
+        )
+        fits_config = merge(config, (workgroup_size = fits,))
+        advice = local_memory(Val(schedule), fits_config, P, S) <= budget ?
+            "use workgroupsize <= $fits, or" :
+            "these pairs are too large for it; use"
+        return "schedule :$schedule with workgroupsize = $wg needs $bytes bytes of local memory " *
+            "for $P ($(sizeof(P)) bytes per pair) but $backend allows $budget per workgroup; " *
+            "$advice schedule :reduce_then_scan or :sequential (no local memory)"
+    end
+    return nothing
+end
+
+function check_config(api::Symbol, schedule::Symbol, config::NamedTuple, backend, P, S)
+    problem = config_problem(schedule, config, backend, P, S)
+    problem === nothing || throw(ArgumentError("$api: $problem"))
     return nothing
 end
 
@@ -133,6 +213,7 @@ function check_arguments(api::Symbol, y, h_last, a, b, x, c, h0, reset)
     check_state_size(api, :h0, h0, a)
     check_state_size(api, :h_last, h_last, a)
     check_reset(api, reset, a)
-    check_backends(api, get_backend(a), named)
+    check_state_kinds(api, a, b, x, c, h0)
+    check_backends(api, array_backend(a), named)
     return nothing
 end

@@ -1,7 +1,9 @@
-# Element types only the CPU runs here: BFloat16 needs BFloat16s.jl for its
-# arithmetic, and GPU BFloat16 support differs per vendor.
+# What only the CPU runs here: BFloat16 needs BFloat16s.jl for its arithmetic
+# (and GPU BFloat16 support differs per vendor), BitArray flags are host arrays,
+# and the package-level checks need no device.
 
 using BFloat16s: BFloat16
+using Pkg: Pkg
 
 @testset "BFloat16 accumulates in Float32 (CPU)" begin
     rng = Xoshiro(11)
@@ -14,4 +16,33 @@ using BFloat16s: BFloat16
         @test eltype(y) == BFloat16
         @test matches(y, want; rtol = 5.0e-2)
     end
+end
+
+@testset "BitMatrix reset flags (CPU)" begin
+    rng = Xoshiro(12)
+    L, lanes = 150, 3
+    a, b, x, c = (rand(rng, Float64, L, lanes) for _ in 1:4)
+    reset = rand(rng, L, lanes) .< 0.1
+    @test reset isa BitMatrix
+    want, want_h = reference_scan(a, b, x, c; reset)
+    for (schedule, tunables) in pairs(SMALL_CONFIGS)
+        y, h = selective_scan(a, b, x, c; reset, schedule, return_state = true, tunables...)
+        @test matches(y, want; rtol = 1.0e-10) && matches(h, want_h; rtol = 1.0e-10)
+    end
+end
+
+@testset "no method ambiguities, no unbound type parameters" begin
+    @test isempty(Test.detect_ambiguities(ScanWeaver; recursive = true))
+    @test isempty(Test.detect_unbound_args(ScanWeaver; recursive = true))
+end
+
+@testset "[compat] admits today's GPU packages" begin
+    project = TOML.parsefile(joinpath(dirname(@__DIR__), "Project.toml"))
+    admits(pkg, v) = v in Pkg.Versions.semver_spec(project["compat"][pkg])
+    @test admits("CUDA", v"5.11.3") && admits("CUDA", v"6.3.0")
+    @test admits("AMDGPU", v"1.3.6") && admits("AMDGPU", v"2.8.0")
+    @test admits("Metal", v"1.10.3") && admits("oneAPI", v"2.9.1")
+    @test admits("KernelAbstractions", v"0.9.41")
+    @test !admits("KernelAbstractions", v"0.9.0")
+    @test pkgversion(KernelAbstractions) >= v"0.9.1"
 end

@@ -198,6 +198,17 @@ def test_kernel_tuner_problem_and_arguments():
     assert args[7].dtype == np.uint8 and args[-1] is True
 
 
+def test_devices_without_float64_refuse_it_until_julia_answers():
+    from scanweaver.julia import devices
+
+    assert devices.runtime_dtypes("oneapi") == ("float32", "complex64") == devices.runtime_dtypes("metal")
+    assert "float64" in devices.runtime_dtypes("cuda") and "complex128" in devices.runtime_dtypes("cpu")
+    for device in ("oneapi", "metal"):
+        with pytest.raises(ValueError, match="not float64"):
+            kernels.kernel_tuner_problem("hybrid", "float64", device)
+    assert kernels.kernel_tuner_problem("hybrid", "float32", "oneapi")["compiler_options"] == ["intel"]
+
+
 def test_kernel_tuner_julia_backend_is_the_one_described():
     spec = importlib.util.find_spec("kernel_tuner")
     if spec is None:

@@ -1,4 +1,7 @@
-"""Every Julia file is clean under ``fatou lint`` and ``fatou format --check`` (no Julia needed)."""
+"""ScanWeaver.jl checked without Julia: ``fatou lint`` and ``fatou format --check`` on every file, then
+the defect classes a linter cannot see (``test/julia_checks.py``): ambiguous methods, local memory beyond
+its declared budget, a Python device table that disagrees with the Julia backends, and ``[compat]``
+bounds that exclude today's GPU packages. Each check also runs on a planted defect, to show it fails."""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 SKIP_DIRS = {".git", "build", "dist", "node_modules"}
@@ -42,6 +46,144 @@ def test_there_are_julia_files():
 def test_fatou_is_clean(fatou, command):
     files = [str(p) for p in julia_files()]
     proc = subprocess.run([fatou, *command, "--color", "never", *files], capture_output=True, text=True,
-                          timeout=120, cwd=ROOT)
+                          timeout=120, cwd=ROOT, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "warning" not in proc.stdout + proc.stderr
+
+
+# --- checks of defect classes fatou cannot see (test/julia_checks.py) --------------------------------------
+
+def _sources() -> dict[str, str]:
+    from julia_checks import read_sources
+
+    return read_sources(ROOT)
+
+
+def _schedules() -> dict[str, tuple[str, ...]]:
+    from scanweaver.julia import kernels
+
+    return {name: tuple(k.name for k in s.kernels) for name, s in kernels.SCHEDULES.items()}
+
+
+#: The methods that made every scan without ``c`` ambiguous (``project(nothing, 1f0, t, l)``).
+PLANTED_AMBIGUITY = """
+@inline project(::Nothing, h, t, l) = h
+@inline project(c, h::Number, t, l) = @inbounds c[t, l] * h
+@inline project(c, h::StaticVector, t, l) = @inbounds sum(c[t, l] .* h)
+"""
+
+PLANTED_KERNEL = """
+@kernel function planted_kernel!(y, @Const(a), ::Val{workgroup_size}) where {workgroup_size}
+    tree = @localmem P (4 * workgroup_size,)
+    carry = @localmem S (1,)
+end
+@kernel function runtime_sized_kernel!(y, @Const(a), ::Val{workgroup_size}) where {workgroup_size}
+    tree = @localmem P (size(a, 1),)
+end
+local_memory(::Val{:planted}, config, P, S) = local_bytes(P, 2 * config.workgroup_size) + local_bytes(S, 1)
+local_memory(::Val{:runtime}, config, P, S) = local_bytes(P, 2 * config.workgroup_size)
+"""
+
+
+@pytest.mark.usefixtures("fatou")
+def test_no_ambiguous_methods_in_the_package():
+    from julia_checks import find_ambiguities
+
+    found, undecided = find_ambiguities(_sources())
+    assert found == [], "\n".join(map(str, found))
+    assert undecided == 0, "extend KNOWN_SUPERTYPES in test/julia_checks.py so every pair is decided"
+
+
+@pytest.mark.usefixtures("fatou")
+def test_ambiguity_check_reports_the_planted_defect():
+    from julia_checks import find_ambiguities
+
+    found, _ = find_ambiguities({"planted.jl": PLANTED_AMBIGUITY})
+    texts = sorted(f"{a.first.text} | {a.second.text}" for a in found)
+    assert texts == ["project(::Nothing, h, t, l) | project(c, h::Number, t, l)",
+                     "project(::Nothing, h, t, l) | project(c, h::StaticVector, t, l)"]
+    resolved = PLANTED_AMBIGUITY + "project(::Nothing, h::Number, t, l) = h\n" \
+                                   "project(::Nothing, h::StaticVector, t, l) = h\n"
+    assert find_ambiguities({"resolved.jl": resolved})[0] == []
+
+
+@pytest.mark.usefixtures("fatou")
+def test_every_localmem_is_counted_by_its_schedule():
+    from julia_checks import check_local_memory
+
+    schedules = _schedules()
+    assert {"blelloch", "hybrid"} <= set(schedules)
+    assert check_local_memory(_sources(), schedules) == []
+
+
+@pytest.mark.usefixtures("fatou")
+def test_local_memory_check_reports_the_planted_defects():
+    from julia_checks import check_local_memory
+
+    problems = check_local_memory({"planted.jl": PLANTED_KERNEL},
+                                  {"planted": ("planted_kernel!",), "runtime": ("runtime_sized_kernel!",)})
+    assert len(problems) == 2
+    assert any("schedule planted: local_memory declares" in p for p in problems)
+    assert any("runtime_sized_kernel!" in p and "not sized by" in p for p in problems)
+    orphan = check_local_memory({"planted.jl": PLANTED_KERNEL}, {})
+    assert sorted(orphan) == ["planted_kernel!: allocates @localmem but belongs to no schedule",
+                              "runtime_sized_kernel!: allocates @localmem but belongs to no schedule"]
+
+
+@pytest.mark.usefixtures("fatou")
+def test_configs_are_checked_against_the_local_memory_budget():
+    from julia_checks import evaluate, head, parse_julia, walk
+
+    def calls_in(function: str) -> set[str]:
+        for text in _sources().values():
+            for node in walk(parse_julia(text)):
+                if head(node) in ("function", "function-="):
+                    sig = node[1]
+                    while head(sig) == "where":
+                        sig = sig[1]
+                    if head(sig) in ("call", "call-,") and sig[1] == function:
+                        return {n[1] for n in walk(node[2]) if head(n) == "call" and isinstance(n[1], str)}
+        raise AssertionError(f"no method {function} in src/")
+
+    assert {"local_memory", "local_memory_budget", "max_workgroupsize"} <= calls_in("config_problem")
+    assert {"local_memory", "local_memory_budget"} <= calls_in("default_workgroupsize")
+    consts = {n[1][1]: n[1][2] for text in _sources().values() for n in walk(parse_julia(text))
+              if head(n) == "const" and head(n[1]) == "="}
+    assert evaluate(consts["LOCAL_MEMORY_BUDGET"], {}) == 48 * 1024
+
+
+@pytest.mark.usefixtures("fatou")
+def test_device_table_agrees_with_the_julia_backends():
+    from julia_checks import check_device_dtypes, julia_device_backends
+    from scanweaver.julia.devices import DEVICES
+
+    assert julia_device_backends(_sources()) == {"cpu": "CPU", "cuda": "CUDABackend", "amdgpu": "ROCBackend",
+                                                 "oneapi": "oneAPIBackend", "metal": "MetalBackend"}
+    assert check_device_dtypes({n: d.dtypes for n, d in DEVICES.items()}, _sources()) == []
+
+
+@pytest.mark.usefixtures("fatou")
+def test_device_dtype_check_reports_the_planted_defect():
+    from julia_checks import check_device_dtypes
+    from scanweaver.julia.devices import DEVICES
+
+    table = {n: d.dtypes for n, d in DEVICES.items()}
+    table["oneapi"] = ("float32", "float64", "complex64", "complex128")
+    table["tpu"] = ("float32",)
+    problems = check_device_dtypes(table, _sources())
+    assert len(problems) == 2
+    assert any(p.startswith("device oneapi: the Python table lists") and "oneAPIKernels.jl" in p for p in problems)
+    assert any(p.startswith("device tpu: no device_backend") for p in problems)
+
+
+def test_compat_admits_todays_packages_and_excludes_too_old_ones():
+    from julia_checks import compat_admits
+
+    compat = tomllib.loads((ROOT / "Project.toml").read_text())["compat"]
+    current = {"CUDA": "6.3.0", "AMDGPU": "2.8.0", "Metal": "1.10.3", "oneAPI": "2.9.1",
+               "KernelAbstractions": "0.9.41"}
+    for pkg, version in current.items():
+        assert compat_admits(compat[pkg], version), f"[compat] {pkg} = {compat[pkg]!r} excludes {version}"
+    assert compat_admits(compat["CUDA"], "5.11.3") and compat_admits(compat["AMDGPU"], "1.3.6")
+    assert not compat_admits(compat["KernelAbstractions"], "0.9.0"), "KernelAbstractions 0.9.0 lacks supports_float64"
+    assert not compat_admits("5", "6.3.0") and compat_admits("0.9", "0.9.0")

@@ -19,3 +19,16 @@
     @test accumulator_type(ComplexF16) === ComplexF32
     @test accumulator_type(SVector{3, Float16}) === SVector{3, Float32}
 end
+
+@testset "affine pairs: isequal and hash agree" begin
+    p, q = AffinePair(1.0, 2.0), AffinePair(1, 2)
+    @test p == q && isequal(p, q) && hash(p) == hash(q)
+    @test length(Set([p, q, AffinePair(1.0f0, 2.0f0)])) == 1
+    @test Dict(p => :found)[q] === :found
+    z, nz = AffinePair(0.0, 1.0), AffinePair(-0.0, 1.0)
+    @test z == nz && !isequal(z, nz)
+    @test hash(AffinePair(0.5, 1.0)) != hash(AffinePair(1.0, 0.5))
+    M = AffinePair(SMatrix{2, 2}(1.0, 2.0, 3.0, 4.0), SVector(1.0, 2.0))
+    N = AffinePair(SMatrix{2, 2}(1, 2, 3, 4), SVector(1, 2))
+    @test isequal(M, N) && hash(M) == hash(N)
+end

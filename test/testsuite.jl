@@ -81,6 +81,18 @@ function check_golden(AT, backend, g::GoldenCase)
     return nothing
 end
 
+"Test-suite backend name => the device name the Python facade uses."
+const DEVICE_NAMES = Dict(
+    "CPU" => "cpu",
+    "CUDA" => "cuda",
+    "AMDGPU" => "amdgpu",
+    "oneAPI" => "oneapi",
+    "Metal" => "metal",
+)
+
+"The 2 x 2 identity, as a tuple for `SMatrix`."
+const I2 = (1, 0, 0, 1)
+
 function run_testsuite(name::AbstractString, AT)
     backend = get_backend(AT(zeros(Float32, 1)))
     rng = Xoshiro(7)
@@ -262,6 +274,132 @@ function run_testsuite(name::AbstractString, AT)
             results = tune_scan(a, a, a; space, iterations = 2)
             @test length(results) == length(SCHEDULES) &&
                 issorted(results; by = r -> r.time_ms)
+        end
+
+        @testset "local memory within the device's budget" begin
+            T = device_eltype(backend, Float64)
+            P3 = AffinePair{SMatrix{3, 3, T, 9}, SVector{3, T}}
+            S3 = SVector{3, T}
+            budget = ScanWeaver.local_memory_budget(backend)
+            for schedule in keys(SCHEDULES)
+                config = ScanWeaver.schedule_config(schedule, backend, P3, S3)
+                @test ScanWeaver.local_memory(Val(schedule), config, P3, S3) <= budget
+                @test ScanWeaver.config_problem(schedule, config, backend, P3, S3) ===
+                    nothing
+            end
+            L, lanes = 70, 2
+            a = [SMatrix{3, 3, T}(0.3 .* rand(rng, 3, 3)) for _ in 1:L, _ in 1:lanes]
+            b = [SVector{3, T}(randn(rng, 3)) for _ in 1:L, _ in 1:lanes]
+            x = randn(rng, T, L, lanes)
+            want, _ = reference_scan(a, b, x, nothing)
+            for schedule in keys(SCHEDULES)
+                y = selective_scan(AT(a), AT(b), AT(x); schedule)
+                @test matches(y, want; rtol = tolerance(T))
+            end
+            big = 2 * ScanWeaver.default_workgroupsize(:blelloch, backend, P3, S3, 1)
+            if big <= ScanWeaver.max_workgroupsize(backend)
+                err = try
+                    selective_scan(
+                        AT(a),
+                        AT(b),
+                        AT(x);
+                        schedule = :blelloch,
+                        workgroupsize = big,
+                    )
+                catch e
+                    e
+                end
+                @test err isa ArgumentError &&
+                    occursin("bytes of local memory", err.msg) &&
+                    occursin("workgroupsize <= $(big ÷ 2)", err.msg)
+            end
+            space = ScanWeaver.search_space(; workgroup_size = (64, 1024), chunk = (64,))
+            results = tune_scan(AT(a), AT(b), AT(x); space, iterations = 1)
+            @test all(results) do r
+                ScanWeaver.config_problem(r.schedule, r.config, backend, P3, S3) === nothing
+            end
+            @test !any(
+                r -> r.schedule === :blelloch && r.config.workgroup_size == 1024,
+                results,
+            )
+        end
+
+        @testset "workgroup limit, operand kinds, device dtypes" begin
+            a = AT(rand(rng, Float32, 50, 2))
+            too_big = ScanWeaver.max_workgroupsize(backend) + 1
+            err = try
+                selective_scan(a, a, a; schedule = :hybrid, workgroupsize = too_big)
+            catch e
+                e
+            end
+            @test err isa ArgumentError && occursin("exceeds", err.msg)
+            dense_b = AT([SVector{2, Float32}(1, 2) for _ in 1:50, _ in 1:2])
+            err = try
+                selective_scan(a, dense_b, a)
+            catch e
+                e
+            end
+            @test err isa ArgumentError &&
+                occursin("b has element type", err.msg) &&
+                occursin("scalar", err.msg)
+            dense_a = AT([SMatrix{2, 2, Float32}(I2) for _ in 1:50, _ in 1:2])
+            for (b, x, c, culprit) in (
+                    (a, a, nothing, "b"),
+                    (dense_b, a, a, "c"),
+                    (
+                        AT([SVector{3, Float32}(1, 2, 3) for _ in 1:50, _ in 1:2]),
+                        a,
+                        nothing,
+                        "b",
+                    ),
+                    (dense_b, dense_b, nothing, "x"),
+                )
+                err = try
+                    selective_scan(dense_a, b, x, c)
+                catch e
+                    e
+                end
+                @test err isa ArgumentError &&
+                    occursin("$culprit has element type", err.msg)
+            end
+            dtypes = ScanWeaver.device_dtypes(DEVICE_NAMES[name])
+            @test ("float64" in dtypes) == ScanWeaver.supports_float64(backend)
+            @test "float32" in dtypes && "complex64" in dtypes
+        end
+
+        @testset "reduce_then_scan reuses its chunk buffers" begin
+            a, b, x = (AT(rand(rng, Float32, 300, 3)) for _ in 1:3)
+            y = similar(a)
+            ws = ScanWeaver.ScanWorkspace()
+            selective_scan!(
+                y,
+                a,
+                b,
+                x;
+                schedule = :reduce_then_scan,
+                chunk = 64,
+                workspace = ws,
+            )
+            agg, carry = ws.agg, ws.carry
+            @test size(agg) == (5, 3)
+            selective_scan!(
+                y,
+                a,
+                b,
+                x;
+                schedule = :reduce_then_scan,
+                chunk = 64,
+                workspace = ws,
+            )
+            @test ws.agg === agg && ws.carry === carry
+            want, _ = reference_scan(Array(a), Array(b), Array(x), nothing)
+            @test matches(y, want; rtol = 1.0e-4)
+            launch! = ScanWeaver.reduce_then_scan!(backend, 8)
+            args = (y, nothing, a, b, x, nothing, nothing, nothing, false, Val(8), Val(64))
+            launch!(args...)
+            first_agg = launch!.workspace.agg
+            launch!(args...)
+            @test launch!.workspace.agg === first_agg
         end
 
         @testset "device status" begin

@@ -96,3 +96,8 @@ julia> k!(y, nothing, a, b, x, nothing, nothing, nothing, false, Val(32); ndrang
         store_state!(h_last, carry[1], lane)
     end
 end
+
+function local_memory(::Val{:blelloch}, config, P, S)
+    wg = config.workgroup_size
+    return local_bytes(P, 2 * wg) + local_bytes(P, 1) + local_bytes(S, 1)
+end

@@ -91,3 +91,7 @@ julia> k!(y, nothing, a, b, x, nothing, nothing, nothing, false, Val(16), Val(4)
         store_state!(h_last, carry[1], lane)
     end
 end
+
+function local_memory(::Val{:hybrid}, config, P, S)
+    return local_bytes(P, config.workgroup_size * 2) + local_bytes(S, 1)
+end

@@ -112,19 +112,69 @@ and writes the outputs.
 end
 
 """
-    ReduceThenScan(backend, workgroupsize)
+    ScanWorkspace()
+
+Device buffers a scan reuses from call to call: the per-chunk aggregates and
+carries of `:reduce_then_scan`. Pass one to [`selective_scan!`](@ref) (the
+`workspace` keyword) when calling it repeatedly on problems of one size, as
+[`time_scan`](@ref) does, so no call allocates; buffers are replaced only when
+the element type, size or backend changes. Not safe to share between tasks
+that scan at the same time.
+
+# Examples
+```julia-repl
+julia> ws = ScanWeaver.ScanWorkspace(); a = rand(5000, 2); y = similar(a);
+
+julia> selective_scan!(y, a, a, a; schedule = :reduce_then_scan, workspace = ws);
+```
+"""
+mutable struct ScanWorkspace
+    agg::Any
+    carry::Any
+end
+ScanWorkspace() = ScanWorkspace(nothing, nothing)
+
+function reuse_or_allocate(A, backend, ::Type{T}, dims::Dims) where {T}
+    if A isa AbstractArray{T} && size(A) == dims && array_backend(A) == backend
+        return A
+    end
+    return KernelAbstractions.allocate(backend, T, dims)
+end
+
+"""
+    chunk_buffers!(ws::ScanWorkspace, backend, P, S, nchunks, lanes) -> (agg, carry)
+
+`ws`'s aggregate (`P`) and carry (`S`) matrices of size `(nchunks, lanes)` on
+`backend`, allocated only when `ws` holds none of that type and size.
+"""
+function chunk_buffers!(ws::ScanWorkspace, backend, P, S, nchunks, lanes)
+    dims = (Int(nchunks), Int(lanes))
+    ws.agg = reuse_or_allocate(ws.agg, backend, P, dims)
+    ws.carry = reuse_or_allocate(ws.carry, backend, S, dims)
+    return ws.agg, ws.carry
+end
+
+"""
+    ReduceThenScan(backend, workgroupsize, workspace = ScanWorkspace())
 
 The launcher of schedule `:reduce_then_scan`, shaped like a KernelAbstractions
 kernel so Kernel Tuner's Julia backend can launch it like one: build it with
 [`reduce_then_scan!`](@ref), then call it with the kernel arguments followed
-by `Val(workgroup_size), Val(chunk)`. It allocates the per-chunk aggregates
-and carries on `backend` and runs the three stage kernels in order; the
-`ndrange` keyword is accepted and ignored (the stages size their own).
+by `Val(workgroup_size), Val(chunk)`. It runs the three stage kernels in order
+on per-chunk buffers kept in its [`ScanWorkspace`](@ref), so repeated calls
+(Kernel Tuner's timing loop) allocate nothing; the `ndrange` keyword is
+accepted and ignored (the stages size their own).
 """
 struct ReduceThenScan{B <: Backend}
     backend::B
     workgroupsize::Int
+    workspace::ScanWorkspace
 end
+ReduceThenScan(backend::Backend, workgroupsize) = ReduceThenScan(
+    backend,
+    workgroupsize,
+    ScanWorkspace(),
+)
 
 """
     reduce_then_scan!(backend, workgroupsize) -> ReduceThenScan
@@ -161,13 +211,21 @@ function (launch::ReduceThenScan)(
     L, lanes = size(a)
     nchunks = cld(L, chunk)
     P = pair_type(a, b, x)
-    agg = KernelAbstractions.allocate(backend, P, nchunks, lanes)
-    carry = KernelAbstractions.allocate(backend, fieldtype(P, :U), nchunks, lanes)
+    agg, carry = chunk_buffers!(
+        launch.workspace,
+        backend,
+        P,
+        fieldtype(P, :U),
+        nchunks,
+        lanes,
+    )
     wgs = launch.workgroupsize
     reduce! = chunk_reduce_kernel!(backend, wgs)
-    reduce!(agg, a, b, x, reset, reversed, wg, ch; ndrange = nchunks * lanes)
-    carry_scan_kernel!(backend, wgs)(carry, h_last, agg, h0, wg, ch; ndrange = lanes)
+    launch_checked!(reduce!, wgs, nchunks * lanes, (agg, a, b, x, reset, reversed, wg, ch))
+    carry! = carry_scan_kernel!(backend, wgs)
+    launch_checked!(carry!, wgs, lanes, (carry, h_last, agg, h0, wg, ch))
     propagate! = chunk_propagate_kernel!(backend, wgs)
-    propagate!(y, a, b, x, c, reset, carry, reversed, wg, ch; ndrange = nchunks * lanes)
+    args = (y, a, b, x, c, reset, carry, reversed, wg, ch)
+    launch_checked!(propagate!, wgs, nchunks * lanes, args)
     return nothing
 end

@@ -142,10 +142,11 @@ class JuliaBackend(Backend):
         cfg = stages.schedule.config
         device = cfg["device"]
         dtype = arrays.dtype.name
-        if dtype not in devices.DEVICES[device].dtypes:
-            raise ScanInputError(f"julia backend: device={device!r} runs {', '.join(devices.DEVICES[device].dtypes)}"
-                                 f", not {dtype}; convert the operands or pick another device")
         devices.activate(device)
+        runs = devices.runtime_dtypes(device)
+        if dtype not in runs:
+            raise ScanInputError(f"julia backend: device={device!r} runs {', '.join(runs)}, not {dtype}; "
+                                 "convert the operands or pick another device")
         julia_schedule, tunables = SCHEDULE_MAP[stages.schedule.schedule](cfg)
         ops, project = _operand_plan(stages, arrays)
         lanes, L = arrays.lanes, arrays.L

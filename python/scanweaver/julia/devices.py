@@ -33,6 +33,10 @@ def _is_apple_silicon() -> bool:
     return platform.system() == "Darwin" and platform.machine() == "arm64"
 
 
+#: Dtypes of a device whose KernelAbstractions backend has no Float64.
+NARROW_DTYPES = ("float32", "complex64")
+
+
 @dataclass(frozen=True)
 class JuliaDevice:
     """A ``device=`` value of the julia backend.
@@ -43,7 +47,11 @@ class JuliaDevice:
         uuid: that package's UUID (for the install command).
         hardware: a cheap check that the hardware is present, for messages.
         kernel_tuner: the Kernel Tuner Julia backend name (its ``compiler_options``).
-        dtypes: accumulation dtypes it runs (Metal has no float64).
+        dtypes: the dtypes it runs as far as is known without starting Julia:
+            ``float64``/``complex128`` only where the GPU package's
+            ``KernelAbstractions.supports_float64`` says yes (oneAPI.jl and
+            Metal.jl say no). Once Julia runs, :func:`runtime_dtypes` asks
+            ScanWeaver.jl instead (``ScanWeaver.device_dtypes``).
     """
 
     name: str
@@ -64,12 +72,19 @@ DEVICES: dict[str, JuliaDevice] = {d.name: d for d in (
     JuliaDevice("cpu", None, None, lambda: True, "cpu"),
     JuliaDevice("cuda", "CUDA", "052768ef-5323-5732-b1bb-66c8b64840ba", _has_nvidia, "cuda"),
     JuliaDevice("amdgpu", "AMDGPU", "21141c5a-9bdb-4563-92ae-f87d6854732e", _has_rocm, "amd"),
-    JuliaDevice("oneapi", "oneAPI", "8f75cd03-7ff8-4ecb-9b8f-daf728133b1b", _has_intel_gpu, "intel"),
+    JuliaDevice("oneapi", "oneAPI", "8f75cd03-7ff8-4ecb-9b8f-daf728133b1b", _has_intel_gpu, "intel",
+                NARROW_DTYPES),
     JuliaDevice("metal", "Metal", "dde4c033-4e86-420c-a63e-0dd931031962", _is_apple_silicon, "metal",
-                ("float32", "complex64")),
+                NARROW_DTYPES),
 )}
 
 _ready: dict[str, str] = {}
+_dtypes: dict[str, tuple[str, ...]] = {}
+
+
+def runtime_dtypes(name: str) -> tuple[str, ...]:
+    """The dtypes device ``name`` runs: ScanWeaver.jl's answer once :func:`activate` has asked, else the table's."""
+    return _dtypes.get(name, DEVICES[name].dtypes)
 
 
 def activate(name: str) -> str:
@@ -96,6 +111,7 @@ def activate(name: str) -> str:
     ok, detail = jl.seval("ScanWeaver.device_status")(name)
     if not bool(ok):
         raise BackendUnavailable(f"julia backend: device={name!r} is unavailable: {detail}")
+    _dtypes[name] = tuple(str(d) for d in jl.seval("ScanWeaver.device_dtypes")(name))
     _ready[name] = str(detail)
     return _ready[name]
 

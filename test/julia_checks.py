@@ -1,0 +1,673 @@
+"""Static checks of ScanWeaver.jl that need no Julia: method ambiguities, local memory, device dtypes.
+
+Julia cannot run on the machines that test this repository, so these checks
+read the Julia source through ``fatou parse --to sexpr`` (JuliaSyntax's
+s-expression form, from a real parser) and look for three classes of defect
+that ``fatou lint`` cannot see. Each is deliberately simple; each docstring
+says what it cannot see. ``test/test_julia_static.py`` runs them on the package
+and on small planted defects.
+
+Example:
+    >>> from julia_checks import parse_julia
+    >>> parse_julia("f(x::Int) = x")
+    ['toplevel', ['function-=', ['call', 'f', ['::-i', 'x', 'Int']], 'x']]
+"""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+Node = "str | Str | list"
+
+
+class Str(str):
+    """A string literal of the s-expression (an atom is a plain ``str``)."""
+
+
+def parse_julia(text: str) -> list:
+    """The s-expression tree of Julia source ``text`` (nested lists of atoms)."""
+    exe = shutil.which("fatou")
+    if exe is None:
+        raise RuntimeError("julia_checks: fatou is not installed (pip install fatou)")
+    proc = subprocess.run([exe, "parse", "--to", "sexpr", "--color", "never", "-"], input=text,
+                          capture_output=True, text=True, timeout=60, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"julia_checks: fatou parse failed: {proc.stderr.strip()}")
+    return _read_sexpr(proc.stdout)
+
+
+def _read_sexpr(text: str) -> list:
+    stack: list[list] = [[]]
+    i, n = 0, len(text)
+    while i < n:
+        ch = text[i]
+        if ch.isspace():
+            i += 1
+        elif ch == "(":
+            stack.append([])
+            i += 1
+        elif ch == ")":
+            done = stack.pop()
+            stack[-1].append(done)
+            i += 1
+        elif ch in "\"'":
+            j = i + 1
+            while text[j] != ch:
+                j += 2 if text[j] == "\\" else 1
+            raw = text[i + 1:j]
+            stack[-1].append(Str(raw) if ch == '"' else "'" + raw + "'")
+            i = j + 1
+        else:
+            j = i
+            while j < n and not text[j].isspace() and text[j] not in "()":
+                j += 1
+            stack[-1].append(text[i:j])
+            i = j
+    (tree,) = stack[0]
+    return tree
+
+
+def head(node) -> str | None:
+    """The head atom of a list node (``None`` for atoms)."""
+    return node[0] if isinstance(node, list) and node and isinstance(node[0], str) else None
+
+
+def walk(node):
+    """Every node of the tree, depth first."""
+    yield node
+    if isinstance(node, list):
+        for child in node[1:]:
+            yield from walk(child)
+
+
+def render(node) -> str:
+    """A compact Julia-like rendering of a node, for messages."""
+    if not isinstance(node, list):
+        return str(node)
+    h, args = node[0], [render(a) for a in node[1:]]
+    if h in ("::-i",):
+        return f"{args[0]}::{args[1]}"
+    if h == "::-pre":
+        return f"::{args[0]}"
+    if h == "curly":
+        return f"{args[0]}{{{', '.join(args[1:])}}}"
+    if h in ("call", "call-,"):
+        return f"{args[0]}({', '.join(args[1:])})"
+    if h == "<:-pre":
+        return f"<:{args[0]}"
+    if h == "quote-:":
+        return f":{args[0]}"
+    if h == ".":
+        return f"{args[0]}.{args[1].lstrip(':')}"
+    return f"({h} {' '.join(args)})"
+
+
+# --- (a) method ambiguities ---------------------------------------------------------------------
+
+#: Supertypes of the types ScanWeaver's methods dispatch on (Base, StaticArrays, KernelAbstractions,
+#: the GPU packages). Types the package defines itself are added from its ``struct``/``abstract`` lines.
+KNOWN_SUPERTYPES = {
+    "Any": None, "Number": "Any", "Real": "Number", "AbstractFloat": "Real", "Float16": "AbstractFloat",
+    "Float32": "AbstractFloat", "Float64": "AbstractFloat", "BFloat16": "AbstractFloat", "Integer": "Real",
+    "Signed": "Integer", "Unsigned": "Integer", "Int": "Signed", "Int64": "Signed", "Int32": "Signed",
+    "UInt": "Unsigned", "UInt8": "Unsigned", "Bool": "Integer", "Complex": "Number", "Nothing": "Any",
+    "Symbol": "Any", "AbstractString": "Any", "String": "AbstractString", "Function": "Any", "Type": "Any",
+    "DataType": "Any", "Val": "Any", "Tuple": "Any", "NamedTuple": "Any", "AbstractArray": "Any",
+    "DenseArray": "AbstractArray", "Array": "DenseArray", "BitArray": "AbstractArray",
+    "StaticArray": "AbstractArray", "SArray": "StaticArray", "MArray": "StaticArray",
+    "Backend": "Any", "CPU": "Backend", "GPU": "Backend", "CUDABackend": "GPU", "ROCBackend": "GPU",
+    "oneAPIBackend": "GPU", "MetalBackend": "GPU", "Kernel": "Any",
+}
+
+#: Aliases: name -> (head it stands for, how many leading parameters it fixes are irrelevant here).
+ALIASES = {
+    "AbstractVector": "AbstractArray", "AbstractMatrix": "AbstractArray", "Vector": "Array",
+    "Matrix": "Array", "BitMatrix": "BitArray", "BitVector": "BitArray", "StaticVector": "StaticArray",
+    "StaticMatrix": "StaticArray", "SVector": "SArray", "SMatrix": "SArray", "Dims": "Tuple",
+    "ComplexF16": "Complex", "ComplexF32": "Complex", "ComplexF64": "Complex",
+}
+
+#: Distinct alias spellings of one head that are disjoint (a vector is never a matrix).
+DISJOINT_ALIASES = [{"StaticVector", "StaticMatrix", "SVector", "SMatrix"},
+                    {"AbstractVector", "AbstractMatrix", "Vector", "Matrix", "BitVector", "BitMatrix"}]
+
+
+@dataclass(frozen=True)
+class JType:
+    """A dispatch type: ``kind`` is ``name`` (with ``params``), ``var`` (a wildcard bounded by ``bound``),
+    ``lit`` (a literal parameter such as ``:cpu``) or ``union``."""
+
+    kind: str
+    name: str = ""
+    params: tuple = ()
+    bound: JType | None = None
+
+
+ANY = JType("name", "Any")
+
+
+@dataclass
+class Method:
+    """One method definition: its function's name, its positional argument types, where it is."""
+
+    name: str
+    args: tuple[JType, ...]
+    source: str
+    text: str
+
+
+def _fname(node) -> str | None:
+    if isinstance(node, str):
+        return node
+    h = head(node)
+    if h == ".":
+        left, right = _fname(node[1]), node[2]
+        right = right[1] if head(right) == "quote-:" else _fname(right)
+        return f"{left}.{right}" if left and right else None
+    if h in ("::-i", "::-pre"):
+        return f"(::{render(node[-1])})"
+    return None
+
+
+def _typevars(where_clauses: list, env: dict) -> dict:
+    env = dict(env)
+    for clause in where_clauses:
+        items = clause[1:] if head(clause) == "braces" else [clause]
+        for item in items:
+            if isinstance(item, str):
+                env[item] = JType("var", item, bound=ANY)
+            elif head(item) == "<:":
+                env[item[1]] = JType("var", item[1], bound=to_type(item[2], env))
+    return env
+
+
+def to_type(node, env: dict) -> JType:
+    """The :class:`JType` of a type expression, with type variables from ``env``."""
+    if isinstance(node, Str) or (isinstance(node, str) and node[:1].isdigit()):
+        return JType("lit", str(node))
+    if isinstance(node, str):
+        name = node.split(".")[-1]
+        return env.get(name, JType("name", name))
+    h = head(node)
+    if h == "quote-:":
+        return JType("lit", ":" + str(node[1]))
+    if h == ".":
+        return JType("name", _fname(node).split(".")[-1])
+    if h == "<:-pre":
+        return JType("var", "_", bound=to_type(node[1], env))
+    if h == "where":
+        return to_type(node[1], _typevars(node[2:], env))
+    if h == "curly":
+        base = to_type(node[1], env)
+        params = tuple(to_type(p, env) for p in node[2:])
+        if base.name == "Union":
+            return JType("union", params=params)
+        return JType("name", base.name, params)
+    return JType("lit", render(node))
+
+
+def _arguments(call: list, env: dict) -> list[list[JType]] | None:
+    """Positional argument types of a call signature, one list per arity (optional arguments), or
+    ``None`` for a vararg method (not compared)."""
+    required, optional = [], []
+    for arg in call[2:]:
+        h = head(arg)
+        if h == "parameters":
+            continue
+        if h == "...":
+            return None
+        if h == "=":
+            optional.append(_arg_type(arg[1], env))
+            continue
+        required.append(_arg_type(arg, env))
+    return [required + optional[:k] for k in range(len(optional) + 1)]
+
+
+def _arg_type(arg, env: dict) -> JType:
+    if isinstance(arg, str):
+        return ANY
+    h = head(arg)
+    if h == "::-i":
+        return to_type(arg[2], env)
+    if h == "::-pre":
+        return to_type(arg[1], env)
+    if h == "where":
+        return _arg_type(arg[1], _typevars(arg[2:], env))
+    return ANY  # @Const(x) and the like: untyped
+
+
+def methods_of(tree: list, source: str) -> tuple[list[Method], dict[str, str]]:
+    """Method definitions (outside ``@kernel``) and the package's own ``struct``/``abstract`` supertypes."""
+    found: list[Method] = []
+    supers: dict[str, str] = {}
+
+    def visit(node):
+        h = head(node)
+        if h is None:
+            return
+        if h == "macrocall" and node[1] == "@kernel":
+            return
+        if h in ("struct", "struct-mut", "abstract"):
+            decl = node[1]
+            name, sup = (decl[1], render(decl[2]).split("{")[0]) if head(decl) == "<:" else (decl, "Any")
+            supers[render(name).split("{")[0]] = sup.split(".")[-1]
+            return
+        if h in ("function", "function-=") and len(node) > 1 and isinstance(node[1], list):
+            sig, env = node[1], {}
+            while head(sig) in ("where", "::-i") and head(sig) != "call":
+                if head(sig) == "where":
+                    env = _typevars(sig[2:], env)
+                sig = sig[1]
+            if head(sig) in ("call", "call-,"):
+                name = _fname(sig[1])
+                arities = _arguments(sig, env)
+                if name and arities is not None:
+                    name = name.removeprefix("ScanWeaver.")
+                    found.extend(Method(name, tuple(a), source, render(sig)) for a in arities)
+            return
+        for child in node[1:]:
+            visit(child)
+
+    visit(tree)
+    return found, supers
+
+
+class Lattice:
+    """Subtype questions over :data:`KNOWN_SUPERTYPES` plus the package's own types."""
+
+    def __init__(self, own: dict[str, str]):
+        self.parent = {**KNOWN_SUPERTYPES, **own}
+
+    def canonical(self, name: str) -> str:
+        return ALIASES.get(name, name)
+
+    def ancestors(self, name: str) -> list[str] | None:
+        chain, cur = [], self.canonical(name)
+        while cur is not None:
+            if cur not in self.parent:
+                return None
+            chain.append(cur)
+            cur = self.parent[cur]
+        return chain
+
+    def relation(self, a: JType, b: JType) -> str:
+        """``eq``, ``sub`` (a strictly below b), ``super``, ``disjoint`` or ``unknown``."""
+        if a == b:
+            return "eq"
+        if a.kind == "union" or b.kind == "union":
+            return self._union(a, b)
+        if a.kind == "var" and b.kind == "lit":
+            return "super" if a.bound == ANY else "unknown"
+        if a.kind == "lit" and b.kind == "var":
+            return "sub" if b.bound == ANY else "unknown"
+        if a.kind == "var" or b.kind == "var":
+            ab, bb = (a.bound if a.kind == "var" else a), (b.bound if b.kind == "var" else b)
+            rel = self.relation(ab, bb)
+            return "eq" if rel == "eq" and a.kind == b.kind == "var" else rel
+        if a.kind == "lit" or b.kind == "lit":
+            return "disjoint" if a.kind == b.kind == "lit" else "unknown"
+        return self._named(a, b)
+
+    def _union(self, a: JType, b: JType) -> str:
+        if a.kind == "union":
+            rels = {self.relation(m, b) for m in a.params}
+            if rels == {"disjoint"}:
+                return "disjoint"
+            return "sub" if rels <= {"sub", "eq"} else "unknown"
+        flipped = self._union(b, a)
+        return {"sub": "super", "super": "sub"}.get(flipped, flipped)
+
+    def _named(self, a: JType, b: JType) -> str:
+        for group in DISJOINT_ALIASES:
+            if a.name != b.name and a.name in group and b.name in group:
+                return "disjoint"
+        up_a, up_b = self.ancestors(a.name), self.ancestors(b.name)
+        if up_a is None or up_b is None:
+            return "unknown"
+        ca, cb = self.canonical(a.name), self.canonical(b.name)
+        if ca == cb:
+            return self._params(a, b)
+        if cb in up_a:
+            return "sub" if all(p.kind == "var" for p in b.params) else "unknown"
+        if ca in up_b:
+            return "super" if all(p.kind == "var" for p in a.params) else "unknown"
+        return "disjoint"
+
+    def _params(self, a: JType, b: JType) -> str:
+        if a.name != b.name:
+            return "unknown"
+        if not a.params or not b.params:
+            if a.params == b.params:
+                return "eq"
+            wild = a.params if a.params else b.params
+            if all(p.kind == "var" and p.bound == ANY for p in wild):
+                return "eq"
+            return "super" if not a.params else "sub"
+        result = "eq"
+        for p, q in itertools.zip_longest(a.params, b.params, fillvalue=JType("var", "_", bound=ANY)):
+            rel = self.relation(p, q)
+            if p.kind != "var" and q.kind != "var" and rel in ("sub", "super"):
+                rel = "disjoint"  # invariant parameters
+            if rel in ("disjoint", "unknown"):
+                return rel
+            if rel != "eq":
+                if result not in ("eq", rel):
+                    return "unknown"
+                result = rel
+        return result
+
+
+@dataclass
+class Ambiguity:
+    """Two methods of one function, each more specific than the other in some argument."""
+
+    first: Method
+    second: Method
+
+    def __str__(self) -> str:
+        return f"{self.first.source}: {self.first.text}  vs  {self.second.source}: {self.second.text}"
+
+
+def find_ambiguities(sources: dict[str, str]) -> tuple[list[Ambiguity], int]:
+    """Ambiguous method pairs among ``sources`` (name -> Julia text), and how many pairs were not decided.
+
+    Two methods of one function and one arity are reported when no argument
+    position tells them apart (none is disjoint), one is strictly more
+    specific in some position and the other in another, and no third method
+    of the function has exactly their intersection (which would resolve it, as
+    in Julia). Cannot see: methods that macros generate (``@kernel`` bodies
+    are skipped), methods of other packages' functions beyond those defined
+    here (an ambiguity with a Base method), vararg methods, diagonal
+    constraints (``f(x::T, y::T) where T``), and types it does not know
+    (:data:`KNOWN_SUPERTYPES`); pairs involving those are counted as undecided
+    instead of reported.
+    """
+    methods: list[Method] = []
+    own: dict[str, str] = {}
+    for source, text in sources.items():
+        found, supers = methods_of(parse_julia(text), source)
+        methods += found
+        own.update(supers)
+    lattice = Lattice(own)
+    by_key: dict[tuple, list[Method]] = {}
+    for m in methods:
+        by_key.setdefault((m.name, len(m.args)), []).append(m)
+    found_pairs, undecided = [], 0
+    for group in by_key.values():
+        for m1, m2 in itertools.combinations(group, 2):
+            rels = [lattice.relation(p, q) for p, q in zip(m1.args, m2.args, strict=True)]
+            if "disjoint" in rels or all(r == "eq" for r in rels):
+                continue
+            if "unknown" in rels:
+                undecided += 1
+                continue
+            if "sub" in rels and "super" in rels:
+                meet = tuple(p if r in ("sub", "eq") else q for p, q, r in zip(m1.args, m2.args, rels, strict=True))
+                resolved = any(all(lattice.relation(x, y) == "eq" for x, y in zip(m3.args, meet, strict=True))
+                               for m3 in group if m3 is not m1 and m3 is not m2)
+                if not resolved:
+                    found_pairs.append(Ambiguity(m1, m2))
+    return found_pairs, undecided
+
+
+# --- (b) local memory ---------------------------------------------------------------------------
+
+#: Tunable values and element sizes the local-memory formulas are compared at.
+TUNABLE_GRID = {"workgroupsize": (1, 2, 7, 32, 128, 256, 1024), "workgroup_size": (1, 2, 7, 32, 128, 256, 1024),
+                "items_per_thread": (1, 3, 8), "chunk": (64, 2048)}
+SIZE_GRID = {"P": (4, 8, 16, 48, 96, 2176), "S": (4, 8, 24, 128)}
+
+
+class NotStatic(Exception):
+    """An expression names something other than tunables, element types and integers."""
+
+
+def evaluate(node, names: dict[str, int]) -> int:
+    """Integer value of a small arithmetic Julia expression over ``names`` (``sizeof(T)``,
+    ``local_bytes(T, n)``, ``s.field``, ``+ - * ÷``, ``prod``, literals)."""
+    if isinstance(node, str):
+        if node.isdigit():
+            return int(node)
+        if node in names:
+            return names[node]
+        raise NotStatic(node)
+    h = head(node)
+    if h == "call-i":
+        left, op, right = evaluate(node[1], names), node[2], [evaluate(r, names) for r in node[3:]]
+        ops = {"*": lambda x, y: x * y, "+": lambda x, y: x + y, "-": lambda x, y: x - y,
+               "÷": lambda x, y: x // y}
+        if op not in ops:
+            raise NotStatic(render(node))
+        for r in right:
+            left = ops[op](left, r)
+        return left
+    if h in ("call", "call-,"):
+        fn, args = node[1], node[2:]
+        if fn == "sizeof" and isinstance(args[0], str) and f"sizeof({args[0]})" in names:
+            return names[f"sizeof({args[0]})"]
+        if fn == "local_bytes":
+            return evaluate(["call", "sizeof", args[0]], names) * evaluate(args[1], names)
+        raise NotStatic(render(node))
+    if h == ".":
+        field = node[2][1] if head(node[2]) == "quote-:" else node[2]
+        if field in names:
+            return names[field]
+        raise NotStatic(render(node))
+    if h == "block":
+        local = dict(names)
+        for stmt in node[1:-1]:
+            if head(stmt) != "=" or not isinstance(stmt[1], str):
+                raise NotStatic(render(stmt))
+            local[stmt[1]] = evaluate(stmt[2], local)
+        return evaluate(node[-1], local)
+    if h == "return":
+        return evaluate(node[1], names)
+    raise NotStatic(render(node))
+
+
+def _kernel_allocations(tree: list) -> dict[str, tuple[tuple[str, ...], list]]:
+    """``@kernel`` name -> (its ``Val`` tunables, its ``@localmem`` allocations as ``(T, dims)``)."""
+    kernels = {}
+    for node in walk(tree):
+        if head(node) == "macrocall" and node[1] == "@kernel":
+            sig = node[2][1]
+            while head(sig) == "where":
+                sig = sig[1]
+            vals = tuple(a[1][2] for a in sig[2:] if head(a) == "::-pre" and head(a[1]) == "curly"
+                         and a[1][1] == "Val")
+            allocs = [(n[2], n[3]) for n in walk(node[2]) if head(n) == "macrocall" and n[1] == "@localmem"]
+            kernels[sig[1]] = (vals, allocs)
+    return kernels
+
+
+def _declarations(tree: list) -> dict[str, list]:
+    """Schedule name -> the body of its ``local_memory(schedule, ...)`` method.
+
+    The schedule is the first argument's type: ``::Val{:name}`` or a schedule struct (lower-cased
+    with underscores, ``ReduceThenScan`` -> ``reduce_then_scan``)."""
+    found = {}
+    for node in walk(tree):
+        if head(node) in ("function", "function-=") and isinstance(node[1], list):
+            sig = node[1]
+            while head(sig) == "where":
+                sig = sig[1]
+            if head(sig) in ("call", "call-,") and sig[1] == "local_memory" and len(sig) > 2:
+                first = sig[2]
+                t = first[-1] if head(first) in ("::-i", "::-pre") else None
+                if head(t) == "curly" and t[1] == "Val" and head(t[2]) == "quote-:":
+                    found[t[2][1]] = node[2]
+                elif isinstance(t, str):
+                    found["".join("_" + c.lower() if c.isupper() else c for c in t).lstrip("_")] = node[2]
+    return found
+
+
+def check_local_memory(sources: dict[str, str], schedules: dict[str, tuple[str, ...]]) -> list[str]:
+    """Every ``@localmem`` of every kernel is counted by its schedule's ``local_memory`` method.
+
+    ``schedules`` maps each schedule to its kernels (``scanweaver.julia.kernels.SCHEDULES``). For each
+    schedule whose kernels allocate local memory, the kernels' allocations (element type ``P`` or
+    ``S`` times the product of dims written in the kernel's ``Val`` tunables) and the declared
+    ``local_memory`` (``local_bytes``/``sizeof`` over the schedule's tunables) are evaluated on
+    :data:`TUNABLE_GRID` x :data:`SIZE_GRID`; the declaration must never be smaller. Cannot see:
+    local memory allocated outside ``@kernel`` bodies or through helper functions, element types
+    other than the pair ``P`` and state ``S``, or whether ``check_config`` calls the declaration
+    (a separate test looks for the call).
+    """
+    kernels, declared = {}, {}
+    for text in sources.values():
+        tree = parse_julia(text)
+        kernels.update(_kernel_allocations(tree))
+        declared.update(_declarations(tree))
+    problems = []
+    owner = {k: s for s, ks in schedules.items() for k in ks}
+    for kname, (_, allocs) in kernels.items():
+        if allocs and kname not in owner:
+            problems.append(f"{kname}: allocates @localmem but belongs to no schedule")
+    for schedule, knames in schedules.items():
+        allocs = [(k, t, d) for k in knames if k in kernels for t, d in kernels[k][1]]
+        if not allocs:
+            continue
+        if schedule not in declared:
+            problems.append(f"schedule {schedule}: kernels allocate @localmem but no local_memory method counts it")
+            continue
+        problems += _compare(schedule, allocs, kernels, declared[schedule])
+    return problems
+
+
+def _compare(schedule: str, allocs: list, kernels: dict, body) -> list[str]:
+    problems: list[str] = []
+    tunables = sorted({v for k, _, _ in allocs for v in kernels[k][0]})
+    for values in itertools.product(*(TUNABLE_GRID.get(t, (1, 4)) for t in tunables)):
+        for sp, ss in itertools.product(SIZE_GRID["P"], SIZE_GRID["S"]):
+            names = {**dict(zip(tunables, values, strict=True)), "sizeof(P)": sp, "sizeof(S)": ss}
+            used = 0
+            for kname, elt, dims in allocs:
+                items = dims[1:] if head(dims) and head(dims).startswith("tuple") else [dims]
+                try:
+                    count = 1
+                    for d in items:
+                        count *= evaluate(d, names)
+                    used += evaluate(["call", "sizeof", elt], names) * count
+                except NotStatic as exc:
+                    return [(f"{kname}: @localmem {render(elt)} {render(dims)} is not sized by the "
+                             f"kernel's Val tunables and element types ({exc})")]
+            try:
+                budget = evaluate(body, names)
+            except NotStatic as exc:
+                return [f"schedule {schedule}: local_memory is not arithmetic over its tunables ({exc})"]
+            if budget < used:
+                return [(f"schedule {schedule}: local_memory declares {budget} bytes but its kernels "
+                         f"allocate {used} at {names}")]
+    return problems
+
+
+# --- (c) device dtypes --------------------------------------------------------------------------
+
+#: What each GPU package's KernelAbstractions backend answers to ``supports_float64``, read in
+#: its source (KernelAbstractions' default is ``true``).
+UPSTREAM_FLOAT64 = {
+    "CPU": (True, "KernelAbstractions 0.9.41 src/KernelAbstractions.jl: supports_float64(::Backend) = true"),
+    "CUDABackend": (True, "CUDA.jl 6.3 CUDACore/src/CUDAKernels.jl defines no supports_float64"),
+    "ROCBackend": (True, "AMDGPU.jl 2.8 src/ROCKernels.jl defines no supports_float64"),
+    "oneAPIBackend": (False, "oneAPI.jl 2.9.1 src/oneAPIKernels.jl: KA.supports_float64(::oneAPIBackend) = false"),
+    "MetalBackend": (False, "Metal.jl 1.10.3 src/MetalKernels.jl: KA.supports_float64(::MetalBackend) = false"),
+}
+
+WIDE_DTYPES = {"float64", "complex128"}
+
+
+def julia_device_backends(sources: dict[str, str]) -> dict[str, str]:
+    """Device name -> the backend type its ``device_backend(::Val{:name}) = Backend()`` method returns."""
+    found = {}
+    for text in sources.values():
+        for node in walk(parse_julia(text)):
+            if head(node) == "function-=" and head(node[1]) == "call" and \
+                    _fname(node[1][1]).removeprefix("ScanWeaver.") == "device_backend":
+                arg = node[1][2]
+                t = arg[-1] if head(arg) == "::-pre" else None
+                if head(t) == "curly" and head(t[2]) == "quote-:" and head(node[2]) == "call":
+                    found[t[2][1]] = node[2][1].split(".")[-1]
+    return found
+
+
+def julia_host_dtypes(sources: dict[str, str]) -> set[str]:
+    """The keys of ScanWeaver.jl's ``HOST_ELTYPES`` (the dtypes the facade can hand over)."""
+    for text in sources.values():
+        for node in walk(parse_julia(text)):
+            if head(node) == "const" and head(node[1]) == "=" and node[1][1] == "HOST_ELTYPES":
+                return {item[1] for item in node[1][2][1:] if head(item) == "="}
+    return set()
+
+
+def check_device_dtypes(table: dict[str, tuple[str, ...]], sources: dict[str, str]) -> list[str]:
+    """The Python device table (device -> dtypes) agrees with what ScanWeaver.jl will answer.
+
+    For each device, Julia's ``device_backend`` method names a backend type; its dtypes are
+    ``HOST_ELTYPES`` minus the 64-bit ones where :data:`UPSTREAM_FLOAT64` (read in the GPU
+    packages' source) says the backend has no Float64. Cannot see: the GPU packages themselves
+    (a release that changes its answer: ScanWeaver.jl's ``device_dtypes`` asks at run time, and the
+    Python facade uses that answer once Julia runs) or device-dependent FP64 support.
+    """
+    backends, host = julia_device_backends(sources), julia_host_dtypes(sources)
+    problems = []
+    for device, dtypes in table.items():
+        if device not in backends:
+            problems.append(f"device {device}: no device_backend(::Val{{:{device}}}) method in the Julia source")
+            continue
+        backend = backends[device]
+        if backend not in UPSTREAM_FLOAT64:
+            problems.append(f"device {device}: backend {backend} has no known supports_float64 answer")
+            continue
+        wide, where = UPSTREAM_FLOAT64[backend]
+        expected = host if wide else host - WIDE_DTYPES
+        if set(dtypes) != expected:
+            problems.append(f"device {device}: the Python table lists {sorted(dtypes)} but {backend} runs "
+                            f"{sorted(expected)} ({where})")
+    return problems
+
+
+def read_sources(root: Path, folders: tuple[str, ...] = ("src", "ext")) -> dict[str, str]:
+    """Relative path -> text of every ``.jl`` file under ``folders`` of ``root``."""
+    return {p.relative_to(root).as_posix(): p.read_text() for f in folders for p in sorted((root / f).rglob("*.jl"))}
+
+
+# --- [compat] ----------------------------------------------------------------------------------
+
+def _version(text: str) -> tuple[int, int, int]:
+    parts = [int(p) for p in text.split(".")]
+    return tuple(parts + [0] * (3 - len(parts)))[:3]
+
+
+def compat_admits(spec: str, version: str) -> bool:
+    """Whether a Julia ``[compat]`` entry (caret ``"1.2"``, tilde ``"~1.2"`` or ``"=1.2.3"`` terms,
+    comma-separated) admits ``version``, as Pkg's ``semver_spec`` reads it.
+
+    Example:
+        >>> compat_admits("0.9.1", "0.9.41"), compat_admits("0.9.1", "0.9.0"), compat_admits("5, 6", "6.3.0")
+        (True, False, True)
+    """
+    v = _version(version)
+    for term in (t.strip() for t in spec.split(",")):
+        if term.startswith("="):
+            if v == _version(term[1:]):
+                return True
+            continue
+        tilde = term.startswith("~")
+        text = term.lstrip("~^")
+        n = len(text.split("."))
+        low = _version(text)
+        if tilde:
+            upper = (low[0] + 1, 0, 0) if n == 1 else (low[0], low[1] + 1, 0)
+        elif low[0] > 0 or n == 1:
+            upper = (low[0] + 1, 0, 0)
+        elif low[1] > 0 or n == 2:
+            upper = (0, low[1] + 1, 0)
+        else:
+            upper = (0, 0, low[2] + 1)
+        if low <= v < upper:
+            return True
+    return False
