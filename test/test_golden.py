@@ -166,3 +166,48 @@ def test_backend_matches_golden(backend, schedule, path):
     rtol, atol = _tolerance(g)
     np.testing.assert_allclose(y, g["y"], rtol=rtol, atol=atol, err_msg=f"{path.name}: y")
     np.testing.assert_allclose(h_last, g["h_last"], rtol=rtol, atol=atol, err_msg=f"{path.name}: h_last")
+
+
+def test_golden_inputs_are_exact_grid_values_drawn_without_platform_routines(monkeypatch):
+    """Inputs come from integer draws only: no libm, SIMD transcendental or LAPACK routine can change them."""
+    from scanweaver.tools import golden
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("golden inputs must not depend on platform-specific routines")
+
+    for name in ("cos", "sin", "exp", "log", "log2", "tanh"):
+        monkeypatch.setattr(np, name, refuse)
+    monkeypatch.setattr(np.linalg, "norm", refuse)
+    monkeypatch.setattr(np.linalg, "svd", refuse)
+    for i, case in enumerate(CASES):
+        inputs = golden.make_inputs(case, np.random.default_rng([golden.SEED, i]))
+        for key, v in inputs.items():
+            scaled = v.astype(np.float64) * 2 ** golden.GRID_BITS
+            assert (scaled == np.round(scaled)).all() and (np.abs(v) <= 8).all(), (case.name, key)
+            assert (v.astype(np.float16).astype(v.dtype) == v).all(), (case.name, key)
+        stored = _load(GOLDEN / f"{case.name}.toml")
+        for key, v in inputs.items():
+            np.testing.assert_array_equal(stored[key], v.astype(stored[key].dtype), err_msg=f"{case.name}: {key}")
+
+
+def test_golden_check_compares_outputs_numerically(tmp_path):
+    """Another machine's oracle may round the last bits differently; the check accepts that and nothing more."""
+    from scanweaver.tools.golden import OUTPUT_RTOL, differences, render
+
+    case = next(c for c in CASES if c.state_size == 3 and c.shape[2] > 1)
+    text = render(case)
+    path = tmp_path / "case.toml"
+    path.write_text(text)
+    assert differences(path, text) == []
+    g = _load(GOLDEN / f"{case.name}.toml")
+    y = g["y"].ravel()
+    for scale, ok in ((4 * np.finfo(np.float64).eps, True), (100 * OUTPUT_RTOL, False)):
+        bumped = y * (1 + scale)
+        old = "y = [" + ", ".join(repr(float(v)) for v in y) + "]"
+        new = "y = [" + ", ".join(repr(float(v)) for v in bumped) + "]"
+        assert old in text
+        path.write_text(text.replace(old, new))
+        assert (differences(path, text) == []) == ok
+    a0 = repr(float(g["a"].ravel()[0]))
+    path.write_text(text.replace(f"a = [{a0}", f"a = [{float(a0) + 2.0 ** -20!r}", 1))
+    assert differences(path, text) == ["a differs"]

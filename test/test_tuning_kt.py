@@ -14,11 +14,12 @@ pytest.importorskip("kernel_tuner", reason="Kernel Tuner is not installed (pip i
 import scanweaver  # noqa: E402
 from scanweaver.api import SELECTIVE  # noqa: E402
 from scanweaver.cli import main  # noqa: E402
+from scanweaver.runtime import REGISTRY  # noqa: E402
 from scanweaver.tuning import store  # noqa: E402
 from scanweaver.tuning.kt import replay  # noqa: E402
 from scanweaver.tuning.langs import KernelSpec, get_target  # noqa: E402
 from scanweaver.tuning.session import SKIP_REASON, KernelTunerSession, read_cached  # noqa: E402
-from scanweaver.tuning.space import build_space  # noqa: E402
+from scanweaver.tuning.space import VALUE_FILTERS, Limits, build_space  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "tuning"
 
@@ -53,7 +54,9 @@ def test_cli_tunes_the_cpu_in_c_and_the_next_scan_uses_it(cache):
                 "default_ms", "speedup_vs_median", "speedup_vs_default", "store_path"):
         assert key in rep, key
     assert rep["backend"] == "cpu" and rep["strategy"] == "brute_force"
-    assert rep["evaluated"] + rep["skipped"] == rep["space_size"] == 2 * 2 + 2  # chunked x threads + sequential
+    declared = next(t.values for t in REGISTRY["cpu"].extra_tunables if t.name == "threads")
+    threads = VALUE_FILTERS["threads"](declared, Limits(lanes=15, L=301))  # as many as this machine's cores
+    assert rep["evaluated"] + rep["skipped"] == rep["space_size"] == 2 * len(threads) + 2  # chunked x threads + seq
     assert rep["skipped"] == 0 and rep["best_ms"] <= rep["median_ms"]
     assert rep["default_ms"] > 0 and rep["speedup_vs_default"] == pytest.approx(rep["default_ms"] / rep["best_ms"])
     assert (cache / "report" / "tune.png").stat().st_size > 1000
