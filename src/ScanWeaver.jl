@@ -1,21 +1,25 @@
 module ScanWeaver
 
+using Adapt: Adapt
 using KernelAbstractions
 using KernelAbstractions: Backend, CPU, get_backend
 using StaticArrays: SArray, SVector, StaticArray, StaticMatrix, StaticVector
 
 export AffinePair, compose, apply_pair, identity_pair, accumulator_type
 export selective_scan, selective_scan!, SCHEDULES
+export ScanSchedule, Sequential, Blelloch, Hybrid, ReduceThenScan
 export elapsed_ms, time_scan, tune_scan
 
 include("pairs.jl")
+include("operands.jl")
 include("elements.jl")
 include("limits.jl")
+include("schedules.jl")
 include("kernels/sequential.jl")
 include("kernels/blelloch.jl")
 include("kernels/hybrid.jl")
 include("kernels/reduce_then_scan.jl")
-include("schedules.jl")
+include("registry.jl")
 include("validate.jl")
 include("api.jl")
 include("timing.jl")

@@ -58,7 +58,7 @@ function selective_scan!(
     reset = nothing,
     reverse::Bool = false,
     h_last = nothing,
-    schedule::Symbol = :auto,
+    schedule = :auto,
     workgroupsize = nothing,
     items_per_thread = nothing,
     chunk = nothing,
@@ -66,7 +66,7 @@ function selective_scan!(
 )
     api = :selective_scan!
     check_arguments(api, y, h_last, a, b, x, c, h0, reset)
-    check_schedule(api, schedule)
+    check_schedule(api, schedule, (; workgroupsize, items_per_thread, chunk))
     backend = array_backend(a)
     L = size(a, 1)
     lanes = prod(Base.tail(size(a)))
@@ -76,21 +76,29 @@ function selective_scan!(
     (L == 0 || lanes == 0) && return y
     P = pair_type(a, b, x)
     S = fieldtype(P, :U)
-    name = schedule === :auto ? default_schedule(backend, L, lanes, P, S) : schedule
-    config = schedule_config(name, backend, P, S; workgroupsize, items_per_thread, chunk)
-    check_config(api, name, config, backend, P, S)
-    launch_schedule!(
-        Val(name),
-        backend,
-        config,
-        as_matrix(y, L, lanes),
-        as_lanes(h_last, lanes),
+    s = if schedule isa ScanSchedule
+        schedule
+    else
+        T = schedule === :auto ?
+            default_schedule(backend, L, lanes, P, S) :
+            SCHEDULES[schedule]
+        make_schedule(T, backend, P, S; workgroupsize, items_per_thread, chunk)
+    end
+    check_config(api, s, backend, P, S)
+    ops = ScanOperands(
         as_matrix(a, L, lanes),
         as_matrix(b, L, lanes),
         as_matrix(x, L, lanes),
         as_matrix(c, L, lanes),
         as_lanes(h0, lanes),
         as_matrix(reset, L, lanes),
+    )
+    launch!(
+        s,
+        backend,
+        as_matrix(y, L, lanes),
+        as_lanes(h_last, lanes),
+        ops,
         reverse;
         workspace = something(workspace, ScanWorkspace()),
     )
@@ -114,8 +122,9 @@ from Python.
 - `reverse`: scan from `t = L` down to 1 (`h_t = a_t * h_{t+1} + b_t * x_t`).
 - `return_state`: also return the final states (`h_1` for reverse scans).
 - `schedule`: `:auto`, `:sequential`, `:blelloch`, `:hybrid` or
-  `:reduce_then_scan` (see [`SCHEDULES`](@ref)); `workgroupsize`,
-  `items_per_thread` and `chunk` are its tunables. The default workgroup
+  `:reduce_then_scan` (see [`SCHEDULES`](@ref)) with its tunables as the
+  keywords `workgroupsize`, `items_per_thread` and `chunk`, or a
+  [`ScanSchedule`](@ref) that holds them (`Hybrid(128, 8)`). The default workgroup
   size is 256, halved while the schedule's local memory for these element
   types would exceed the device's budget (48 KiB unless the device says
   otherwise; see `ScanWeaver.local_memory_budget`).

@@ -55,6 +55,7 @@ end
 
 """
     pair_type(a, b, x)
+    pair_type(ops::ScanOperands)
 
 The [`AffinePair`](@ref) type of the elements read from operands `a`, `b`, `x`
 (`x` may be `nothing`, meaning `U = b`).
@@ -64,6 +65,10 @@ function pair_type(a, b, x)
     TS = state_type(TA, offset_type(eltype(b), x))
     return AffinePair{TA, TS}
 end
+pair_type(ops::ScanOperands) = pair_type(ops.a, ops.b, ops.x)
+
+"The state type of the pairs of `ops`."
+state_of(ops::ScanOperands) = fieldtype(pair_type(ops), :U)
 
 @inline widen_to(::Type{S}, v) where {S} = convert(S, v)
 @inline widen_acc(v) = convert(accumulator_type(typeof(v)), v)
@@ -77,16 +82,21 @@ end
 @inline is_reset(reset, t, l) = @inbounds !iszero(reset[t, l])
 
 """
-    load_pair(P, a, b, x, reset, t, l) -> P
+    load_pair(P, ops::ScanOperands, t, l) -> P
 
 The element at time `t` of lane `l` as an `AffinePair` of type `P`:
 `(a[t, l], b[t, l] * x[t, l])` in the accumulator type, with `A = 0` where
 `reset[t, l]` is set.
 """
-@inline function load_pair(::Type{AffinePair{TA, TS}}, a, b, x, reset, t, l) where {TA, TS}
-    A = widen_to(TA, @inbounds a[t, l])
-    A = is_reset(reset, t, l) ? zero(A) : A
-    U = widen_to(TS, offset_value(b, x, t, l))
+@inline function load_pair(
+    ::Type{AffinePair{TA, TS}},
+    ops::ScanOperands,
+    t,
+    l,
+) where {TA, TS}
+    A = widen_to(TA, @inbounds ops.a[t, l])
+    A = is_reset(ops.reset, t, l) ? zero(A) : A
+    U = widen_to(TS, offset_value(ops.b, ops.x, t, l))
     return AffinePair{TA, TS}(A, U)
 end
 

@@ -1,24 +1,80 @@
-# The schedules: their tunables (in the order their kernels take them as
-# `Val`s, which is also the order of Kernel Tuner search spaces), defaults,
-# and how each one launches its kernels.
+# The schedule interface. A schedule is a type whose fields are its tunables;
+# each kernels/*.jl file defines one schedule: its struct, its kernels, and its
+# methods of the functions below.
 
 """
-    SCHEDULES
+    ScanSchedule
 
-The schedule names `selective_scan` accepts besides `:auto`, each with its
-tunables in `Val` order:
+A way to run a scan: one concrete subtype per schedule, whose fields are its
+tunables, in the order its kernels take them as `Val`s (the order of Kernel
+Tuner search spaces too). The first field is always `workgroupsize`. A schedule
+implements
 
-- `:sequential`: `(:workgroup_size,)`
-- `:blelloch`: `(:workgroup_size,)`
-- `:hybrid`: `(:workgroup_size, :items_per_thread)`
-- `:reduce_then_scan`: `(:workgroup_size, :chunk)`
+- [`launch!`](@ref)`(s, backend, y, h_last, ops, reversed; workspace)`: run its
+  kernels;
+- [`local_memory`](@ref)`(s, P, S)`: the `@localmem` bytes one workgroup needs
+  (zero unless it allocates any);
+- [`tunable_problem`](@ref)`(s)`: a rule its tunables must follow beyond being
+  positive (none unless it has one),
+
+and is listed in [`SCHEDULES`](@ref) under the name `selective_scan` accepts.
+
+# Examples
+```julia
+julia> s = Hybrid(128, 4);
+
+julia> ScanWeaver.tunables(s)
+(workgroupsize = 128, items_per_thread = 4)
+```
 """
-const SCHEDULES = (
-    sequential = (:workgroup_size,),
-    blelloch = (:workgroup_size,),
-    hybrid = (:workgroup_size, :items_per_thread),
-    reduce_then_scan = (:workgroup_size, :chunk),
-)
+abstract type ScanSchedule end
+
+"""
+    launch!(s::ScanSchedule, backend, y, h_last, ops::ScanOperands, reversed; workspace)
+
+Launches the kernels of schedule `s` on `backend` for the `(L, lanes)` operands
+`ops`, writing `y` and, unless it is `nothing`, `h_last`; `workspace` (a
+[`ScanWorkspace`](@ref)) holds buffers a schedule reuses between calls.
+"""
+function launch! end
+
+"""
+    local_memory(s::ScanSchedule, P, S) -> Int
+
+Bytes of `@localmem` one workgroup of `s` allocates for pairs of type `P` and
+states of type `S`, each allocation rounded up by [`local_bytes`](@ref). Each
+kernel file defines the method for its schedule next to the kernel;
+`test/test_julia_static.py` checks that it counts every `@localmem` of that
+schedule's kernels.
+"""
+local_memory(::ScanSchedule, P, S) = 0
+
+"""
+    tunable_problem(s::ScanSchedule) -> Union{Nothing, String}
+
+What is wrong with `s`'s tunables beyond their being positive (`nothing` when
+nothing is): `:blelloch` needs a power-of-two workgroup.
+"""
+tunable_problem(::ScanSchedule) = nothing
+
+"""
+    tunables(s::ScanSchedule) -> NamedTuple
+
+The tunables of `s` by name, in `Val` order.
+"""
+tunables(s::T) where {T <: ScanSchedule} = NamedTuple{fieldnames(T)}(ntuple(
+    i -> getfield(s, i),
+    fieldcount(T),
+))
+
+"""
+    with_workgroupsize(s::ScanSchedule, workgroupsize) -> typeof(s)
+
+`s` with another workgroup size, its other tunables kept.
+"""
+function with_workgroupsize(s::T, workgroupsize::Integer) where {T <: ScanSchedule}
+    return T(workgroupsize, ntuple(i -> getfield(s, i + 1), fieldcount(T) - 1)...)
+end
 
 "Work-items per workgroup unless given: a multiple of every warp and wavefront width."
 const DEFAULT_WORKGROUP_SIZE = 256
@@ -42,197 +98,54 @@ const LONG_SEQUENCE = 2^16
 const MIN_COOPERATIVE_WORKGROUP = 32
 
 """
-    default_schedule(backend, L, lanes, P, S) -> Symbol
+    default_workgroupsize(s::ScanSchedule, backend, P, S; start = DEFAULT_WORKGROUP_SIZE) -> Int
 
-The schedule `:auto` picks: `:sequential` on CPUs, for short sequences and for
-very many lanes; `:reduce_then_scan` for long sequences, and for pairs so large
-that `:hybrid`'s local memory would leave less than a warp per workgroup;
-`:hybrid` otherwise.
-"""
-function default_schedule(backend::Backend, L::Integer, lanes::Integer, P, S)
-    if backend isa CPU || L <= SHORT_SEQUENCE || lanes >= MANY_LANES
-        return :sequential
-    end
-    L >= LONG_SEQUENCE && return :reduce_then_scan
-    wg = default_workgroupsize(:hybrid, backend, P, S, DEFAULT_ITEMS_PER_THREAD)
-    return wg < MIN_COOPERATIVE_WORKGROUP ? :reduce_then_scan : :hybrid
-end
-
-"""
-    default_workgroupsize(schedule, backend, P, S, items_per_thread;
-                          start = DEFAULT_WORKGROUP_SIZE) -> Int
-
-`start` (a power of two), halved until the workgroup fits the backend's
-[`max_workgroupsize`](@ref) and its [`local_memory_budget`](@ref) for pairs
-`P` and states `S`: dense `3 x 3` `Float64` pairs get 128 work-items in
-`:blelloch` and `:hybrid` by default, not 256.
+`start` (a power of two), halved until `s` with that workgroup fits the
+backend's [`max_workgroupsize`](@ref) and its [`local_memory_budget`](@ref) for
+pairs `P` and states `S`: dense `3 x 3` `Float64` pairs get 128 work-items in
+`:blelloch` and `:hybrid` by default, not 256. Returns 1 when nothing fits.
 """
 function default_workgroupsize(
-    schedule::Symbol,
+    s::ScanSchedule,
     backend,
     P,
-    S,
-    items_per_thread;
+    S;
     start = DEFAULT_WORKGROUP_SIZE,
 )
-    wg = min(start, prevpow(2, max_workgroupsize(backend)))
+    wg = min(prevpow(2, start), prevpow(2, max_workgroupsize(backend)))
     budget = local_memory_budget(backend)
-    config(w) = (workgroup_size = w, items_per_thread, chunk = DEFAULT_CHUNK)
-    while wg > 1 && local_memory(Val(schedule), config(wg), P, S) > budget
+    while wg > 1 && local_memory(with_workgroupsize(s, wg), P, S) > budget
         wg ÷= 2
     end
     return wg
 end
 
 """
-    schedule_config(schedule, backend, P, S; workgroupsize, items_per_thread, chunk) -> NamedTuple
+    config_problem(s::ScanSchedule, backend, P, S) -> Union{Nothing, String}
 
-The tunables of `schedule`, in `Val` order, with defaults filled in: the
-workgroup size defaults to [`default_workgroupsize`](@ref) for pairs `P` and
-states `S` on `backend`.
+What is wrong with running schedule `s` for pairs `P` and states `S` on
+`backend` (`nothing` when nothing is): a tunable below 1, a workgroup beyond
+[`max_workgroupsize`](@ref), a rule of the schedule ([`tunable_problem`](@ref)),
+or [`local_memory`](@ref) beyond the backend's [`local_memory_budget`](@ref).
 """
-function schedule_config(
-    schedule::Symbol,
-    backend,
-    P,
-    S;
-    workgroupsize = nothing,
-    items_per_thread = nothing,
-    chunk = nothing,
-)
-    ipt = something(items_per_thread, DEFAULT_ITEMS_PER_THREAD)
-    wg = something(workgroupsize, default_workgroupsize(schedule, backend, P, S, ipt))
-    given = (
-        workgroup_size = wg,
-        items_per_thread = ipt,
-        chunk = something(chunk, DEFAULT_CHUNK),
-    )
-    names = SCHEDULES[schedule]
-    return NamedTuple{names}(map(n -> as_int(getfield(given, n)), names))
-end
-
-"Integer tunables as `Int`, so `Val(32)` and `Val(Int32(32))` compile one kernel; others stay as given, for the checks."
-as_int(v) = v isa Integer ? Int(v) : v
-
-"""
-    local_memory(Val(schedule), config, P, S) -> Int
-
-Bytes of `@localmem` one workgroup of `schedule` allocates with tunables
-`config` (from [`schedule_config`](@ref); absent tunables are not read) for
-pairs of type `P` and states of type `S`, each allocation rounded up by
-[`local_bytes`](@ref). Each kernel file defines the method for its
-schedule next to the kernel; `test/test_julia_static.py` checks that it
-counts every `@localmem` of that schedule's kernels.
-"""
-function local_memory end
-local_memory(::Val{:sequential}, config, P, S) = 0
-local_memory(::Val{:reduce_then_scan}, config, P, S) = 0
-
-"""
-    launch_schedule!(Val(schedule), backend, config, y, h_last, a, b, x, c, h0, reset, reversed;
-                     workspace)
-
-Launches the kernels of `schedule` with tunables `config` (from
-[`schedule_config`](@ref)) on `(L, lanes)` operand matrices; `:reduce_then_scan`
-keeps its per-chunk buffers in `workspace` (a [`ScanWorkspace`](@ref)).
-"""
-function launch_schedule! end
-
-function launch_schedule!(
-    ::Val{:sequential},
-    backend,
-    config,
-    y,
-    h_last,
-    a,
-    b,
-    x,
-    c,
-    h0,
-    reset,
-    reversed;
-    workspace = nothing,
-)
-    wg = config.workgroup_size
-    kernel! = sequential_scan_kernel!(backend, wg)
-    args = (y, h_last, a, b, x, c, h0, reset, reversed, Val(wg))
-    launch_checked!(kernel!, wg, size(a, 2), args)
-    return nothing
-end
-
-function launch_schedule!(
-    ::Val{:blelloch},
-    backend,
-    config,
-    y,
-    h_last,
-    a,
-    b,
-    x,
-    c,
-    h0,
-    reset,
-    reversed;
-    workspace = nothing,
-)
-    wg = config.workgroup_size
-    kernel! = blelloch_scan_kernel!(backend, wg)
-    args = (y, h_last, a, b, x, c, h0, reset, reversed, Val(wg))
-    launch_checked!(kernel!, wg, wg * size(a, 2), args)
-    return nothing
-end
-
-function launch_schedule!(
-    ::Val{:hybrid},
-    backend,
-    config,
-    y,
-    h_last,
-    a,
-    b,
-    x,
-    c,
-    h0,
-    reset,
-    reversed;
-    workspace = nothing,
-)
-    wg = config.workgroup_size
-    kernel! = hybrid_scan_kernel!(backend, wg)
-    args = (
-        y,
-        h_last,
-        a,
-        b,
-        x,
-        c,
-        h0,
-        reset,
-        reversed,
-        Val(wg),
-        Val(config.items_per_thread),
-    )
-    launch_checked!(kernel!, wg, wg * size(a, 2), args)
-    return nothing
-end
-
-function launch_schedule!(
-    ::Val{:reduce_then_scan},
-    backend,
-    config,
-    y,
-    h_last,
-    a,
-    b,
-    x,
-    c,
-    h0,
-    reset,
-    reversed;
-    workspace = ScanWorkspace(),
-)
-    wg = config.workgroup_size
-    launch! = ReduceThenScan(backend, wg, workspace)
-    launch!(y, h_last, a, b, x, c, h0, reset, reversed, Val(wg), Val(config.chunk))
-    return nothing
+function config_problem(s::ScanSchedule, backend, P, S)
+    for (name, value) in pairs(tunables(s))
+        value < 1 && return "$name = $value must be a positive integer"
+    end
+    wg = s.workgroupsize
+    limit = max_workgroupsize(backend)
+    wg > limit &&
+        return "workgroupsize = $wg exceeds $limit, the largest workgroup on $backend"
+    problem = tunable_problem(s)
+    problem === nothing || return problem
+    bytes = local_memory(s, P, S)
+    budget = local_memory_budget(backend)
+    bytes <= budget && return nothing
+    fits = default_workgroupsize(s, backend, P, S; start = wg)
+    advice = local_memory(with_workgroupsize(s, fits), P, S) <= budget ?
+        "use workgroupsize <= $fits, or" :
+        "these pairs are too large for it; use"
+    return "$s needs $bytes bytes of local memory for $P ($(sizeof(P)) bytes per pair) " *
+        "but $backend allows $budget per workgroup; $advice schedule :reduce_then_scan " *
+        "or :sequential (no local memory)"
 end

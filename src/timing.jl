@@ -78,52 +78,49 @@ function time_scan(
 end
 
 """
-    search_space(; schedules = keys(SCHEDULES), workgroup_size = (64, 128, 256, 512),
-                 items_per_thread = (2, 4, 8), chunk = (512, 2048, 8192))
+    search_space(; schedules = keys(SCHEDULES), workgroupsize = (64, 128, 256, 512),
+                 items_per_thread = (2, 4, 8), chunk = (512, 2048, 8192)) -> Vector{ScanSchedule}
 
-Every `(schedule, config)` to try: the product of the candidate values of each
-schedule's tunables (`:blelloch` keeps powers of two only).
+Every schedule to try: for each name in `schedules`, its type built from every
+combination of the candidate values of its tunables (`:blelloch` keeps
+powers of two only).
+
+# Examples
+```julia-repl
+julia> ScanWeaver.search_space(; schedules = (:hybrid,), workgroupsize = (64,), items_per_thread = (2, 4))
+2-element Vector{ScanSchedule}:
+ Hybrid(64, 2)
+ Hybrid(64, 4)
+```
 """
 function search_space(;
     schedules = keys(SCHEDULES),
-    workgroup_size = (64, 128, 256, 512),
+    workgroupsize = (64, 128, 256, 512),
     items_per_thread = (2, 4, 8),
     chunk = (512, 2048, 8192),
 )
-    candidates = (; workgroup_size, items_per_thread, chunk)
-    space = Tuple{Symbol, NamedTuple}[]
-    for schedule in schedules
-        names = SCHEDULES[schedule]
-        for values in Iterators.product(map(n -> getfield(candidates, n), names)...)
-            config = NamedTuple{names}(values)
-            schedule === :blelloch && !ispow2(config.workgroup_size) && continue
-            push!(space, (schedule, config))
+    candidates = (; workgroupsize, items_per_thread, chunk)
+    space = ScanSchedule[]
+    for name in schedules
+        T = SCHEDULES[name]
+        for values in Iterators.product(map(n -> getfield(candidates, n), fieldnames(T))...)
+            s = T(values...)
+            tunable_problem(s) === nothing && push!(space, s)
         end
     end
     return space
 end
 
 """
-    keywords(config::NamedTuple) -> NamedTuple
-
-`config`'s tunables as `selective_scan` keywords (`workgroup_size` is spelled
-`workgroupsize`, as in KernelAbstractions).
-"""
-function keywords(config::NamedTuple)
-    names = map(n -> n === :workgroup_size ? :workgroupsize : n, keys(config))
-    return NamedTuple{names}(values(config))
-end
-
-"""
     tune_scan(a, b, x, c = nothing; space = search_space(), iterations = 7,
               kwargs...) -> Vector{NamedTuple}
 
-Times every `(schedule, config)` of `space` on these operands with
-[`time_scan`](@ref) and returns `(schedule, config, time_ms)` results, fastest
-(by median time) first. Configurations that cannot run for these operands on
-this device (see `ScanWeaver.config_problem`: local memory over the budget, a
-workgroup over the device's limit) are left out. `kwargs` (`h0`, `reset`,
-`reverse`) go to every run.
+Times every schedule of `space` on these operands with [`time_scan`](@ref) and
+returns `(schedule, time_ms)` results, fastest (by median time) first.
+Schedules that cannot run for these operands on this device (see
+`ScanWeaver.config_problem`: local memory over the budget, a workgroup over the
+device's limit) are left out. `kwargs` (`h0`, `reset`, `reverse`) go to every
+run.
 
 # Examples
 ```julia-repl
@@ -131,7 +128,7 @@ julia> a = rand(Float32, 2048, 16);
 
 julia> best = first(tune_scan(a, a, a; iterations = 3));
 
-julia> selective_scan(a, a, a; schedule = best.schedule, ScanWeaver.keywords(best.config)...);
+julia> selective_scan(a, a, a; schedule = best.schedule);
 ```
 """
 function tune_scan(
@@ -146,14 +143,10 @@ function tune_scan(
     backend = array_backend(a)
     P = pair_type(a, b, x)
     S = fieldtype(P, :U)
-    runnable = [
-        (schedule, config)
-        for (schedule, config) in space
-        if config_problem(schedule, config, backend, P, S) === nothing
-    ]
-    results = map(runnable) do (schedule, config)
-        times = time_scan(a, b, x, c; iterations, schedule, keywords(config)..., kwargs...)
-        (; schedule, config, time_ms = median_of(times))
+    runnable = [s for s in space if config_problem(s, backend, P, S) === nothing]
+    results = map(runnable) do schedule
+        times = time_scan(a, b, x, c; iterations, schedule, kwargs...)
+        (; schedule, time_ms = median_of(times))
     end
     return sort!(results; by = r -> r.time_ms)
 end

@@ -84,13 +84,23 @@ function check_backends(api::Symbol, backend, named)
     return nothing
 end
 
-function check_schedule(api::Symbol, schedule)
+function check_schedule(api::Symbol, schedule, tunables::NamedTuple)
+    if schedule isa ScanSchedule
+        given = [name for (name, value) in pairs(tunables) if value !== nothing]
+        isempty(given) && return nothing
+        throw(ArgumentError(
+            "$api: schedule = $schedule already holds its tunables; " *
+                "drop the keywords $(join(given, ", ")) or pass a schedule name",
+        ))
+    end
     if !(schedule === :auto || (schedule isa Symbol && haskey(SCHEDULES, schedule)))
         known = join((":auto", (":$s" for s in keys(SCHEDULES))...), ", ")
         throw(ArgumentError(
-            "$api: unknown schedule $(repr(schedule)); choose one of $known",
+            "$api: unknown schedule $(repr(schedule)); choose one of $known " *
+                "or pass a ScanSchedule such as Hybrid(256, 4)",
         ))
     end
+    check_tunables(api, tunables)
     return nothing
 end
 
@@ -133,53 +143,22 @@ function check_state_kinds(api::Symbol, a, b, x, c, h0)
 end
 
 """
-    config_problem(schedule, config, backend, P, S) -> Union{Nothing, String}
+    check_tunables(api, tunables::NamedTuple)
 
-What is wrong with running `schedule` with tunables `config` for pairs `P`
-and states `S` on `backend` (`nothing` when nothing is): tunables that are not
-positive integers, a workgroup beyond [`max_workgroupsize`](@ref), a
-`:blelloch` workgroup that is not a power of two, or [`local_memory`](@ref)
-beyond the backend's [`local_memory_budget`](@ref).
+Each tunable given as a keyword (not `nothing`) is a positive integer.
 """
-function config_problem(schedule::Symbol, config::NamedTuple, backend, P, S)
-    for (name, value) in pairs(config)
+function check_tunables(api::Symbol, tunables::NamedTuple)
+    for (name, value) in pairs(tunables)
+        value === nothing && continue
         if !(value isa Integer) || value < 1
-            key = name === :workgroup_size ? :workgroupsize : name
-            return "$key = $(repr(value)) must be a positive integer"
+            throw(ArgumentError("$api: $name = $(repr(value)) must be a positive integer"))
         end
-    end
-    wg = config.workgroup_size
-    limit = max_workgroupsize(backend)
-    if wg > limit
-        return "workgroupsize = $wg exceeds $limit, the largest workgroup on $backend"
-    end
-    if schedule === :blelloch && !ispow2(wg)
-        return "workgroupsize = $wg must be a power of two for schedule :blelloch"
-    end
-    bytes = local_memory(Val(schedule), config, P, S)
-    budget = local_memory_budget(backend)
-    if bytes > budget
-        fits = default_workgroupsize(
-            schedule,
-            backend,
-            P,
-            S,
-            get(config, :items_per_thread, 1);
-            start = prevpow(2, wg),
-        )
-        fits_config = merge(config, (workgroup_size = fits,))
-        advice = local_memory(Val(schedule), fits_config, P, S) <= budget ?
-            "use workgroupsize <= $fits, or" :
-            "these pairs are too large for it; use"
-        return "schedule :$schedule with workgroupsize = $wg needs $bytes bytes of local memory " *
-            "for $P ($(sizeof(P)) bytes per pair) but $backend allows $budget per workgroup; " *
-            "$advice schedule :reduce_then_scan or :sequential (no local memory)"
     end
     return nothing
 end
 
-function check_config(api::Symbol, schedule::Symbol, config::NamedTuple, backend, P, S)
-    problem = config_problem(schedule, config, backend, P, S)
+function check_config(api::Symbol, s::ScanSchedule, backend, P, S)
+    problem = config_problem(s, backend, P, S)
     problem === nothing || throw(ArgumentError("$api: $problem"))
     return nothing
 end

@@ -3,6 +3,7 @@
 # package is in the environment and functional. Expected values come from the
 # golden files the Python oracle writes (test/golden/*.toml).
 using ScanWeaver
+using Adapt: Adapt
 using KernelAbstractions
 using StaticArrays
 using Random

@@ -189,9 +189,9 @@ function run_testsuite(name::AbstractString, AT)
             a, b, x, c = (rand(rng, Float32, L, lanes) for _ in 1:4)
             want, want_h = reference_scan(a, b, x, c)
             launches = (
-                (ScanWeaver.sequential_scan_kernel!, (Val(4),), 8),
-                (ScanWeaver.blelloch_scan_kernel!, (Val(16),), 16 * lanes),
-                (ScanWeaver.hybrid_scan_kernel!, (Val(8), Val(5)), 8 * lanes),
+                (ScanWeaver.sequential_scan!, (Val(4),), 8),
+                (ScanWeaver.blelloch_scan!, (Val(16),), 16 * lanes),
+                (ScanWeaver.hybrid_scan!, (Val(8), Val(5)), 8 * lanes),
                 (ScanWeaver.reduce_then_scan!, (Val(8), Val(32)), lanes),
             )
             for (kernel, vals, ndrange) in launches
@@ -267,7 +267,7 @@ function run_testsuite(name::AbstractString, AT)
             )
             @test length(times) == 3 && all(>(0), times)
             space = ScanWeaver.search_space(;
-                workgroup_size = (32,),
+                workgroupsize = (32,),
                 items_per_thread = (2,),
                 chunk = (128,),
             )
@@ -281,12 +281,14 @@ function run_testsuite(name::AbstractString, AT)
             P3 = AffinePair{SMatrix{3, 3, T, 9}, SVector{3, T}}
             S3 = SVector{3, T}
             budget = ScanWeaver.local_memory_budget(backend)
-            for schedule in keys(SCHEDULES)
-                config = ScanWeaver.schedule_config(schedule, backend, P3, S3)
-                @test ScanWeaver.local_memory(Val(schedule), config, P3, S3) <= budget
-                @test ScanWeaver.config_problem(schedule, config, backend, P3, S3) ===
-                    nothing
+            for Sched in SCHEDULES
+                s = ScanWeaver.make_schedule(Sched, backend, P3, S3)
+                @test ScanWeaver.local_memory(s, P3, S3) <= budget
+                @test ScanWeaver.config_problem(s, backend, P3, S3) === nothing
             end
+            @test ScanWeaver.make_schedule(Blelloch, backend, P3, S3).workgroupsize <
+                ScanWeaver.DEFAULT_WORKGROUP_SIZE ||
+                T === Float32
             L, lanes = 70, 2
             a = [SMatrix{3, 3, T}(0.3 .* rand(rng, 3, 3)) for _ in 1:L, _ in 1:lanes]
             b = [SVector{3, T}(randn(rng, 3)) for _ in 1:L, _ in 1:lanes]
@@ -296,7 +298,7 @@ function run_testsuite(name::AbstractString, AT)
                 y = selective_scan(AT(a), AT(b), AT(x); schedule)
                 @test matches(y, want; rtol = tolerance(T))
             end
-            big = 2 * ScanWeaver.default_workgroupsize(:blelloch, backend, P3, S3, 1)
+            big = 2 * ScanWeaver.default_workgroupsize(Blelloch(256), backend, P3, S3)
             if big <= ScanWeaver.max_workgroupsize(backend)
                 err = try
                     selective_scan(
@@ -313,15 +315,15 @@ function run_testsuite(name::AbstractString, AT)
                     occursin("bytes of local memory", err.msg) &&
                     occursin("workgroupsize <= $(big ÷ 2)", err.msg)
             end
-            space = ScanWeaver.search_space(; workgroup_size = (64, 1024), chunk = (64,))
+            space = ScanWeaver.search_space(; workgroupsize = (64, 1024), chunk = (64,))
             results = tune_scan(AT(a), AT(b), AT(x); space, iterations = 1)
-            @test all(results) do r
-                ScanWeaver.config_problem(r.schedule, r.config, backend, P3, S3) === nothing
-            end
-            @test !any(
-                r -> r.schedule === :blelloch && r.config.workgroup_size == 1024,
+            @test all(
+                r -> ScanWeaver.config_problem(r.schedule, backend, P3, S3) === nothing,
                 results,
             )
+            @test Blelloch(64) in [r.schedule for r in results]
+            @test Blelloch(1024) in space &&
+                !(Blelloch(1024) in [r.schedule for r in results])
         end
 
         @testset "workgroup limit, operand kinds, device dtypes" begin
@@ -365,6 +367,51 @@ function run_testsuite(name::AbstractString, AT)
             dtypes = ScanWeaver.device_dtypes(DEVICE_NAMES[name])
             @test ("float64" in dtypes) == ScanWeaver.supports_float64(backend)
             @test "float32" in dtypes && "complex64" in dtypes
+        end
+
+        @testset "schedules as types" begin
+            L, lanes = 90, 3
+            a, b, x, c = (rand(rng, Float32, L, lanes) for _ in 1:4)
+            want, _ = reference_scan(a, b, x, c)
+            for (name, Sched) in pairs(SCHEDULES)
+                @test first(fieldnames(Sched)) === :workgroupsize
+                s = Sched(16, ntuple(_ -> 7, fieldcount(Sched) - 1)...)
+                @test ScanWeaver.schedule_name(s) === name
+                y = selective_scan(AT(a), AT(b), AT(x), AT(c); schedule = s)
+                @test matches(y, want; rtol = 1.0e-4)
+            end
+            @test_throws ArgumentError selective_scan(
+                AT(a),
+                AT(b),
+                AT(x);
+                schedule = Hybrid(16, 2),
+                workgroupsize = 32,
+            )
+            @test_throws ArgumentError selective_scan(
+                AT(a),
+                AT(b),
+                AT(x);
+                schedule = Blelloch(48),
+            )
+            ops = ScanWeaver.ScanOperands(AT(a), AT(b), nothing, AT(c), nothing, nothing)
+            host = Adapt.adapt(Array, ops)
+            @test host isa ScanWeaver.ScanOperands && host.a isa Array && host.x === nothing
+            @test Array(host.c) == c
+            launch! = ScanWeaver.hybrid_scan!(backend, 16)
+            y = AT(zeros(Float32, L, lanes))
+            @test_throws ArgumentError launch!(
+                y,
+                nothing,
+                AT(a),
+                AT(b),
+                AT(x),
+                AT(c),
+                nothing,
+                nothing,
+                false,
+                Val(32),
+                Val(2),
+            )
         end
 
         @testset "reduce_then_scan reuses its chunk buffers" begin

@@ -1,56 +1,60 @@
 """
-    hybrid_scan_kernel!(backend, workgroup_size)(
-        y, h_last, a, b, x, c, h0, reset, reversed,
-        Val(workgroup_size), Val(items_per_thread);
-        ndrange = workgroup_size * lanes,
-    )
+    Hybrid(workgroupsize, items_per_thread) <: ScanSchedule
 
 Schedule `:hybrid`: one workgroup per lane walks the sequence in tiles of
-`workgroup_size * items_per_thread` elements. Each work-item composes its
+`workgroupsize * items_per_thread` elements. Each work-item composes its
 `items_per_thread` consecutive elements in registers (`@private`), the
 workgroup scans those partial aggregates in `@localmem` (Hillis-Steele,
 double-buffered), and each work-item replays its elements from its exclusive
 prefix applied to the running carry. More work per item and fewer barriers
-than `:blelloch`; `workgroup_size` may be any positive integer.
+than `:blelloch`; `workgroupsize` may be any positive integer.
+"""
+struct Hybrid <: ScanSchedule
+    workgroupsize::Int
+    items_per_thread::Int
+end
+
+"""
+    hybrid_scan_kernel!(backend, workgroupsize)(
+        y, h_last, ops, reversed, Val(workgroupsize), Val(items_per_thread);
+        ndrange = workgroupsize * lanes,
+    )
+
+The kernel of [`Hybrid`](@ref), one workgroup per lane.
 
 # Examples
 ```julia-repl
 julia> a = rand(100, 3); b = rand(100, 3); x = rand(100, 3); y = similar(a);
 
-julia> k! = ScanWeaver.hybrid_scan_kernel!(CPU(), 16);
+julia> ops = ScanWeaver.ScanOperands(a, b, x, nothing, nothing, nothing);
 
-julia> k!(y, nothing, a, b, x, nothing, nothing, nothing, false, Val(16), Val(4); ndrange = 16 * 3);
+julia> ScanWeaver.hybrid_scan_kernel!(CPU(), 16)(y, nothing, ops, false, Val(16), Val(4); ndrange = 16 * 3);
 ```
 """
 @kernel function hybrid_scan_kernel!(
     y,
     h_last,
-    @Const(a),
-    @Const(b),
-    @Const(x),
-    @Const(c),
-    @Const(h0),
-    @Const(reset),
+    @Const(ops),
     reversed,
-    ::Val{workgroup_size},
+    ::Val{workgroupsize},
     ::Val{items_per_thread},
-) where {workgroup_size, items_per_thread}
+) where {workgroupsize, items_per_thread}
     i = @index(Local, Linear)
     lane = @index(Group, Linear)
-    @uniform P = pair_type(a, b, x)
+    @uniform P = pair_type(ops)
     @uniform S = fieldtype(P, :U)
-    @uniform L = size(a, 1)
-    @uniform lanes = size(a, 2)
-    @uniform tile = workgroup_size * items_per_thread
-    @uniform steps = workgroup_size > 1 ?
-        8 * sizeof(Int) - leading_zeros(workgroup_size - 1) :
+    @uniform L = scan_length(ops)
+    @uniform lanes = scan_lanes(ops)
+    @uniform tile = workgroupsize * items_per_thread
+    @uniform steps = workgroupsize > 1 ?
+        8 * sizeof(Int) - leading_zeros(workgroupsize - 1) :
         0
     @uniform final_col = isodd(steps) ? 2 : 1
     elems = @private P (items_per_thread,)
-    partial = @localmem P (workgroup_size, 2)
+    partial = @localmem P (workgroupsize, 2)
     carry = @localmem S (1,)
     if i == 1
-        carry[1] = lane <= lanes ? initial_state(S, h0, lane) : zero(S)
+        carry[1] = lane <= lanes ? initial_state(S, ops.h0, lane) : zero(S)
     end
     @synchronize()
     for base in 0:tile:(L - 1)
@@ -58,9 +62,7 @@ julia> k!(y, nothing, a, b, x, nothing, nothing, nothing, false, Val(16), Val(4)
         for j in 1:items_per_thread
             k = base + (i - 1) * items_per_thread + j
             t = time_index(min(k, L), L, reversed)
-            e = k <= L && lane <= lanes ?
-                load_pair(P, a, b, x, reset, t, lane) :
-                identity_pair(P)
+            e = k <= L && lane <= lanes ? load_pair(P, ops, t, lane) : identity_pair(P)
             elems[j] = e
             agg = compose(e, agg)
         end
@@ -78,12 +80,12 @@ julia> k!(y, nothing, a, b, x, nothing, nothing, nothing, false, Val(16), Val(4)
             k = base + (i - 1) * items_per_thread + j
             if k <= L && lane <= lanes
                 h = apply_pair(elems[j], h)
-                store_output!(y, c, h, time_index(k, L, reversed), lane)
+                store_output!(y, ops.c, h, time_index(k, L, reversed), lane)
             end
         end
         @synchronize()
         if i == 1
-            carry[1] = apply_pair(partial[workgroup_size, final_col], carry[1])
+            carry[1] = apply_pair(partial[workgroupsize, final_col], carry[1])
         end
         @synchronize()
     end
@@ -92,6 +94,14 @@ julia> k!(y, nothing, a, b, x, nothing, nothing, nothing, false, Val(16), Val(4)
     end
 end
 
-function local_memory(::Val{:hybrid}, config, P, S)
-    return local_bytes(P, config.workgroup_size * 2) + local_bytes(S, 1)
+function local_memory(s::Hybrid, P, S)
+    return local_bytes(P, s.workgroupsize * 2) + local_bytes(S, 1)
+end
+
+function launch!(s::Hybrid, backend, y, h_last, ops, reversed; workspace = nothing)
+    wg = s.workgroupsize
+    kernel! = hybrid_scan_kernel!(backend, wg)
+    args = (y, h_last, ops, reversed, Val(wg), Val(s.items_per_thread))
+    launch_checked!(kernel!, wg, wg * scan_lanes(ops), args)
+    return nothing
 end

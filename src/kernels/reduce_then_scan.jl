@@ -8,64 +8,74 @@
 #      carry-in and writes y.
 # Work-item g covers chunk `(g - 1) % nchunks + 1` of lane `(g - 1) ÷ nchunks + 1`.
 
+"""
+    ReduceThenScan(workgroupsize, chunk) <: ScanSchedule
+
+Schedule `:reduce_then_scan`, for few long lanes: chunks of `chunk` elements
+are reduced to aggregate pairs in parallel, each lane scans its aggregates,
+and every chunk is replayed from its carry-in. Three launches, no local
+memory; the per-chunk buffers live in a [`ScanWorkspace`](@ref).
+"""
+struct ReduceThenScan <: ScanSchedule
+    workgroupsize::Int
+    chunk::Int
+end
+
 @inline chunk_of(g, nchunks) = (g - 1) % nchunks + 1
 @inline lane_of(g, nchunks) = (g - 1) ÷ nchunks + 1
 @inline chunk_range(j, chunk, L) = ((j - 1) * chunk + 1):min(j * chunk, L)
 
 """
-    chunk_reduce_kernel!(backend, workgroup_size)(
-        agg, a, b, x, reset, reversed, Val(workgroup_size), Val(chunk);
+    chunk_reduce_kernel!(backend, workgroupsize)(
+        agg, ops, reversed, Val(workgroupsize), Val(chunk);
         ndrange = nchunks * lanes,
     )
 
-Stage 1 of `:reduce_then_scan`: `agg[j, l]` is the composition of the
+Stage 1 of [`ReduceThenScan`](@ref): `agg[j, l]` is the composition of the
 elements of chunk `j` (in scan order) of lane `l`.
 """
 @kernel function chunk_reduce_kernel!(
     agg,
-    @Const(a),
-    @Const(b),
-    @Const(x),
-    @Const(reset),
+    @Const(ops),
     reversed,
-    ::Val{workgroup_size},
+    ::Val{workgroupsize},
     ::Val{chunk},
-) where {workgroup_size, chunk}
+) where {workgroupsize, chunk}
     g = @index(Global, Linear)
     nchunks = size(agg, 1)
     if g <= nchunks * size(agg, 2)
         j = chunk_of(g, nchunks)
         l = lane_of(g, nchunks)
         P = eltype(agg)
-        L = size(a, 1)
+        L = scan_length(ops)
         acc = identity_pair(P)
         for k in chunk_range(j, chunk, L)
-            acc = compose(load_pair(P, a, b, x, reset, time_index(k, L, reversed), l), acc)
+            acc = compose(load_pair(P, ops, time_index(k, L, reversed), l), acc)
         end
         @inbounds agg[j, l] = acc
     end
 end
 
 """
-    carry_scan_kernel!(backend, workgroup_size)(
-        carry, h_last, agg, h0, Val(workgroup_size), Val(chunk);
+    carry_scan_kernel!(backend, workgroupsize)(
+        carry, h_last, agg, ops, Val(workgroupsize), Val(chunk);
         ndrange = lanes,
     )
 
-Stage 2 of `:reduce_then_scan`: `carry[j, l]` is lane `l`'s state before
-chunk `j`; `h_last[l]` the state after the last chunk.
+Stage 2 of [`ReduceThenScan`](@ref): `carry[j, l]` is lane `l`'s state before
+chunk `j` (from `ops.h0`); `h_last[l]` the state after the last chunk.
 """
 @kernel function carry_scan_kernel!(
     carry,
     h_last,
     @Const(agg),
-    @Const(h0),
-    ::Val{workgroup_size},
+    @Const(ops),
+    ::Val{workgroupsize},
     ::Val{chunk},
-) where {workgroup_size, chunk}
+) where {workgroupsize, chunk}
     l = @index(Global, Linear)
     if l <= size(agg, 2)
-        h = initial_state(eltype(carry), h0, l)
+        h = initial_state(eltype(carry), ops.h0, l)
         for j in axes(agg, 1)
             @inbounds carry[j, l] = h
             h = apply_pair(@inbounds(agg[j, l]), h)
@@ -75,38 +85,34 @@ chunk `j`; `h_last[l]` the state after the last chunk.
 end
 
 """
-    chunk_propagate_kernel!(backend, workgroup_size)(
-        y, a, b, x, c, reset, carry, reversed, Val(workgroup_size), Val(chunk);
+    chunk_propagate_kernel!(backend, workgroupsize)(
+        y, ops, carry, reversed, Val(workgroupsize), Val(chunk);
         ndrange = nchunks * lanes,
     )
 
-Stage 3 of `:reduce_then_scan`: replays each chunk from its carry-in state
-and writes the outputs.
+Stage 3 of [`ReduceThenScan`](@ref): replays each chunk from its carry-in
+state and writes the outputs.
 """
 @kernel function chunk_propagate_kernel!(
     y,
-    @Const(a),
-    @Const(b),
-    @Const(x),
-    @Const(c),
-    @Const(reset),
+    @Const(ops),
     @Const(carry),
     reversed,
-    ::Val{workgroup_size},
+    ::Val{workgroupsize},
     ::Val{chunk},
-) where {workgroup_size, chunk}
+) where {workgroupsize, chunk}
     g = @index(Global, Linear)
     nchunks = size(carry, 1)
     if g <= nchunks * size(carry, 2)
         j = chunk_of(g, nchunks)
         l = lane_of(g, nchunks)
-        P = pair_type(a, b, x)
-        L = size(a, 1)
+        P = pair_type(ops)
+        L = scan_length(ops)
         h = @inbounds carry[j, l]
         for k in chunk_range(j, chunk, L)
             t = time_index(k, L, reversed)
-            h = apply_pair(load_pair(P, a, b, x, reset, t, l), h)
-            store_output!(y, c, h, t, l)
+            h = apply_pair(load_pair(P, ops, t, l), h)
+            store_output!(y, ops.c, h, t, l)
         end
     end
 end
@@ -115,11 +121,11 @@ end
     ScanWorkspace()
 
 Device buffers a scan reuses from call to call: the per-chunk aggregates and
-carries of `:reduce_then_scan`. Pass one to [`selective_scan!`](@ref) (the
-`workspace` keyword) when calling it repeatedly on problems of one size, as
-[`time_scan`](@ref) does, so no call allocates; buffers are replaced only when
-the element type, size or backend changes. Not safe to share between tasks
-that scan at the same time.
+carries of [`ReduceThenScan`](@ref). Pass one to [`selective_scan!`](@ref)
+(the `workspace` keyword) when calling it repeatedly on problems of one size,
+as [`time_scan`](@ref) does, so no call allocates; buffers are replaced only
+when the element type, size or backend changes. Not safe to share between
+tasks that scan at the same time.
 
 # Examples
 ```julia-repl
@@ -154,78 +160,38 @@ function chunk_buffers!(ws::ScanWorkspace, backend, P, S, nchunks, lanes)
     return ws.agg, ws.carry
 end
 
-"""
-    ReduceThenScan(backend, workgroupsize, workspace = ScanWorkspace())
-
-The launcher of schedule `:reduce_then_scan`, shaped like a KernelAbstractions
-kernel so Kernel Tuner's Julia backend can launch it like one: build it with
-[`reduce_then_scan!`](@ref), then call it with the kernel arguments followed
-by `Val(workgroup_size), Val(chunk)`. It runs the three stage kernels in order
-on per-chunk buffers kept in its [`ScanWorkspace`](@ref), so repeated calls
-(Kernel Tuner's timing loop) allocate nothing; the `ndrange` keyword is
-accepted and ignored (the stages size their own).
-"""
-struct ReduceThenScan{B <: Backend}
-    backend::B
-    workgroupsize::Int
-    workspace::ScanWorkspace
-end
-ReduceThenScan(backend::Backend, workgroupsize) = ReduceThenScan(
+function launch!(
+    s::ReduceThenScan,
     backend,
-    workgroupsize,
-    ScanWorkspace(),
-)
-
-"""
-    reduce_then_scan!(backend, workgroupsize) -> ReduceThenScan
-
-# Examples
-```julia-repl
-julia> a = rand(5000, 2); b = rand(5000, 2); x = rand(5000, 2); y = similar(a);
-
-julia> launch! = ScanWeaver.reduce_then_scan!(CPU(), 64);
-
-julia> launch!(y, nothing, a, b, x, nothing, nothing, nothing, false, Val(64), Val(1024));
-```
-"""
-reduce_then_scan!(backend::Backend, workgroupsize) = ReduceThenScan(
-    backend,
-    Int(prod(workgroupsize)),
-)
-
-function (launch::ReduceThenScan)(
     y,
     h_last,
-    a,
-    b,
-    x,
-    c,
-    h0,
-    reset,
-    reversed,
-    wg::Val{workgroup_size},
-    ch::Val{chunk};
-    ndrange = nothing,
-) where {workgroup_size, chunk}
-    backend = launch.backend
-    L, lanes = size(a)
-    nchunks = cld(L, chunk)
-    P = pair_type(a, b, x)
-    agg, carry = chunk_buffers!(
-        launch.workspace,
-        backend,
-        P,
-        fieldtype(P, :U),
-        nchunks,
-        lanes,
+    ops,
+    reversed;
+    workspace = ScanWorkspace(),
+)
+    wg, chunk = s.workgroupsize, s.chunk
+    lanes = scan_lanes(ops)
+    nchunks = cld(scan_length(ops), chunk)
+    P = pair_type(ops)
+    agg, carry = chunk_buffers!(workspace, backend, P, fieldtype(P, :U), nchunks, lanes)
+    vals = (Val(wg), Val(chunk))
+    launch_checked!(
+        chunk_reduce_kernel!(backend, wg),
+        wg,
+        nchunks * lanes,
+        (agg, ops, reversed, vals...),
     )
-    wgs = launch.workgroupsize
-    reduce! = chunk_reduce_kernel!(backend, wgs)
-    launch_checked!(reduce!, wgs, nchunks * lanes, (agg, a, b, x, reset, reversed, wg, ch))
-    carry! = carry_scan_kernel!(backend, wgs)
-    launch_checked!(carry!, wgs, lanes, (carry, h_last, agg, h0, wg, ch))
-    propagate! = chunk_propagate_kernel!(backend, wgs)
-    args = (y, a, b, x, c, reset, carry, reversed, wg, ch)
-    launch_checked!(propagate!, wgs, nchunks * lanes, args)
+    launch_checked!(
+        carry_scan_kernel!(backend, wg),
+        wg,
+        lanes,
+        (carry, h_last, agg, ops, vals...),
+    )
+    launch_checked!(
+        chunk_propagate_kernel!(backend, wg),
+        wg,
+        nchunks * lanes,
+        (y, ops, carry, reversed, vals...),
+    )
     return nothing
 end

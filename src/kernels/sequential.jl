@@ -1,25 +1,32 @@
 """
-    sequential_scan_kernel!(backend, workgroupsize)(
-        y, h_last, a, b, x, c, h0, reset, reversed, Val(workgroup_size);
-        ndrange = lanes,
-    )
+    Sequential(workgroupsize) <: ScanSchedule
 
 Schedule `:sequential`: one work-item per lane runs `h = A_t * h + U_t` over
 the whole sequence in scan order. Lanes run in parallel; there is no
-cooperation inside a workgroup, so `workgroup_size` only sets the launch
-shape. The naive baseline, and the fastest choice on CPUs and for very many
-short lanes.
+cooperation inside a workgroup, so `workgroupsize` only sets the launch shape.
+The naive baseline, and the fastest choice on CPUs and for very many short
+lanes.
+"""
+struct Sequential <: ScanSchedule
+    workgroupsize::Int
+end
 
-Arguments are `(L, lanes)` matrices (`h0`, `h_last`: vectors of `lanes`);
-`x`, `c`, `h0`, `reset` and `h_last` may be `nothing`.
+"""
+    sequential_scan_kernel!(backend, workgroupsize)(
+        y, h_last, ops, reversed, Val(workgroupsize); ndrange = lanes,
+    )
+
+The kernel of [`Sequential`](@ref): `ops` is a [`ScanOperands`](@ref) of
+`(L, lanes)` matrices, `y` the `(L, lanes)` output and `h_last` (or `nothing`)
+the final states.
 
 # Examples
 ```julia-repl
-julia> a = fill(0.5, 4, 1); b = ones(4, 1); x = ones(4, 1); y = similar(a);
+julia> a = fill(0.5, 4, 1); b = ones(4, 1); y = similar(a);
 
-julia> k! = ScanWeaver.sequential_scan_kernel!(CPU(), 64);
+julia> ops = ScanWeaver.ScanOperands(a, b, nothing, nothing, nothing, nothing);
 
-julia> k!(y, nothing, a, b, x, nothing, nothing, nothing, false, Val(64); ndrange = 1);
+julia> ScanWeaver.sequential_scan_kernel!(CPU(), 64)(y, nothing, ops, false, Val(64); ndrange = 1);
 
 julia> vec(y)
 4-element Vector{Float64}:
@@ -32,25 +39,27 @@ julia> vec(y)
 @kernel function sequential_scan_kernel!(
     y,
     h_last,
-    @Const(a),
-    @Const(b),
-    @Const(x),
-    @Const(c),
-    @Const(h0),
-    @Const(reset),
+    @Const(ops),
     reversed,
-    ::Val{workgroup_size},
-) where {workgroup_size}
+    ::Val{workgroupsize},
+) where {workgroupsize}
     lane = @index(Global, Linear)
-    P = pair_type(a, b, x)
-    L = size(a, 1)
-    if lane <= size(a, 2)
-        h = initial_state(fieldtype(P, :U), h0, lane)
+    P = pair_type(ops)
+    L = scan_length(ops)
+    if lane <= scan_lanes(ops)
+        h = initial_state(fieldtype(P, :U), ops.h0, lane)
         for k in 1:L
             t = time_index(k, L, reversed)
-            h = apply_pair(load_pair(P, a, b, x, reset, t, lane), h)
-            store_output!(y, c, h, t, lane)
+            h = apply_pair(load_pair(P, ops, t, lane), h)
+            store_output!(y, ops.c, h, t, lane)
         end
         store_state!(h_last, h, lane)
     end
+end
+
+function launch!(s::Sequential, backend, y, h_last, ops, reversed; workspace = nothing)
+    wg = s.workgroupsize
+    kernel! = sequential_scan_kernel!(backend, wg)
+    launch_checked!(kernel!, wg, scan_lanes(ops), (y, h_last, ops, reversed, Val(wg)))
+    return nothing
 end

@@ -69,9 +69,6 @@ class JuliaTarget:
         return julia_schedule in kernels.SCHEDULES
 
 
-#: Julia's spelling of each tunable keyword (KernelAbstractions says ``workgroupsize``).
-JULIA_KEYWORDS = {"workgroup_size": "workgroupsize", "items_per_thread": "items_per_thread", "chunk": "chunk"}
-
 
 def _is_input(e: Expr) -> bool:
     return e.op == "input"
@@ -156,7 +153,7 @@ class JuliaBackend(Backend):
         host_scan = session.main().seval("ScanWeaver.host_scan!")
         host_scan(device, dtype, L, lanes, *(_address(buf) for buf in buffers),
                   reverse=stages.affine.features.reverse, schedule=julia_schedule,
-                  **{JULIA_KEYWORDS[k]: v for k, v in tunables.items()})
+                  **{kernels.JULIA_KEYWORDS[k]: v for k, v in tunables.items()})
         if not project:
             return h, h_last
         h0 = arrays.h0 if arrays.h0 is not None else np.zeros(lanes, arrays.dtype)

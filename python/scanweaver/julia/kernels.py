@@ -5,13 +5,18 @@ Kernel Tuner's Julia backend evaluates ``kernel_source`` inside a fresh module
 in ``compiler_options``), looks up ``kernel_name`` in it, builds
 ``kernel(backend, workgroupsize)`` from the ``block_size_names`` tunable and
 launches ``kernel(args..., Val(p1), Val(p2), ...; ndrange)``, with one ``Val``
-per tunable in the order of the ``tune_params`` dict.  So each ScanWeaver.jl
-kernel takes its arguments first and then one ``Val`` per tunable, in the order
-listed here; :func:`kernel_tuner_problem` gives everything ``tune_kernel``
-needs and :func:`kernel_tuner_arguments` the argument list in the right layout.
+per tunable in the order of the ``tune_params`` dict.  ScanWeaver.jl's entry
+point for each schedule is a launcher shaped like that
+(``ScanWeaver.ScheduleLauncher``): it takes the arrays of :data:`KERNEL_ARGS`,
+then one ``Val`` per tunable in the order of the schedule type's fields
+(``Hybrid(workgroupsize, items_per_thread)``), bundles the arrays in one
+``ScanOperands`` and launches the schedule's ``@kernel`` functions, which
+receive the tunables as ``Val`` parameters again (compile-time constants).
+:func:`kernel_tuner_problem` gives everything ``tune_kernel`` needs and
+:func:`kernel_tuner_arguments` the argument list in the right layout.
 
-The source imports the kernel from the installed package instead of copying
-it, so what is tuned is exactly what ``selective_scan`` runs.
+The source imports the entry point from the installed package instead of
+copying it, so what is tuned is exactly what ``selective_scan`` runs.
 """
 
 from __future__ import annotations
@@ -27,10 +32,14 @@ from .devices import DEVICES
 #: Arguments every schedule's entry point takes, before its ``Val`` tunables.
 KERNEL_ARGS = ("y", "h_last", "a", "b", "x", "c", "h0", "reset", "reversed")
 
+#: Julia's spelling of each Python tunable (KernelAbstractions says ``workgroupsize``); the Julia
+#: schedule types' fields and ``Val`` parameters, and ``selective_scan``'s keywords, use these.
+JULIA_KEYWORDS = {"workgroup_size": "workgroupsize", "items_per_thread": "items_per_thread", "chunk": "chunk"}
+
 
 @dataclass(frozen=True)
 class KernelSignature:
-    """One ``@kernel function`` of ScanWeaver.jl: name, arguments, ``Val`` tunables in order."""
+    """One ``@kernel function`` of ScanWeaver.jl: name, arguments, ``Val`` tunables (Julia names) in order."""
 
     name: str
     args: tuple[str, ...]
@@ -42,40 +51,54 @@ class JuliaSchedule:
     """A ScanWeaver.jl schedule as Kernel Tuner sees it.
 
     Attributes:
-        name: the Julia schedule (``:sequential`` ...).
-        entry: what Kernel Tuner launches: a ``@kernel`` or a launcher shaped like one.
-        tunables: the ``Val`` tunables, in order (the ``tune_params`` key order).
+        name: the Julia schedule (``:sequential`` ...), a key of ``ScanWeaver.SCHEDULES``.
+        julia_type: its ``ScanSchedule`` type (``Hybrid``); the type's fields are the tunables.
+        entry: what Kernel Tuner launches: the schedule's launcher (``hybrid_scan!``).
+        tunables: the ``Val`` tunables in order, spelled as Python search spaces spell them
+            (the ``tune_params`` key order; :data:`JULIA_KEYWORDS` gives the Julia names).
         kernels: the ``@kernel`` functions it runs.
         lane_per_workgroup: one workgroup per lane (ndrange = lanes * workgroup_size)
-            rather than one work-item per lane.
+            rather than one work-item per lane or chunk.
     """
 
     name: str
+    julia_type: str
     entry: str
     tunables: tuple[str, ...]
     kernels: tuple[KernelSignature, ...]
     lane_per_workgroup: bool
 
+    @property
+    def julia_tunables(self) -> tuple[str, ...]:
+        """The tunables as the Julia type's fields and the kernels' ``Val`` parameters name them."""
+        return tuple(JULIA_KEYWORDS[t] for t in self.tunables)
 
-def _single(name: str, kernel: str, tunables: tuple[str, ...], per_group: bool) -> JuliaSchedule:
-    return JuliaSchedule(name, kernel, tunables, (KernelSignature(kernel, KERNEL_ARGS, tunables),), per_group)
+
+#: Arguments of the single-kernel schedules' ``@kernel`` functions (before their ``Val`` tunables).
+SCAN_KERNEL_ARGS = ("y", "h_last", "ops", "reversed")
 
 
-_RTS = ("workgroup_size", "chunk")
+def _single(name: str, julia_type: str, tunables: tuple[str, ...], per_group: bool) -> JuliaSchedule:
+    vals = tuple(JULIA_KEYWORDS[t] for t in tunables)
+    kernel = KernelSignature(f"{name}_scan_kernel!", SCAN_KERNEL_ARGS, vals)
+    return JuliaSchedule(name, julia_type, f"{name}_scan!", tunables, (kernel,), per_group)
 
-#: Julia schedule name -> its kernels, entry point and tunables (mirrors ``SCHEDULES`` in src/schedules.jl).
+
+_RTS = ("workgroupsize", "chunk")
+
+#: Julia schedule name -> its type, entry point, tunables and kernels (mirrors ``SCHEDULES`` in
+#: src/registry.jl; ``test/test_julia_facade.py`` checks both against the source).
 SCHEDULES: Registry[JuliaSchedule] = Registry("Julia schedule")
 for _schedule in (
-    _single("sequential", "sequential_scan_kernel!", ("workgroup_size",), False),
-    _single("blelloch", "blelloch_scan_kernel!", ("workgroup_size",), True),
-    _single("hybrid", "hybrid_scan_kernel!", ("workgroup_size", "items_per_thread"), True),
+    _single("sequential", "Sequential", ("workgroup_size",), False),
+    _single("blelloch", "Blelloch", ("workgroup_size",), True),
+    _single("hybrid", "Hybrid", ("workgroup_size", "items_per_thread"), True),
     JuliaSchedule(
-        "reduce_then_scan", "reduce_then_scan!", _RTS,
+        "reduce_then_scan", "ReduceThenScan", "reduce_then_scan!", ("workgroup_size", "chunk"),
         (
-            KernelSignature("chunk_reduce_kernel!", ("agg", "a", "b", "x", "reset", "reversed"), _RTS),
-            KernelSignature("carry_scan_kernel!", ("carry", "h_last", "agg", "h0"), _RTS),
-            KernelSignature("chunk_propagate_kernel!",
-                            ("y", "a", "b", "x", "c", "reset", "carry", "reversed"), _RTS),
+            KernelSignature("chunk_reduce_kernel!", ("agg", "ops", "reversed"), _RTS),
+            KernelSignature("carry_scan_kernel!", ("carry", "h_last", "agg", "ops"), _RTS),
+            KernelSignature("chunk_propagate_kernel!", ("y", "ops", "carry", "reversed"), _RTS),
         ),
         True,
     ),
@@ -183,8 +206,9 @@ def render_call(schedule: str, config: dict[str, int]) -> str:
     """The Julia call that launches ``schedule`` with ``config`` (the ``kernel`` stage text)."""
     sched = SCHEDULES[schedule]
     vals = ", ".join(f"Val({config[t]})" for t in sched.tunables)
+    fields = ", ".join(str(config[t]) for t in sched.tunables)
     wg = config["workgroup_size"]
-    ndrange = f"{wg} * lanes" if sched.lane_per_workgroup else "lanes"
-    return (f"# ScanWeaver.jl schedule :{schedule}; arrays are (L, lanes) column-major\n"
+    return (f"# ScanWeaver.jl schedule {sched.julia_type}({fields}); arrays are (L, lanes) column-major\n"
+            f"# kernels: {', '.join(k.name for k in sched.kernels)}\n"
             f"using ScanWeaver: {sched.entry}\n"
-            f"{sched.entry}(backend, {wg})({', '.join(KERNEL_ARGS)}, {vals}; ndrange = {ndrange})\n")
+            f"{sched.entry}(backend, {wg})({', '.join(KERNEL_ARGS)}, {vals})\n")
