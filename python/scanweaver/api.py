@@ -69,7 +69,7 @@ def check_dtype(api: str, be: Backend, dtype: str) -> None:
 
 def check_out(api: str, out: object, shape: tuple[int, ...], arrays) -> np.ndarray | None:
     """Validates ``out=``; returns the ``(lanes, L)`` view a backend may write into, or ``None``
-    when ``y`` must be converted first (half-precision results)."""
+    when ``y`` must be computed aside and copied in (half-precision results, an unaligned ``out``)."""
     want = np.dtype(arrays.out_dtype or arrays.dtype)
     if not isinstance(out, np.ndarray) or not all(isinstance(a, np.ndarray) for a in arrays.inputs.values()):
         raise ScanInputError(f"{api}: out must be a NumPy array, and is for NumPy operands; got "
@@ -81,7 +81,8 @@ def check_out(api: str, out: object, shape: tuple[int, ...], arrays) -> np.ndarr
         raise ScanInputError(f"{api}: out must be C-contiguous and writeable")
     if any(np.shares_memory(out, a) for a in arrays.inputs.values()):
         raise ScanInputError(f"{api}: out overlaps an operand; pass a separate buffer")
-    return out.reshape(arrays.lanes, arrays.L) if want == arrays.dtype else None
+    direct = want == arrays.dtype and out.flags.aligned  # else y is computed aside and copied in
+    return out.reshape(arrays.lanes, arrays.L) if direct else None
 
 
 def check_kind(api: str, be: Backend, kind: str) -> None:

@@ -57,6 +57,25 @@ def as_array(api: str, name: str, value: object) -> np.ndarray:
     )
 
 
+def aligned(arr: np.ndarray) -> np.ndarray:
+    """``arr`` when it is C-contiguous and aligned, else one aligned C-contiguous copy.
+
+    Buffers from anywhere (``np.frombuffer`` at an odd offset, a memory-mapped file with a
+    header, shared memory from another process) may hold elements at addresses that are not
+    multiples of their size; ``np.ascontiguousarray`` returns such an array unchanged, and
+    compiled kernels need aligned elements.
+
+    Example:
+        >>> raw = np.arange(9, dtype=np.uint8).tobytes()
+        >>> v = np.frombuffer(raw, np.float32, count=2, offset=1)
+        >>> v.flags.aligned, aligned(v).flags.aligned, bool((aligned(v).view(np.uint32) == v.view(np.uint32)).all())
+        (False, True, True)
+    """
+    if arr.flags.c_contiguous and arr.flags.aligned:
+        return arr
+    return np.require(arr, requirements=("C", "A"))
+
+
 def compute_dtype(dtypes) -> np.dtype:
     """The accumulation dtype for operands of ``dtypes``: half types widen to float32."""
     wide = [np.dtype(np.float32) if is_half(d) else np.dtype(d) for d in dtypes]
@@ -111,7 +130,7 @@ def seqlens_reset(api: str, cu_seqlens: object, L: int, reverse: bool = False) -
 def prepare(api: str, operands: dict[str, object], h0: object = None, reset: object = None,
             broadcast: bool = False, cu_seqlens: object = None, reverse: bool = False,
             state_size: int = 1) -> ScanArrays:
-    """Checks shapes and dtypes and returns 2-D C-contiguous operands.
+    """Checks shapes and dtypes and returns 2-D C-contiguous, aligned operands (copied once when not).
 
     Args:
         api: the public function's name, for error messages.
@@ -155,7 +174,7 @@ def prepare(api: str, operands: dict[str, object], h0: object = None, reset: obj
     out_dtype = result_dtype(a.dtype for a in arrs.values())
     batch, L = tuple(shape[:-1]), shape[-1]
     lanes = int(np.prod(batch, dtype=np.int64))
-    inputs = {n: np.ascontiguousarray(np.broadcast_to(a, shape), dtype=dtype).reshape(lanes, L)
+    inputs = {n: aligned(np.ascontiguousarray(np.broadcast_to(a, shape), dtype=dtype)).reshape(lanes, L)
               for n, a in arrs.items()}
     h0v = None
     if h0 is not None:
@@ -169,7 +188,8 @@ def prepare(api: str, operands: dict[str, object], h0: object = None, reset: obj
             rule = ("the operands' leading shape" if state_size == 1
                     else f"the operands' leading shape plus the state size {state_size}")
             raise ScanInputError(f"{api}: h0 has shape {h.shape}; it needs {rule}: {want}")
-        h0v = np.ascontiguousarray(h, dtype=dtype).reshape((lanes,) if state_size == 1 else (lanes, state_size))
+        h0v = aligned(np.ascontiguousarray(h, dtype=dtype)).reshape(
+            (lanes,) if state_size == 1 else (lanes, state_size))
     rmask = None
     if reset is not None:
         r = np.asarray(reset)

@@ -173,7 +173,7 @@ def _pointer(name: str, arr: np.ndarray | None, dtype: np.dtype, shape: tuple[in
         raise ScanInputError(f"cpu backend: {name} has shape {arr.shape}; it needs {shape}")
     if not (arr.flags.c_contiguous and arr.flags.aligned):
         raise ScanInputError(f"cpu backend: {name} must be C-contiguous and aligned "
-                             "(use np.ascontiguousarray)")
+                             "(scanweaver.arrays.aligned copies it once into aligned memory)")
     if arr.size and not arr.ctypes.data:
         raise ScanInputError(f"cpu backend: {name} has a null data pointer")
     return arr.ctypes.data or None
