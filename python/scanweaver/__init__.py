@@ -4,7 +4,7 @@
 juliacall are imported when the feature that needs them is first used.
 """
 
-from .api import Recurrence, recurrence, selective_scan
+from .api import Recurrence, plan, recurrence, selective_scan
 from .errors import (
     BackendUnavailable,
     CompileError,
@@ -30,6 +30,7 @@ __all__ = [
     "VerificationError",
     "log_scan",
     "mamba_selective_scan",
+    "plan",
     "recurrence",
     "selective_scan",
     "sigmoid",

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from . import fastpath
 from .arrays import prepare
 from .errors import api_boundary, BackendUnavailable, ScanInputError
 from .frontend import RECURRENCES, trace
@@ -94,6 +95,17 @@ def check_kind(api: str, be: Backend, kind: str) -> None:
                          f"backends that do: {', '.join(others)}")
 
 
+def _flags(reverse, return_state, backend, schedule, config, tunables: dict) -> tuple | None:
+    """The hashable arguments of a call (part of its plan key), or ``None`` when one is not hashable."""
+    cfg = tuple(sorted(config.items())) if isinstance(config, dict) else config
+    flags = (bool(reverse), bool(return_state), backend, schedule, cfg, tuple(sorted(tunables.items())))
+    try:
+        hash(flags)
+    except TypeError:
+        return None
+    return flags
+
+
 def _tuned(backend: Backend, rec: Recurrence, dtype: str, lanes: int, L: int):
     """The stored tuned (schedule, config) for this problem, or ``None``."""
     try:
@@ -142,6 +154,7 @@ class Recurrence:
         self.scan_ir = functools.lru_cache(maxsize=64)(self._trace)
         self.signature = functools.lru_cache(maxsize=16)(self._signature)
         self._lowered = functools.lru_cache(maxsize=256)(self._lower_emit)
+        self._plans: dict[tuple, fastpath.Plan] = {}
         functools.update_wrapper(self, step)
 
     def __repr__(self) -> str:
@@ -233,6 +246,20 @@ class Recurrence:
             bfloat16 operands accumulate in float32; ``y`` comes back in their dtype,
             ``h_last`` stays float32 so that it can be passed back as ``h0`` losslessly.
         """
+        key = None
+        if cu_seqlens is None and len(args) == len(self.inputs):
+            key = fastpath.call_key(args, h0, reset, out,
+                                    _flags(reverse, return_state, backend, schedule, config, kwargs))
+            plan = self._plans.get(key) if key is not None else None
+            if plan is not None and plan.fresh():
+                self.last = plan.info
+                return plan.run(args, h0, reset, out)
+        return self._call(args, kwargs, key, h0, reset, bool(reverse), bool(return_state), backend, schedule,
+                          config, cu_seqlens, out)
+
+    def _call(self, args, kwargs, key, h0, reset, reverse, return_state, backend, schedule, config, cu_seqlens,
+              out):
+        """The full path: validate, resolve, lower, run; keeps a :class:`~scanweaver.fastpath.Plan` under ``key``."""
         operands, tunables = self._bind(args, kwargs)
         arrays = prepare(self.name, operands, h0, reset, broadcast=self.broadcast, cu_seqlens=cu_seqlens,
                          reverse=bool(reverse), state_size=self.state_size)
@@ -265,6 +292,13 @@ class Recurrence:
             if not np.shares_memory(y, out):
                 out[...] = y
             y = out
+        if key is not None:
+            plan = fastpath.build(self, be, stages, arrays, self.last, operands, h0, reset, out, return_state,
+                                  from_store=config == "auto" and not tunables)
+            if plan is not None:
+                if len(self._plans) >= fastpath.MAX_PLANS:
+                    self._plans.pop(next(iter(self._plans)))
+                self._plans[key] = plan
         if return_state:
             return y, np.asarray(h_last).reshape(state)
         return y
@@ -380,3 +414,60 @@ def selective_scan(a, b, x, c=None, *, h0=None, reset=None, reverse: bool = Fals
 
 #: The recurrence :func:`selective_scan` runs (with ``c``), for APIs that take either.
 selective_scan.recurrence = SELECTIVE  # type: ignore[attr-defined]
+
+
+@api_boundary
+def plan(recurrence, shape, dtype="float32", *, with_c: bool = True, h0: bool = False, reset: bool = False,
+         reverse: bool = False, return_state: bool = False, backend: str = "auto", schedule: str = "auto",
+         config="auto", **tunables) -> fastpath.Plan:
+    """A compiled call for one signature, for hot loops: ``plan(a, b, x, c, out=y)``.
+
+    Every scan call already keeps such a plan per signature and reuses it
+    automatically (a repeated call costs a few microseconds beyond the kernel);
+    an explicit plan also skips finding it.  The plan checks each call's
+    arrays against its signature (shape, dtype, C order) and raises
+    :class:`ScanInputError` naming the first that differs.
+
+    Args:
+        recurrence: a :class:`Recurrence`, or :func:`selective_scan`.
+        shape: the operands' shape ``(..., L)`` (all operands share it).
+        dtype: the operands' dtype (``float32`` or ``float64``).
+        with_c: for :func:`selective_scan`: operands ``(a, b, x, c)`` (else ``(a, b, x)``).
+        h0, reset: calls pass ``h0`` / a boolean ``reset`` mask.
+        reverse, return_state, backend, schedule, config, **tunables: as for the call.
+
+    Returns:
+        a :class:`~scanweaver.fastpath.Plan`; ``plan(*operands, h0=..., reset=..., out=...)``.
+
+    Example:
+        >>> import numpy as np, scanweaver
+        >>> p = scanweaver.plan(scanweaver.selective_scan, (4, 256), "float32")
+        >>> ops = [np.full((4, 256), v, np.float32) for v in (0.5, 1.0, 1.0, 2.0)]
+        >>> y = np.empty((4, 256), np.float32)
+        >>> p(*ops, out=y) is y, float(y[0, 1])
+        (True, 3.0)
+    """
+    if recurrence is selective_scan:
+        recurrence = SELECTIVE if with_c else SELECTIVE_NO_C
+    if not isinstance(recurrence, Recurrence):
+        raise ScanInputError(f"plan: recurrence must be a scanweaver.Recurrence or scanweaver.selective_scan, "
+                             f"got {type(recurrence).__name__}")
+    shape = tuple(int(n) for n in shape)
+    dt = np.dtype(dtype)
+    if not shape or any(n < 1 for n in shape) or dt not in (np.dtype(np.float32), np.dtype(np.float64)):
+        raise ScanInputError(f"plan: shape must be positive sizes (..., L) and dtype float32 or float64; got "
+                             f"shape {shape}, dtype {dt}")
+    rng = np.random.default_rng(0)
+    operands = [rng.uniform(0.5, 1.0, shape).astype(dt) for _ in recurrence.inputs]
+    state = shape[:-1] if recurrence.state_size == 1 else (*shape[:-1], recurrence.state_size)
+    h = np.zeros(state, dt) if h0 else None
+    r = np.zeros(shape, bool) if reset else None
+    recurrence(*operands, h0=h, reset=r, reverse=reverse, return_state=return_state, backend=backend,
+               schedule=schedule, config=config, **tunables)
+    key = fastpath.call_key(tuple(operands), h, r, None,
+                            _flags(reverse, return_state, backend, schedule, config, tunables))
+    found = recurrence._plans.get(key) if key is not None else None
+    if found is None:
+        raise ScanInputError(f"plan: calls of {recurrence.name} with these arguments cannot be planned (they need "
+                             "conversions each call); call the recurrence directly")
+    return found

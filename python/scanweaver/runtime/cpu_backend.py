@@ -33,7 +33,7 @@ from ..ir import Stages
 from ..schedules import Tunable
 from ..schedules.base import non_negative
 from ..targets.c_target import CRenderer
-from . import toolchain
+from . import fastcall, toolchain
 from .base import Availability, Backend, ScanArrays, register
 
 #: Chunk (scan positions per tile) when one lane's tiles are spread over threads: big
@@ -146,6 +146,24 @@ class CpuBackend(Backend):
                 raise MemoryError(f"cpu backend: the kernel could not allocate its scratch memory (status {rc})")
 
         return call
+
+    def fast_invoker(self, stages: Stages, lanes: int, L: int):
+        """``invoke(buffers, lanes, L)`` calling the kernel of ``stages`` directly (see :mod:`.fastcall`).
+
+        ``buffers`` are the operands in ABI order, then ``y``, ``h0``, ``hlast``, ``reset`` (NumPy
+        arrays, or ``None`` for an absent ``h0``/``reset``); every buffer's size, alignment and
+        writability is checked in C before the call, for exactly this ``(lanes, L)``.
+        """
+        fn = self.function(stages)
+        feats = stages.affine.features
+        item = np.dtype(stages.affine.dtype).itemsize
+        n, k = lanes * L, stages.affine.state_size
+        slots = [fastcall.Slot(n * item, item) for _ in stages.affine.inputs]
+        slots += [fastcall.Slot(n * item, item, written=True),
+                  fastcall.Slot(lanes * k * item if feats.has_h0 else 0, item, optional=True),
+                  fastcall.Slot(lanes * k * item, item, written=True),
+                  fastcall.Slot(n if feats.has_reset else 0, 1, optional=True)]
+        return fastcall.invoker(ctypes.cast(fn, ctypes.c_void_p).value, slots)
 
     def run(self, stages: Stages, arrays: ScanArrays):
         dtype = np.dtype(stages.affine.dtype)

@@ -87,23 +87,30 @@ class Toolchain:
         """True when kernels are built with OpenMP."""
         return "-fopenmp" in self.flags
 
-    def key(self, source: str) -> str:
-        """The cache key of ``source`` built by this toolchain."""
+    def key(self, source: str, extra_flags: tuple[str, ...] = (), identity: str = "") -> str:
+        """The cache key of ``source`` built by this toolchain (with ``extra_flags``, for ``identity``)."""
         h = hashlib.sha256()
-        for part in (source, "\0".join(self.flags), self.identity):
+        for part in (source, "\0".join((*self.flags, *extra_flags)), self.identity + identity):
             h.update(part.encode())
             h.update(b"\0\1")
         return h.hexdigest()[:32]
 
-    def build(self, source: str, directory: Path | None = None) -> Path:
+    def build(self, source: str, directory: Path | None = None, *, extra_flags: tuple[str, ...] = (),
+              identity: str = "") -> Path:
         """The path of a verified shared object for ``source``, compiling it when needed.
+
+        Args:
+            source: C source text.
+            directory: the cache directory (default: ``cache_dir() / "c"``).
+            extra_flags: flags beyond the kernels' (e.g. an include path), part of the cache key.
+            identity: more text for the cache key (e.g. the Python version of an extension module).
 
         Raises:
             CompileError: with the compiler's log when compilation fails.
         """
         directory = Path(directory) if directory is not None else cache_dir() / "c"
         directory.mkdir(parents=True, exist_ok=True)
-        key = self.key(source)
+        key = self.key(source, extra_flags, identity)
         lib = directory / f"sw_{key}.so"
         if _verified(lib):
             return lib
@@ -114,7 +121,7 @@ class Toolchain:
             fd, tmp = tempfile.mkstemp(prefix=f"sw_{key}.", suffix=".tmp.so", dir=directory)
             os.close(fd)
             try:
-                self._compile(directory / f"sw_{key}.c", Path(tmp))
+                self._compile(directory / f"sw_{key}.c", Path(tmp), extra_flags)
                 digest = _sha256(Path(tmp))
                 os.replace(tmp, lib)
                 _atomic_write(lib.with_suffix(".sha256"), digest)
@@ -127,8 +134,8 @@ class Toolchain:
         """Builds ``source`` (or finds it in the cache) and loads it; cached per process."""
         return _load(self, source)
 
-    def _compile(self, src: Path, out: Path) -> None:
-        cmd = [*self.command, *self.flags, str(src), "-o", str(out), "-lm"]
+    def _compile(self, src: Path, out: Path, extra_flags: tuple[str, ...] = ()) -> None:
+        cmd = [*self.command, *self.flags, *extra_flags, str(src), "-o", str(out), "-lm"]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
         except (OSError, subprocess.TimeoutExpired) as exc:

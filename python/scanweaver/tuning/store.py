@@ -231,6 +231,27 @@ def set_aside(path: Path, why: str) -> Path | None:
     return dest
 
 
+def stamp(path: Path | None = None) -> tuple[int, int, int] | None:
+    """A token that changes whenever the store file is replaced or rewritten (``None``: no store).
+
+    One ``stat``: scan calls compare it to decide whether a cached plan is still current.
+    """
+    try:
+        st = os.stat(path if path is not None else _store_path_cached())
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+def _store_path_cached() -> str:
+    env = (os.environ.get("SCANWEAVER_CACHE_DIR"), os.environ.get("SCANWEAVER_TUNED"))
+    hit = _store_paths.get(env)
+    if hit is None:
+        hit = _store_paths[env] = str(store_path())
+    return hit
+
+
+_store_paths: dict[tuple[str | None, str | None], str] = {}
 _parsed: dict[str, tuple[tuple[int, int], list[Entry]]] = {}
 
 

@@ -1,0 +1,216 @@
+"""Repeated calls at the speed of the kernel: call plans cached per signature.
+
+Everything a scan call decides from its *signature* (operand shapes, strides
+and dtypes; h0/reset/out given or not; reverse, return_state; backend,
+schedule and config arguments; the tuned-store entry) is resolved once, on the
+first call, by the full path with all its checks, and kept as a :class:`Plan`.
+A later call with the same signature finds the plan by a cheap key and does
+only what depends on the data: allocate ``y`` (or take ``out``) and run the
+compiled kernel.  On the ``cpu`` backend the kernel is called through the
+checked trampoline of :mod:`scanweaver.runtime.fastcall`, which verifies every
+buffer's size, alignment and writability in C before the call.  A call whose
+arrays do not match a plan simply takes the full path, with its clear errors.
+
+A plan that used the tuned-configuration store records the store file's
+stamp; when another process writes the store, the next call sees the change
+and re-resolves.
+
+:func:`plan` hands out a plan explicitly, for hot loops that want to skip
+even the key lookup (:meth:`Plan.__call__` still checks its arguments).
+
+Example:
+    >>> import numpy as np, scanweaver
+    >>> a = np.full((2, 8), 0.5, np.float32); b = x = c = np.ones_like(a)
+    >>> p = scanweaver.plan(scanweaver.selective_scan, (2, 8), np.float32, with_c=True)
+    >>> bool(np.allclose(p(a, b, x, c), scanweaver.selective_scan(a, b, x, c)))
+    True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .errors import ScanInputError
+from .ir import Stages
+
+#: Plans kept per recurrence (least recently built ones are dropped first).
+MAX_PLANS = 64
+
+
+def _array_key(v: object) -> tuple | None:
+    if type(v) is not np.ndarray:
+        return None
+    return (v.shape, v.strides, v.dtype)  # type: ignore[attr-defined]
+
+
+def call_key(args: tuple, h0: object, reset: object, out: object, flags: tuple | None) -> tuple | None:
+    """The plan key of a call, or ``None`` when the call cannot use a plan.
+
+    Only NumPy arrays given positionally (and ``h0``, ``reset``, ``out`` as
+    NumPy arrays or ``None``) have keys; ``flags`` holds the remaining
+    hashable arguments.
+    """
+    if flags is None:
+        return None
+    parts: list[Any] = [flags]
+    for v in args:
+        if type(v) is not np.ndarray:
+            return None
+        parts.append((v.shape, v.strides, v.dtype))  # type: ignore[attr-defined]
+    for v in (h0, reset, out):
+        if v is None:
+            parts.append(None)
+        else:
+            k = _array_key(v)
+            if k is None:
+                return None
+            parts.append(k)
+    return tuple(parts)
+
+
+def _store_stamp() -> object:
+    from .tuning import store
+
+    return store.stamp()
+
+
+@dataclass
+class Plan:
+    """A scan call resolved for one signature: the backend, the lowered stages and the kernel.
+
+    Attributes:
+        names: operand names, in call order.
+        shape: the operands' shape ``(..., L)``.
+        dtype: the operands' (and ``y``'s) dtype.
+        state_shape: the shape of ``h0`` and of the returned state.
+        return_state: calls return ``(y, h_last)``.
+        info: what :attr:`Recurrence.last` reports for the call.
+        invoke: ``invoke(buffers, lanes, L)`` for the ``cpu`` kernel, or ``None`` (the
+            backend's ``run`` is used).
+        from_store: the plan was resolved through the tuned-configuration store.
+        store_stamp: the store's stamp then (``None``: there was no store file).
+    """
+
+    names: tuple[str, ...]
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    state_shape: tuple[int, ...]
+    has_h0: bool
+    has_reset: bool
+    return_state: bool
+    info: Any
+    backend: Any
+    stages: Stages
+    invoke: Callable[[tuple, int, int], int] | None
+    from_store: bool = False
+    store_stamp: object = None
+
+    def __post_init__(self) -> None:
+        self.lanes = int(np.prod(self.shape[:-1], dtype=np.int64))  #: independent sequences
+        self.L = self.shape[-1]  #: sequence length
+
+    def fresh(self) -> bool:
+        """False when the plan came from the tuned store and the store has changed since."""
+        return not self.from_store or self.store_stamp == _store_stamp()
+
+    def run(self, operands: tuple, h0, reset, out):
+        """Runs on arrays already known to match the plan (by key or by :meth:`check`)."""
+        y = out if out is not None else np.empty(self.shape, self.dtype)
+        h_last = np.empty(self.state_shape, self.dtype)
+        if self.invoke is not None:
+            rc = self.invoke((*operands, y, h0, h_last, reset), self.lanes, self.L)
+            if rc != 0:
+                raise MemoryError(f"{self.info.stages.affine.name}: the kernel could not allocate its scratch "
+                                  f"memory (status {rc})")
+        else:
+            from .runtime.base import ScanArrays
+
+            lanes, L = self.lanes, self.L
+            arrays = ScanArrays(
+                inputs={n: v.reshape(lanes, L) for n, v in zip(self.names, operands, strict=True)},
+                h0=None if h0 is None else h0.reshape((lanes, *self.state_shape[len(self.shape) - 1:])),
+                reset=None if reset is None else reset.reshape(lanes, L).view(np.uint8),
+                batch_shape=self.shape[:-1], dtype=self.dtype, out=y.reshape(lanes, L))
+            ky, kh = self.backend.run(self.stages, arrays)
+            ky = np.asarray(ky)
+            if not np.shares_memory(ky, y):
+                y[...] = ky.reshape(self.shape)
+            h_last[...] = np.asarray(kh).reshape(self.state_shape)
+        return (y, h_last) if self.return_state else y
+
+    def check(self, operands: tuple, h0, reset, out) -> None:
+        """Raises :class:`ScanInputError` naming the first argument that does not match the plan."""
+        api = f"plan({self.info.stages.affine.name})"
+        if len(operands) != len(self.names):
+            raise ScanInputError(f"{api}: takes {len(self.names)} operands ({', '.join(self.names)}), "
+                                 f"got {len(operands)}")
+        want = [(n, v, self.shape, self.dtype) for n, v in zip(self.names, operands, strict=True)]
+        want.append(("h0", h0, self.state_shape, self.dtype) if self.has_h0 else ("h0", h0, None, None))
+        want.append(("reset", reset, self.shape, np.dtype(bool)) if self.has_reset else ("reset", reset, None, None))
+        if out is not None:
+            want.append(("out", out, self.shape, self.dtype))
+        for name, v, shape, dtype in want:
+            if shape is None:
+                if v is not None:
+                    raise ScanInputError(f"{api}: this plan was built without {name}; got one (build a plan with "
+                                         f"{name}, or call the recurrence)")
+                continue
+            if type(v) is not np.ndarray:
+                raise ScanInputError(f"{api}: {name} must be a NumPy array, got {type(v).__name__}")
+            if v.shape != shape or v.dtype != dtype or not v.flags.c_contiguous:
+                raise ScanInputError(
+                    f"{api}: {name} has shape {v.shape}, dtype {v.dtype}"
+                    f"{'' if v.flags.c_contiguous else ', not C-contiguous'}; this plan takes C-contiguous "
+                    f"{dtype} arrays of shape {shape} (build another plan, or call the recurrence)")
+
+    def __call__(self, *operands, h0=None, reset=None, out=None):
+        """Runs the planned scan on ``operands`` (checked against the plan first).
+
+        Returns:
+            ``y``, or ``(y, h_last)`` for a plan built with ``return_state=True``.
+        """
+        self.check(operands, h0, reset, out)
+        if not self.fresh():
+            raise ScanInputError(f"plan({self.info.stages.affine.name}): the tuned-configuration store changed "
+                                 "since this plan was built; build the plan again to use the new configuration")
+        return self.run(operands, h0, reset, out)
+
+
+def fast_invoker(backend, stages: Stages, lanes: int, L: int):
+    """The backend's checked direct-call function for ``stages``, or ``None``."""
+    make = getattr(backend, "fast_invoker", None)
+    return make(stages, lanes, L) if make is not None else None
+
+
+def build(rec, backend, stages: Stages, arrays, info, operands: dict, h0, reset, out, return_state: bool,
+          from_store: bool) -> Plan | None:
+    """A plan for a call that just ran through the full path, or ``None`` when its arrays do not qualify.
+
+    The arrays qualify when every one is a C-contiguous NumPy array already in the scan's dtype and
+    shape (no broadcasting, no conversion, no half-precision output), ``reset`` is boolean, and the
+    problem is not empty.
+    """
+    dtype = np.dtype(arrays.dtype)
+    shape = (*arrays.batch_shape, arrays.L)
+    if arrays.lanes == 0 or arrays.L == 0 or (arrays.out_dtype is not None and arrays.out_dtype != dtype):
+        return None
+    state = arrays.batch_shape if rec.state_size == 1 else (*arrays.batch_shape, rec.state_size)
+
+    def ok(v, want_shape, want_dtype) -> bool:
+        return (type(v) is np.ndarray and v.shape == want_shape and v.dtype == want_dtype
+                and v.flags.c_contiguous)
+
+    if not all(ok(operands[n], shape, dtype) for n in rec.inputs):
+        return None
+    if (h0 is not None and not ok(h0, state, dtype)) or (reset is not None and not ok(reset, shape, np.dtype(bool))):
+        return None
+    if out is not None and not ok(out, shape, dtype):
+        return None
+    return Plan(names=tuple(rec.inputs), shape=shape, dtype=dtype, state_shape=tuple(state),
+                has_h0=h0 is not None, has_reset=reset is not None, return_state=return_state, info=info,
+                backend=backend, stages=stages, invoke=fast_invoker(backend, stages, arrays.lanes, arrays.L),
+                from_store=from_store, store_stamp=_store_stamp() if from_store else None)

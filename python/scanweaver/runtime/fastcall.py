@@ -1,0 +1,301 @@
+"""Calling compiled kernels with little per-call overhead: a checked trampoline.
+
+Through :mod:`ctypes`, reading the addresses of six NumPy arrays and making the
+call takes several microseconds, more than the whole scan on small problems.
+This module compiles (once per interpreter and compiler, cached on disk like
+the kernels) a tiny CPython extension, ``_sw_fastcall``, whose
+``invoke(fn, buffers, spec, nlanes, L)`` takes the kernel's address and a tuple
+of buffers (NumPy arrays, or ``None`` for absent optional ones), and in C:
+
+* asks each buffer for a C-contiguous view (writable where the kernel writes),
+* checks it holds at least the bytes the kernel will touch and is aligned for
+  its element type, and that no written buffer overlaps another buffer,
+* releases the GIL and calls the kernel with the buffers' addresses, then the
+  two sizes (the kernel ABI of :mod:`scanweaver.targets.cstyle`).
+
+A bad buffer raises ``ValueError``/``BufferError`` instead of crashing the
+interpreter.  Where the extension cannot be built (no ``Python.h``, no
+compiler, Windows), :func:`invoker` falls back to ``ctypes`` with the same
+checks done in Python, so behaviour is identical and only slower.
+
+Example:
+    >>> import ctypes, numpy as np
+    >>> from scanweaver.runtime.fastcall import Slot, invoker
+    >>> libc = ctypes.CDLL(None)
+    >>> call = invoker(ctypes.cast(libc.memset, ctypes.c_void_p).value, (Slot(8, 1, written=True),), n_sizes=2)
+    >>> buf = np.ones(8, np.uint8)
+    >>> _ = call((buf,), 0, 8)       # memset(buf, 0, 8)
+    >>> buf.tolist()
+    [0, 0, 0, 0, 0, 0, 0, 0]
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.machinery
+import importlib.util
+import logging
+import struct
+import sys
+import sysconfig
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger("scanweaver")
+
+#: Most buffers one kernel takes (operands plus y, h0, hlast, reset).
+MAX_BUFFERS = 32
+MODULE = "_sw_fastcall"
+
+
+@dataclass(frozen=True)
+class Slot:
+    """What the kernel does with one buffer argument.
+
+    Attributes:
+        need: bytes the kernel reads or writes (the buffer must hold at least these).
+        align: required alignment of the address (the element size).
+        written: the kernel writes it (it must be writable and overlap no other buffer).
+        optional: ``None`` may be passed (a NULL pointer; the kernel does not touch it).
+    """
+
+    need: int
+    align: int
+    written: bool = False
+    optional: bool = False
+
+    def pack(self) -> bytes:
+        return struct.pack("=qii", self.need, self.align, int(self.written) | (2 * int(self.optional)))
+
+
+def _source() -> str:
+    cases = []
+    for n in range(1, MAX_BUFFERS + 1):
+        params = ", ".join(["void*"] * n)
+        args = ", ".join(f"p[{i}]" for i in range(n))
+        cases.append(f"    case {n}: return ((int (*)({params}, long, long))fn)({args}, a, b);")
+    return _TEMPLATE.replace("@MAX@", str(MAX_BUFFERS)).replace("@CASES@", "\n".join(cases))
+
+
+_TEMPLATE = r"""
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define SW_MAX @MAX@
+typedef struct { long long need; int align; int flags; } sw_slot; /* flags: 1 written, 2 optional */
+
+static int sw_dispatch(void* fn, Py_ssize_t n, void** p, long a, long b) {
+  switch (n) {
+@CASES@
+    default: return -1;
+  }
+}
+
+static PyObject* sw_invoke(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  (void)self;
+  if (nargs != 5) {
+    PyErr_SetString(PyExc_TypeError, "invoke(fn, buffers, spec, nlanes, L) takes 5 arguments");
+    return NULL;
+  }
+  void* fn = PyLong_AsVoidPtr(args[0]);
+  if (fn == NULL) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "invoke: the kernel address is NULL");
+    return NULL;
+  }
+  PyObject* bufs = args[1];
+  PyObject* spec = args[2];
+  if (!PyTuple_Check(bufs) || !PyBytes_Check(spec)) {
+    PyErr_SetString(PyExc_TypeError, "invoke: buffers must be a tuple and spec bytes");
+    return NULL;
+  }
+  const Py_ssize_t n = PyTuple_GET_SIZE(bufs);
+  if (n < 1 || n > SW_MAX || PyBytes_GET_SIZE(spec) != n * (Py_ssize_t)sizeof(sw_slot)) {
+    PyErr_Format(PyExc_ValueError, "invoke: %zd buffers do not match the spec (%zd bytes)", n,
+                 PyBytes_GET_SIZE(spec));
+    return NULL;
+  }
+  const long na = PyLong_AsLong(args[3]);
+  const long nb = PyLong_AsLong(args[4]);
+  if (PyErr_Occurred()) return NULL;
+  sw_slot slot[SW_MAX];
+  memcpy(slot, PyBytes_AS_STRING(spec), (size_t)n * sizeof(sw_slot));
+  Py_buffer view[SW_MAX];
+  void* p[SW_MAX];
+  Py_ssize_t held = 0;
+  PyObject* result = NULL;
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* o = PyTuple_GET_ITEM(bufs, i);
+    p[i] = NULL;
+    view[i].obj = NULL;
+    if (o == Py_None) {
+      if (!(slot[i].flags & 2)) {
+        PyErr_Format(PyExc_ValueError, "invoke: buffer %zd is required, got None", i);
+        goto done;
+      }
+      continue;
+    }
+    const int want = (slot[i].flags & 1) ? (PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) : PyBUF_C_CONTIGUOUS;
+    if (PyObject_GetBuffer(o, &view[i], want) < 0) goto done;
+    held = i + 1;
+    if (view[i].len < slot[i].need) {
+      PyErr_Format(PyExc_ValueError, "invoke: buffer %zd holds %zd bytes; the kernel needs %lld", i,
+                   view[i].len, slot[i].need);
+      goto done;
+    }
+    if (slot[i].align > 1 && ((uintptr_t)view[i].buf % (uintptr_t)slot[i].align) != 0) {
+      PyErr_Format(PyExc_ValueError, "invoke: buffer %zd is not aligned to %d bytes", i, slot[i].align);
+      goto done;
+    }
+    p[i] = slot[i].need > 0 ? view[i].buf : NULL;
+  }
+  held = n;
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    if (!(slot[i].flags & 1) || p[i] == NULL) continue;
+    const char* lo = (const char*)p[i];
+    const char* hi = lo + slot[i].need;
+    for (Py_ssize_t j = 0; j < n; ++j) {
+      if (j == i || p[j] == NULL) continue;
+      const char* lo2 = (const char*)p[j];
+      const char* hi2 = lo2 + slot[j].need;
+      if (lo < hi2 && lo2 < hi) {
+        PyErr_Format(PyExc_ValueError, "invoke: written buffer %zd overlaps buffer %zd", i, j);
+        goto done;
+      }
+    }
+  }
+  {
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = sw_dispatch(fn, n, p, na, nb);
+    Py_END_ALLOW_THREADS
+    result = PyLong_FromLong(rc);
+  }
+done:
+  for (Py_ssize_t i = 0; i < held; ++i)
+    if (view[i].obj != NULL) PyBuffer_Release(&view[i]);
+  return result;
+}
+
+static PyMethodDef sw_methods[] = {
+  {"invoke", (PyCFunction)(void (*)(void))sw_invoke, METH_FASTCALL,
+   "invoke(fn, buffers, spec, nlanes, L) -> the kernel's return code"},
+  {NULL, NULL, 0, NULL}
+};
+
+static struct PyModuleDef sw_module = {PyModuleDef_HEAD_INIT, "_sw_fastcall", NULL, -1, sw_methods};
+
+PyMODINIT_FUNC PyInit__sw_fastcall(void) { return PyModule_Create(&sw_module); }
+"""
+
+_lock = threading.Lock()
+_module: object = None
+_tried = False
+
+
+def _extra_flags() -> tuple[str, ...] | None:
+    """Flags to build an extension module for this interpreter, or ``None`` when it cannot be."""
+    include = sysconfig.get_paths().get("include")
+    if not include or not (Path(include) / "Python.h").exists() or sys.platform == "win32":
+        return None
+    flags = (f"-I{include}",)
+    if sys.platform == "darwin":
+        flags += ("-undefined", "dynamic_lookup")
+    return flags
+
+
+def extension():
+    """The compiled ``_sw_fastcall`` module, or ``None`` (then :func:`invoker` uses ctypes)."""
+    global _module, _tried
+    if _tried:
+        return _module
+    with _lock:
+        if _tried:
+            return _module
+        _tried = True
+        flags = _extra_flags()
+        if flags is None:
+            log.info("scanweaver: no Python.h for %s; kernels are called through ctypes", sys.version.split()[0])
+            return None
+        try:
+            from . import toolchain
+
+            path = toolchain.find_toolchain().build(_source(), extra_flags=flags,
+                                                    identity=f"{sys.version} {sysconfig.get_config_var('EXT_SUFFIX')}")
+            loader = importlib.machinery.ExtensionFileLoader(MODULE, str(path))
+            spec = importlib.util.spec_from_file_location(MODULE, str(path), loader=loader)
+            assert spec is not None
+            mod = importlib.util.module_from_spec(spec)
+            loader.exec_module(mod)
+            _module = mod
+        except Exception as exc:  # the ctypes path still works; say why once
+            log.info("scanweaver: the fast-call extension could not be built (%s: %s); using ctypes",
+                     type(exc).__name__, exc)
+        return _module
+
+
+def invoker(fn_address: int, slots: Sequence[Slot], n_sizes: int = 2) -> Callable[[tuple, int, int], int]:
+    """A function ``call(buffers, nlanes, L) -> return code`` for the kernel at ``fn_address``.
+
+    Args:
+        fn_address: the kernel's address (``ctypes.cast(fn, c_void_p).value``); its C
+            signature is one pointer per slot, then ``n_sizes`` (= 2) C ``long`` values.
+        slots: what the kernel does with each buffer, in argument order.
+        n_sizes: must be 2 (``nlanes``, ``L``).
+
+    Raises (from ``call``):
+        ValueError, BufferError: a buffer that is missing, too small, misaligned, read-only
+            where written, not C-contiguous, or overlapping a written one.
+    """
+    if n_sizes != 2 or not 1 <= len(slots) <= MAX_BUFFERS:
+        raise ValueError(f"invoker: {len(slots)} buffers and {n_sizes} sizes are not supported")
+    spec = b"".join(s.pack() for s in slots)
+    mod = extension()
+    if mod is not None:
+        invoke = mod.invoke  # type: ignore[attr-defined]
+        return lambda buffers, nlanes, L: invoke(fn_address, buffers, spec, nlanes, L)
+    proto = ctypes.CFUNCTYPE(ctypes.c_int, *([ctypes.c_void_p] * len(slots)), ctypes.c_long, ctypes.c_long)
+    fn = proto(fn_address)
+    slots = tuple(slots)
+
+    def call(buffers: tuple, nlanes: int, L: int) -> int:
+        return fn(*_checked_addresses(buffers, slots), nlanes, L)
+
+    return call
+
+
+def _checked_addresses(buffers: tuple, slots: tuple[Slot, ...]) -> list[int | None]:
+    """The ctypes path's version of the extension's checks."""
+    import numpy as np
+
+    if len(buffers) != len(slots):
+        raise ValueError(f"invoke: {len(buffers)} buffers do not match the spec ({len(slots)})")
+    out: list[int | None] = []
+    spans = []
+    for i, (buf, slot) in enumerate(zip(buffers, slots, strict=True)):
+        if buf is None:
+            if not slot.optional:
+                raise ValueError(f"invoke: buffer {i} is required, got None")
+            out.append(None)
+            continue
+        arr = np.asarray(buf)
+        if not arr.flags.c_contiguous:
+            raise BufferError(f"invoke: buffer {i} is not C-contiguous")
+        if slot.written and not arr.flags.writeable:
+            raise BufferError(f"invoke: buffer {i} is read-only")
+        if arr.nbytes < slot.need:
+            raise ValueError(f"invoke: buffer {i} holds {arr.nbytes} bytes; the kernel needs {slot.need}")
+        addr = arr.ctypes.data
+        if slot.align > 1 and addr % slot.align:
+            raise ValueError(f"invoke: buffer {i} is not aligned to {slot.align} bytes")
+        out.append(addr if slot.need > 0 else None)
+        spans.append((i, addr, addr + slot.need, slot.written))
+    for i, lo, hi, written in spans:
+        if written and lo != hi:
+            for j, lo2, hi2, _ in spans:
+                if j != i and lo2 != hi2 and lo < hi2 and lo2 < hi:
+                    raise ValueError(f"invoke: written buffer {i} overlaps buffer {j}")
+    return out

@@ -1,0 +1,178 @@
+"""Repeated calls reuse a plan per signature, give the full path's results, and still check everything."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import scanweaver
+from scanweaver import api
+from scanweaver.api import SELECTIVE
+from scanweaver.errors import ScanInputError
+from scanweaver.runtime import REGISTRY
+from scanweaver.runtime.fastcall import Slot, extension, invoker
+from scanweaver.tuning import store
+
+from conftest import loop_reference
+
+CPU = REGISTRY.get("cpu").availability().ok
+needs_cpu = pytest.mark.skipif(not CPU, reason="the cpu backend needs a C compiler")
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SCANWEAVER_CACHE_DIR", str(tmp_path))
+    return tmp_path
+
+
+def ops(rng, shape, dtype):
+    return (rng.uniform(0.5, 1.0, shape).astype(dtype),
+            *(rng.standard_normal(shape).astype(dtype) for _ in range(3)))
+
+
+CALL = st.fixed_dictionaries({
+    "shape": st.sampled_from([(1, 1), (3, 7), (2, 2, 33), (1, 300), (4, 64)]),
+    "dtype": st.sampled_from([np.float32, np.float64]),
+    "h0": st.booleans(), "reset": st.booleans(), "reverse": st.booleans(), "return_state": st.booleans(),
+    "with_c": st.booleans(), "out": st.booleans(), "backend": st.sampled_from(["auto", "numpy"]),
+})
+
+
+@needs_cpu
+@settings(max_examples=60, deadline=None)
+@given(calls=st.lists(CALL, min_size=2, max_size=8), seed=st.integers(0, 2**16))
+def test_repeated_calls_with_changing_signatures_match_the_reference(calls, seed):
+    rng = np.random.default_rng(seed)
+    for spec in calls + calls:  # every signature is called at least twice: the second runs from its plan
+        a, b, x, c = ops(rng, spec["shape"], spec["dtype"])
+        c = c if spec["with_c"] else None
+        h0 = rng.standard_normal(spec["shape"][:-1]).astype(spec["dtype"]) if spec["h0"] else None
+        reset = rng.random(spec["shape"]) < 0.2 if spec["reset"] else None
+        out = np.empty(spec["shape"], spec["dtype"]) if spec["out"] else None
+        got = scanweaver.selective_scan(a, b, x, c, h0=h0, reset=reset, reverse=spec["reverse"],
+                                        return_state=spec["return_state"], out=out, backend=spec["backend"])
+        y, h = got if spec["return_state"] else (got, None)
+        want_y, want_h = loop_reference(a, b, x, c, h0=h0, reset=reset, reverse=spec["reverse"])
+        tol = 1e-4 if spec["dtype"] == np.float32 else 1e-10
+        np.testing.assert_allclose(y, want_y, rtol=tol, atol=tol)
+        assert y.dtype == spec["dtype"] and y.shape == spec["shape"]
+        if out is not None:
+            assert y is out
+        if h is not None:
+            np.testing.assert_allclose(h, want_h, rtol=tol, atol=tol)
+
+
+@needs_cpu
+def test_a_repeated_call_skips_validation_and_resolution(rng, monkeypatch):
+    a, b, x, c = ops(rng, (4, 100), np.float32)
+    first = scanweaver.selective_scan(a, b, x, c)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the full path ran for a repeated signature")
+
+    monkeypatch.setattr(api, "prepare", refuse)
+    monkeypatch.setattr(api, "pick_backend", refuse)
+    np.testing.assert_array_equal(scanweaver.selective_scan(a, b, x, c), first)
+    assert SELECTIVE.last.backend == "cpu"
+
+
+@needs_cpu
+def test_changed_arrays_take_the_full_path_with_its_errors(rng):
+    a, b, x, c = ops(rng, (4, 100), np.float32)
+    scanweaver.selective_scan(a, b, x, c)
+    with pytest.raises(ScanInputError, match="same shape"):
+        scanweaver.selective_scan(a, b, x[:, :50], c)
+    with pytest.raises(ScanInputError, match="h0 has shape"):
+        scanweaver.selective_scan(a, b, x, c, h0=np.zeros(3, np.float32))
+    with pytest.raises(ScanInputError, match="out has shape"):
+        scanweaver.selective_scan(a, b, x, c, out=np.empty((4, 99), np.float32))
+    with pytest.raises(ScanInputError, match="out overlaps an operand"):
+        scanweaver.selective_scan(a, b, x, c, out=x)
+    # a strided view and a float64 operand are converted by the full path and still right
+    big = np.ascontiguousarray(np.repeat(x, 2, axis=1))
+    y = scanweaver.selective_scan(a, b, big[:, ::2], c)
+    np.testing.assert_allclose(y, loop_reference(a, b, x, c)[0], rtol=1e-4, atol=1e-4)
+    y = scanweaver.selective_scan(a, b, x.astype(np.float64), c)
+    assert y.dtype == np.float64
+
+
+@needs_cpu
+def test_a_store_written_by_another_process_is_seen_by_the_next_call(cache, rng):
+    a, b, x, c = ops(rng, (64, 1024), np.float32)
+    scanweaver.selective_scan(a, b, x, c)
+    scanweaver.selective_scan(a, b, x, c)
+    assert SELECTIVE.last.source == "default"
+    be = REGISTRY.get("cpu")
+    code = ("from scanweaver.tuning import store\n"
+            f"store.record(store.Entry(backend='cpu', device={be.availability().device!r}, "
+            f"signature={SELECTIVE.signature('float32')!r}, dtype='float32', lanes=64, L=1024, "
+            "schedule='chunked', config={'chunk': 512, 'interleave': 1, 'threads': 1}, time_ms=1.0))\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    y = scanweaver.selective_scan(a, b, x, c)
+    assert SELECTIVE.last.source == "tuned" and SELECTIVE.last.config["chunk"] == 512
+    np.testing.assert_allclose(y, loop_reference(a, b, x, c)[0], rtol=1e-4, atol=1e-4)
+    scanweaver.selective_scan(a, b, x, c)
+    assert SELECTIVE.last.source == "tuned"
+    store.remove(backend="cpu")
+    scanweaver.selective_scan(a, b, x, c)
+    assert SELECTIVE.last.source == "default"
+
+
+@needs_cpu
+def test_an_explicit_plan_runs_and_names_what_does_not_fit(rng):
+    p = scanweaver.plan(scanweaver.selective_scan, (3, 50), np.float64, h0=True, return_state=True)
+    a, b, x, c = ops(rng, (3, 50), np.float64)
+    h0 = rng.standard_normal(3)
+    out = np.empty((3, 50))
+    y, h = p(a, b, x, c, h0=h0, out=out)
+    want_y, want_h = loop_reference(a, b, x, c, h0=h0)
+    assert y is out
+    np.testing.assert_allclose(y, want_y, rtol=1e-12)
+    np.testing.assert_allclose(h, want_h, rtol=1e-12)
+    with pytest.raises(ScanInputError, match=r"x has shape \(3, 49\), dtype float64; this plan takes"):
+        p(a, b, np.ascontiguousarray(x[:, :49]), c, h0=h0)
+    with pytest.raises(ScanInputError, match="c has shape .* dtype float32"):
+        p(a, b, x, c.astype(np.float32), h0=h0)
+    with pytest.raises(ScanInputError, match="not C-contiguous"):
+        p(a, b, np.asfortranarray(np.repeat(x, 2, 0)[:3]), c, h0=h0)
+    with pytest.raises(ScanInputError, match="built without reset"):
+        p(a, b, x, c, h0=h0, reset=np.zeros((3, 50), bool))
+    with pytest.raises(ScanInputError, match="takes 4 operands"):
+        p(a, b, x, h0=h0)
+
+
+def test_the_trampoline_checks_buffers_before_calling():
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    memset = ctypes.cast(libc.memset, ctypes.c_void_p).value
+    call = invoker(memset, (Slot(16, 8, written=True), Slot(8, 8)))
+    buf, other = np.zeros(2), np.zeros(1)
+    assert call((buf, other), 0, 16) is not None
+    with pytest.raises(ValueError, match="holds 8 bytes; the kernel needs 16"):
+        call((np.zeros(1), other), 0, 16)
+    with pytest.raises(ValueError, match="not aligned"):
+        call((np.frombuffer(bytearray(24), np.uint8)[1:17].view(np.float64), other), 0, 16)
+    with pytest.raises((ValueError, BufferError)):
+        ro = np.zeros(2)
+        ro.flags.writeable = False
+        call((ro, other), 0, 16)
+    with pytest.raises(ValueError, match="overlaps"):
+        call((buf, buf[:1]), 0, 16)
+    with pytest.raises(ValueError, match="required"):
+        call((None, other), 0, 16)
+
+
+def test_the_trampoline_is_built_where_python_headers_exist():
+    import sysconfig
+    from pathlib import Path
+
+    include = Path(sysconfig.get_paths()["include"]) / "Python.h"
+    if not include.exists() or not CPU:
+        pytest.skip("no Python.h or no C compiler here: calls go through ctypes (tested above either way)")
+    assert extension() is not None
