@@ -22,6 +22,7 @@ include("kernels/reduce_then_scan.jl")
 include("registry.jl")
 include("validate.jl")
 include("api.jl")
+include("gradients.jl")
 include("timing.jl")
 include("devices.jl")
 

@@ -164,3 +164,28 @@ function selective_scan(a, b, x, c = nothing; return_state::Bool = false, kwargs
     selective_scan!(y, a, b, x, c; h_last, kwargs...)
     return return_state ? (y, h_last) : y
 end
+
+"""
+    selective_scan(a, b, x, c, h0; kwargs...)
+
+[`selective_scan`](@ref) with the initial states `h0` as the fifth positional
+argument instead of a keyword: the same scan, in the form automatic
+differentiation (the `ChainRulesCore.rrule`) differentiates with respect to
+`h0`.
+
+# Examples
+```julia-repl
+julia> selective_scan(fill(0.5, 2), ones(2), ones(2), nothing, fill(4.0))
+2-element Vector{Float64}:
+ 3.0
+ 2.5
+```
+"""
+function selective_scan(a, b, x, c, h0; kwargs...)
+    if haskey(kwargs, :h0)
+        throw(ArgumentError(
+            "selective_scan: h0 is given both as the fifth argument and as a keyword",
+        ))
+    end
+    return selective_scan(a, b, x, c; h0, kwargs...)
+end

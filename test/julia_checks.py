@@ -54,7 +54,7 @@ def _read_sexpr(text: str) -> list:
             done = stack.pop()
             stack[-1].append(done)
             i += 1
-        elif ch in "\"'":
+        elif ch == '"' or (ch == "'" and stack[-1] == ["char"]):  # a lone ' is postfix adjoint
             j = i + 1
             while text[j] != ch:
                 j += 2 if text[j] == "\\" else 1
@@ -120,7 +120,7 @@ KNOWN_SUPERTYPES = {
     "DenseArray": "AbstractArray", "Array": "DenseArray", "BitArray": "AbstractArray",
     "StaticArray": "AbstractArray", "SArray": "StaticArray", "MArray": "StaticArray",
     "Backend": "Any", "CPU": "Backend", "GPU": "Backend", "CUDABackend": "GPU", "ROCBackend": "GPU",
-    "oneAPIBackend": "GPU", "MetalBackend": "GPU", "Kernel": "Any",
+    "oneAPIBackend": "GPU", "MetalBackend": "GPU", "Kernel": "Any", "AbstractZero": "Any",
 }
 
 #: Aliases: name -> (head it stands for, how many leading parameters it fixes are irrelevant here).

@@ -46,4 +46,5 @@ end
         run_testsuite(name, array_type)
     end
     include("test_cpu_only.jl")
+    include("test_gradients.jl")
 end

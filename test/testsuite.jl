@@ -414,6 +414,33 @@ function run_testsuite(name::AbstractString, AT)
             )
         end
 
+        @testset "gradients match the CPU's" begin
+            T = device_eltype(backend, Float64)
+            L, lanes = 40, 3
+            a = T.(0.5 .+ 0.4 .* rand(rng, L, lanes))
+            b, x, c, W = (randn(rng, T, L, lanes) for _ in 1:4)
+            h0, V = randn(rng, T, lanes), randn(rng, T, lanes)
+            reset = rand(rng, L, lanes) .< 0.1
+            want = ScanWeaver.selective_scan_pullback(W, V, a, b, x, c; h0, reset)
+            for schedule in keys(SCHEDULES)
+                got = ScanWeaver.selective_scan_pullback(
+                    AT(W),
+                    AT(V),
+                    AT(a),
+                    AT(b),
+                    AT(x),
+                    AT(c);
+                    h0 = AT(h0),
+                    reset = AT(reset),
+                    schedule,
+                    workgroupsize = 16,
+                )
+                for name in keys(want)
+                    @test matches(got[name], widen64.(want[name]); rtol = tolerance(T))
+                end
+            end
+        end
+
         @testset "reduce_then_scan reuses its chunk buffers" begin
             a, b, x = (AT(rand(rng, Float32, 300, 3)) for _ in 1:3)
             y = similar(a)

@@ -1,0 +1,149 @@
+# Gradients of the selective scan (CPU, Float64): ScanWeaver.selective_scan_pullback
+# and the ChainRulesCore rrule against central differences along random
+# directions, for scalar, complex and dense transitions, both directions,
+# resets, h0, and absent x or c.
+
+using ChainRulesCore: ChainRulesCore, NoTangent, Tangent, ZeroTangent
+
+"`Re⟨p, q⟩` summed over an array: the pairing of a cotangent with a tangent."
+pairing(P, Q) = real(sum(ScanWeaver.inner.(P, Q)))
+
+"A random array like `A` (same size and element type; `nothing` for `nothing`)."
+random_like(rng, ::Nothing) = nothing
+random_like(rng, A::AbstractArray{T}) where {T <: Number} = randn(rng, T, size(A))
+random_like(rng, A::AbstractArray{T}) where {T <: StaticArray} = [randn(rng, T) for _ in A]
+
+"""
+    check_pullback(rng; a, b, x, c, h0, reset, reverse, schedule)
+
+Compares every cotangent `selective_scan_pullback` returns with the central
+difference of `L = Re⟨W, y⟩ + Re⟨V, h_last⟩` along a random direction.
+"""
+function check_pullback(
+    rng;
+    a,
+    b,
+    x,
+    c = nothing,
+    h0 = nothing,
+    reset = nothing,
+    reverse = false,
+    schedule = :auto,
+)
+    kw = (; reset, reverse, schedule)
+    y, h_last = selective_scan(a, b, x, c; h0, return_state = true, kw...)
+    W, V = random_like(rng, y), random_like(rng, h_last)
+    loss(a, b, x, c, h0) = begin
+        out, state = selective_scan(a, b, x, c; h0, return_state = true, kw...)
+        pairing(W, out) + pairing(V, state)
+    end
+    d = ScanWeaver.selective_scan_pullback(W, V, a, b, x, c; h0, kw...)
+    args = (; a, b, x, c, h0)
+    for name in keys(args)
+        A = args[name]
+        A === nothing && (@test d[name] === nothing; continue)
+        D = random_like(rng, A)
+        step = 1.0e-6
+        moved(s) = map(n -> n === name ? A .+ s .* D : args[n], keys(args))
+        fd = (loss(moved(step)...) - loss(moved(-step)...)) / (2step)
+        @test isapprox(pairing(d[name], D), fd; rtol = 1.0e-5, atol = 1.0e-8)
+    end
+    return nothing
+end
+
+@testset "gradients against central differences" begin
+    rng = Xoshiro(21)
+    L, lanes = 23, 3
+    gate() = 0.5 .+ 0.45 .* rand(rng, L, lanes)
+    for schedule in (:sequential, :blelloch, :hybrid, :reduce_then_scan), reverse in (
+            false,
+            true,
+        )
+        reset = rand(rng, L, lanes) .< 0.15
+        check_pullback(
+            rng;
+            a = gate(),
+            b = randn(rng, L, lanes),
+            x = randn(rng, L, lanes),
+            c = randn(rng, L, lanes),
+            h0 = randn(rng, lanes),
+            reset,
+            reverse,
+            schedule,
+        )
+    end
+    check_pullback(
+        rng;
+        a = gate(),
+        b = randn(rng, L, lanes),
+        x = nothing,
+        h0 = randn(rng, lanes),
+    )
+    check_pullback(
+        rng;
+        a = gate(),
+        b = randn(rng, L, lanes),
+        x = randn(rng, L, lanes),
+        reverse = true,
+    )
+    check_pullback(
+        rng;
+        a = ComplexF64.(cis.(rand(rng, L, lanes)) .* 0.9),
+        b = randn(rng, ComplexF64, L, lanes),
+        x = randn(rng, ComplexF64, L, lanes),
+        c = randn(rng, ComplexF64, L, lanes),
+        h0 = randn(rng, ComplexF64, lanes),
+        reset = rand(rng, L, lanes) .< 0.1,
+    )
+    dense_a = [SMatrix{2, 2}(0.45 .* rand(rng, 2, 2)) for _ in 1:L, _ in 1:lanes]
+    dense_b = [SVector{2}(randn(rng, 2)) for _ in 1:L, _ in 1:lanes]
+    for reverse in (false, true)
+        check_pullback(
+            rng;
+            a = dense_a,
+            b = dense_b,
+            x = randn(rng, L, lanes),
+            c = [SVector{2}(randn(rng, 2)) for _ in 1:L, _ in 1:lanes],
+            h0 = [SVector{2}(randn(rng, 2)) for _ in 1:lanes],
+            reset = rand(rng, L, lanes) .< 0.1,
+            reverse,
+        )
+    end
+    check_pullback(rng; a = dense_a, b = dense_b, x = randn(rng, L, lanes))
+end
+
+@testset "ChainRulesCore.rrule for selective_scan" begin
+    rng = Xoshiro(22)
+    L, lanes = 17, 2
+    a = 0.5 .+ 0.4 .* rand(rng, L, lanes)
+    b, x, c = (randn(rng, L, lanes) for _ in 1:3)
+    h0 = randn(rng, lanes)
+    reset = rand(rng, L, lanes) .< 0.2
+    W, V = randn(rng, L, lanes), randn(rng, lanes)
+    want = ScanWeaver.selective_scan_pullback(W, V, a, b, x, c; h0, reset)
+    (y, h), pullback = ChainRulesCore.rrule(
+        selective_scan,
+        a,
+        b,
+        x,
+        c,
+        h0;
+        reset,
+        return_state = true,
+    )
+    @test (y, h) == selective_scan(a, b, x, c; h0, reset, return_state = true)
+    tangents = pullback(Tangent{Tuple{typeof(y), typeof(h)}}(W, V))
+    @test length(tangents) == 6 && tangents[1] === NoTangent()
+    @test all(collect(tangents[2:6]) .≈ [want.a, want.b, want.x, want.c, want.h0])
+    only_y = ScanWeaver.selective_scan_pullback(W, nothing, a, b, x, c; h0, reset)
+    @test pullback((W, ZeroTangent()))[2] ≈ only_y.a
+    y3, pullback3 = ChainRulesCore.rrule(selective_scan, a, b, nothing)
+    @test y3 == selective_scan(a, b, nothing)
+    tangents3 = pullback3(view(hcat(W, W), :, 1:lanes))
+    @test length(tangents3) == 4 && tangents3[4] === NoTangent()
+    @test tangents3[3] ≈ ScanWeaver.selective_scan_pullback(W, nothing, a, b, nothing).b
+    a32 = Float32.(a)
+    _, pullback32 = ChainRulesCore.rrule(selective_scan, a32, a32, a32)
+    @test eltype(pullback32(ones(Float32, L, lanes))[2]) === Float32
+    @test_throws ArgumentError selective_scan(a, b, x, c, h0; h0)
+end
