@@ -70,3 +70,22 @@ def test_injected_tunables_override_the_defaults(tmp_path, schedule):
     nvcc(tmp_path, source, "-ptx")
     default = (tmp_path / "kernel.out").read_text()
     assert ".shared" in injected and injected != default, "the -D values did not change the kernel"
+
+
+@pytest.mark.parametrize("schedule", GPU_SCHEDULES)
+def test_every_kernel_declares_its_launch_bounds(tmp_path, schedule):
+    """``__launch_bounds__(workgroup_size)`` reaches the PTX as ``.maxntid``: ptxas budgets registers for it."""
+    stages = scanweaver.api.SELECTIVE.lower(backend="numpy", schedule=schedule)
+    nvcc(tmp_path, emit_source(stages, "cuda"), "-ptx", "-Dworkgroup_size=512")
+    ptx = (tmp_path / "kernel.out").read_text()
+    entries = ptx.count(".entry ")
+    assert entries >= 1 and ptx.count(".maxntid 512, 1, 1") == entries
+
+
+def test_lookback_votes_and_reduces_across_a_warp(tmp_path):
+    """The look-back inspects its window with a warp ballot and shuffles, not one thread walking back."""
+    stages = scanweaver.api.SELECTIVE.lower(backend="numpy", schedule="lookback")
+    nvcc(tmp_path, emit_source(stages, "cuda"), "-ptx")
+    ptx = (tmp_path / "kernel.out").read_text()
+    assert "vote.sync.ballot" in ptx and "shfl.sync.down" in ptx
+    assert "atom.global.exch.b64" in ptx, "float32 states are published packed with their status in one word"

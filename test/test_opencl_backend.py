@@ -142,3 +142,45 @@ def test_device_arrays_in_and_out_without_copies(rng):
     with pytest.raises(scanweaver.ScanInputError, match="use backend='opencl'"):
         scanweaver.selective_scan(**dev, backend="numpy")
 
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_lookback_walks_many_windows(rng, dtype, reverse):
+    """With ``SW_LOOKBACK_WALK`` every tile ignores published states but its lane's first and composes
+    aggregates window by window (32 predecessors each) back to the lane's start: 70 tiles per lane."""
+    import dataclasses
+
+    from scanweaver.ir.stages import Features
+    from scanweaver.runtime.base import ScanArrays
+
+    be = get_backend("opencl")
+    if dtype == np.float64 and not be.queue.device.double_fp_config:
+        pytest.skip("the OpenCL device has no float64")
+    lanes, L = 3, 70 * 64 - 5
+    ops = make_operands(rng, (lanes, L), dtype)
+    ops["a"] = rng.uniform(0.999, 1.0, (lanes, L)).astype(dtype)
+    h0 = rng.standard_normal(lanes).astype(dtype)
+    stages = scanweaver.api.SELECTIVE.lower(backend="opencl", schedule="lookback", workgroup_size=32,
+                                            items_per_thread=2, dtype=np.dtype(dtype).name,
+                                            features=Features(reverse=reverse, has_h0=True, return_state=True))
+    walk = dataclasses.replace(stages, kernel="#define SW_LOOKBACK_WALK 1\n" + stages.kernel)
+    arrays = ScanArrays(inputs=ops, h0=h0, reset=None, batch_shape=(lanes,), dtype=np.dtype(dtype))
+    y, hl = be.run(walk, arrays)
+    ey, eh = loop_reference(**ops, h0=h0, reverse=reverse)
+    tol = TOL if dtype == np.float32 else {"rtol": 1e-10, "atol": 1e-10}
+    np.testing.assert_allclose(y, ey, **tol)
+    np.testing.assert_allclose(hl, eh, **tol)
+
+
+@pytest.mark.parametrize("ipt", [1, 3, 8, 32])
+def test_coalesced_tiles_every_items_per_thread(rng, ipt):
+    """The striped load/store transpose for odd and large items_per_thread, several lanes per group."""
+    ops = make_operands(rng, (5, 2 * 64 * ipt + 7), np.float32)
+    h0 = rng.standard_normal(5).astype(np.float32)
+    for schedule, cfg in (("hybrid", {"workgroup_size": 64, "lanes_per_group": 2}),
+                          ("reduce_then_scan", {"workgroup_size": 32, "tiles_per_block": 2}),
+                          ("lookback", {"workgroup_size": 32})):
+        y = scanweaver.selective_scan(**ops, h0=h0, backend="opencl", schedule=schedule, items_per_thread=ipt,
+                                      **cfg)
+        np.testing.assert_allclose(y, loop_reference(**ops, h0=h0)[0], **TOL, err_msg=f"{schedule} ipt={ipt}")

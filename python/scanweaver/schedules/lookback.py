@@ -39,7 +39,7 @@ class Lookback(Schedule):
     description = "single pass: tiles in ticket order, decoupled look-back for the carry-in"
     tunables = (
         WORKGROUP_SIZE,
-        dataclasses.replace(ITEMS_PER_THREAD, default=16),
+        dataclasses.replace(ITEMS_PER_THREAD, default=8),
     )
 
     def ops(self, config):

@@ -71,6 +71,23 @@ class CStyleRenderer:
     flag_store: ClassVar[str] = ""
     #: source lines every kernel of the target starts with (pragmas, extensions)
     preamble: ClassVar[str] = ""
+    #: kernel attribute bounding the work-items per workgroup to ``{n}`` (registers are budgeted for it)
+    launch_bounds: ClassVar[str] = ""
+    #: unsigned 64-bit integer type (look-back status words)
+    u64_type: ClassVar[str] = "unsigned long long"
+    #: single-copy-atomic read of the 64-bit global word ``{p}``
+    word_load: ClassVar[str] = ""
+    #: single-copy-atomic write of ``{v}`` to the 64-bit global word ``{p}``
+    word_store: ClassVar[str] = ""
+    #: the bits of float ``{v}`` as a 32-bit unsigned int, and back
+    float_bits: ClassVar[str] = ""
+    bits_float: ClassVar[str] = ""
+    #: mask of the subgroup's work-items whose predicate ``{p}`` holds ("": emulated in local memory)
+    ballot: ClassVar[str] = ""
+    #: read of ``{v}`` from the work-item ``{d}`` lanes above in the subgroup ("": emulated)
+    shuffle_down: ClassVar[str] = ""
+    #: 1-based index of the lowest set bit of ``{v}`` (0 when none)
+    find_first_set: ClassVar[str] = ""
 
     MATH = ("exp", "log", "log1p", "expm1", "sqrt", "tanh", "sin", "cos", "pow")
 

@@ -1,7 +1,10 @@
 """CUDA C: strings for :class:`~.gpu.GPURenderer` (NVRTC through CuPy, or nvcc).
 
 Warp shuffles (``__shfl_up_sync``) scan each warp; warp totals are scanned
-in shared memory.  Kernels are ``extern "C"`` so their names survive
+in shared memory; the look-back votes and reduces across a warp
+(``__ballot_sync``, ``__shfl_down_sync``).  Every kernel declares
+``__launch_bounds__(workgroup_size)``, so ptxas budgets registers for the
+block size it is launched with.  Kernels are ``extern "C"`` so their names survive
 compilation (CuPy ``RawModule.get_function``, Kernel Tuner ``lang="cupy"``).
 NVRTC includes no headers, so the preamble defines what the kernels need.
 """
@@ -43,3 +46,12 @@ class CUDARenderer(GPURenderer):
     flag_load = "(*({p}))"
     flag_store = "atomicExch((int*)({p}), {v})"
     preamble = PREAMBLE
+    launch_bounds = "__launch_bounds__({n})"
+    u64_type = "unsigned long long"
+    word_load = "(*(volatile unsigned long long*)({p}))"
+    word_store = "atomicExch((unsigned long long*)({p}), (unsigned long long)({v}))"
+    float_bits = "__float_as_uint({v})"
+    bits_float = "__uint_as_float({v})"
+    ballot = "__ballot_sync(0xffffffffu, {p})"
+    shuffle_down = "__shfl_down_sync(0xffffffffu, {v}, {d})"
+    find_first_set = "__ffs({v})"

@@ -185,6 +185,9 @@ def dense_sequential_body(r: GPURenderer, stages: Stages) -> str:
 
 #: Largest dense state the GPU targets keep in registers.
 MAX_DENSE_STATE = 8
+#: log2 of the shared-memory banks (32 four-byte banks on NVIDIA and AMD GPUs): ``SW_PAD`` skips one
+#: word per bank row so that a warp reading with a stride of a power of two hits distinct banks.
+BANKS_LOG2 = 5
 
 
 class GPURenderer(DenseMixin, CStyleRenderer):
@@ -197,8 +200,9 @@ class GPURenderer(DenseMixin, CStyleRenderer):
 
     def gpu_macros(self) -> list[str]:
         """Target macros the shared kernel text is written in."""
+        bounds = self.launch_bounds.format(n="SW_WORKGROUP_SIZE")
         lines = [
-            f"#define SW_KERNEL {self.kernel_prefix}",
+            f"#define SW_KERNEL {self.kernel_prefix} {bounds}".rstrip(),
             f"#define SW_GLOBAL {self.global_prefix}",
             f"#define SW_LOCAL {self.local_prefix}",
             f"#define SW_LOCAL_PTR {self.local_ptr_prefix}",
@@ -211,6 +215,13 @@ class GPURenderer(DenseMixin, CStyleRenderer):
             f"#define SW_FLAG_LOAD(p) {self.flag_load.format(p='p')}",
             f"#define SW_FLAG_STORE(p, v) {self.flag_store.format(p='p', v='v')}",
             f"typedef {self.index_type} sw_index;",
+            f"typedef {self.u64_type} sw_u64;",
+            f"#define SW_WORD_LOAD(p) {self.word_load.format(p='p')}",
+            f"#define SW_WORD_STORE(p, v) {self.word_store.format(p='p', v='v')}",
+            f"#define SW_F2U(v) {self.float_bits.format(v='v')}",
+            f"#define SW_U2F(v) {self.bits_float.format(v='v')}",
+            f"/* one padding slot per {1 << BANKS_LOG2} shared-memory words: strided accesses fall in distinct banks */",
+            f"#define SW_PAD(j) ((j) + ((j) >> {BANKS_LOG2}))",
         ]
         if self.warp_size:
             lines += [
