@@ -15,12 +15,17 @@ import textwrap
 import pytest
 
 from scanweaver.errors import UnknownPluginError
+from scanweaver.fused import PARTS
+from scanweaver.fused import REGISTRY as FUSED
+from scanweaver.fused import FusedOp
 from scanweaver.ir.stages import ScheduleOp
 from scanweaver.registry import Discovery, Registry
 from scanweaver.runtime import REGISTRY as BACKENDS
 from scanweaver.schedules import REGISTRY as SCHEDULES
 from scanweaver.schedules import Schedule
 from scanweaver.targets import TARGETS
+from scanweaver.targets.fused import KERNELS as FUSED_KERNELS
+from scanweaver.targets.fused import implements as fused_implements
 
 KINDS = ("diagonal", "dense")
 
@@ -59,6 +64,64 @@ def test_backends_run_exactly_the_schedules_their_target_implements():
         want = tuple(s for s, sch in SCHEDULES.items() if cls.target in sch.implementations)
         assert cls.schedules == want, name
         assert cls.schedules, f"backend {name} runs no schedule"
+
+
+def fused_problems(ops=None) -> list[str]:
+    """Every disagreement between the fused operations' declarations and the targets' renderings."""
+    problems = []
+    ops = dict(FUSED.items()) if ops is None else ops
+    for name, op in ops.items():
+        for target, parts in op.implementations.items():
+            if target not in TARGETS:
+                problems.append(f"{name}: claims unknown target {target!r}")
+                continue
+            for part in parts:
+                if not fused_implements(target, name, part):
+                    problems.append(f"{name}: claims {target} renders its {part}, but it does not")
+        for target in TARGETS.names():
+            for part in PARTS:
+                if fused_implements(target, name, part) and part not in op.implementations.get(target, ()):
+                    problems.append(f"{name}: {target} renders its {part}, which the operation does not claim")
+    return problems
+
+
+def test_every_fused_operation_is_rendered_where_it_claims_and_claims_what_is_rendered():
+    assert fused_problems() == []
+    assert FUSED.get("mamba1").runs_on("c", "backward")
+
+
+def test_backends_run_exactly_the_fused_operations_their_target_renders():
+    for name, cls in BACKENDS.items():
+        want = tuple(n for n, op in FUSED.items() if cls.target in op.implementations)
+        assert cls.fused == want, name
+
+
+def test_a_half_added_fused_operation_is_reported():
+    class Planted(FusedOp):
+        name = "planted"
+        description = "claims a C backward and a TPU rendering that were never written"
+        implementations = {"numpy": PARTS, "c": PARTS, "tpu": ("forward",)}
+
+        def params(self, part):
+            return ()
+
+        def shapes(self, part, features, sizes):
+            return {}
+
+        def reference(self, part, features, arrays, sizes):
+            return None
+
+    problems = fused_problems({"planted": Planted()})
+    assert "planted: claims numpy renders its forward, but it does not" in problems
+    assert "planted: claims c renders its backward, but it does not" in problems
+    assert "planted: claims unknown target 'tpu'" in problems
+    mamba = FUSED.get("mamba1")
+
+    class Unclaimed(type(mamba)):
+        implementations = {"numpy": PARTS}  # the C kernels exist but are not claimed
+
+    assert "mamba1: c renders its backward, which the operation does not claim" in \
+        fused_problems({"mamba1": Unclaimed()})
 
 
 def test_a_half_added_schedule_is_reported():
@@ -150,7 +213,7 @@ def test_every_kind_of_plug_in_goes_through_a_registry():
     from scanweaver.targets.reference import OPS
     from scanweaver.tuning.langs import TARGETS as TUNING
 
-    for reg in (SCHEDULES, BACKENDS, TARGETS, C_SCHEDULES, GPU_SCHEDULES, OPS, TUNING):
+    for reg in (SCHEDULES, BACKENDS, TARGETS, C_SCHEDULES, GPU_SCHEDULES, OPS, TUNING, FUSED, FUSED_KERNELS):
         assert isinstance(reg, Registry)
         assert reg.failures == {}, reg.failures
     assert set(BACKENDS.names()) >= {"numpy", "cpu", "opencl", "cuda", "julia"}

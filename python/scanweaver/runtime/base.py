@@ -16,6 +16,7 @@ from typing import ClassVar
 import numpy as np
 
 from ..errors import BackendUnavailable
+from ..fused import FusedCall, fused_for
 from ..ir import Stages
 from ..registry import Discovery, Registry
 from ..schedules import Tunable, schedules_for
@@ -86,6 +87,13 @@ class _TargetSchedules:
         return schedules_for(owner.target)
 
 
+class _TargetFused:
+    """``Backend.fused``: the fused operations the backend's target renders, read from the registry."""
+
+    def __get__(self, obj: object, owner: type) -> tuple[str, ...]:
+        return fused_for(owner.target)
+
+
 class Backend(ABC):
     """A runtime backend.
 
@@ -95,6 +103,8 @@ class Backend(ABC):
             the interpreter).
         schedules: schedules it can run: those whose ``implementations`` list its target
             (derived, never written by hand).
+        fused: fused operations (:mod:`scanweaver.fused`) it runs: those whose
+            ``implementations`` list its target (derived as well).
         extra_tunables: backend tunables beyond the schedule's (e.g. ``threads``).
         auto_priority: preference for ``backend="auto"``; higher wins, negative never.
         dtypes: accumulation dtypes it runs (float16/bfloat16 are widened to float32
@@ -105,6 +115,7 @@ class Backend(ABC):
     target: ClassVar[str]
     extra_tunables: ClassVar[tuple[Tunable, ...]] = ()
     schedules: ClassVar[tuple[str, ...]] = _TargetSchedules()  # type: ignore[assignment]
+    fused: ClassVar[tuple[str, ...]] = _TargetFused()  # type: ignore[assignment]
     auto_priority: ClassVar[int] = -1
     dtypes: ClassVar[tuple[str, ...]] = ("float32", "float64")
     #: transition kinds it runs (``dense``: k x k matrices, see :class:`~scanweaver.ir.stages.AffineScanIR`)
@@ -139,6 +150,24 @@ class Backend(ABC):
     @abstractmethod
     def run(self, stages: Stages, arrays: ScanArrays) -> tuple[np.ndarray, np.ndarray]:
         """Runs the lowered scan; returns ``y (lanes, L)`` and ``h_last (lanes,)``."""
+
+    def fused_defaults(self, op: str, features: object, sizes: dict[str, int]) -> dict[str, object]:
+        """Documented defaults of a fused operation's tunables on this backend (beyond the declared ones)."""
+        return {}
+
+    def run_fused(self, call: FusedCall, arrays: dict[str, object], sizes: dict[str, int]) -> None:
+        """Runs one part of a fused operation, writing its ``out`` arrays in place.
+
+        Args:
+            call: the operation, part, features and resolved tunables.
+            arrays: parameter name -> array (``None`` for NULL), in the backend's array type.
+            sizes: the operation's ``int`` parameters.
+
+        Raises:
+            BackendUnavailable: the backend has no rendering of this operation.
+        """
+        raise BackendUnavailable(f"backend {self.name!r} does not run the fused {call.op} kernel "
+                                 f"(it runs: {', '.join(self.fused) or 'none'})")
 
 
 @functools.cache

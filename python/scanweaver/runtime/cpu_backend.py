@@ -29,10 +29,13 @@ from collections.abc import Callable
 import numpy as np
 
 from ..errors import ScanInputError
+from ..fused import REGISTRY as FUSED
+from ..fused import FusedCall
 from ..ir import Stages
 from ..schedules import Tunable
 from ..schedules.base import non_negative
 from ..targets.c_target import CRenderer
+from ..targets.fused import kernel_for
 from . import fastcall, toolchain
 from .base import Availability, Backend, ScanArrays, register
 
@@ -58,6 +61,21 @@ def cpu_threads() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:
         return os.cpu_count() or 1
+
+
+def simd_bytes() -> int:
+    """Bytes of the widest vector registers the C compiler targets here (``-march=native``).
+
+    64 with AVX-512, 32 with AVX/AVX2, else 16 (SSE2, NEON, and anything unknown).
+    """
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return 16
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    if "avx512f" in flags:
+        return 64
+    return 32 if "avx" in flags else 16
 
 
 def cpu_model() -> str:
@@ -88,6 +106,7 @@ class CpuBackend(Backend):
     def __init__(self) -> None:
         self._renderer = CRenderer()
         self._functions: dict[str, ctypes._CFuncPtr] = {}
+        self._fused: dict[FusedCall, ctypes._CFuncPtr] = {}
         self._lock = threading.Lock()
 
     @classmethod
@@ -171,6 +190,48 @@ class CpuBackend(Backend):
         h_last = np.empty(state_shape(stages, arrays.lanes), dtype)
         self.bind(stages, arrays, y, h_last)()
         return y, h_last
+
+
+    def fused_defaults(self, op: str, features, sizes: dict[str, int]) -> dict[str, object]:
+        """``width``: the CPU's vector (16 float32 with AVX-512, 8 with AVX2); one thread for small problems."""
+        item = np.dtype(features.dtype).itemsize
+        cfg: dict[str, object] = {"width": max(4, min(16, simd_bytes() // item))}
+        work = sizes.get("batch", 1) * sizes.get("dim", 1) * sizes.get("L", 1) * getattr(features, "N", 1)
+        if work < SMALL_PROBLEM:
+            cfg["threads"] = 1
+        return cfg
+
+    def fused_function(self, call: FusedCall):
+        """The compiled entry point of ``call`` (built or loaded once per process)."""
+        with self._lock:
+            fn = self._fused.get(call)
+        if fn is None:
+            kernel = kernel_for(self.target, call.op)
+            if kernel is None or call.part not in kernel.parts:
+                return None
+            lib = toolchain.find_toolchain().load(kernel.render(self._renderer, call))
+            fn = getattr(lib, kernel.entry(call.part))
+            params = FUSED.get(call.op).params(call.part)
+            fn.argtypes = [ctypes.c_long if p.kind == "int" else ctypes.c_void_p for p in params]
+            fn.restype = ctypes.c_int
+            with self._lock:
+                self._fused[call] = fn
+        return fn
+
+    def run_fused(self, call: FusedCall, arrays: dict[str, object], sizes: dict[str, int]) -> None:
+        """Runs the C rendering of ``call`` on checked NumPy arrays (outputs written in place)."""
+        fn = self.fused_function(call)
+        if fn is None:
+            super().run_fused(call, arrays, sizes)
+        args = FUSED.get(call.op).arguments(call.part, call.features, arrays, sizes, "cpu backend")
+        limit = 2 ** (8 * ctypes.sizeof(ctypes.c_long) - 1) - 1
+        for a in args:
+            if isinstance(a, np.ndarray) and a.size > limit // 64:
+                raise ScanInputError(f"cpu backend: an array of {a.size} elements exceeds the C long index range")
+        rc = fn(*(a.ctypes.data if isinstance(a, np.ndarray) else a for a in args))
+        if rc != 0:
+            raise MemoryError(f"cpu backend: the fused {call.op} kernel could not allocate its scratch memory "
+                              f"(status {rc})")
 
 
 def state_shape(stages: Stages, lanes: int) -> tuple[int, ...]:

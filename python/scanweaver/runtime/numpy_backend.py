@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..fused import REGISTRY as FUSED
 from ..ir import Stages
 from ..targets import reference
 from .base import Availability, Backend, ScanArrays, register
@@ -29,3 +30,9 @@ class NumpyBackend(Backend):
     def run(self, stages: Stages, arrays: ScanArrays):
         return reference.run(stages.affine, stages.schedule, arrays.inputs, arrays.h0, arrays.reset,
                              arrays.dtype)
+
+    def run_fused(self, call, arrays, sizes) -> None:
+        """Runs the fused operation's own NumPy definition (:meth:`~scanweaver.fused.FusedOp.reference`)."""
+        op = FUSED.get(call.op)
+        op.arguments(call.part, call.features, arrays, sizes, "numpy backend")
+        op.reference(call.part, call.features, arrays, sizes)

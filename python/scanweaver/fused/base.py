@@ -1,0 +1,210 @@
+"""Fused operations: whole computations around a scan, compiled as one kernel per part.
+
+A schedule (:mod:`scanweaver.schedules`) splits any affine scan into parallel
+work; a *fused operation* is one fixed computation (Mamba-1's selective scan:
+the gate, the input, the scan, the contraction with C, the skip and the
+output gate) rendered as one kernel per *part* (``forward``, ``backward``),
+so that nothing but the operation's inputs and outputs ever touches memory.
+
+One :class:`FusedOp` subclass per operation, one module per operation in this
+package, found through :data:`REGISTRY`.  An operation is declared once: its
+kernel parameters per part (:class:`Param`, the ABI every target renders),
+its tunables per target family, and ``implementations``, the targets that
+render each part.  Renderings live in ``scanweaver/targets/fused_*.py`` and
+backends run them (:meth:`scanweaver.runtime.base.Backend.run_fused`);
+``test/test_registry.py`` checks ``implementations`` against the renderings
+both ways, as it does for schedules.
+
+Example:
+    >>> from scanweaver.fused import REGISTRY
+    >>> op = REGISTRY.get("mamba1")
+    >>> [p.name for p in op.params("forward")][:3], op.runs_on("c", "backward")
+    (['u', 'delta', 'A'], True)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..errors import ScanInputError
+from ..registry import Discovery, Registry
+from ..schedules.base import Tunable
+
+#: The parts a fused operation may have.
+PARTS = ("forward", "backward")
+
+
+@dataclass(frozen=True)
+class Param:
+    """One kernel parameter, in ABI order.
+
+    Attributes:
+        name: the argument's name (the same in every target's kernel).
+        kind: ``in`` (read), ``out`` (written, every element), or ``int`` (a 64-bit size).
+        optional: may be NULL: an input that a feature of the call switches on, or an
+            output the caller need not ask for.
+        dtype: the element type when it is not the call's dtype (``uint8`` masks).
+    """
+
+    name: str
+    kind: str
+    optional: bool = False
+    dtype: str = ""
+
+
+@dataclass(frozen=True)
+class FusedCall:
+    """One compiled variant of a fused operation: hashable, so it keys kernel caches.
+
+    Attributes:
+        op: the operation's name.
+        part: ``forward`` or ``backward``.
+        features: the operation's compile-time features (a frozen dataclass of the op).
+        config: tunable name -> value, as ``(name, value)`` pairs sorted by name.
+    """
+
+    op: str
+    part: str
+    features: Any
+    config: tuple[tuple[str, object], ...]
+
+    @property
+    def params(self) -> dict[str, object]:
+        """The tunables as a dict."""
+        return dict(self.config)
+
+
+class FusedOp(ABC):
+    """A fused operation: its ABI per part, its tunables per target family and where it is rendered.
+
+    Class attributes:
+        name: registry key (``mamba1``).
+        description: one line for listings.
+        parts: the parts it has (a subset of :data:`PARTS`).
+        tunables: target family (``c``, ``gpu``) -> typed tunables; the same names are
+            keyword arguments of the public entry point and Kernel Tuner search-space keys.
+        implementations: target name -> the parts that target renders, e.g.
+            ``{"numpy": PARTS, "c": PARTS, "opencl": ("forward",)}``.
+    """
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+    parts: ClassVar[tuple[str, ...]] = PARTS
+    tunables: ClassVar[dict[str, tuple[Tunable, ...]]] = {}
+    implementations: ClassVar[dict[str, tuple[str, ...]]] = {}
+
+    @abstractmethod
+    def params(self, part: str) -> tuple[Param, ...]:
+        """The kernel parameters of ``part``, in ABI order (pointers, then ``int`` sizes)."""
+
+    @abstractmethod
+    def shapes(self, part: str, features: Any, sizes: dict[str, int]) -> dict[str, tuple[int, ...]]:
+        """Array parameter name -> its shape for ``features`` and the ``int`` parameters ``sizes``."""
+
+    @abstractmethod
+    def reference(self, part: str, features: Any, arrays: dict[str, Any], sizes: dict[str, int]) -> None:
+        """Runs ``part`` in NumPy (the ``numpy`` target), writing the ``out`` arrays in place."""
+
+    def enabled(self, name: str, features: Any) -> bool:
+        """True when parameter ``name`` is used by a kernel with ``features`` (else it is passed as NULL)."""
+        return True
+
+    def arguments(self, part: str, features: Any, arrays: dict[str, Any], sizes: dict[str, int],
+                  api: str) -> list:
+        """The kernel arguments of ``part`` in ABI order, every array checked against the ABI.
+
+        Arrays are NumPy arrays (``None`` for NULL); ``int`` parameters come from ``sizes``.
+        Checked before any kernel sees a pointer: the dtype (``features.dtype``, or the
+        parameter's own), the shape from :meth:`shapes`, C-contiguity and alignment, and that
+        every input a feature switches on is given.
+
+        Raises:
+            ScanInputError: naming the parameter, what it got and what it needs.
+        """
+        shapes = self.shapes(part, features, sizes)
+        out: list = []
+        for p in self.params(part):
+            if p.kind == "int":
+                out.append(int(sizes[p.name]))
+                continue
+            arr = arrays.get(p.name)
+            if not self.enabled(p.name, features):
+                out.append(None)
+                continue
+            if arr is None:
+                if p.kind == "in" or not p.optional:
+                    raise ScanInputError(f"{api}: the {self.name} {part} kernel needs {p.name} "
+                                         f"{shapes[p.name]}, got none")
+                out.append(None)
+                continue
+            want = np.dtype(p.dtype or features.dtype)
+            if not isinstance(arr, np.ndarray):
+                raise ScanInputError(f"{api}: {p.name} must be a NumPy array, got {type(arr).__name__}")
+            if arr.dtype != want:
+                raise ScanInputError(f"{api}: {p.name} has dtype {arr.dtype}; the kernel was built for {want}")
+            if arr.shape != tuple(shapes[p.name]):
+                raise ScanInputError(f"{api}: {p.name} has shape {arr.shape}; it needs {tuple(shapes[p.name])}")
+            if not (arr.flags.c_contiguous and arr.flags.aligned) or (p.kind == "out" and not arr.flags.writeable):
+                raise ScanInputError(f"{api}: {p.name} must be a C-contiguous, aligned"
+                                     f"{', writeable' if p.kind == 'out' else ''} array")
+            out.append(arr)
+        return out
+
+    def runs_on(self, target: str, part: str | None = None) -> bool:
+        """True when ``target`` renders this operation (its ``part``, if given)."""
+        parts = self.implementations.get(target)
+        return parts is not None and (part is None or part in parts)
+
+    def tunables_for(self, family: str) -> tuple[Tunable, ...]:
+        """The tunables of a target family (``c``, ``gpu``); none for the others."""
+        return self.tunables.get(family, ())
+
+    def resolve(self, family: str, given: dict[str, object], defaults: dict[str, object], api: str) -> dict:
+        """Validated tunables: ``given`` over ``defaults`` over the declared defaults.
+
+        Raises:
+            ScanInputError: an unknown tunable for this family, or an invalid value.
+        """
+        declared = {t.name: t for t in self.tunables_for(family)}
+        unknown = sorted(set(given) - set(declared))
+        if unknown:
+            known = ", ".join(sorted(declared)) or "none"
+            raise ScanInputError(f"{api}: unknown tunable(s) {', '.join(unknown)} for the fused {self.name} kernel "
+                                 f"on {family} targets; its tunables are {known}")
+        merged = {n: t.default for n, t in declared.items()}
+        merged.update({k: v for k, v in defaults.items() if k in declared})
+        merged.update(given)
+        return {n: declared[n].check(v, api) for n, v in merged.items()}
+
+    def signature(self, features: Any) -> str:
+        """A stable key of the operation and its features but the dtype (the tuned store's ``signature``)."""
+        fields = {k: v for k, v in dataclasses.asdict(features).items() if k != "dtype"}
+        text = ",".join(f"{k}={v}" for k, v in sorted(fields.items()))
+        return f"{self.name}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+
+    def call(self, part: str, features: Any, config: dict[str, object]) -> FusedCall:
+        """The :class:`FusedCall` of ``part`` with ``features`` and a resolved ``config``."""
+        if part not in self.parts:
+            raise ScanInputError(f"{self.name}: unknown part {part!r}; it has {', '.join(self.parts)}")
+        return FusedCall(self.name, part, features, tuple(sorted(config.items())))
+
+
+#: Operation name -> :class:`FusedOp` instance (every module of this package but ``base`` registers its own).
+REGISTRY: Registry[FusedOp] = Registry("fused operation", (Discovery("scanweaver.fused"),))
+
+
+def register(cls: type[FusedOp]) -> type[FusedOp]:
+    """Class decorator adding (an instance of) a fused operation to :data:`REGISTRY`."""
+    REGISTRY.add(cls.name, cls())
+    return cls
+
+
+def fused_for(target: str) -> tuple[str, ...]:
+    """Names of the fused operations ``target`` renders (any part), sorted."""
+    return tuple(n for n, op in REGISTRY.items() if op.runs_on(target))

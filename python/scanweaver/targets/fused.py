@@ -1,0 +1,73 @@
+"""Renderings of fused operations (:mod:`scanweaver.fused`) per target family.
+
+A :class:`FusedKernel` is how one fused operation becomes source for one
+*family* of targets: ``c`` (the CPU's C), ``gpu`` (every C-family GPU target:
+OpenCL, CUDA, and any later :class:`~.gpu.GPURenderer`), ``numpy`` (the
+operation's own NumPy definition).  A target's family is its class attribute
+``family`` (its target name when it has none).  Renderings register
+themselves in :data:`KERNELS` from modules named ``fused_*`` in this package,
+keyed ``"<op>/<family>"``.
+
+Example:
+    >>> from scanweaver.targets.fused import implements
+    >>> implements("c", "mamba1", "forward"), implements("julia", "mamba1", "forward")
+    (True, False)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..registry import Discovery, Registry
+from .base import TARGETS
+
+
+@dataclass(frozen=True)
+class FusedKernel:
+    """One fused operation rendered for one target family.
+
+    Attributes:
+        op: the fused operation's name.
+        family: ``c``, ``gpu`` or ``numpy``.
+        parts: the parts rendered (``forward``, ``backward``).
+        render: ``render(renderer, call)`` -> source text of one :class:`~scanweaver.fused.FusedCall`
+            (``None`` for ``numpy``, which runs the operation's reference).
+        entry: ``entry(part)`` -> the entry point's name in that source.
+        plan: (GPU) ``plan(call, sizes)`` -> :class:`~.gpu.Plan` of the launches, else ``None``.
+    """
+
+    op: str
+    family: str
+    parts: tuple[str, ...]
+    render: Callable[[Any, Any], str] | None = None
+    entry: Callable[[str], str] | None = None
+    plan: Callable[[Any, dict], Any] | None = None
+
+    @property
+    def key(self) -> str:
+        """The registry key ``<op>/<family>``."""
+        return f"{self.op}/{self.family}"
+
+
+#: ``<op>/<family>`` -> :class:`FusedKernel` (from the ``fused_*`` modules of this package).
+KERNELS: Registry[FusedKernel] = Registry("fused kernel", (Discovery("scanweaver.targets", ("fused_*",)),),
+                                          key="key")
+
+
+def family_of(target: str) -> str:
+    """The rendering family of ``target`` (``c``, ``gpu``, ``numpy`` ...)."""
+    cls = TARGETS.get(target, None)
+    return getattr(cls, "family", target) if cls is not None else target
+
+
+def kernel_for(target: str, op: str) -> FusedKernel | None:
+    """The rendering of ``op`` for ``target``'s family, or ``None``."""
+    return KERNELS.get(f"{op}/{family_of(target)}", None)
+
+
+def implements(target: str, op: str, part: str) -> bool:
+    """True when ``target`` has a rendering of ``part`` of the fused operation ``op``."""
+    k = kernel_for(target, op)
+    return k is not None and part in k.parts

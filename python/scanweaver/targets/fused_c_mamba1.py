@@ -1,0 +1,319 @@
+"""C (CPU) rendering of the fused Mamba-1 selective scan (:mod:`scanweaver.fused.mamba1`), forward part.
+
+Vectorised over channels: one vector holds ``width`` channels of one batch
+element, and the N states of those channels are N vectors kept in registers
+(``h[n]``), so a time step is N rounds of ``exp2``, two multiply-adds and a
+multiply-add of the contraction, with no horizontal reduction.  The data are
+``(batch, D, L)`` rows, so each tile of ``chunk`` time steps is transposed in
+registers into ``[t][lane]`` vectors on the way in (u, delta, z; B and C rows
+into ``[t][n]``) and back on the way out (y); everything else stays in
+registers or in the per-thread tile buffers.  Threads (OpenMP) take blocks
+of channels: a block never straddles a group of B or C, so B_t[n] and C_t[n]
+are one broadcast scalar per block.  Vectorising over N instead (one channel
+at a time, N states in the lanes) needs a horizontal sum per step for y and
+wastes lanes for N below the vector width; over channels it is neither.
+
+Entry points (parameters in the ABI order of :meth:`Mamba1.params`; NULL for
+the optional arrays a call does not use)::
+
+    int sw_mamba1_forward(u, delta, A, B, C, D, z, delta_bias, h0, reset, y, hlast,
+                          long batch, long dim, long L, long groups_b, long groups_c);
+
+returning 0, or 1 when scratch memory could not be allocated; the backward
+(``sw_mamba1_backward``) is in :mod:`.mamba1_c_backward`.
+"""
+
+from __future__ import annotations
+
+from ..fused.mamba1 import Mamba1, Mamba1Features
+from .cvec import vector_prelude
+from .fused import KERNELS, FusedKernel
+from .mamba1_c_backward import BACKWARD
+
+#: Placeholders filled per call.
+HEAD = r"""
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <stdint.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#ifdef __cplusplus
+#define restrict __restrict
+extern "C" {
+#endif
+#if defined(__GNUC__)
+#define SW_INLINE static inline __attribute__((always_inline))
+#else
+#define SW_INLINE static inline
+#endif
+#define SW_OK 0
+#define SW_ENOMEM 1
+#define SW_MIN(p, q) ((p) < (q) ? (p) : (q))
+"""
+
+COMMON = r"""
+#define SW_LOG2E 1.4426950408889634074
+/* B and C rows padded to whole vectors of states. */
+#define SW_NP (((SW_N) + SW_W - 1) / SW_W * SW_W)
+
+typedef struct {
+  const SW_T *u, *delta, *A, *B, *C, *D, *z, *bias, *h0;
+  const unsigned char* reset;
+  long batch, dim, L, gb, gc;
+  /* blocks: channels are cut into segments that lie inside one group of B and of C */
+  long seg, per_seg, nseg, nblocks;
+} sw_mamba;
+
+static long sw_gcd(long p, long q) { while (q) { long r = p % q; p = q; q = r; } return p; }
+
+static void sw_grid(sw_mamba* m) {
+  const long gb = m->gb > 0 ? m->gb : 1, gc = m->gc > 0 ? m->gc : 1;
+  m->nseg = gb / sw_gcd(gb, gc) * gc;
+  m->seg = m->dim / m->nseg;
+  m->per_seg = (m->seg + SW_W - 1) / SW_W;
+  m->nblocks = m->batch * m->nseg * m->per_seg;
+}
+
+/* Block k: batch element, first channel, active lanes. */
+static void sw_block(const sw_mamba* m, long k, long* b, long* d0, int* nl) {
+  const long per_b = m->nseg * m->per_seg, r = k % per_b, j = r % m->per_seg;
+  *b = k / per_b;
+  *d0 = (r / m->per_seg) * m->seg + j * SW_W;
+  *nl = (int)SW_MIN((long)SW_W, m->seg - j * SW_W);
+}
+
+/* Row n = 0 of B or C for batch b and channel d0 (varying layouts), L apart per state. */
+static const SW_T* sw_rows(const SW_T* M, long groups, const sw_mamba* m, long b, long d0) {
+  return M + (b * groups + d0 / (m->dim / groups)) * (long)SW_N * m->L;
+}
+
+/* nt time steps from t0 of nl rows (L apart) into [t][lane] vectors. */
+static void sw_load_rows(const SW_T* src, long L, int nl, int nt, sw_v* out) {
+  for (int c0 = 0; c0 < nt; c0 += SW_W) sw_tile_in(src + c0, L, nl, SW_MIN(SW_W, nt - c0), out + c0);
+}
+
+static void sw_store_rows(sw_v* in, SW_T* dst, long L, int nl, int nt) {
+  for (int c0 = 0; c0 < nt; c0 += SW_W) sw_tile_out(in + c0, dst + c0, L, nl, SW_MIN(SW_W, nt - c0));
+}
+
+#if defined(__GNUC__)
+#define SW_PREFETCH(p) __builtin_prefetch((p), 0, 3)
+#else
+#define SW_PREFETCH(p) ((void)(p))
+#endif
+/* Prefetches n elements of each of rows rows (L apart): the next tile, while this one computes
+ * (dozens of row streams at once are more than the hardware prefetchers follow). */
+static void sw_prefetch_rows(const SW_T* src, long L, int rows, long n) {
+  for (int r = 0; r < rows; ++r)
+    for (long c = 0; c < n; c += 64 / (long)sizeof(SW_T)) SW_PREFETCH(src + r * L + c);
+}
+
+/* nt steps of B or C rows (N rows, L apart) into out[t * SW_NP + n]. */
+static void sw_load_states(const SW_T* src, long L, int nt, SW_T* out) {
+  sw_v tmp[SW_W];
+  for (int n0 = 0; n0 < SW_N; n0 += SW_W)
+    for (int c0 = 0; c0 < nt; c0 += SW_W) {
+      const int cols = SW_MIN(SW_W, nt - c0);
+      sw_tile_in(src + (long)n0 * L + c0, L, SW_MIN(SW_W, SW_N - n0), cols, tmp);
+      for (int c = 0; c < cols; ++c) sw_vstore(out + (long)(c0 + c) * SW_NP + n0, tmp[c]);
+    }
+}
+
+/* Per-lane values of a (dim, N) matrix (A, fixed B or C) for channels d0.., scaled. */
+static void sw_lane_matrix(const SW_T* M, long d0, int nl, SW_T scale, sw_v* out) {
+  for (int n = 0; n < SW_N; ++n) {
+    out[n] = sw_vzero;
+    for (int j = 0; j < nl; ++j) out[n][j] = M[(d0 + j) * SW_N + n] * scale;
+  }
+}
+
+static sw_v sw_lane_vector(const SW_T* v, long d0, int nl) {
+  sw_v out = sw_vzero;
+  for (int j = 0; j < nl; ++j) out[j] = v[d0 + j];
+  return out;
+}
+
+/* dt = softplus(delta + bias) (as configured) in place; dtu = dt * u. */
+static void sw_gates(sw_v* dt, const sw_v* u, sw_v* dtu, sw_v bias, int nt) {
+  for (int t = 0; t < nt; ++t) {
+    sw_v v = dt[t];
+    if (SW_HAS_BIAS) v += bias;
+    if (SW_SOFTPLUS) v = sw_vsoftplus(v);
+    dt[t] = v;
+    dtu[t] = v * u[t];
+  }
+}
+
+static int sw_threads(void) {
+#ifdef _OPENMP
+  return SW_THREADS > 0 ? SW_THREADS : omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+
+/* Scratch of one thread, aligned for whole vectors. */
+static void* sw_alloc(size_t bytes, void** raw) {
+  *raw = malloc(bytes + 64);
+  if (!*raw) return NULL;
+  return (void*)(((uintptr_t)*raw + 63) & ~(uintptr_t)63);
+}
+"""
+
+FORWARD = r"""
+/* B_t[n] and C_t[n]: per-lane vectors when fixed, else one scalar of the tile (broadcast by the multiply). */
+#if SW_B_FIXED
+#define SW_BN(n) bf[n]
+#else
+#define SW_BN(n) bt[n]
+#endif
+#if SW_C_FIXED
+#define SW_CN(n) cf[n]
+#else
+#define SW_CN(n) ct[n]
+#endif
+
+/* Partial sums of the contraction over n: independent multiply-add chains. */
+#define SW_ACC (SW_N < 4 ? SW_N : 4)
+
+typedef struct { sw_v *dt, *u, *dtu, *z, *y; SW_T *Bt, *Ct; } sw_fwd_tiles;
+
+static void sw_fwd_block(const sw_mamba* m, long b, long d0, int nl, const sw_fwd_tiles* s,
+                         SW_T* restrict y, SW_T* restrict hlast) {
+  const long L = m->L, row = (b * m->dim + d0) * L;
+  sw_v a2[SW_N], h[SW_N], bf[SW_N], cf[SW_N];
+  sw_lane_matrix(m->A, d0, nl, (SW_T)SW_LOG2E, a2);
+  if (SW_B_FIXED) sw_lane_matrix(m->B, d0, nl, 1, bf);
+  if (SW_C_FIXED) sw_lane_matrix(m->C, d0, nl, 1, cf);
+  for (int n = 0; n < SW_N; ++n) {
+    h[n] = sw_vzero;
+    if (SW_HAS_H0)
+      for (int j = 0; j < nl; ++j) h[n][j] = m->h0[(b * m->dim + d0 + j) * SW_N + n];
+  }
+  const sw_v Dv = SW_HAS_D ? sw_lane_vector(m->D, d0, nl) : sw_vzero;
+  const sw_v bias = SW_HAS_BIAS ? sw_lane_vector(m->bias, d0, nl) : sw_vzero;
+  const SW_T* Brow = SW_B_FIXED ? NULL : sw_rows(m->B, m->gb, m, b, d0);
+  const SW_T* Crow = SW_C_FIXED ? NULL : sw_rows(m->C, m->gc, m, b, d0);
+  for (long t0 = 0; t0 < L; t0 += SW_CHUNK) {
+    const int nt = (int)SW_MIN((long)SW_CHUNK, L - t0);
+    sw_load_rows(m->delta + row + t0, L, nl, nt, s->dt);
+    sw_load_rows(m->u + row + t0, L, nl, nt, s->u);
+    if (SW_HAS_Z) sw_load_rows(m->z + row + t0, L, nl, nt, s->z);
+    if (!SW_B_FIXED) sw_load_states(Brow + t0, L, nt, s->Bt);
+    if (!SW_C_FIXED) sw_load_states(Crow + t0, L, nt, s->Ct);
+    sw_gates(s->dt, s->u, s->dtu, bias, nt);
+    if (t0 + SW_CHUNK < L) {
+      const long t1 = t0 + SW_CHUNK, n1 = SW_MIN((long)SW_CHUNK, L - t1);
+      sw_prefetch_rows(m->delta + row + t1, L, nl, n1);
+      sw_prefetch_rows(m->u + row + t1, L, nl, n1);
+      if (SW_HAS_Z) sw_prefetch_rows(m->z + row + t1, L, nl, n1);
+      if (!SW_B_FIXED) sw_prefetch_rows(Brow + t1, L, SW_N, n1);
+      if (!SW_C_FIXED) sw_prefetch_rows(Crow + t1, L, SW_N, n1);
+    }
+    for (int t = 0; t < nt; ++t) {
+      if (SW_HAS_RESET && m->reset[t0 + t])
+        for (int n = 0; n < SW_N; ++n) h[n] = sw_vzero;
+      const sw_v dt = s->dt[t], dtu = s->dtu[t];
+      const SW_T* bt = s->Bt + (long)t * SW_NP;
+      const SW_T* ct = s->Ct + (long)t * SW_NP;
+      (void)bt; (void)ct;
+      sw_v acc[SW_ACC];
+      for (int q = 0; q < SW_ACC; ++q) acc[q] = sw_vzero;
+#pragma GCC unroll 16
+      for (int n = 0; n < SW_N; ++n) {
+        const sw_v da = sw_vexp2(dt * a2[n]);
+        h[n] = da * h[n] + dtu * SW_BN(n);
+        acc[n % SW_ACC] += SW_CN(n) * h[n];
+      }
+      for (int q = 1; q < SW_ACC; ++q) acc[0] += acc[q];
+      s->y[t] = acc[0];
+    }
+    for (int t = 0; t < nt; ++t) {
+      sw_v v = s->y[t];
+      if (SW_HAS_D) v += Dv * s->u[t];
+      if (SW_HAS_Z) v *= s->z[t] * sw_vsigmoid(s->z[t]);
+      s->y[t] = v;
+    }
+    sw_store_rows(s->y, y + row + t0, L, nl, nt);
+  }
+  if (hlast)
+    for (int n = 0; n < SW_N; ++n)
+      for (int j = 0; j < nl; ++j) hlast[(b * m->dim + d0 + j) * SW_N + n] = h[n][j];
+}
+
+int sw_mamba1_forward(const SW_T* u, const SW_T* delta, const SW_T* A, const SW_T* B, const SW_T* C,
+                      const SW_T* D, const SW_T* z, const SW_T* delta_bias, const SW_T* h0,
+                      const unsigned char* reset, SW_T* y, SW_T* hlast,
+                      long batch, long dim, long L, long groups_b, long groups_c) {
+  sw_mamba m = {u, delta, A, B, C, D, z, delta_bias, h0, reset, batch, dim, L, groups_b, groups_c, 0, 0, 0, 0};
+  if (batch <= 0 || dim <= 0 || L <= 0) return SW_OK;
+  sw_grid(&m);
+  const int nt = (int)SW_MIN((long)sw_threads(), m.nblocks);
+  int status = SW_OK;
+  (void)nt;
+#pragma omp parallel num_threads(nt)
+  {
+    const size_t vec = sizeof(sw_v) * SW_CHUNK, sc = sizeof(SW_T) * SW_CHUNK * SW_NP;
+    void* raw;
+    char* p = (char*)sw_alloc(5 * vec + 2 * sc, &raw);
+    if (!p) {
+#pragma omp atomic write
+      status = SW_ENOMEM;
+    } else {
+      sw_fwd_tiles s = {(sw_v*)p, (sw_v*)(p + vec), (sw_v*)(p + 2 * vec), (sw_v*)(p + 3 * vec),
+                        (sw_v*)(p + 4 * vec), (SW_T*)(p + 5 * vec), (SW_T*)(p + 5 * vec + sc)};
+#pragma omp for schedule(static)
+      for (long k = 0; k < m.nblocks; ++k) {
+        long b, d0;
+        int nl;
+        sw_block(&m, k, &b, &d0, &nl);
+        sw_fwd_block(&m, b, d0, nl, &s, y, hlast);
+      }
+      free(raw);
+    }
+  }
+  return status;
+}
+"""
+
+TAIL = r"""
+#ifdef __cplusplus
+}
+#endif
+"""
+
+
+def defines(features: Mamba1Features, config: dict, kernel_tuner: bool = False) -> str:
+    """``#define`` lines of the features and tunables; tunables under ``#ifndef`` guards
+    (with ``kernel_tuner``, Kernel Tuner's bare-name defines win)."""
+    flags = {"SW_N": features.N, "SW_B_FIXED": features.b_fixed, "SW_C_FIXED": features.c_fixed,
+             "SW_HAS_D": features.has_D, "SW_HAS_Z": features.has_z, "SW_HAS_BIAS": features.has_bias,
+             "SW_SOFTPLUS": features.softplus, "SW_HAS_H0": features.has_h0, "SW_HAS_RESET": features.has_reset,
+             "SW_HAS_DHLAST": features.has_dhlast}
+    lines = [f"#define {k} {int(v)}" for k, v in flags.items()]
+    for name in ("chunk", "threads"):
+        macro = f"SW_{name.upper()}"
+        lines += [f"#ifndef {macro}"]
+        lines += ([f"#ifdef {name}", f"#define {macro} ({name})", "#else", f"#define {macro} {config[name]}",
+                   "#endif"] if kernel_tuner else [f"#define {macro} {config[name]}"])
+        lines += ["#endif"]
+    return "\n".join(lines)
+
+
+def render(renderer, call, kernel_tuner: bool = False) -> str:
+    """The C unit of ``call`` (a :class:`~scanweaver.fused.FusedCall` of ``mamba1``).
+
+    With ``kernel_tuner``, the tunables ``chunk`` and ``threads`` read Kernel Tuner's bare-name
+    defines (``width`` shapes the generated text, so it is one unit per value).
+    """
+    f, cfg = call.features, call.params
+    title = (f"/* scanweaver fused C kernel: mamba1 {call.part}, {f.dtype}, N={f.N}, width {cfg['width']} */")
+    body = FORWARD if call.part == "forward" else BACKWARD
+    return "\n".join([title, defines(f, cfg, kernel_tuner), HEAD, vector_prelude(f.dtype, cfg["width"]),
+                      COMMON, body, TAIL])
+
+
+KERNELS.register(FusedKernel(Mamba1.name, "c", ("forward", "backward"), render,
+                             lambda part: f"sw_mamba1_{part}"))
