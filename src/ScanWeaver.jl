@@ -9,6 +9,7 @@ export AffinePair, compose, apply_pair, identity_pair, accumulator_type
 export selective_scan, selective_scan!, SCHEDULES
 export ScanSchedule, Sequential, Blelloch, Hybrid, ReduceThenScan
 export elapsed_ms, time_scan, tune_scan
+export mamba_selective_scan, mamba_selective_scan!
 
 include("pairs.jl")
 include("operands.jl")
@@ -25,5 +26,9 @@ include("api.jl")
 include("gradients.jl")
 include("timing.jl")
 include("devices.jl")
+include("mamba/elements.jl")
+include("mamba/kernels.jl")
+include("mamba/api.jl")
+include("mamba/host.jl")
 
 end

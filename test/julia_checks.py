@@ -103,6 +103,8 @@ def render(node) -> str:
         return f":{args[0]}"
     if h == ".":
         return f"{args[0]}.{args[1].lstrip(':')}"
+    if h == "...":
+        return f"{args[0]}..."
     return f"({h} {' '.join(args)})"
 
 
@@ -127,7 +129,7 @@ KNOWN_SUPERTYPES = {
 ALIASES = {
     "AbstractVector": "AbstractArray", "AbstractMatrix": "AbstractArray", "Vector": "Array",
     "Matrix": "Array", "BitMatrix": "BitArray", "BitVector": "BitArray", "StaticVector": "StaticArray",
-    "StaticMatrix": "StaticArray", "SVector": "SArray", "SMatrix": "SArray", "Dims": "Tuple",
+    "StaticMatrix": "StaticArray", "SVector": "SArray", "SMatrix": "SArray", "Dims": "Tuple", "NTuple": "Tuple",
     "ComplexF16": "Complex", "ComplexF32": "Complex", "ComplexF64": "Complex",
 }
 
@@ -139,7 +141,8 @@ DISJOINT_ALIASES = [{"StaticVector", "StaticMatrix", "SVector", "SMatrix"},
 @dataclass(frozen=True)
 class JType:
     """A dispatch type: ``kind`` is ``name`` (with ``params``), ``var`` (a wildcard bounded by ``bound``),
-    ``lit`` (a literal parameter such as ``:cpu``) or ``union``."""
+    ``lit`` (a literal parameter such as ``:cpu``), ``union``, or ``vararg`` (a trailing ``x...`` of
+    element type ``bound``)."""
 
     kind: str
     name: str = ""
@@ -211,15 +214,18 @@ def to_type(node, env: dict) -> JType:
 
 
 def _arguments(call: list, env: dict) -> list[list[JType]] | None:
-    """Positional argument types of a call signature, one list per arity (optional arguments), or
-    ``None`` for a vararg method (not compared)."""
+    """Positional argument types of a call signature, one list per arity (optional arguments).
+
+    A trailing vararg ``I...`` becomes a last position of kind ``vararg`` (its element type in
+    ``bound``), so vararg methods are compared with vararg methods of as many fixed arguments."""
     required, optional = [], []
     for arg in call[2:]:
         h = head(arg)
         if h == "parameters":
             continue
         if h == "...":
-            return None
+            required.append(JType("vararg", bound=_arg_type(arg[1], env)))
+            continue
         if h == "=":
             optional.append(_arg_type(arg[1], env))
             continue
@@ -298,6 +304,8 @@ class Lattice:
         """``eq``, ``sub`` (a strictly below b), ``super``, ``disjoint`` or ``unknown``."""
         if a == b:
             return "eq"
+        if a.kind == "vararg" or b.kind == "vararg":
+            return self.relation(a.bound, b.bound) if a.kind == b.kind else "disjoint"
         if a.kind == "union" or b.kind == "union":
             return self._union(a, b)
         if a.kind == "var" and b.kind == "lit":
@@ -379,9 +387,12 @@ def find_ambiguities(sources: dict[str, str]) -> tuple[list[Ambiguity], int]:
     position tells them apart (none is disjoint), one is strictly more
     specific in some position and the other in another, and no third method
     of the function has exactly their intersection (which would resolve it, as
-    in Julia). Cannot see: methods that macros generate (``@kernel`` bodies
-    are skipped), methods of other packages' functions beyond those defined
-    here (an ambiguity with a Base method), vararg methods, diagonal
+    in Julia). A vararg method is compared with vararg methods of as many
+    fixed arguments only (a vararg position counts as one more argument).
+    Cannot see: methods that macros generate (``@kernel`` bodies are
+    skipped), methods of other packages' functions beyond those defined
+    here (an ambiguity with a Base method), a vararg method against one of
+    fixed arity that its varargs could match, diagonal
     constraints (``f(x::T, y::T) where T``), and types it does not know
     (:data:`KNOWN_SUPERTYPES`); pairs involving those are counted as undecided
     instead of reported.

@@ -37,3 +37,58 @@ function matches(got, want; rtol)
     scale = maximum(v -> maximum(abs, v), want; init = 1.0)
     return all(isapprox.(widen64.(Array(got)), want; rtol, atol = rtol * scale))
 end
+
+"`B_t[n]` of channel `d` in Julia layout: fixed `(N, D)`, per step `(L, N, batch)`, grouped `(L, N, G, batch)`."
+mamba_bc(M::AbstractArray{<:Any, 2}, n, t, d, b, channels) = M[n, d]
+mamba_bc(M::AbstractArray{<:Any, 3}, n, t, d, b, channels) = M[t, n, b]
+function mamba_bc(M::AbstractArray{<:Any, 4}, n, t, d, b, channels)
+    return M[t, n, (d - 1) ÷ (channels ÷ size(M, 3)) + 1, b]
+end
+
+"""
+    mamba_reference(u, delta, A, B, C; D, z, delta_bias, delta_softplus, h0, reset) -> (y, h_last)
+
+The Mamba-1 selective scan as a plain double-precision loop over (b, d, n, t),
+in Julia layout, written from `mamba_ssm`'s `selective_scan_ref`.
+"""
+function mamba_reference(
+    u,
+    delta,
+    A,
+    B,
+    C;
+    D = nothing,
+    z = nothing,
+    delta_bias = nothing,
+    delta_softplus = false,
+    h0 = nothing,
+    reset = nothing,
+)
+    L, channels, batch = size(u)
+    N = size(A, 1)
+    y = zeros(L, channels, batch)
+    h_last = zeros(N, channels, batch)
+    for b in 1:batch, d in 1:channels
+        h = h0 === nothing ? zeros(N) : Float64.(h0[:, d, b])
+        for t in 1:L
+            dt = Float64(delta[t, d, b]) +
+                (delta_bias === nothing ? 0.0 : Float64(delta_bias[d]))
+            dt = delta_softplus ? log1p(exp(dt)) : dt
+            fresh = reset !== nothing && reset[t]
+            for n in 1:N
+                gate = fresh ? 0.0 : exp(dt * Float64(A[n, d]))
+                h[n] = gate * h[n] +
+                    dt * Float64(mamba_bc(B, n, t, d, b, channels)) * Float64(u[t, d, b])
+            end
+            out = sum(Float64(mamba_bc(C, n, t, d, b, channels)) * h[n] for n in 1:N)
+            out += (D === nothing ? 0.0 : Float64(D[d])) * Float64(u[t, d, b])
+            if z !== nothing
+                zt = Float64(z[t, d, b])
+                out *= zt / (1 + exp(-zt))
+            end
+            y[t, d, b] = out
+        end
+        h_last[:, d, b] = h
+    end
+    return y, h_last
+end

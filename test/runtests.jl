@@ -11,6 +11,7 @@ using TOML
 using Test
 
 include("golden.jl")
+include("golden_mamba.jl")
 include("reference.jl")
 include("testsuite.jl")
 
@@ -41,6 +42,9 @@ end
     include("test_pairs.jl")
     @testset "golden file layout: $(g.name)" for g in golden_cases()
         check_golden_layout(g)
+    end
+    @testset "Mamba golden file layout: $(g.name)" for g in mamba_golden_cases()
+        check_mamba_golden_layout(g)
     end
     for (name, array_type) in BACKENDS
         run_testsuite(name, array_type)

@@ -190,7 +190,7 @@ def _julia_structs() -> dict[str, tuple[str, ...]]:
 
 def test_kernel_signatures_match_the_julia_source():
     source = _julia_kernels()
-    listed = {k.name: k for s in kernels.SCHEDULES.values() for k in s.kernels}
+    listed = kernels.all_kernels()
     assert set(source) == set(listed), "kernels.py and src/ list different @kernel functions"
     for name, sig in listed.items():
         args, vals = source[name]
@@ -216,6 +216,31 @@ def test_schedule_types_match_the_julia_registry():
             assert kernel.vals == fields, f"{kernel.name} takes Vals {kernel.vals}, {sched.julia_type} has {fields}"
 
 
+def test_mamba_launcher_and_kernels_match_the_julia_source():
+    from julia_checks import head, walk
+
+    structs, call, entry = {}, None, None
+    for tree in _julia_tree():
+        for node in walk(tree):
+            if head(node) == "struct" and node[1] == kernels.MAMBA.julia_type:
+                structs[node[1]] = tuple(f[1] for f in node[2][1:] if head(f) == "::-i")
+            if head(node) in ("function", "function-="):
+                sig = _signature(node[1])
+                if head(sig) in ("call", "call-,") and head(sig[1]) == "::-i" and "MambaLauncher" in str(sig[1]):
+                    call = sig
+                elif head(sig) in ("call", "call-,") and sig[1] == kernels.MAMBA.entry:
+                    entry = sig
+    assert structs[kernels.MAMBA.julia_type] == kernels.MAMBA.julia_tunables == ("workgroupsize", "chunk")
+    assert entry is not None and call is not None
+    positional = [a for a in call[2:] if head(a) != "parameters"]
+    args = positional[:len(kernels.MAMBA_ARGS)]
+    assert tuple(args) == kernels.MAMBA_ARGS
+    vals = [a[1][2] for a in positional[len(kernels.MAMBA_ARGS):]]
+    assert tuple(vals) == kernels.MAMBA.julia_tunables
+    for kernel in kernels.MAMBA.kernels:
+        assert kernel.vals[1:] == kernels.MAMBA.julia_tunables
+
+
 def test_launchers_take_the_kernel_arguments_then_vals():
     from julia_checks import head, walk
 
@@ -228,7 +253,8 @@ def test_launchers_take_the_kernel_arguments_then_vals():
                     continue
                 if head(sig[1]) == "::-i" and "ScheduleLauncher" in str(sig[1]):
                     call = sig
-                elif isinstance(sig[1], str) and sig[1].endswith("_scan!") and head(node[2]) in ("call", "call-,"):
+                elif isinstance(sig[1], str) and head(node[2]) in ("call", "call-,") and \
+                        head(node[2][1]) == "curly" and node[2][1][1] == "ScheduleLauncher":
                     assert [a[1] if head(a) == "::-i" else a for a in sig[2:]] == ["backend", "workgroupsize"]
                     entries[sig[1]] = node[2][1][2]  # ScheduleLauncher{T}(...) -> T
     assert call is not None, "no (launch::ScheduleLauncher)(...) method in src/"

@@ -107,6 +107,26 @@ def test_ambiguity_check_reports_the_planted_defect():
     assert find_ambiguities({"resolved.jl": resolved})[0] == []
 
 
+#: A vararg pair this check caught while the fused Mamba kernels were written: ``store_tuple!(nothing, t, i)``.
+PLANTED_VARARG_AMBIGUITY = """
+@inline store_tuple!(::Nothing, v, I...) = nothing
+@inline function store_tuple!(A, v::NTuple{N}, I...) where {N}
+    return nothing
+end
+"""
+
+
+@pytest.mark.usefixtures("fatou")
+def test_ambiguity_check_compares_vararg_methods():
+    from julia_checks import find_ambiguities
+
+    found, undecided = find_ambiguities({"planted.jl": PLANTED_VARARG_AMBIGUITY})
+    assert [f"{a.first.text} | {a.second.text}" for a in found] == \
+        ["store_tuple!(::Nothing, v, I...) | store_tuple!(A, v::NTuple{N}, I...)"]
+    fixed = PLANTED_VARARG_AMBIGUITY.replace("store_tuple!(A, v", "store_tuple!(A::AbstractArray, v")
+    assert find_ambiguities({"fixed.jl": fixed}) == ([], 0)
+
+
 @pytest.mark.usefixtures("fatou")
 def test_every_localmem_is_counted_by_its_schedule():
     from julia_checks import check_local_memory

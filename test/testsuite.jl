@@ -441,6 +441,105 @@ function run_testsuite(name::AbstractString, AT)
             end
         end
 
+        @testset "fused Mamba, golden $(g.name)" for g in mamba_golden_cases()
+            T = device_eltype(backend, g.eltype)
+            dev(::Nothing) = nothing
+            dev(A) = AT(T.(A))
+            scale = max(1.0, maximum(abs, g.y))
+            rtol = T == g.eltype ? tolerance(T) : 2 * tolerance(T)
+            for tunables in (
+                    (;),
+                    (workgroupsize = 4, chunk = 8),
+                    (workgroupsize = 32, chunk = 1),
+                )
+                y, h = mamba_selective_scan(
+                    dev(g.u),
+                    dev(g.delta),
+                    dev(g.A),
+                    dev(g.B),
+                    dev(g.C);
+                    D = dev(g.D),
+                    z = dev(g.z),
+                    delta_bias = dev(g.delta_bias),
+                    delta_softplus = g.delta_softplus,
+                    h0 = dev(g.h0),
+                    g.cu_seqlens,
+                    return_state = true,
+                    tunables...,
+                )
+                @test eltype(y) == T && size(h) == size(g.h_last)
+                @test close_to(host64(y), g.y; rtol, atol = rtol * scale)
+                @test close_to(host64(h), g.h_last; rtol, atol = rtol * scale)
+            end
+        end
+
+        @testset "fused Mamba: N, B/C layouts, chunks against a loop" begin
+            T = device_eltype(backend, Float64)
+            L, channels, batch = 37, 4, 2
+            for N in (1, 4, 16, 64), layout in (:fixed, :per_step, :grouped)
+                shape = layout === :fixed ?
+                    (N, channels) :
+                    layout === :per_step ? (L, N, batch) : (L, N, 2, batch)
+                u, z = randn(rng, T, L, channels, batch), randn(rng, T, L, channels, batch)
+                delta = T.(0.05 .+ 0.5 .* rand(rng, L, channels, batch))
+                A = T.(-0.2 .- 2 .* rand(rng, N, channels))
+                B, C = randn(rng, T, shape), randn(rng, T, shape)
+                D, h0 = randn(rng, T, channels), randn(rng, T, N, channels, batch)
+                want, want_h = mamba_reference(u, delta, A, B, C; D, z, h0)
+                for chunk in (5, 37)
+                    y, h = mamba_selective_scan(
+                        AT(u),
+                        AT(delta),
+                        AT(A),
+                        AT(B),
+                        AT(C);
+                        D = AT(D),
+                        z = AT(z),
+                        h0 = AT(h0),
+                        return_state = true,
+                        chunk,
+                        workgroupsize = 8,
+                    )
+                    @test matches(y, want; rtol = tolerance(T))
+                    @test matches(h, want_h; rtol = tolerance(T))
+                end
+            end
+        end
+
+        @testset "fused Mamba: bad input names the argument" begin
+            u = AT(rand(Float32, 10, 3, 1))
+            A, B = AT(-rand(Float32, 4, 3)), AT(rand(Float32, 10, 4, 1))
+            err = try
+                mamba_selective_scan(u, u, A, AT(rand(Float32, 9, 4, 1)), B)
+            catch e
+                e
+            end
+            @test err isa DimensionMismatch && occursin("B has size (9, 4, 1)", err.msg)
+            @test_throws DimensionMismatch mamba_selective_scan(
+                u,
+                u,
+                AT(rand(Float32, 4, 2)),
+                B,
+                B,
+            )
+            @test_throws DimensionMismatch mamba_selective_scan(
+                u,
+                u,
+                A,
+                B,
+                AT(rand(Float32, 10, 4, 2, 1)),
+            )
+            @test_throws ArgumentError mamba_selective_scan(
+                u,
+                u,
+                A,
+                B,
+                B;
+                cu_seqlens = [0, 4, 9],
+            )
+            @test_throws ArgumentError mamba_selective_scan(u, u, A, B, B; chunk = 0)
+        end
+
         @testset "reduce_then_scan reuses its chunk buffers" begin
             a, b, x = (AT(rand(rng, Float32, 300, 3)) for _ in 1:3)
             y = similar(a)

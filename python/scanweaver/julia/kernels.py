@@ -105,6 +105,29 @@ for _schedule in (
 ):
     SCHEDULES.add(_schedule.name, _schedule)
 
+#: Arguments of the fused Mamba-1 entry point ``mamba_scan!`` (Julia layouts), before its ``Val`` tunables.
+MAMBA_ARGS = ("y", "h_last", "u", "delta", "A", "B", "C", "D", "z", "delta_bias", "h0", "reset", "delta_softplus")
+
+_MAMBA_VALS = ("nstate", "workgroupsize", "chunk")
+
+#: ScanWeaver.jl's fused Mamba-1 scan: ``MambaChunks(workgroupsize, chunk)`` launched by ``mamba_scan!``;
+#: its kernels take the state count ``N`` as a ``Val`` too (registers), before the tunables.
+MAMBA = JuliaSchedule(
+    "mamba1", "MambaChunks", "mamba_scan!", ("workgroup_size", "chunk"),
+    (
+        KernelSignature("mamba_replay_kernel!", ("y", "h_last", "ops", "carry"), _MAMBA_VALS),
+        KernelSignature("mamba_reduce_kernel!", ("agg", "ops"), _MAMBA_VALS),
+        KernelSignature("mamba_carry_kernel!", ("carry", "h_last", "agg", "ops"), _MAMBA_VALS),
+    ),
+    False,
+)
+
+
+def all_kernels() -> dict[str, KernelSignature]:
+    """Every ``@kernel`` of ScanWeaver.jl by name: the schedules' and the fused Mamba scan's."""
+    return {k.name: k for s in (*SCHEDULES.values(), MAMBA) for k in s.kernels}
+
+
 DTYPES = {"float32": np.float32, "float64": np.float64, "complex64": np.complex64, "complex128": np.complex128}
 
 

@@ -1,7 +1,8 @@
 """Golden vectors: small TOML files of inputs and oracle outputs, shared by both test suites.
 
 ``python -m scanweaver.tools.golden [--out DIR] [--check]`` writes (or, with
-``--check``, verifies) one file per case under ``test/golden``.  Expected values
+``--check``, verifies) one file per case under ``test/golden``, and the Mamba-1
+cases of :mod:`.golden_mamba` under ``test/golden/mamba``.  Expected values
 come from the float64 sequential oracle (:func:`scanweaver.targets.reference.oracle`).
 
 Reproducible on any machine: the inputs are non-uniform random draws from a
@@ -376,20 +377,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true",
                         help="verify the files instead of writing them (inputs exactly, outputs within OUTPUT_RTOL)")
     args = parser.parse_args(argv)
+    from .golden_mamba import files as mamba_files
+
     stale = []
-    for case in CASES:
-        path = args.out / f"{case.name}.toml"
-        text = render(case)
+    written = [(args.out / f"{case.name}.toml", render(case)) for case in CASES] + mamba_files(args.out)
+    for path, text in written:
         if args.check:
             stale += [f"{path}: {why}" for why in differences(path, text)]
         else:
-            args.out.mkdir(parents=True, exist_ok=True)
+            path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
     if stale:
         print("golden files differ from the oracle (regenerate with `python -m scanweaver.tools.golden`):\n  "
               + "\n  ".join(stale), file=sys.stderr)
         return 1
-    print(f"{len(CASES)} golden files {'match the oracle' if args.check else 'written'} in {args.out}")
+    print(f"{len(written)} golden files {'match the oracle' if args.check else 'written'} in {args.out}")
     return 0
 
 

@@ -1,0 +1,162 @@
+# The fused Mamba scan from outside Julia: the Python facade's entry point (by
+# buffer address) and the launcher Kernel Tuner's Julia backend calls.
+
+"""
+    host_mamba_scan!(device, dtype, L, dim, batch, N, groups_b, groups_c,
+                     y, h_last, u, delta, A, B, C, D, z, delta_bias, h0, reset;
+                     delta_softplus = false, tunables...) -> nothing
+
+The Python facade's entry point for [`mamba_selective_scan!`](@ref). The array
+arguments are addresses of C-contiguous host buffers in `dtype` (`reset`:
+`UInt8`), `0` for absent ones, in the layout of `scanweaver.fused.mamba1`:
+`u`, `delta`, `z`, `y` `(batch, dim, L)`; `A` `(dim, N)`; `B` `(dim, N)` when
+`groups_b == 0`, else `(batch, groups_b, N, L)` (likewise `C`); `D`,
+`delta_bias` `(dim,)`; `h0`, `h_last` `(batch, dim, N)`; `reset` `(L,)`. Read
+column-major with the dimensions reversed, they are the Julia layouts, so they
+are wrapped without copying; on a GPU device the inputs are copied over and
+`y`, `h_last` copied back.
+"""
+function host_mamba_scan!(
+    device::AbstractString,
+    dtype::AbstractString,
+    L::Integer,
+    dim::Integer,
+    batch::Integer,
+    N::Integer,
+    groups_b::Integer,
+    groups_c::Integer,
+    y::Integer,
+    h_last::Integer,
+    u::Integer,
+    delta::Integer,
+    A::Integer,
+    B::Integer,
+    C::Integer,
+    D::Integer,
+    z::Integer,
+    delta_bias::Integer,
+    h0::Integer,
+    reset::Integer;
+    delta_softplus::Bool = false,
+    tunables...,
+)
+    T = HOST_ELTYPES[Symbol(dtype)]
+    seq, state = (Int(L), Int(dim), Int(batch)), (Int(N), Int(dim), Int(batch))
+    bc(groups) = groups == 0 ?
+        (Int(N), Int(dim)) :
+        (Int(L), Int(N), Int(groups), Int(batch))
+    host = (
+        y = wrap_host(T, y, seq),
+        h_last = wrap_host(T, h_last, state),
+        u = wrap_host(T, u, seq),
+        delta = wrap_host(T, delta, seq),
+        A = wrap_host(T, A, (Int(N), Int(dim))),
+        B = wrap_host(T, B, bc(groups_b)),
+        C = wrap_host(T, C, bc(groups_c)),
+        D = wrap_host(T, D, (Int(dim),)),
+        z = wrap_host(T, z, seq),
+        delta_bias = wrap_host(T, delta_bias, (Int(dim),)),
+        h0 = wrap_host(T, h0, state),
+        reset = wrap_host(UInt8, reset, (Int(L),)),
+    )
+    Dev = device_array_type(Val(Symbol(device)))
+    dev = map(X -> to_device(Dev, X), host)
+    mamba_selective_scan!(
+        dev.y,
+        dev.u,
+        dev.delta,
+        dev.A,
+        dev.B,
+        dev.C;
+        D = dev.D,
+        z = dev.z,
+        delta_bias = dev.delta_bias,
+        delta_softplus,
+        h0 = dev.h0,
+        h_last = dev.h_last,
+        reset = dev.reset,
+        tunables...,
+    )
+    KernelAbstractions.synchronize(array_backend(dev.u))
+    if Dev !== Array
+        copyto!(host.y, dev.y)
+        host.h_last === nothing || copyto!(host.h_last, dev.h_last)
+    end
+    return nothing
+end
+
+"""
+    MambaLauncher(backend, workgroupsize)
+
+The fused Mamba scan as Kernel Tuner's Julia backend launches a kernel: built
+by [`mamba_scan!`](@ref)`(backend, workgroupsize)`, then called with
+`(y, h_last, u, delta, A, B, C, D, z, delta_bias, h0, reset, delta_softplus)`
+in Julia layout and `Val(workgroupsize), Val(chunk)`. Its buffers persist in a
+[`ScanWorkspace`](@ref); `ndrange` is accepted and ignored.
+"""
+struct MambaLauncher{B <: Backend}
+    backend::B
+    workgroupsize::Int
+    workspace::ScanWorkspace
+end
+
+"""
+    mamba_scan!(backend, workgroupsize) -> MambaLauncher
+
+Kernel Tuner's entry point for the fused Mamba kernels (see [`MambaLauncher`](@ref)).
+"""
+mamba_scan!(backend::Backend, workgroupsize) = MambaLauncher(
+    backend,
+    Int(prod(workgroupsize)),
+    ScanWorkspace(),
+)
+
+function (launch::MambaLauncher)(
+    y,
+    h_last,
+    u,
+    delta,
+    A,
+    B,
+    C,
+    D,
+    z,
+    delta_bias,
+    h0,
+    reset,
+    delta_softplus,
+    ::Val{workgroupsize},
+    ::Val{chunk};
+    ndrange = nothing,
+) where {workgroupsize, chunk}
+    if workgroupsize != launch.workgroupsize
+        throw(ArgumentError(
+            "mamba_scan!: built for workgroupsize = $(launch.workgroupsize) but called with " *
+                "Val($workgroupsize); pass the same value to both",
+        ))
+    end
+    ops = MambaOperands(
+        u,
+        delta,
+        A,
+        B,
+        C,
+        D,
+        z,
+        delta_bias,
+        h0,
+        reset,
+        Bool(delta_softplus),
+    )
+    s = MambaChunks(workgroupsize, chunk)
+    launch_mamba!(
+        s,
+        launch.backend,
+        y,
+        h_last,
+        ops,
+        Val(size(A, 1));
+        workspace = launch.workspace,
+    )
+    return nothing
+end
