@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -113,6 +114,7 @@ def test_a_store_written_by_another_process_is_seen_by_the_next_call(cache, rng)
             f"signature={SELECTIVE.signature('float32')!r}, dtype='float32', lanes=64, L=1024, "
             "schedule='chunked', config={'chunk': 512, 'interleave': 1, 'threads': 1}, time_ms=1.0))\n")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    time.sleep(store.RECHECK_S)  # calls look at the store files at most this often
     y = scanweaver.selective_scan(a, b, x, c)
     assert SELECTIVE.last.source == "tuned" and SELECTIVE.last.config["chunk"] == 512
     np.testing.assert_allclose(y, loop_reference(a, b, x, c)[0], rtol=1e-4, atol=1e-4)

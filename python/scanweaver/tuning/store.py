@@ -225,33 +225,44 @@ def set_aside(path: Path, why: str) -> Path | None:
         os.replace(path, dest)
     except FileNotFoundError:
         return None  # another process set it aside first
+    _stamps.clear()
     msg = f"scanweaver: tuned-config store {path} is unusable ({why}); moved it to {dest}, using defaults"
     log.warning(msg)
     warnings.warn(msg, RuntimeWarning, stacklevel=3)
     return dest
 
 
-def stamp(path: Path | None = None) -> tuple[int, int, int] | None:
-    """A token that changes whenever the store file is replaced or rewritten (``None``: no store).
+#: Seconds a scan call may rely on the last look at the store files: a store written by another
+#: process is seen by the calls made from then on (a ``stat`` per call costs more than a small scan).
+RECHECK_S = 0.05
 
-    One ``stat``: scan calls compare it to decide whether a cached plan is still current.
+
+def stamp() -> tuple:
+    """A token that changes whenever any store file this process reads is written, replaced or removed.
+
+    Scan calls compare it to decide whether a cached call plan is still current.
+    It is re-read at most every :data:`RECHECK_S` seconds, and at once after
+    this process writes a store.
     """
+    key = (os.environ.get("SCANWEAVER_CACHE_DIR"), os.environ.get(SHARED_ENV))
+    now = time.monotonic()
+    hit = _stamps.get(key)
+    if hit is not None and now - hit[0] < RECHECK_S:
+        return hit[1]
+    value = tuple(_stat_token(str(p)) for p in sources())
+    _stamps[key] = (now, value)
+    return value
+
+
+def _stat_token(path: str) -> tuple[int, int, int] | None:
     try:
-        st = os.stat(path if path is not None else _store_path_cached())
+        st = os.stat(path)
     except (FileNotFoundError, NotADirectoryError):
         return None
     return (st.st_mtime_ns, st.st_size, st.st_ino)
 
 
-def _store_path_cached() -> str:
-    env = (os.environ.get("SCANWEAVER_CACHE_DIR"), os.environ.get("SCANWEAVER_TUNED"))
-    hit = _store_paths.get(env)
-    if hit is None:
-        hit = _store_paths[env] = str(store_path())
-    return hit
-
-
-_store_paths: dict[tuple[str | None, str | None], str] = {}
+_stamps: dict[tuple[str | None, str | None], tuple[float, tuple]] = {}
 _parsed: dict[str, tuple[tuple[int, int], list[Entry]]] = {}
 
 
@@ -352,6 +363,7 @@ def locked(path: Path | None = None):
 
 def _write(path: Path, entries: list[Entry]) -> None:
     atomic.replace_text(path, dump(entries))
+    _stamps.clear()  # this process's next scan call looks at the stores again
 
 
 def record(entry: Entry, path: Path | None = None) -> Path:
