@@ -178,3 +178,17 @@ def test_the_trampoline_is_built_where_python_headers_exist():
     if not include.exists() or not CPU:
         pytest.skip("no Python.h or no C compiler here: calls go through ctypes (tested above either way)")
     assert extension() is not None
+
+
+@needs_cpu
+def test_misaligned_arrays_with_a_known_signature_are_copied_by_the_full_path(rng):
+    a, b, x, c = ops(rng, (2, 64), np.float64)
+    want = scanweaver.selective_scan(a, b, x, c)  # builds the plan for aligned float64 (2, 64)
+    raw = np.frombuffer(bytearray(a.nbytes + 1), np.uint8)[1:]
+    shifted = raw.view(np.float64).reshape(2, 64)
+    shifted[...] = x
+    assert not shifted.flags.aligned
+    np.testing.assert_array_equal(scanweaver.selective_scan(a, b, shifted, c), want)
+    p = scanweaver.plan(scanweaver.selective_scan, (2, 64), np.float64)
+    with pytest.raises(ScanInputError, match="not aligned to 8 bytes.*call the recurrence, which copies them"):
+        p(a, b, shifted, c)

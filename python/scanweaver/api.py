@@ -252,8 +252,12 @@ class Recurrence:
                                     _flags(reverse, return_state, backend, schedule, config, kwargs))
             plan = self._plans.get(key) if key is not None else None
             if plan is not None and plan.fresh():
-                self.last = plan.info
-                return plan.run(args, h0, reset, out)
+                try:
+                    result = plan.run(args, h0, reset, out)
+                    self.last = plan.info
+                    return result
+                except fastpath.PlanMismatch:
+                    pass  # e.g. misaligned memory: the full path copies it
         return self._call(args, kwargs, key, h0, reset, bool(reverse), bool(return_state), backend, schedule,
                           config, cu_seqlens, out)
 

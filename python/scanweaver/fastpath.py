@@ -41,6 +41,10 @@ from .ir import Stages
 MAX_PLANS = 64
 
 
+class PlanMismatch(Exception):
+    """Arrays with the plan's key that its kernel cannot take as they are (e.g. misaligned memory)."""
+
+
 def _array_key(v: object) -> tuple | None:
     if type(v) is not np.ndarray:
         return None
@@ -122,7 +126,10 @@ class Plan:
         y = out if out is not None else np.empty(self.shape, self.dtype)
         h_last = np.empty(self.state_shape, self.dtype)
         if self.invoke is not None:
-            rc = self.invoke((*operands, y, h0, h_last, reset), self.lanes, self.L)
+            try:
+                rc = self.invoke((*operands, y, h0, h_last, reset), self.lanes, self.L)
+            except (ValueError, BufferError) as exc:  # checked before the kernel ran: nothing was written
+                raise PlanMismatch(str(exc)) from None
             if rc != 0:
                 raise MemoryError(f"{self.info.stages.affine.name}: the kernel could not allocate its scratch "
                                   f"memory (status {rc})")
@@ -177,7 +184,12 @@ class Plan:
         if not self.fresh():
             raise ScanInputError(f"plan({self.info.stages.affine.name}): the tuned-configuration store changed "
                                  "since this plan was built; build the plan again to use the new configuration")
-        return self.run(operands, h0, reset, out)
+        try:
+            return self.run(operands, h0, reset, out)
+        except PlanMismatch as exc:
+            raise ScanInputError(f"plan({self.info.stages.affine.name}): {exc} (arguments are, in order, the "
+                                 f"operands {', '.join(self.names)}, then y, h0, h_last, reset); pass aligned "
+                                 "arrays, or call the recurrence, which copies them") from None
 
 
 def fast_invoker(backend, stages: Stages, lanes: int, L: int):

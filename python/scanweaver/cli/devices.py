@@ -15,8 +15,9 @@ def backend_rows() -> list[dict]:
     rows = []
     for name in sorted(REGISTRY, key=lambda n: -REGISTRY[n].auto_priority):
         avail = REGISTRY[name].availability()
+        details = REGISTRY[name]().details() if avail.ok else {}
         rows.append({"backend": name, "available": avail.ok, "device": avail.device, "reason": avail.reason,
-                     "schedules": list(REGISTRY[name].schedules)})
+                     "schedules": list(REGISTRY[name].schedules), "details": details})
     try:
         from ..julia import julia_devices
     except ImportError:
@@ -43,4 +44,6 @@ class Devices:
             state = "available" if r["available"] else "unavailable"
             detail = r["device"] if r["available"] else r["reason"]
             print(f"{r['backend']:<16} {state:<12} {detail}")
+            for k, v in r.get("details", {}).items():
+                print(f"{'':<29}{k}: {v}")
         return 0

@@ -131,6 +131,10 @@ class Backend(ABC):
         """:meth:`probe`, cached for the process."""
         return _cached_probe(cls)
 
+    def details(self) -> dict[str, object]:
+        """Facts worth showing in ``scanweaver devices`` (compiler flags, measured cut-offs ...)."""
+        return {}
+
     def default_schedule(self, lanes: int, L: int) -> str:
         """The schedule used when the caller and the tuned store give none."""
         return self.schedules[0]

@@ -36,16 +36,13 @@ from ..schedules import Tunable
 from ..schedules.base import non_negative
 from ..targets.c_target import CRenderer
 from ..targets.fused import kernel_for
-from . import fastcall, toolchain
+from . import calibrate, fastcall, toolchain
 from .base import Availability, Backend, ScanArrays, register
 
 #: Chunk (scan positions per tile) when one lane's tiles are spread over threads: big
 #: enough that the chained hand-off between threads is rare, small enough that a tile's
 #: operands (8192 x 4 arrays x 4 bytes = 128 KiB) are still in L2 for the second pass.
 SPLIT_CHUNK = 8192
-#: Below this many elements one thread is the default: starting and joining an OpenMP team
-#: costs microseconds (and far more when another process holds a core), more than the scan.
-SMALL_PROBLEM = 1 << 15
 #: Lanes a thread streams side by side.  One is best measured here: the block scan already
 #: hides the multiply-add latency, and every further lane adds five memory streams.
 INTERLEAVE = 1
@@ -119,10 +116,16 @@ class CpuBackend(Backend):
     def default_schedule(self, lanes: int, L: int) -> str:
         return "chunked"
 
+    def details(self) -> dict[str, object]:
+        cutoff = calibrate.stored_cutoff()
+        return {"threads_cutoff": cutoff if cutoff is not None else "measured on first use"}
+
     def default_config(self, schedule: str, lanes: int, L: int, dtype: str) -> dict[str, object]:
-        """One thread for small problems; ``chunked``: short tiles when lanes fill every
-        thread's chains, long tiles otherwise."""
-        cfg: dict[str, object] = {"threads": 1} if lanes * L < SMALL_PROBLEM else {}
+        """One thread below the machine's measured cut-off (:func:`.calibrate.threads_cutoff`),
+        every core above it; ``chunked`` tiles of :data:`SPLIT_CHUNK`."""
+        n = lanes * L
+        small = n < calibrate.LOW or (n < calibrate.HIGH and n < calibrate.threads_cutoff())
+        cfg: dict[str, object] = {"threads": 1} if small else {}
         if schedule == "chunked":
             cfg["chunk"] = SPLIT_CHUNK
         return cfg
