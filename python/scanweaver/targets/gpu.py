@@ -220,7 +220,8 @@ class GPURenderer(DenseMixin, CStyleRenderer):
             f"#define SW_WORD_STORE(p, v) {self.word_store.format(p='p', v='v')}",
             f"#define SW_F2U(v) {self.float_bits.format(v='v')}",
             f"#define SW_U2F(v) {self.bits_float.format(v='v')}",
-            f"/* one padding slot per {1 << BANKS_LOG2} shared-memory words: strided accesses fall in distinct banks */",
+            f"/* one padding slot per {1 << BANKS_LOG2} shared-memory words: strided accesses fall in distinct "
+            "banks */",
             f"#define SW_PAD(j) ((j) + ((j) >> {BANKS_LOG2}))",
         ]
         if self.warp_size:

@@ -150,7 +150,8 @@ SCHEDULES.add("sequential", GPUSchedule(
 
 def _blelloch_body(r, stages) -> str:
     return f"""#define SW_BL(j) sw_pair_make(sw_ba[SW_PAD(j)], sw_bu[SW_PAD(j)])
-#define SW_BL_SET(j, p) do {{ const sw_pair sw_v = (p); sw_ba[SW_PAD(j)] = sw_v.a; sw_bu[SW_PAD(j)] = sw_v.u; }} while (0)
+#define SW_BL_SET(j, p) \\
+  do {{ const sw_pair sw_v = (p); sw_ba[SW_PAD(j)] = sw_v.a; sw_bu[SW_PAD(j)] = sw_v.u; }} while (0)
 
 SW_KERNEL void sw_blelloch({r.gpu_params(stages)}) {{
   /* the tree in two padded arrays: ai = off*(2*lid+1)-1 strides by powers of two without bank conflicts */

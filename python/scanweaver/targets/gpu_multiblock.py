@@ -82,7 +82,8 @@ def _rts_plan(cfg, lanes, L) -> Plan:
 
 
 SCHEDULES.add("reduce_then_scan", GPUSchedule(
-    defines=lambda cfg: BLOCK_DEFINES + "\n#define SW_BLOCK ((sw_index)SW_WORKGROUP_SIZE * SW_IPT * SW_TILES_PER_BLOCK)",
+    defines=lambda cfg: (BLOCK_DEFINES
+                         + "\n#define SW_BLOCK ((sw_index)SW_WORKGROUP_SIZE * SW_IPT * SW_TILES_PER_BLOCK)"),
     body=_rts_body,
     plan=_rts_plan,
 ))
