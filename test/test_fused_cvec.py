@@ -28,7 +28,8 @@ SW_MAP(f_exp, sw_vexp)
 SW_MAP(f_log1p, sw_vlog1p01)
 SW_MAP(f_softplus, sw_vsoftplus)
 SW_MAP(f_sigmoid, sw_vsigmoid)
-void f_hsum(const SW_T* x, SW_T* y, long n) { for (long i = 0; i + SW_W <= n; i += SW_W) y[i / SW_W] = sw_vhsum(sw_vload(x + i)); }
+void f_hsum(const SW_T* x, SW_T* y, long n) {
+  for (long i = 0; i + SW_W <= n; i += SW_W) y[i / SW_W] = sw_vhsum(sw_vload(x + i)); }
 void f_tin(const SW_T* src, long stride, int rows, int cols, SW_T* out) {
   sw_v o[SW_W]; sw_tile_in(src, stride, rows, cols, o); memcpy(out, o, sizeof o); }
 void f_tout(const SW_T* in, SW_T* dst, long stride, int rows, int cols) {

@@ -84,6 +84,11 @@ def threads_cutoff() -> int:
         return _cutoff[key]
 
 
+def one_thread(elements: int) -> bool:
+    """True when a problem of ``elements`` runs faster on one thread on this machine."""
+    return elements < LOW or (elements < HIGH and elements < threads_cutoff())
+
+
 def stored_cutoff() -> int | None:
     """The cut-off already measured (or set by the environment) for this machine, without measuring."""
     env = os.environ.get(ENV)

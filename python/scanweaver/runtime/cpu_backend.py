@@ -123,9 +123,7 @@ class CpuBackend(Backend):
     def default_config(self, schedule: str, lanes: int, L: int, dtype: str) -> dict[str, object]:
         """One thread below the machine's measured cut-off (:func:`.calibrate.threads_cutoff`),
         every core above it; ``chunked`` tiles of :data:`SPLIT_CHUNK`."""
-        n = lanes * L
-        small = n < calibrate.LOW or (n < calibrate.HIGH and n < calibrate.threads_cutoff())
-        cfg: dict[str, object] = {"threads": 1} if small else {}
+        cfg: dict[str, object] = {"threads": 1} if calibrate.one_thread(lanes * L) else {}
         if schedule == "chunked":
             cfg["chunk"] = SPLIT_CHUNK
         return cfg
@@ -194,13 +192,12 @@ class CpuBackend(Backend):
         self.bind(stages, arrays, y, h_last)()
         return y, h_last
 
-
     def fused_defaults(self, op: str, features, sizes: dict[str, int]) -> dict[str, object]:
         """``width``: the CPU's vector (16 float32 with AVX-512, 8 with AVX2); one thread for small problems."""
         item = np.dtype(features.dtype).itemsize
         cfg: dict[str, object] = {"width": max(4, min(16, simd_bytes() // item))}
         work = sizes.get("batch", 1) * sizes.get("dim", 1) * sizes.get("L", 1) * getattr(features, "N", 1)
-        if work < SMALL_PROBLEM:
+        if calibrate.one_thread(work):
             cfg["threads"] = 1
         return cfg
 
