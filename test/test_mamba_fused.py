@@ -6,6 +6,9 @@ channel counts leave partial vector blocks, and data are non-uniform.
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+
 import numpy as np
 import pytest
 
@@ -107,13 +110,40 @@ def test_fused_choices_are_checked(rng):
         scanweaver.mamba_selective_scan(**dict(ops, A=np.ones((ops["A"].shape[0], 0))))
 
 
-def test_zero_length_returns_h0(rng):
+@pytest.mark.parametrize("backend", FUSED_BACKENDS)
+def test_zero_length_returns_h0(rng, backend):
+    need_fused(backend)
     ops = operands(rng, 2, 4, 3, 0)
     h0 = rng.standard_normal((2, 4, 3))
-    for be in ("numpy", "cpu"):
+    for be in (backend,):
         y, h = scanweaver.mamba_selective_scan(**ops, h0=h0, return_state=True, backend=be)
         assert y.shape == (2, 4, 0)
         np.testing.assert_array_equal(h, h0)
+
+
+NVCC = shutil.which("nvcc")
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH (CUDA toolkit not installed)")
+@pytest.mark.parametrize("dtype, fixed", [("float32", False), ("float64", True)])
+def test_cuda_forward_compiles_to_ptx_and_sm90(tmp_path, dtype, fixed):
+    """Nothing runs here (no GPU): the CUDA text of the kernel that runs on OpenCL compiles for sm_90."""
+    from scanweaver.fused.mamba1 import Mamba1Features
+    from scanweaver.targets import TARGETS
+    from scanweaver.targets.fused import kernel_for
+
+    feats = Mamba1Features(dtype, 16, fixed, fixed, True, True, True, True, True, True)
+    call = FUSED.get("mamba1").call("forward", feats, {"workgroup_size": 128, "items_per_thread": 8})
+    source = kernel_for("cuda", "mamba1").render(TARGETS.get("cuda")(), call)
+    path = tmp_path / "mamba1.cu"
+    path.write_text(source)
+    for flags in (["-ptx"], ["-cubin", "-arch=sm_90"]):
+        proc = subprocess.run([NVCC, *flags, "-o", str(tmp_path / "out"), str(path)], capture_output=True,
+                              text=True, timeout=300)
+        assert proc.returncode == 0, f"nvcc {' '.join(flags)} failed:\n{proc.stderr}"
+        assert "warning" not in proc.stderr
+    assert ".entry sw_mamba1_forward(" in subprocess.run(
+        [NVCC, "-ptx", "-o", "-", str(path)], capture_output=True, text=True, timeout=300).stdout
 
 
 def fd_gradient(f, x, eps=1e-6):
@@ -238,7 +268,6 @@ def test_real_layer_runs_within_its_inputs_memory(tmp_path):
     """(8, 1536, 16, 2048) float32: the materialising path would need 16 GB; the fused call allocates
     its output and at most 16 MiB more (forward), its gradients and at most 32 MiB more (backward)."""
     import json
-    import subprocess
     import sys
 
     need_fused("cpu", "backward")

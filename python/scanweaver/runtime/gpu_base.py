@@ -13,7 +13,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from ..fused import REGISTRY as FUSED
+from ..fused import FusedCall
 from ..ir import Stages
+from ..targets import TARGETS
+from ..targets.fused import kernel_for
 from ..targets.gpu import Plan, emit_source, launch_plan
 from .base import Backend, ScanArrays
 
@@ -23,6 +27,9 @@ MIN_LANES_FOR_HYBRID = 256
 LONG_L = 16384
 #: Default work-items per workgroup of the tile schedules.
 DEFAULT_WORKGROUP = 256
+#: Work-items per channel of the fused Mamba-1 kernel for short sequences (``items_per_thread`` 8 covers
+#: L = 256 in one chunk), and the most for long ones.
+FUSED_MIN_WORKGROUP, FUSED_MAX_WORKGROUP = 32, 128
 
 
 def next_pow2(n: int) -> int:
@@ -111,3 +118,42 @@ class GPUBackend(Backend):
         if on_device:
             return y, hlast
         return self.to_host(y), self.to_host(hlast)
+
+    # ---- fused operations ---------------------------------------------------------------------------
+
+    def fused_defaults(self, op: str, features, sizes: dict[str, int]) -> dict[str, object]:
+        """Enough work-items per channel to cover L in one chunk of 8 items each, 32 to 128."""
+        wg = min(FUSED_MAX_WORKGROUP, max(FUSED_MIN_WORKGROUP, next_pow2(-(-sizes.get("L", 1) // 8))))
+        return {"workgroup_size": wg, "items_per_thread": 8}
+
+    def run_fused(self, call: FusedCall, arrays: dict[str, object], sizes: dict[str, int]) -> None:
+        """Runs the GPU rendering of ``call`` on checked NumPy arrays (outputs copied back in place).
+
+        Arrays a call does not use are passed as one-element buffers (kernels never read them).
+        """
+        kernel = kernel_for(self.target, call.op)
+        if kernel is None or call.part not in kernel.parts:
+            super().run_fused(call, arrays, sizes)
+            return
+        op = FUSED.get(call.op)
+        checked = op.arguments(call.part, call.features, arrays, sizes, f"{self.name} backend")
+        dtype = np.dtype(call.features.dtype)
+        source = kernel.render(TARGETS.get(self.target)(), call)
+        args, outs = [], []
+        for p, a in zip(op.params(call.part), checked, strict=True):
+            if p.kind == "int":
+                args.append(np.int64(a))
+            elif a is None:
+                args.append(self.empty(1, np.dtype(p.dtype or dtype)))
+            elif p.kind == "out":
+                dev = self.empty(max(a.size, 1), a.dtype)
+                args.append(dev)
+                outs.append((a, dev))
+            else:
+                args.append(self.to_device(a if a.size else np.zeros(1, a.dtype)))
+        if any(v <= 0 for k, v in sizes.items() if k in ("batch", "dim", "L")):
+            return  # nothing to compute: the caller fills what an empty call leaves
+        self.last_ms = self.launch(source, kernel.plan(call, sizes), args)
+        for host, dev in outs:
+            if host.size:
+                host[...] = self.to_host(dev)[: host.size].reshape(host.shape)

@@ -285,14 +285,19 @@ TAIL = r"""
 """
 
 
-def defines(features: Mamba1Features, config: dict, kernel_tuner: bool = False) -> str:
-    """``#define`` lines of the features and tunables; tunables under ``#ifndef`` guards
-    (with ``kernel_tuner``, Kernel Tuner's bare-name defines win)."""
+def feature_defines(features: Mamba1Features) -> str:
+    """``#define`` lines of the compile-time features (shared by the C and GPU renderings)."""
     flags = {"SW_N": features.N, "SW_B_FIXED": features.b_fixed, "SW_C_FIXED": features.c_fixed,
              "SW_HAS_D": features.has_D, "SW_HAS_Z": features.has_z, "SW_HAS_BIAS": features.has_bias,
              "SW_SOFTPLUS": features.softplus, "SW_HAS_H0": features.has_h0, "SW_HAS_RESET": features.has_reset,
              "SW_HAS_DHLAST": features.has_dhlast}
-    lines = [f"#define {k} {int(v)}" for k, v in flags.items()]
+    return "\n".join(f"#define {k} {int(v)}" for k, v in flags.items())
+
+
+def defines(features: Mamba1Features, config: dict, kernel_tuner: bool = False) -> str:
+    """``#define`` lines of the features and tunables; tunables under ``#ifndef`` guards
+    (with ``kernel_tuner``, Kernel Tuner's bare-name defines win)."""
+    lines = [feature_defines(features)]
     for name in ("chunk", "threads"):
         macro = f"SW_{name.upper()}"
         lines += [f"#ifndef {macro}"]

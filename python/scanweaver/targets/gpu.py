@@ -193,6 +193,9 @@ BANKS_LOG2 = 5
 class GPURenderer(DenseMixin, CStyleRenderer):
     """The GPU side of the C-family renderer; targets override the strings."""
 
+    #: every GPU target renders the fused operations of the ``gpu`` family (:mod:`.fused`)
+    family = "gpu"
+
     @classmethod
     def implements(cls, schedule: str, kind: str) -> bool:
         """True when ``schedule`` has GPU kernels for ``kind`` transitions (dense: ``sequential`` only)."""
