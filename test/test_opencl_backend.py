@@ -184,3 +184,20 @@ def test_coalesced_tiles_every_items_per_thread(rng, ipt):
         y = scanweaver.selective_scan(**ops, h0=h0, backend="opencl", schedule=schedule, items_per_thread=ipt,
                                       **cfg)
         np.testing.assert_allclose(y, loop_reference(**ops, h0=h0)[0], **TOL, err_msg=f"{schedule} ipt={ipt}")
+
+
+def test_configuration_over_local_memory_is_refused_with_the_reason(rng):
+    """A tile over the device's local memory is refused before anything is built (PoCL: 1 MiB)."""
+    be = get_backend("opencl")
+    if not be.queue.device.double_fp_config:
+        pytest.skip("the OpenCL device has no float64")
+    from scanweaver.targets.launch_limits import shared_bytes
+
+    cfg = {"workgroup_size": 1024, "items_per_thread": 64, "lanes_per_group": 1}
+    limit = be.queue.device.local_mem_size
+    if shared_bytes("hybrid", cfg, "float64", "opencl") <= limit:
+        pytest.skip(f"the device's {limit} bytes of local memory hold the largest tile")
+    ops = make_operands(rng, (2, 100))
+    with pytest.raises(scanweaver.ScanInputError, match="shared memory") as info:
+        scanweaver.selective_scan(**ops, backend="opencl", schedule="hybrid", **cfg)
+    assert str(limit) in str(info.value) and "items_per_thread=64" in str(info.value)

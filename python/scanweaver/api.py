@@ -71,6 +71,8 @@ def check_dtype(api: str, be: Backend, dtype: str) -> None:
 def check_out(api: str, out: object, shape: tuple[int, ...], arrays) -> np.ndarray | None:
     """Validates ``out=``; returns the ``(lanes, L)`` view a backend may write into, or ``None``
     when ``y`` must be computed aside and copied in (half-precision results, an unaligned ``out``)."""
+    if device_arrays.on_device(arrays):
+        return device_arrays.check_out(api, out, shape, arrays)
     want = np.dtype(arrays.out_dtype or arrays.dtype)
     if not isinstance(out, np.ndarray) or not all(isinstance(a, np.ndarray) for a in arrays.inputs.values()):
         raise ScanInputError(f"{api}: out must be a NumPy array, and is for NumPy operands; got "
@@ -236,9 +238,10 @@ class Recurrence:
             cu_seqlens: offsets ``[0, ..., L]`` of sequences packed along L; each one
                 after the first starts from zero (turned into resets; see
                 :func:`scanweaver.arrays.seqlens_reset`).
-            out: a C-contiguous NumPy array of the operands' shape and ``y``'s dtype
-                to write ``y`` into (and return); saves allocating and first
-                touching a fresh output on every call.
+            out: a C-contiguous array of the operands' shape and ``y``'s dtype to
+                write ``y`` into (and return): NumPy for NumPy operands, a device array
+                on the operands' device for device operands; saves allocating and
+                first touching a fresh output on every call.
             **kwargs: operands by name, or tunables such as ``chunk=4096``.
 
         Returns:
@@ -283,14 +286,15 @@ class Recurrence:
         log.debug("%s: backend=%s schedule=%s config=%s (%s)", self.name, be.name, sched, self.last.config, source)
         shape = (*arrays.batch_shape, arrays.L)
         state = arrays.batch_shape if self.state_size == 1 else (*arrays.batch_shape, self.state_size)
-        if arrays.L == 0 or arrays.lanes == 0:
+        if (arrays.L == 0 or arrays.lanes == 0) and device_arrays.on_device(arrays):
+            y, h_last = device_arrays.empty_outputs(arrays, shape, state)
+        elif arrays.L == 0 or arrays.lanes == 0:
             y = np.zeros(shape, arrays.dtype)
             h_last = arrays.h0.copy() if arrays.h0 is not None else np.zeros(state, arrays.dtype)
         else:
             y, h_last = be.run(stages, arrays)
-        if device_arrays.kind(y):
-            return (device_arrays.result(y, shape), device_arrays.result(h_last, arrays.batch_shape)) \
-                if return_state else device_arrays.result(y, shape)
+        if device_arrays.on_device(arrays):
+            return device_arrays.finish(arrays, y, h_last, shape, state, bool(return_state))
         y = np.asarray(y).reshape(shape).astype(arrays.out_dtype or arrays.dtype, copy=False)
         if out is not None:
             if not np.shares_memory(y, out):

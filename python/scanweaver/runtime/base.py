@@ -7,11 +7,13 @@ it on prepared :class:`ScanArrays`.  Capabilities are data on the class.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -38,6 +40,27 @@ class Availability:
 
 
 @dataclass
+class DeviceCall:
+    """How a call on a caller's device arrays runs and hands its results back.
+
+    Attributes:
+        wrap: turns a result in the backend's own array type into the caller's (e.g. a
+            PyTorch tensor through DLPack); identity for the backend's own arrays.
+        stream: the stream to launch on, in the backend's own type (PyTorch's current
+            stream for PyTorch tensors), or ``None`` for the library's current stream.
+        out: the caller's ``out=`` object, returned as it is.
+    """
+
+    wrap: Callable[[Any], Any]
+    stream: Any = None
+    out: Any = None
+
+    def context(self) -> contextlib.AbstractContextManager:
+        """Makes :attr:`stream` current (where it is a context manager, as CuPy streams are)."""
+        return self.stream if self.stream is not None else contextlib.nullcontext()
+
+
+@dataclass
 class ScanArrays:
     """Operands prepared for a backend: 2-D, C-contiguous, one dtype.
 
@@ -50,7 +73,8 @@ class ScanArrays:
         out_dtype: the dtype ``y`` is returned in (float16/bfloat16 inputs accumulate
             in float32 and come back in their own dtype); ``None`` means ``dtype``.
         out: a caller's ``(lanes, L)`` output buffer in ``dtype`` that a backend may
-            write ``y`` into directly, or ``None``.
+            write ``y`` into directly (a device array for device operands), or ``None``.
+        device: for device operands, how the call runs and returns (see :class:`DeviceCall`).
     """
 
     inputs: dict[str, np.ndarray]
@@ -60,6 +84,7 @@ class ScanArrays:
     dtype: np.dtype
     out_dtype: np.dtype | None = None
     out: np.ndarray | None = None
+    device: DeviceCall | None = None
 
     @property
     def lanes(self) -> int:

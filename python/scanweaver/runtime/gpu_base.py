@@ -7,6 +7,7 @@ schedule's :func:`~scanweaver.targets.gpu.launch_plan`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from abc import abstractmethod
 from typing import Any, ClassVar
@@ -16,10 +17,12 @@ import numpy as np
 from ..fused import REGISTRY as FUSED
 from ..fused import FusedCall
 from ..ir import Stages
+from ..errors import ScanInputError
 from ..targets import TARGETS
 from ..targets.fused import kernel_for
 from ..targets.gpu import Plan, emit_source, launch_plan
-from .base import Backend, ScanArrays
+from ..targets.launch_limits import DeviceLimits, why_not_launchable
+from .base import Backend, DeviceCall, ScanArrays
 
 #: Lanes from which one workgroup per lane (``hybrid``) fills a GPU; fewer lanes of long L use a multi-block schedule.
 MIN_LANES_FOR_HYBRID = 256
@@ -76,6 +79,19 @@ class GPUBackend(Backend):
 
     # ---- device primitives ----------------------------------------------------------------------
 
+    @classmethod
+    def adopt_call(cls, api: str, values: dict[str, Any], writable: bool = False) -> tuple[dict[str, Any], DeviceCall]:
+        """This backend's own arrays for a caller's device ``values``, and how the call runs and returns.
+
+        The default takes the backend's own arrays as they are; ``writable``
+        values (``out=``) must be usable in place.
+        """
+        return dict(values), DeviceCall(wrap=lambda v: v)
+
+    def device_limits(self) -> DeviceLimits:
+        """The device's per-block limits (threads, registers, shared memory)."""
+        return DeviceLimits()
+
     @abstractmethod
     def is_device_array(self, value: object) -> bool:
         """True for this backend's own device arrays (used without copies)."""
@@ -89,8 +105,8 @@ class GPUBackend(Backend):
         """A 1-D device array of ``n`` elements (zeroed when asked)."""
 
     @abstractmethod
-    def launch(self, source: str, plan: Plan, args: list) -> float:
-        """Launches the plan's kernels in order on ``args``; returns device time in ms."""
+    def launch(self, source: str, plan: Plan, args: list, stages: Stages) -> float | None:
+        """Launches the plan's kernels in order on ``args``; returns device time in ms when timing, else ``None``."""
 
     @abstractmethod
     def to_host(self, value: Any) -> np.ndarray:
@@ -99,25 +115,33 @@ class GPUBackend(Backend):
     # ---- the scan ---------------------------------------------------------------------------------
 
     def run(self, stages: Stages, arrays: ScanArrays):
-        """Runs every kernel of the schedule; device arrays in give device arrays out."""
+        """Runs every kernel of the schedule; device arrays in give device arrays out (``out=`` written in place)."""
         if stages.kernel is None or stages.target != self.target:
             stages = self.emit(stages)
         lanes, L, dtype = arrays.lanes, arrays.L, np.dtype(arrays.dtype)
         plan = launch_plan(stages.schedule.schedule, stages.schedule.config, lanes, L)
-        on_device = any(self.is_device_array(a) for a in arrays.inputs.values())
-        ins = [self.to_device(arrays.inputs[n]) for n in stages.affine.inputs]
-        y = self.empty(lanes * L, dtype)
-        hlast = self.empty(max(lanes, 1) * stages.affine.state_size, dtype)
-        h0 = self.to_device(arrays.h0) if arrays.h0 is not None else self.empty(1, dtype)
-        reset = self.to_device(arrays.reset) if arrays.reset is not None else self.empty(1, np.dtype(np.uint8))
-        ws = self.empty(max(plan.ws, 1), dtype)
-        wsi = self.empty(max(plan.wsi, 1), np.dtype(np.int32), zero=plan.zero_wsi)
-        args = [*ins, y, h0, hlast, reset, np.int64(lanes), np.int64(L), ws, wsi]
-        self.last_ms = self.launch(stages.kernel, plan, args)
-        y = y.reshape(lanes, L)
-        if on_device:
-            return y, hlast
-        return self.to_host(y), self.to_host(hlast)
+        why = why_not_launchable(stages.schedule.schedule, stages.schedule.config, arrays.dtype.name,
+                                 dev=self.device_limits(), target=self.target)
+        if why:
+            raise ScanInputError(f"{self.name}: {why}")
+        on_device = arrays.device is not None or any(self.is_device_array(a) for a in arrays.inputs.values())
+        context = arrays.device.context() if arrays.device is not None else contextlib.nullcontext()
+        with context:
+            ins = [self.to_device(arrays.inputs[n]) for n in stages.affine.inputs]
+            out = arrays.out if arrays.out is not None and self.is_device_array(arrays.out) else None
+            y = out.reshape(lanes * L) if out is not None else self.empty(lanes * L, dtype)
+            hlast = self.empty(max(lanes, 1) * stages.affine.state_size, dtype)
+            h0 = self.to_device(arrays.h0) if arrays.h0 is not None else self.empty(1, dtype)
+            reset = self.to_device(arrays.reset) if arrays.reset is not None else self.empty(1, np.dtype(np.uint8))
+            ws = self.empty(max(plan.ws, 1), dtype)
+            wsi = self.empty(max(plan.wsi, 1), np.dtype(np.int32), zero=plan.zero_wsi)
+            args = [*ins, y, h0, hlast, reset, np.int64(lanes), np.int64(L), ws, wsi]
+            ms = self.launch(stages.kernel, plan, args, stages)
+            self.last_ms = float("nan") if ms is None else ms
+            y = y.reshape(lanes, L)
+            if on_device:
+                return y, hlast
+            return self.to_host(y), self.to_host(hlast)
 
     # ---- fused operations ---------------------------------------------------------------------------
 
@@ -153,7 +177,8 @@ class GPUBackend(Backend):
                 args.append(self.to_device(a if a.size else np.zeros(1, a.dtype)))
         if any(v <= 0 for k, v in sizes.items() if k in ("batch", "dim", "L")):
             return  # nothing to compute: the caller fills what an empty call leaves
-        self.last_ms = self.launch(source, kernel.plan(call, sizes), args)
+        ms = self.launch(source, kernel.plan(call, sizes), args)
+        self.last_ms = float("nan") if ms is None else ms
         for host, dev in outs:
             if host.size:
                 host[...] = self.to_host(dev)[: host.size].reshape(host.shape)

@@ -24,6 +24,7 @@ import numpy as np
 
 from ..errors import BackendUnavailable, CompileError, ScanInputError
 from ..targets.gpu import Plan
+from ..targets.launch_limits import DeviceLimits
 from .base import Availability, register
 from .gpu_base import GPUBackend
 
@@ -116,6 +117,10 @@ class OpenCLBackend(GPUBackend):
             self._programs[key] = cl.Kernel(prog, name)
         return self._programs[key]
 
+    def device_limits(self) -> DeviceLimits:
+        dev = self.queue.device
+        return DeviceLimits(threads_per_block=int(dev.max_work_group_size), shared_per_block=int(dev.local_mem_size))
+
     def is_device_array(self, value: object) -> bool:
         import pyopencl.array as cla
 
@@ -139,7 +144,14 @@ class OpenCLBackend(GPUBackend):
     def to_host(self, value) -> np.ndarray:
         return value.get()
 
-    def launch(self, source: str, plan: Plan, args: list) -> float:
+    @classmethod
+    def adopt_call(cls, api, values, writable=False):
+        for name, v in values.items():
+            if not v.flags.c_contiguous:
+                raise ScanInputError(f"{api}: device array {name} must be C-contiguous (copy it on the device first)")
+        return super().adopt_call(api, values, writable)
+
+    def launch(self, source: str, plan: Plan, args: list, stages=None) -> float:
         import pyopencl as cl
 
         if args[0].dtype == np.float64 and not self.queue.device.double_fp_config:

@@ -16,7 +16,8 @@ Two kinds of rules shrink a space before anything is compiled:
 * restrictions (:data:`RESTRICTIONS`) rule out combinations: first whatever
   the schedule itself rejects (its ``ops(config)`` raising, e.g.
   ``lanes_per_group > workgroup_size``), then an ``unroll`` that does not
-  divide the per-thread length.
+  divide the per-thread length, then GPU kernels whose shared memory or
+  block size the device cannot hold (with the reason).
 
 When a space covers several schedule families, ``schedule`` is itself a
 tunable and the tunables of the other families are pinned to one value, so
@@ -51,7 +52,10 @@ class Limits:
         dtype: storage dtype.
         cpu_count: usable CPU threads.
         max_workgroup: largest work-group (thread-block) size of the device, if known.
-        local_mem: bytes of work-group local (shared) memory, if known.
+        local_mem: bytes of work-group local (shared) memory, if known; with it (or
+            ``max_workgroup``) GPU configurations the device cannot launch are ruled out
+            (:mod:`scanweaver.targets.launch_limits`).
+        target: the GPU target whose kernel layout counts (``cuda`` or ``opencl``).
     """
 
     lanes: int
@@ -61,6 +65,7 @@ class Limits:
                            if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
     max_workgroup: int | None = None
     local_mem: int | None = None
+    target: str = "cuda"
 
     @property
     def itemsize(self) -> int:
@@ -100,8 +105,25 @@ def _unroll(p: dict, lim: Limits) -> str | None:
     return None
 
 
-#: rules over a whole configuration; each returns why it is invalid, or None
-RESTRICTIONS: list[Callable[[dict, Limits], str | None]] = [_unroll]
+def _launchable(p: dict, lim: Limits) -> str | None:
+    """GPU kernels whose shared memory or block size the device cannot hold (registers are bounded by
+    ``__launch_bounds__``; the runtime checks the compiled function too)."""
+    if lim.local_mem is None and lim.max_workgroup is None:
+        return None
+    from ..targets.gpu import SCHEDULES
+    from ..targets.launch_limits import DeviceLimits, why_not_launchable
+
+    sched = p.get("schedule")
+    if sched not in SCHEDULES:
+        return None
+    dev = DeviceLimits(threads_per_block=lim.max_workgroup or DeviceLimits.threads_per_block,
+                       shared_per_block=lim.local_mem or DeviceLimits.shared_per_block)
+    cfg = {k: v for k, v in p.items() if k != "schedule"}
+    return why_not_launchable(sched, cfg, lim.dtype, dev=dev, target=lim.target)
+
+
+#: rules over a whole configuration (with its ``schedule``); each returns why it is invalid, or None
+RESTRICTIONS: list[Callable[[dict, Limits], str | None]] = [_unroll, _launchable]
 
 
 def _tunable_values(t: Tunable, lim: Limits) -> tuple:
@@ -157,7 +179,7 @@ class SearchSpace:
         except ScanInputError as exc:
             return str(exc)
         for rule in RESTRICTIONS:
-            why = rule(cfg, self.limits)
+            why = rule({"schedule": sched, **cfg}, self.limits)
             if why:
                 return why
         return None

@@ -42,4 +42,5 @@ class OpenCLTarget(GPUTarget):
     def limits(self, problem: TuneProblem) -> Limits:
         _, _, d = _device_indices()
         return Limits(lanes=problem.lanes, L=problem.L, dtype=problem.dtype,
-                      max_workgroup=int(d.max_work_group_size), local_mem=int(d.local_mem_size))
+                      max_workgroup=int(d.max_work_group_size), local_mem=int(d.local_mem_size),
+                      target="opencl")
