@@ -142,14 +142,16 @@ def test_time_calls_repeats_until_budget():
 
 def test_scanweaver_entries_and_report_files(test_peers, tmp_path):
     names = {"test-wrong", "test-right", "numpy-loop", "scanweaver:numpy:sequential", "scanweaver:numpy:auto",
-             "accelerated-scan", "cupy-cumsum"}
+             "accelerated-scan", "accelerated-scan-triton", "gpu-roofline", "torch-loop-cuda",
+             "torch-assoc-compiled-cuda"}
     run = harness.run(small_suite(names), QUICK, backend="numpy", progress=False)
     got = by_entry(run, "2x3x37")
     ours = got["scanweaver:numpy:auto"]
     assert ours.status == "ok", ours.reason
     assert ours.details["backend"] == "numpy" and ours.details["config_source"] in ("default", "tuned")
     assert got["scanweaver:numpy:sequential"].status == "ok"
-    for gpu in ("accelerated-scan", "cupy-cumsum"):
+    for gpu in ("accelerated-scan", "accelerated-scan-triton", "gpu-roofline", "torch-loop-cuda",
+                "torch-assoc-compiled-cuda"):
         if got[gpu].status == "skipped":
             assert "GPU" in got[gpu].reason
     msgs = report.write(run, tmp_path)
@@ -203,3 +205,17 @@ def test_import_loads_no_peer_library():
             "p.load_all(); heavy = {'torch', 'jax', 'scipy', 'matplotlib', 'cupy', 'rich', 'tqdm'} & set(sys.modules); "
             "assert not heavy, heavy")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_gpu_suite_skips_every_entry_with_its_reason_without_cuda():
+    from scanweaver.runtime import REGISTRY
+
+    if REGISTRY["cuda"].availability().ok:
+        pytest.skip("CUDA is present: bench/gpu_scoreboard.sh runs this suite for real")
+    suite = get("gpu", quick=True)
+    assert all(c.device == "cuda" for c in suite.cases)
+    run = harness.run(suite, QUICK, progress=False)
+    assert run.results and {r.status for r in run.results} == {"skipped"}
+    assert all(r.reason for r in run.results)
+    names = {r.entry for r in run.results}
+    assert {"gpu-roofline", "accelerated-scan", "accelerated-scan-triton", "jax-assoc", "scanweaver:auto:auto"} <= names

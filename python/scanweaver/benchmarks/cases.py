@@ -37,6 +37,8 @@ class Case:
         dtype: ``float32`` or ``float64``.
         group: ``sweep`` (latency against L) or ``shape`` (a fixed peer shape).
         headline: the shape the targets are stated for (slow-to-compile peers run only here).
+        device: where operands and the oracle live: ``host`` (NumPy) or ``cuda`` (CuPy: made on the
+            GPU, the oracle computed there in float64, no host copies of large arrays).
     """
 
     name: str
@@ -45,6 +47,7 @@ class Case:
     group: str = "shape"
     headline: bool = False
     notes: tuple[str, ...] = field(default=())
+    device: str = "host"
 
     @property
     def lanes(self) -> int:
@@ -94,6 +97,26 @@ class Settings:
         return cls()
 
 
+def _xp(a):
+    """NumPy, or CuPy for a CuPy array (the oracle and error run where the data is)."""
+    if type(a).__module__.split(".")[0] == "cupy":
+        import cupy
+
+        return cupy
+    return np
+
+
+def make_device_inputs(case: Case, seed: int = 0) -> dict:
+    """Operands of ``case`` generated on the GPU (CuPy), same distributions as :func:`make_inputs`."""
+    import cupy
+
+    cupy.random.seed(seed)
+    ops = {"a": cupy.random.uniform(GATE_LOW, GATE_HIGH, case.shape, dtype=case.dtype)}
+    for name in ("b", "x", "c"):
+        ops[name] = cupy.random.standard_normal(case.shape, dtype=case.dtype)
+    return ops
+
+
 def make_inputs(case: Case, constant_a: bool = False, seed: int = 0) -> dict[str, np.ndarray]:
     """Operands ``a, b, x, c`` of ``case.shape`` in ``case.dtype``.
 
@@ -116,10 +139,11 @@ def make_inputs(case: Case, constant_a: bool = False, seed: int = 0) -> dict[str
 
 def _scan_time_major(A: np.ndarray, U: np.ndarray) -> np.ndarray:
     """h_t = A_t*h_{t-1} + U_t from h = 0 over axis 0 (contiguous rows, one step per row)."""
-    h = np.zeros(A.shape[1:], A.dtype)
-    out = np.empty_like(U)
+    xp = _xp(A)
+    h = xp.zeros(A.shape[1:], A.dtype)
+    out = xp.empty_like(U)
     for t in range(A.shape[0]):
-        np.multiply(A[t], h, out=h)
+        xp.multiply(A[t], h, out=h)
         h += U[t]
         out[t] = h
     return out
@@ -133,45 +157,47 @@ def oracle64(ops: dict[str, np.ndarray], block: int = ORACLE_BLOCK) -> np.ndarra
     second sequential loop (exact algebra, float64 rounding only).
 
     Args:
-        ops: ``a, b, x, c`` of layout ``(..., L)``.
+        ops: ``a, b, x, c`` of layout ``(..., L)`` (NumPy, or CuPy: then computed on the GPU).
         block: time steps per block for long sequences.
 
     Returns:
         ``y`` in float64, same shape as the operands.
     """
-    a, b, x, c = (np.asarray(ops[k], np.float64) for k in ("a", "b", "x", "c"))
+    xp = _xp(ops["a"])
+    a, b, x, c = (xp.asarray(ops[k], xp.float64) for k in ("a", "b", "x", "c"))
     shape = a.shape
     L = shape[-1]
     A = a.reshape(-1, L)
     U = (b * x).reshape(-1, L)
     lanes = A.shape[0]
     if block >= L:
-        h = _scan_time_major(np.ascontiguousarray(A.T), np.ascontiguousarray(U.T)).T
+        h = _scan_time_major(xp.ascontiguousarray(A.T), xp.ascontiguousarray(U.T)).T
     else:
         nb = -(-L // block)
         pad = nb * block - L
-        Ap = np.concatenate([A, np.ones((lanes, pad))], axis=1).reshape(lanes * nb, block)
-        Up = np.concatenate([U, np.zeros((lanes, pad))], axis=1).reshape(lanes * nb, block)
-        At, Ut = np.ascontiguousarray(Ap.T), np.ascontiguousarray(Up.T)
+        Ap = xp.concatenate([A, xp.ones((lanes, pad))], axis=1).reshape(lanes * nb, block)
+        Up = xp.concatenate([U, xp.zeros((lanes, pad))], axis=1).reshape(lanes * nb, block)
+        At, Ut = xp.ascontiguousarray(Ap.T), xp.ascontiguousarray(Up.T)
         local = _scan_time_major(At, Ut)
-        prod = np.cumprod(At, axis=0)
+        prod = xp.cumprod(At, axis=0)
         agg_a = prod[-1].reshape(lanes, nb)
         agg_u = local[-1].reshape(lanes, nb)
-        carry = _scan_time_major(np.ascontiguousarray(agg_a.T), np.ascontiguousarray(agg_u.T)).T
-        carry_in = np.concatenate([np.zeros((lanes, 1)), carry[:, :-1]], axis=1).reshape(lanes * nb)
+        carry = _scan_time_major(xp.ascontiguousarray(agg_a.T), xp.ascontiguousarray(agg_u.T)).T
+        carry_in = xp.concatenate([xp.zeros((lanes, 1)), carry[:, :-1]], axis=1).reshape(lanes * nb)
         h = (local + prod * carry_in).T.reshape(lanes, nb * block)[:, :L]
     return h.reshape(shape) * c
 
 
 def relative_error(y: np.ndarray, ref: np.ndarray) -> float:
     """Worst lane's ``max_t |y - y*| / max_t |y*|`` (``inf`` for a wrong shape or non-finite values)."""
-    y = np.asarray(y)
+    xp = _xp(ref)
+    y = xp.asarray(y)
     if y.shape != ref.shape:
         return float("inf")
     L = ref.shape[-1]
-    y2 = y.reshape(-1, L).astype(np.float64)
+    y2 = y.reshape(-1, L).astype(xp.float64)
     r2 = ref.reshape(-1, L)
-    if not np.all(np.isfinite(y2)):
+    if not bool(xp.all(xp.isfinite(y2))):
         return float("inf")
-    scale = np.maximum(np.abs(r2).max(axis=1), np.finfo(np.float64).tiny)
-    return float((np.abs(y2 - r2).max(axis=1) / scale).max())
+    scale = xp.maximum(xp.abs(r2).max(axis=1), np.finfo(np.float64).tiny)
+    return float((xp.abs(y2 - r2).max(axis=1) / scale).max())

@@ -26,7 +26,7 @@ from collections.abc import Callable
 import numpy as np
 
 from . import machine
-from .cases import TOLERANCE, Case, Settings, make_inputs, oracle64, relative_error
+from .cases import TOLERANCE, Case, Settings, make_device_inputs, make_inputs, oracle64, relative_error
 from .peers import Peer, entries
 from .progress import Progress
 
@@ -141,7 +141,12 @@ class Operands:
 
     def ops(self, variant: str) -> dict[str, np.ndarray]:
         if variant not in self._ops:
-            self._ops[variant] = make_inputs(self.case, constant_a=variant == "constant_a")
+            if self.case.device == "cuda":
+                if variant != "default":
+                    raise ValueError(f"device cases make only the default operands, not {variant!r}")
+                self._ops[variant] = make_device_inputs(self.case)
+            else:
+                self._ops[variant] = make_inputs(self.case, constant_a=variant == "constant_a")
         return self._ops[variant]
 
     def oracle(self, variant: str) -> np.ndarray:
@@ -171,7 +176,8 @@ def measure(peer: Peer, case: Case, data: Operands, settings: Settings) -> Resul
         res.warmup_s = time.perf_counter() - t0
         res.details = peer.details()
         if peer.checked:
-            res.error = relative_error(peer.to_numpy(out), data.oracle(peer.variant))
+            got = out if case.device == "cuda" else peer.to_numpy(out)  # device results are checked on the device
+            res.error = relative_error(got, data.oracle(peer.variant))
             tol = TOLERANCE[case.dtype]
             if not res.error <= tol:
                 res.status = "failed"

@@ -1,4 +1,4 @@
-"""The suites: ``paper`` (latency against L, figure 4), ``peers`` (side by side), ``all``.
+"""The suites: ``paper`` (latency against L, figure 4), ``peers`` (side by side), ``all``, ``gpu``.
 
 A suite is a list of cases and a rule choosing which entries run on each.
 
@@ -99,12 +99,31 @@ def all_suites(quick: bool = False, dtype: str = "float32") -> Suite:
     return combine("all", peers(quick, dtype), paper(quick, dtype))
 
 
+#: The GPU scoreboard's shapes (issue 17): the paper's latency case, accelerated-scan's shape at two L.
+GPU_SHAPES = ((1, 256, 1024), (8, 1536, 4096), (8, 1536, 65536))
+GPU_HEADLINE = (8, 1536, 4096)
+QUICK_GPU_SHAPES = ((1, 256, 1024), (2, 64, 4096))
+
+
+def gpu(quick: bool = False, dtype: str = "float32") -> Suite:
+    """The GPU scoreboard: operands made on the GPU, checked there against a float64 oracle, every entry."""
+    shapes = QUICK_GPU_SHAPES if quick else GPU_SHAPES
+    cases = [Case(f"{B}x{D}x{L}", (B, D, L), dtype, group="shape", headline=(B, D, L) == GPU_HEADLINE,
+                  device="cuda") for B, D, L in shapes]
+    return Suite("gpu", tuple(cases), tuple((c.name, _gpu_entry) for c in cases))
+
+
+def _gpu_entry(case: Case, peer: Peer) -> bool:
+    """Entries that take device operands (``gpu = True``) and ScanWeaver's cuda and default entries."""
+    return bool(getattr(peer, "gpu", False))
+
+
 #: Suite name -> factory(quick, dtype).
-SUITES: dict[str, Callable[..., Suite]] = {"paper": paper, "peers": peers, "all": all_suites}
+SUITES: dict[str, Callable[..., Suite]] = {"paper": paper, "peers": peers, "all": all_suites, "gpu": gpu}
 
 
 def get(name: str, quick: bool = False, dtype: str = "float32") -> Suite:
-    """The suite ``name`` (``paper``, ``peers`` or ``all``)."""
+    """The suite ``name`` (``paper``, ``peers``, ``all`` or ``gpu``)."""
     try:
         make = SUITES[name]
     except KeyError:

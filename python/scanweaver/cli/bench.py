@@ -15,8 +15,9 @@ DEFAULT_OUT = "bench-results"
 
 def add_bench_arguments(p: argparse.ArgumentParser, suite: str = "all") -> None:
     """The flags shared by ``scanweaver bench`` and the ``bench/*.py`` scripts."""
-    p.add_argument("--suite", choices=("paper", "peers", "all"), default=suite,
-                   help=f"paper (latency against L), peers (side by side) or all (default {suite})")
+    p.add_argument("--suite", choices=("paper", "peers", "all", "gpu"), default=suite,
+                   help=f"paper (latency against L), peers (side by side), all, or gpu (the GPU scoreboard: "
+                        f"operands made and checked on the GPU) (default {suite})")
     p.add_argument("--backend", default=None,
                    help="time ScanWeaver on this backend only (numpy, cpu, opencl, cuda, julia); default: all")
     p.add_argument("--quick", action="store_true", help="tiny shapes and few repeats: finishes in seconds")

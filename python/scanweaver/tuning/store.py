@@ -20,8 +20,9 @@ by backend, device name, recurrence signature (:meth:`Recurrence.signature`),
 dtype and problem-size bucket (``round(log2(lanes))``, ``round(log2(L))``),
 and records who measured it, on which host, when, and with which versions.
 A lookup takes, over every source, the entry of the nearest bucket for that
-device and recurrence (the newest on ties); with none, the caller's
-documented defaults apply.
+device and recurrence (the newest on ties); with none, the per-device file
+shipped for that GPU model (:mod:`scanweaver.tuning.devices`), and then the
+caller's documented defaults apply.
 
 Writers hold an exclusive POSIX lock (``fcntl.lockf``, which NFSv3 with
 lockd and NFSv4 honour across machines) on ``<store>.lock`` plus a lock per
@@ -337,11 +338,11 @@ def lookup(*, backend: str, device: str, signature: str, dtype: str, lanes: int,
         entries = load(path) if path is not None else [e for _, es in load_sources() for e in es]
     except Exception as exc:  # a store problem must never break a scan
         log.warning("scanweaver: tuned-config store unreadable: %s", exc)
-        return None
+        entries = []
     want = (backend, device, signature, dtype)
     mine = [e for e in entries if (e.backend, e.device, e.signature, e.dtype) == want]
     if not mine:
-        return None
+        return _shipped(backend, device, dtype, lanes, L)
     lb, Lb = bucket(lanes), bucket(L)
     mine = [e for e in mine if abs(e.lanes_bucket - lb) <= MAX_BUCKET_DISTANCE
             and abs(e.L_bucket - Lb) <= MAX_BUCKET_DISTANCE]
@@ -349,7 +350,24 @@ def lookup(*, backend: str, device: str, signature: str, dtype: str, lanes: int,
     for e in mine:
         if _valid(e):
             return e.schedule, dict(e.config)
-    return None
+    return _shipped(backend, device, dtype, lanes, L)
+
+
+def _shipped(backend: str, device: str, dtype: str, lanes: int, L: int) -> tuple[str, dict] | None:
+    """The device file's configuration (:mod:`scanweaver.tuning.devices`) when no store has one."""
+    try:
+        from .devices import lookup as device_lookup
+
+        hit = device_lookup(backend=backend, device=device, dtype=dtype, lanes=lanes, L=L)
+    except Exception as exc:  # a bad device file must never break a scan
+        log.warning("scanweaver: device configuration files unreadable: %s", exc)
+        return None
+    if hit is None:
+        return None
+    from ..runtime.base import REGISTRY
+
+    cls = REGISTRY.get(backend, None)
+    return hit if cls is None or hit[0] in cls.schedules else None
 
 
 def locked(path: Path | None = None):

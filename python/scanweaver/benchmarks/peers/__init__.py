@@ -46,6 +46,8 @@ class Peer(ABC):
         checked: its result is compared with the float64 oracle before timing.
         note: a caveat printed under the table.
         ns_per_element, us_per_step: cost model of one call, for the cap.
+        gpu: it takes CUDA device operands (CuPy arrays, in the ``gpu`` suite) as well as NumPy ones,
+            and its call waits for the device, so host timers measure it.
     """
 
     name: str = ""
@@ -58,6 +60,7 @@ class Peer(ABC):
     note: str = ""
     ns_per_element: float = 5.0
     us_per_step: float = 0.0
+    gpu: bool = False
 
     def availability(self) -> str | None:
         """``None`` when it can run here, else the reason (with the install command)."""

@@ -39,6 +39,7 @@ class ScanWeaverEntry(Peer):
         self.paper = role == "any" or (role == "compiled" and backend != "numpy")
         self.ns_per_element = BACKEND_COST_NS.get(backend, 5.0)
         self.us_per_step = NUMPY_STEP_US if backend == "numpy" else 0.0
+        self.gpu = backend in ("cuda", "auto")
 
     def availability(self) -> str | None:
         from ...runtime import REGISTRY
@@ -58,6 +59,12 @@ class ScanWeaverEntry(Peer):
         return dev or host_cpu()
 
     def skip_reason(self, case: Case, settings: Settings) -> str | None:
+        if case.device == "cuda":
+            from ...runtime import REGISTRY
+
+            avail = REGISTRY["cuda"].availability()
+            if not avail.ok:
+                return f"the GPU suite's operands live on the GPU: {avail.reason}"
         if settings.quick and not self.explicit:
             allowed = QUICK_SCHEDULES.get(self.backend, ())
             if allowed is not None and self.schedule not in allowed:
@@ -76,9 +83,20 @@ class ScanWeaverEntry(Peer):
     def prepare(self, ops):
         import scanweaver
 
+        from ...runtime import device_arrays
+
         a, b, x, c = (ops[k] for k in ("a", "b", "x", "c"))
         kw = {"backend": self.backend, "schedule": self.schedule, "config": self.config}
-        return lambda: scanweaver.selective_scan(a, b, x, c, **kw)
+        if device_arrays.kind(a) != "cuda":
+            return lambda: scanweaver.selective_scan(a, b, x, c, **kw)
+        import cupy
+
+        def run():  # the call is asynchronous on device arrays: wait for it, as the peers do
+            y = scanweaver.selective_scan(a, b, x, c, **kw)
+            cupy.cuda.get_current_stream().synchronize()
+            return y
+
+        return run
 
     def details(self) -> dict:
         from ...api import SELECTIVE
@@ -155,6 +173,11 @@ def scanweaver_entries(backend: str | None) -> list[Peer]:
             continue
         out.extend(ScanWeaverEntry(name, sched, explicit=backend == name) for sched in cls.schedules)
     out.append(DefaultPath(backend or "auto", explicit=backend is not None))
+    if backend in (None, "auto", "cuda") and REGISTRY["cuda"].availability().ok:
+        plain = ScanWeaverEntry("cuda", "auto", "default", explicit=backend == "cuda")
+        plain.label = "ScanWeaver cuda, documented defaults (no store, no device file)"
+        plain.name = "scanweaver:cuda:defaults"
+        out.append(plain)
     out.append(Roofline())
     return out
 

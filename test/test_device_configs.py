@@ -1,0 +1,46 @@
+"""Per-device configuration files: used when the device name matches, overridden by the user's tuning."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from scanweaver.tuning import devices, store
+
+
+@pytest.fixture
+def device_dir(tmp_path, monkeypatch):
+    doc = {"format": devices.FORMAT, "version": devices.VERSION, "backend": "cpu", "device": "Test CPU 9000",
+           "match": "CPU 9000", "entries": [
+               {"dtype": "float32", "lanes": 4096, "L": 4096, "schedule": "chunked", "config": {"chunk": 512}},
+               {"dtype": "float32", "lanes": 1, "L": 1 << 24, "schedule": "chunked", "config": {"chunk": 4096}},
+               {"dtype": "float32", "lanes": 4096, "L": 64, "schedule": "no-such-schedule", "config": {}}]}
+    (tmp_path / "test.json").write_text(json.dumps(doc))
+    (tmp_path / "broken.json").write_text("{not json")
+    monkeypatch.setenv(devices.ENV_DIR, str(tmp_path))
+    monkeypatch.setenv("SCANWEAVER_CACHE_DIR", str(tmp_path / "cache"))
+    devices._load.cache_clear()
+    yield tmp_path
+    devices._load.cache_clear()
+
+
+def _lookup(device="AMD Test CPU 9000 (2 threads)", lanes=4000, L=5000, dtype="float32"):
+    return store.lookup(backend="cpu", device=device, signature="sig", dtype=dtype, lanes=lanes, L=L)
+
+
+def test_matching_device_gets_the_nearest_size_class(device_dir):
+    assert _lookup() == ("chunked", {"chunk": 512})
+    assert _lookup(lanes=1, L=1 << 23) == ("chunked", {"chunk": 4096})
+
+
+def test_other_devices_dtypes_and_far_sizes_get_nothing(device_dir):
+    assert _lookup(device="Another CPU") is None
+    assert _lookup(dtype="float64") is None
+    assert _lookup(lanes=4096, L=8) is None, "the entry with an unknown schedule is ignored, the others are far"
+
+
+def test_the_users_tuning_wins(device_dir):
+    store.record(store.Entry(backend="cpu", device="AMD Test CPU 9000 (2 threads)", signature="sig",
+                             dtype="float32", lanes=4096, L=4096, schedule="sequential", config={}, time_ms=1.0))
+    assert _lookup() == ("sequential", {})
