@@ -58,7 +58,7 @@ def case_ratios(results: list[Result]) -> dict:
     for r in results:
         if r.status != "ok" or r is me:
             continue
-        if r.entry == "roofline":
+        if r.entry in ROOFLINES:
             ratios["roofline_fraction"] = r.median_s / me.median_s
         else:
             ratios["speedup"][r.entry] = r.median_s / me.median_s
@@ -71,8 +71,31 @@ def case_ratios(results: list[Result]) -> dict:
     return ratios
 
 
+#: The memory-bound yardsticks (the C kernel on the host, the CuPy kernel on the GPU).
+ROOFLINES = ("roofline", "gpu-roofline")
+#: GPU scoreboard targets (issue 17): speedup of the default path over the fastest GPU peer, per shape.
+GPU_TARGET_SPEEDUP = {(1, 256, 1024): 2.0, (8, 1536, 4096): 1.5, (8, 1536, 65536): 1.5}
+
+
+def _gpu_targets(run: Run) -> list[dict]:
+    out = []
+    cases = by_case(run)
+    for case in run.cases:
+        want = GPU_TARGET_SPEEDUP.get(tuple(case.shape))
+        if want is None:
+            continue
+        rat = case_ratios(cases[case.name])
+        got = rat.get("speedup_vs_fastest_general_peer")
+        out.append({"case": case.name, "target": f"speedup over the fastest GPU peer "
+                    f"({rat.get('fastest_general_peer')})", "want": want, "got": got,
+                    "met": None if got is None else got >= want, "quick": run.settings.quick})
+    return out
+
+
 def targets(run: Run) -> list[dict]:
-    """The issue's two targets on the headline shape, met or missed and by how much."""
+    """The issue's targets: on the headline shape (CPU suites), per shape (the ``gpu`` suite)."""
+    if run.suite == "gpu":
+        return _gpu_targets(run)
     head = next((c for c in run.cases if c.headline), None)
     if head is None:
         return []

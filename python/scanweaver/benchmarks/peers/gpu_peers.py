@@ -13,9 +13,16 @@ through :mod:`.jax_peers` wherever JAX sees one.
 from __future__ import annotations
 
 import functools
+import os
 
 from . import Peer, installed, register
 from .torch_peers import combine
+
+
+#: Longest L the torch.compile'd associative_scan runs at (compiles take tens of seconds per shape).
+MAX_COMPILED_L = 4096
+#: Set to 1 to skip accelerated-scan's warp kernel (and its build at import).
+SKIP_WARP_BUILD = "SCANWEAVER_SKIP_WARP_BUILD"
 
 
 def _cuda_reason(module: str, pip_name: str) -> str | None:
@@ -119,6 +126,12 @@ class TorchCompiledAssocCUDA(TorchCUDAPeer):
     note = ("torch.compile'd associative_scan on CUDA: combine_mode='pointwise' (Triton) where it compiles, "
             "else 'generic'; compilation excluded (warm-up).")
 
+    def skip_reason(self, case, settings):
+        if case.L > MAX_COMPILED_L:
+            return (f"torch.compile'd associative_scan runs up to L = {MAX_COMPILED_L} here (compile time and "
+                    "log-depth intermediates grow with L)")
+        return super().skip_reason(case, settings)
+
     def prepare(self, ops):
         import torch
         from torch._higher_order_ops.associative_scan import associative_scan
@@ -169,20 +182,25 @@ class AcceleratedScanPeer(TorchCUDAPeer):
 
 @register
 class AcceleratedScanWarp(AcceleratedScanPeer):
-    """accelerated-scan's CUDA C++ warp kernel."""
+    """accelerated-scan's CUDA C++ warp kernel (PyTorch builds it at the first import, about 70 s)."""
 
     name = "accelerated-scan"
     label = "accelerated-scan (CUDA warp scan)"
     module = "warp"
 
+    def availability(self):
+        if os.environ.get(SKIP_WARP_BUILD, "") not in ("", "0"):
+            return f"skipped by {SKIP_WARP_BUILD}=1 (its CUDA C++ builds at import, about 70 s)"
+        return super().availability()
+
 
 @register
 class AcceleratedScanTriton(AcceleratedScanPeer):
-    """accelerated-scan's Triton kernel."""
+    """accelerated-scan's Triton kernel (``accelerated_scan.scalar``: ``tl.associative_scan`` in chunks)."""
 
     name = "accelerated-scan-triton"
     label = "accelerated-scan (Triton)"
-    module = "triton"
+    module = "scalar"
 
 
 @register

@@ -16,7 +16,7 @@ from ..machine import host_cpu
 from . import Peer, provider
 
 #: Cost model of one call per backend, ns per element (the numpy backend also pays per step).
-BACKEND_COST_NS = {"numpy": 250.0, "cpu": 3.0, "opencl": 100.0}
+BACKEND_COST_NS = {"numpy": 250.0, "cpu": 3.0, "opencl": 100.0, "cuda": 0.05}
 #: Per-step cost of the NumPy interpreter's Python loops, microseconds.
 NUMPY_STEP_US = 8.0
 #: Figure 4's kernels: the naive sequential kernel (compiled backends; the interpreter is no kernel) and Blelloch.

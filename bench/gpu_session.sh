@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# One call on a lent GPU machine does everything GPU-only (under ~8 minutes on an H200):
+#   1. the CUDA tests (device arrays, launch limits, nvcc compiles; the rest of the suite runs in CI);
+#   2. bench/gpu_check.py --json (correctness of every schedule, default path against the roofline);
+#   3. bench/gpu_defaults.py (this GPU's per-size-class defaults, as a device file);
+#   4. bench/gpu_scoreboard.sh (ScanWeaver beside every GPU peer, with that device file in use).
+# Everything lands in $OUT (or ./gpu-session): tests.log, gpu_check.json, h200.json, gpu.json, gpu.md,
+# one PNG, session.log. Prepare .deps once beforehand with bench/gpu_deps.sh and carry it.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUTDIR="${OUT:-$PWD/gpu-session}"
+mkdir -p "$OUTDIR"
+export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
+[ -d .deps/site ] && export PYTHONPATH="$PYTHONPATH:$PWD/.deps/site"
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+exec > >(tee "$OUTDIR/session.log") 2>&1
+start=$(date +%s)
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv || true
+python3 -c "import cupy, torch; print('cupy', cupy.__version__, 'torch', torch.__version__)" || true
+
+echo "== 1. CUDA tests"
+timeout 120 python3 -m pytest -q -x -p no:cacheprovider test/test_cuda_device_arrays.py test/test_launch_limits.py \
+  test/test_cuda_compile.py -k "not the_record_is_current" > "$OUTDIR/tests.log" 2>&1
+echo "tests: exit $? ($(tail -n 1 "$OUTDIR/tests.log"))"
+
+echo "== 2. gpu_check"
+timeout 180 python3 bench/gpu_check.py --json --budget 130 --out "$OUTDIR/gpu_check.json" > /dev/null
+echo "gpu_check: exit $?"
+python3 - "$OUTDIR/gpu_check.json" <<'PY' || true
+import json, sys
+r = json.load(open(sys.argv[1]))
+print("status", r["status"], "| checks", sum(c["ok"] for c in r["checks"]), "/", len(r["checks"]))
+for c in r["cases"]:
+    d, b = c.get("default", {}), c.get("best", {})
+    print(f'{c["case"]:14s} roofline {c.get("roofline_ms", 0):.4f} ms | default {d.get("schedule")} '
+          f'{d.get("kernel_ms", float("nan")):.4f} ms = {d.get("fraction_of_roofline", float("nan")):.2f}, '
+          f'wall {d.get("wall_ms", float("nan")):.4f} | best {b.get("schedule")} {b.get("config")} '
+          f'{b.get("fraction_of_roofline", float("nan")):.2f} | target {c.get("target")}')
+PY
+
+echo "== 3. device defaults"
+mkdir -p "$OUTDIR/devices"
+timeout 120 python3 bench/gpu_defaults.py --budget 80 --match H200 --out "$OUTDIR/devices/h200.json"
+echo "gpu_defaults: exit $?"
+cp "$OUTDIR/devices/h200.json" "$OUTDIR/h200.json" 2>/dev/null || true
+
+echo "== 4. scoreboard"
+left=$(( 470 - ($(date +%s) - start) ))
+SKIP=""
+[ "$left" -lt 260 ] && SKIP="--skip-warp-build"
+SCANWEAVER_DEVICE_CONFIGS="$OUTDIR/devices" timeout $(( left > 60 ? left : 60 )) \
+  bash bench/gpu_scoreboard.sh "$OUTDIR/scoreboard" $SKIP
+for f in gpu.json gpu.md; do cp "$OUTDIR/scoreboard/$f" "$OUTDIR/" 2>/dev/null || true; done
+cp "$OUTDIR"/scoreboard/gpu_8x1536x4096.png "$OUTDIR/" 2>/dev/null || true
+rm -rf "$OUTDIR/scoreboard" "$OUTDIR/devices"
+echo "== done in $(( $(date +%s) - start )) s; files: $(ls "$OUTDIR" | tr '\n' ' ')"
+[ -f "$OUTDIR/gpu.md" ] && sed -n '1,60p' "$OUTDIR/gpu.md"
