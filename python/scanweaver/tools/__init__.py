@@ -1,1 +1,1 @@
-"""Developer tools: not part of the public API (golden-vector generation and the like)."""
+"""Developer tools: not part of the public API (golden vectors, cross-compiler kernel checks)."""

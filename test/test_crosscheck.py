@@ -1,0 +1,95 @@
+"""The cpu backend's C kernels on ARM64 (GCC and Clang, run under qemu) and built by Clang on x86.
+
+Each toolchain builds every kernel of :func:`scanweaver.tools.crosscheck.jobs` into one executable with a
+small C driver and runs all of them against the float64 oracle on the golden vectors.  CI installs the
+tools (``.ci/run``) and sets ``SCANWEAVER_REQUIRE_CROSS=1``, so that a missing tool fails there instead of
+skipping.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from scanweaver.ir.functions import FUNCTIONS
+from scanweaver.runtime import toolchain
+from scanweaver.targets.c_target import MAX_DENSE_STATE
+from scanweaver.tools import crosscheck, golden
+
+#: name -> (compiler command, runner, executables that must exist)
+TOOLCHAINS = {
+    "aarch64-gcc-qemu": (["aarch64-linux-gnu-gcc", "-O3", "-static", "-fopenmp"], ["qemu-aarch64"],
+                         ("aarch64-linux-gnu-gcc", "qemu-aarch64")),
+    "aarch64-clang-qemu": (["clang", "--target=aarch64-linux-gnu", "-O3", "-static"], ["qemu-aarch64"],
+                           ("clang", "aarch64-linux-gnu-gcc", "qemu-aarch64")),
+    "x86-clang": (["clang", "-O3", "-march=native"], [], ("clang",)),
+}
+
+
+@pytest.fixture(scope="module")
+def jobs():
+    return crosscheck.jobs()
+
+
+def _require(tools: tuple[str, ...]) -> None:
+    missing = [t for t in tools if shutil.which(t) is None]
+    if missing:
+        why = f"{', '.join(missing)} not installed (Debian: gcc-aarch64-linux-gnu qemu-user clang libomp-dev)"
+        if os.environ.get("SCANWEAVER_REQUIRE_CROSS"):
+            pytest.fail(why)
+        pytest.skip(why)
+
+
+@pytest.mark.parametrize("name", list(TOOLCHAINS))
+def test_every_kernel_matches_the_oracle(name, jobs):
+    compiler, runner, tools = TOOLCHAINS[name]
+    _require(tools)
+    if name == "x86-clang" and toolchain._accepts(("clang",), ["-fopenmp"]):  # libomp-dev present
+        compiler = [*compiler, "-fopenmp"]
+    n, bad = crosscheck.check(compiler, runner, jobs)
+    assert n == len(jobs)
+    assert not bad, "\n".join(bad)
+
+
+def _exprs(aff):
+    out = aff.output
+    for e in (aff.A, aff.U, out.new, out.old, out.const):
+        yield from (e if isinstance(e, tuple) else (e,))
+
+
+def test_the_jobs_cover_every_kernel_variant(jobs):
+    stages = [j.stages for j in jobs]
+    assert {(s.schedule.schedule, s.affine.dtype) for s in stages} == {
+        (sched, dt) for sched in ("chunked", "sequential") for dt in ("float32", "float64")}
+    assert {s.affine.state_size for s in stages} == set(range(1, MAX_DENSE_STATE + 1))
+    for sched in ("chunked", "sequential"):
+        for dense in (False, True):
+            feats = [s.affine.features for s in stages
+                     if s.schedule.schedule == sched and (s.affine.state_size > 1) == dense]
+            for field in ("reverse", "has_h0", "has_reset"):
+                assert {getattr(f, field) for f in feats} == {False, True}, (sched, dense, field)
+    called = {n.name for s in stages for e in _exprs(s.affine) for n in e.walk() if n.op == "call"}
+    assert called == set(FUNCTIONS)
+    outputs = [s.affine.output for s in stages if s.affine.state_size == 1]
+    assert any(o.is_identity for o in outputs)
+    assert any(o.old.inputs() and o.const.inputs() for o in outputs)
+    configs = [j.stages.schedule.config for j in jobs if j.stages.schedule.schedule == "chunked"]
+    assert {c["threads"] for c in configs} == {1, 2} and {c["interleave"] for c in configs} == {1, 2, 4}
+    assert {j.name.split()[1] for j in jobs if j.name.startswith("golden")} == {c.name for c in golden.CASES}
+
+
+def test_a_wrong_kernel_or_a_wrong_answer_is_reported(jobs):
+    _require(("gcc",))
+    picked = [next(j for j in jobs if j.stages.schedule.schedule == "chunked" and "golden basic_f32" in j.name)]
+    broken = picked[0].source.replace("h = A * h + U;", "h = A * h - U;").replace("u = a * us + u;", "u = a * us - u;")
+    assert broken != picked[0].source
+    bad_kernel = dataclasses.replace(picked[0], name="broken",
+                                     stages=dataclasses.replace(picked[0].stages, kernel=broken))
+    wrong_answer = dataclasses.replace(picked[0], name="wrong", y=picked[0].y + np.where(
+        np.arange(picked[0].y.size).reshape(picked[0].y.shape) == 5, 0.01, 0.0))
+    n, bad = crosscheck.check(["gcc", "-O2"], [], [*picked, bad_kernel, wrong_answer])
+    assert n == 3 and [line.split(":")[0] for line in bad] in (["broken", "broken", "wrong"], ["broken", "wrong"])
