@@ -148,3 +148,28 @@ def test_aligned_operands_are_not_copied():
     copied = prepare("test", views)
     assert all(v.flags.aligned and v.flags.c_contiguous for v in copied.inputs.values())
     assert aligned(copied.inputs["a"]) is copied.inputs["a"]
+
+
+@pytest.mark.parametrize("backend", _backends())
+def test_repeated_calls_mix_aligned_and_unaligned_arrays(backend):
+    """Later calls with the signature of an earlier one reuse its call plan; unaligned arrays still run through
+    the recurrence (copied), and an explicit plan refuses them with advice."""
+    ops = _operands(np.float32)
+    views = _views(_packed(ops), ops)
+    want = scanweaver.selective_scan(**ops, backend="numpy")
+    tol = dict(rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
+    raw = bytearray(HEADER + want.nbytes)
+    out = np.frombuffer(raw, np.float32, count=want.size, offset=HEADER).reshape(want.shape)
+    args = [ops[n] for n in "abxc"]
+    for _ in range(2):  # the second round reuses the call plans of the first
+        np.testing.assert_allclose(scanweaver.selective_scan(*args, backend=backend), want, **tol)
+        np.testing.assert_allclose(scanweaver.selective_scan(*[views[n] for n in "abxc"], backend=backend), want, **tol)
+        out[...] = np.nan
+        assert scanweaver.selective_scan(*args, out=out, backend=backend) is out
+        np.testing.assert_allclose(out, want, **tol)
+    p = scanweaver.plan(scanweaver.selective_scan, (LANES, L), np.float32, backend=backend)
+    if backend == "cpu":  # an explicit plan is for hot loops: it copies nothing and says so
+        with pytest.raises(scanweaver.ScanInputError, match="aligned"):
+            p(*[views[n] for n in "abxc"])
+    else:
+        np.testing.assert_allclose(p(*[views[n] for n in "abxc"]), want, **tol)
