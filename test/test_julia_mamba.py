@@ -56,44 +56,42 @@ def test_mamba_golden_files_against_the_python_paths(path):
         np.testing.assert_allclose(h, g["h_last"], rtol=rtol, atol=rtol * scale, err_msg=backend)
 
 
-def test_julia_mamba_layouts_match_the_fused_abi():
-    fused = pytest.importorskip("scanweaver.fused.mamba1", reason="the fused-operation registry is not on this branch")
-    from scanweaver.julia.mamba import _shapes
+def test_the_julia_backend_renders_the_fused_forward():
+    from scanweaver.fused import REGISTRY as FUSED
+    from scanweaver.fused.mamba1 import JULIA_TUNABLES
+    from scanweaver.julia.devices import DEVICES
 
-    op, sizes = fused.Mamba1(), {"batch": 2, "dim": 6, "L": 5, "groups_b": 3, "groups_c": 0}
-    features = fused.Mamba1Features("float32", 4, c_fixed=True, has_D=True, has_z=True, has_bias=True,
-                                    has_h0=True, has_reset=True)
-    want = op.shapes("forward", features, sizes)
-    assert {k: _shapes(sizes, 4)[k] for k in want} == want
+    assert FUSED.get("mamba1").runs_on("julia", "forward") and not FUSED.get("mamba1").runs_on("julia", "backward")
+    assert "mamba1" in REGISTRY["julia"].fused
+    device = next(t for t in JULIA_TUNABLES if t.name == "device")
+    assert device.values == tuple(DEVICES)
 
 
-def test_julia_mamba_checks_buffers_before_starting_julia():
-    from scanweaver.julia.mamba import mamba_selective_scan, run_forward
+def test_julia_run_fused_checks_buffers_before_starting_julia():
+    from scanweaver.fused import REGISTRY as FUSED
+    from scanweaver.fused.mamba1 import Mamba1Features
+    from scanweaver.julia.backend import JuliaBackend
 
+    op = FUSED.get("mamba1")
     u = np.ones((1, 2, 3), np.float32)
-    with pytest.raises(ScanInputError, match=r"A has shape \(2,\)"):
-        mamba_selective_scan(u, u, np.ones(2), u, u)
     arrays = {"u": u, "delta": u, "A": -np.ones((2, 4), np.float32), "B": np.ones((1, 1, 4, 2), np.float32),
-              "C": np.ones((2, 4), np.float32), "y": np.empty_like(u)}
+              "C": np.ones((2, 4), np.float32), "y": np.empty_like(u), "hlast": None}
     sizes = {"batch": 1, "dim": 2, "L": 3, "groups_b": 1, "groups_c": 0}
-    with pytest.raises(ScanInputError, match=r"B is float32 of shape \(1, 1, 4, 2\).*\(1, 1, 4, 3\)"):
-        run_forward("cpu", arrays, sizes)
-    arrays["B"] = np.ones((1, 1, 4, 3), np.float64)
-    with pytest.raises(ScanInputError, match="B is float64"):
-        run_forward("cpu", arrays, sizes)
-    arrays["B"] = np.ones((1, 1, 4, 3), np.float32)
-    with pytest.raises(ScanInputError, match="unknown tunable"):
-        run_forward("cpu", arrays, sizes, items_per_thread=4)
+    call = op.call("forward", Mamba1Features("float32", 4, c_fixed=True),
+                   op.resolve("julia", {}, {}, "test"))
+    with pytest.raises(ScanInputError, match="B"):
+        JuliaBackend().run_fused(call, arrays, sizes)
+    with pytest.raises(ScanInputError, match="device='tpu'"):
+        op.resolve("julia", {"device": "tpu"}, {}, "test")
 
 
 def test_julia_mamba_without_julia_fails_fast_and_clearly():
-    code = ("import time, numpy as np\n"
-            "from scanweaver.julia.mamba import mamba_selective_scan\n"
-            "from scanweaver.errors import BackendUnavailable\n"
+    code = ("import time, numpy as np, scanweaver\n"
             "u = np.ones((1, 2, 3)); t = time.perf_counter()\n"
             "try:\n"
-            "    mamba_selective_scan(u, u, -np.ones((2, 4)), np.ones((1, 4, 3)), np.ones((1, 4, 3)))\n"
-            "except BackendUnavailable as exc:\n"
+            "    scanweaver.mamba_selective_scan(u, u, -np.ones((2, 4)), np.ones((1, 4, 3)), np.ones((1, 4, 3)),\n"
+            "                                    backend='julia', device='cpu')\n"
+            "except scanweaver.BackendUnavailable as exc:\n"
             "    print(f'{time.perf_counter() - t:.3f}'); print(exc)\n")
     env = {**os.environ, "PATH": "/usr/bin:/bin", "PYTHON_JULIAPKG_EXE": "",
            "PYTHON_JULIAPKG_PROJECT": "/nonexistent/env"}

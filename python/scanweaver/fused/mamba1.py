@@ -83,6 +83,17 @@ GPU_TUNABLES = (
 )
 
 
+#: ScanWeaver.jl's (``julia`` backend) tunables: its kernels' ``Val`` parameters, and the device.
+JULIA_TUNABLES = (
+    Tunable("workgroup_size", 64, (32, 64, 128, 256), "work-items per workgroup (each one chunk of one channel)",
+            positive),
+    Tunable("chunk", 0, (0, 256, 1024, 4096), "time steps per work-item; 0 picks from the problem's shape",
+            non_negative),
+    Tunable("device", "cpu", ("cpu", "cuda", "amdgpu", "oneapi", "metal"), "the KernelAbstractions device",
+            lambda v: None if v in ("cpu", "cuda", "amdgpu", "oneapi", "metal") else
+            "it must be one of cpu, cuda, amdgpu, oneapi, metal"),
+)
+
 @dataclass(frozen=True)
 class Mamba1Features:
     """Compile-time features of one Mamba-1 kernel (a key of the kernel caches).
@@ -126,8 +137,8 @@ class Mamba1(FusedOp):
     name = "mamba1"
     description = "Mamba-1 selective scan (S6) with delta_bias/softplus, D and silu(z) fused; states in registers"
     parts = PARTS
-    tunables = {"c": C_TUNABLES, "gpu": GPU_TUNABLES}
-    implementations = {"numpy": PARTS, "c": PARTS, "opencl": ("forward",), "cuda": ("forward",)}
+    tunables = {"c": C_TUNABLES, "gpu": GPU_TUNABLES, "julia": JULIA_TUNABLES}
+    implementations = {"numpy": PARTS, "c": PARTS, "opencl": ("forward",), "cuda": ("forward",), "julia": ("forward",)}
 
     def params(self, part: str) -> tuple[Param, ...]:
         ins = [Param(n, "in") for n in _IN] + [Param(n, "in", True, "uint8" if n == "reset" else "")

@@ -16,13 +16,14 @@ from collections.abc import Callable
 import numpy as np
 
 from ..errors import ScanInputError
+from ..fused import REGISTRY as FUSED
 from ..ir.expr import Expr
 from ..ir import Stages
 from ..runtime.base import Availability, Backend, ScanArrays, register
 from ..schedules import Tunable, get_schedule
 from ..targets import TARGETS
 from ..targets import reference
-from . import devices, kernels, session
+from . import devices, kernels, mamba, session
 
 
 def _device_rule(value: object) -> str | None:
@@ -134,6 +135,15 @@ class JuliaBackend(Backend):
     def emit(self, stages: Stages) -> Stages:
         julia_schedule, config = SCHEDULE_MAP[stages.schedule.schedule](stages.schedule.config)
         return replace(stages, kernel=kernels.render_call(julia_schedule, config), target="julia")
+
+    def run_fused(self, call, arrays, sizes) -> None:
+        """Runs ScanWeaver.jl's fused kernel (the Mamba-1 forward) after checking every buffer against the ABI."""
+        FUSED.get(call.op).arguments(call.part, call.features, arrays, sizes, "julia backend")
+        params = call.params
+        tunables = {"workgroup_size": params["workgroup_size"]}
+        if params["chunk"]:
+            tunables["chunk"] = params["chunk"]
+        mamba.run_forward(params["device"], arrays, sizes, call.features.softplus, **tunables)
 
     def run(self, stages: Stages, arrays: ScanArrays) -> tuple[np.ndarray, np.ndarray]:
         cfg = stages.schedule.config
