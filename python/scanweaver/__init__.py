@@ -5,6 +5,7 @@ juliacall are imported when the feature that needs them is first used.
 """
 
 from .api import Recurrence, plan, recurrence, selective_scan
+from .autodiff import vjp
 from .errors import (
     BackendUnavailable,
     CompileError,
@@ -37,4 +38,5 @@ __all__ = [
     "silu",
     "softplus",
     "tune",
+    "vjp",
 ]

@@ -2,7 +2,8 @@
 
 An :class:`Expr` is an immutable tree over named inputs, constants, the state
 ``h`` (the previous state h_{t-1}), the new state ``h'`` (h_t, only inside
-output expressions) and a small set of operators and functions.  Nodes are
+output expressions), the adjoint ``g`` (dL/dh_t, only inside the gradient
+expressions of stage ``adjoint``) and a small set of operators and functions.  Nodes are
 hash-consed by structure, so equal trees compare equal.
 """
 
@@ -18,7 +19,7 @@ from .functions import FUNCTIONS as _FUNCTIONS
 FUNCTIONS: dict[str, int] = {name: f.arity for name, f in _FUNCTIONS.items()}
 
 BINARY = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
-LEAVES = ("input", "const", "state", "new_state")
+LEAVES = ("input", "const", "state", "new_state", "adjoint")
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,7 @@ class Expr:
     """One node of an expression tree.
 
     Attributes:
-        op: ``input``, ``const``, ``state``, ``new_state``, ``neg``, one of
+        op: ``input``, ``const``, ``state``, ``new_state``, ``adjoint``, ``neg``, one of
             ``add sub mul div`` or ``call``.
         args: child nodes.
         name: input name (``input``) or function name (``call``).
@@ -78,6 +79,14 @@ def state(j: int) -> Expr:
 def new_state(j: int) -> Expr:
     """Component ``j`` of the new vector state h_t."""
     return Expr("new_state", name=str(j))
+
+
+ADJOINT = Expr("adjoint")
+
+
+def adjoint(j: int | None = None) -> Expr:
+    """The adjoint g_t = dL/dh_t (component ``j`` of a vector state), in gradient expressions."""
+    return ADJOINT if j is None else Expr("adjoint", name=str(j))
 
 
 def state_key(e: Expr) -> str:
@@ -164,6 +173,8 @@ def format_expr(e: Expr) -> str:
         return f"h[{e.name}]" if e.name else "h"
     if e.op == "new_state":
         return f"h'[{e.name}]" if e.name else "h'"
+    if e.op == "adjoint":
+        return f"g[{e.name}]" if e.name else "g"
     if e.op == "neg":
         return f"-{_wrap(e.args[0])}"
     if e.op in BINARY:
@@ -182,13 +193,13 @@ def evaluate(e: Expr, env: Callable[[str], Any], fns: dict[str, Callable]) -> An
     """Evaluates ``e`` with inputs from ``env(name)`` and functions from ``fns``.
 
     Works on NumPy arrays and scalars alike; the state nodes are looked up by
-    their text, ``env("h")``, ``env("h'")``, ``env("h[0]")`` ...
+    their text, ``env("h")``, ``env("h'")``, ``env("h[0]")`` ... (the adjoint as ``env("g")``)
     """
     if e.op == "input":
         return env(e.name)
     if e.op == "const":
         return e.value
-    if e.op in ("state", "new_state"):
+    if e.op in ("state", "new_state", "adjoint"):
         return env(format_expr(e))
     vals = [evaluate(a, env, fns) for a in e.args]
     if e.op == "neg":

@@ -15,7 +15,7 @@ def _check_expr(e: Expr, inputs: tuple[str, ...], allowed_state: set[str], pass_
     for n in e.walk():
         if n.op == "input" and n.name not in inputs:
             raise _fail(pass_name, node, f"reads undeclared input {n.name!r} in `{format_expr(e)}`")
-        if n.op in ("state", "new_state") and n.op not in allowed_state:
+        if n.op in ("state", "new_state", "adjoint") and n.op not in allowed_state:
             raise _fail(pass_name, node, f"must not read {format_expr(n)} in `{format_expr(e)}`")
         if n.op == "call" and FUNCTIONS.get(n.name) != len(n.args):
             raise _fail(pass_name, node, f"unknown function {n.name!r} in `{format_expr(e)}`")

@@ -105,6 +105,26 @@ class ScanArrays:
         return total
 
 
+@dataclass
+class Cotangents:
+    """What a backward pass reads beyond the forward's :class:`ScanArrays`, and where it writes.
+
+    Attributes:
+        dy: dL/dy, ``(lanes, L)`` in the scan's dtype.
+        grads: forward operand name -> a writeable ``(lanes, L)`` buffer for dL/d operand
+            (one per name of the adjoint's ``wrt``).
+        dh_last: dL/dh_L (the final state's cotangent), ``(lanes,)`` or ``(lanes, k)``, or ``None``.
+        states: the forward's states h_t in time order when it saved them, else ``None``.
+        dh0: a writeable buffer for dL/dh0, shaped like h0, or ``None``.
+    """
+
+    dy: np.ndarray
+    grads: dict[str, np.ndarray]
+    dh_last: np.ndarray | None = None
+    states: np.ndarray | None = None
+    dh0: np.ndarray | None = None
+
+
 class _TargetSchedules:
     """``Backend.schedules``: the schedules that list the backend's target, read from the registry."""
 
@@ -197,6 +217,17 @@ class Backend(ABC):
         """
         raise BackendUnavailable(f"backend {self.name!r} does not run the fused {call.op} kernel "
                                  f"(it runs: {', '.join(self.fused) or 'none'})")
+
+    def backward(self, adjoint, arrays: ScanArrays, cot: Cotangents) -> None:
+        """Runs stage ``adjoint`` (:class:`~scanweaver.ir.adjoint.AdjointIR`) of a scan this backend ran.
+
+        Fills ``cot.grads`` and ``cot.dh0``.  The default composes the backend's
+        own scans (:func:`scanweaver.runtime.adjoint.generic_backward`); a
+        backend with a fused backward kernel overrides it.
+        """
+        from .adjoint import generic_backward
+
+        generic_backward(self, adjoint, arrays, cot)
 
 
 @functools.cache

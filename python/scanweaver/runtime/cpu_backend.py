@@ -185,6 +185,13 @@ class CpuBackend(Backend):
                   fastcall.Slot(n if feats.has_reset else 0, 1, optional=True)]
         return fastcall.invoker(ctypes.cast(fn, ctypes.c_void_p).value, slots)
 
+    def backward(self, adjoint, arrays: ScanArrays, cot) -> None:
+        """The fused C backward kernel for diagonal transitions (:mod:`.cpu_adjoint`), else the generic one."""
+        from .cpu_adjoint import fused_backward
+
+        if not fused_backward(adjoint, arrays, cot):
+            super().backward(adjoint, arrays, cot)
+
     def run(self, stages: Stages, arrays: ScanArrays):
         dtype = np.dtype(stages.affine.dtype)
         y = arrays.out if arrays.out is not None else np.empty((arrays.lanes, arrays.L), dtype)

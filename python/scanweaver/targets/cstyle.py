@@ -126,6 +126,11 @@ class CStyleRenderer:
         if e.op in BINARY:
             lhs, rhs = (self.expr(a, load, dtype) for a in e.args)
             return f"({lhs} {BINARY[e.op]} {rhs})"
+        if e.op == "call" and e.name == "sign":
+            # Inline (no helper, so kernels without it are unchanged); the argument is pure, so
+            # the compiler evaluates it once.
+            v, T = self.expr(e.args[0], load, dtype), self.ctype(dtype)
+            return f"(({T})({v} > 0) - ({T})({v} < 0))"
         if e.op == "call":
             args = ", ".join(self.expr(a, load, dtype) for a in e.args)
             return f"{self.math_fn(e.name, dtype)}({args})"
