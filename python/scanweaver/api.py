@@ -184,6 +184,18 @@ class Recurrence:
         sched, cfg, _ = self._resolve(be, schedule, "auto", tunables, dtype, lanes, L)
         return self._lowered(be, dtype, features, sched, tuple(sorted(cfg.items())))
 
+    def torch(self, *operands, **kwargs):
+        """Runs on PyTorch tensors, with gradients: :func:`scanweaver.torch.apply` (``scanweaver[torch]``)."""
+        from . import torch as sw_torch
+
+        return sw_torch.apply(self, *operands, **kwargs)
+
+    def jax(self, *operands, **kwargs):
+        """Runs on JAX arrays, with gradients: :func:`scanweaver.jax.apply` (``scanweaver[jax]``)."""
+        from . import jax as sw_jax
+
+        return sw_jax.apply(self, *operands, **kwargs)
+
     @property
     def stages(self) -> Stages:
         """The stages of the last call, or of a default float32 lowering before any call."""

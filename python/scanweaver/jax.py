@@ -1,0 +1,150 @@
+"""JAX front end: differentiable scans on JAX arrays (``pip install 'scanweaver[jax]'``).
+
+:func:`selective_scan` and :func:`apply` (any ``@scanweaver.recurrence``)
+are ``jax.custom_vjp`` functions whose forward and backward run ScanWeaver's
+compiled kernels through ``jax.pure_callback``: they work under ``jax.jit``,
+``jax.grad`` (and ``jax.vjp``) and ``jax.vmap`` (the callback receives the
+batch as a leading axis, which the scans treat as more lanes).  Every
+:class:`~scanweaver.differentiable.KernelPair` gets the same treatment
+(:func:`call`).
+
+Copies: the callback hands the kernels host NumPy arrays (no copy on the
+CPU device) and JAX copies each result into its own buffer once; on a GPU
+device the data crosses to the host and back.
+
+The backward is stage ``adjoint`` of :mod:`scanweaver.ir.adjoint` on the same
+backend as the forward.  Gradients come back for every floating-point
+input (JAX does not say which are needed); second derivatives are not
+supported.
+
+Example:
+    >>> import jax, jax.numpy as jnp, scanweaver.jax
+    >>> a = jnp.full((1, 4), 0.5); b = x = jnp.ones((1, 4))
+    >>> loss = lambda a: scanweaver.jax.selective_scan(a, b, x).sum()
+    >>> jax.jit(jax.grad(loss))(a).tolist()
+    [[0.0, 1.75, 2.25, 1.75]]
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+
+import jax
+import numpy as np
+
+from .api import SELECTIVE, SELECTIVE_NO_C, Recurrence
+from .differentiable import PAIRS, scan_options
+from .errors import ScanInputError
+
+
+def _full(values, present: tuple[bool, ...]) -> list:
+    it = iter(values)
+    return [next(it) if p else None for p in present]
+
+
+def _floating(dtype) -> bool:
+    return np.issubdtype(np.dtype(dtype), np.inexact)
+
+
+@functools.lru_cache(maxsize=256)
+def _op(name: str, present: tuple[bool, ...], options: str):
+    """The ``custom_vjp`` function of pair ``name`` for one pattern of present inputs and options."""
+    pair, opts = PAIRS.get(name), ast.literal_eval(options)
+    n = pair.n_outputs
+
+    def result_specs(args):
+        specs = _full([(tuple(a.shape), np.dtype(a.dtype)) for a in args], present)
+        return [jax.ShapeDtypeStruct(shape, np.dtype(dt)) for shape, dt in pair.shapes(specs, opts)]
+
+    def forward(*args):
+        specs = result_specs(args)
+
+        def host(*arrays):
+            results = pair.forward(_full([np.asarray(a) for a in arrays], present), opts)
+            return tuple(np.asarray(r, dtype=s.dtype) for r, s in zip(results, specs, strict=True))
+
+        return jax.pure_callback(host, tuple(specs), *args, vmap_method="broadcast_all")
+
+    @jax.custom_vjp
+    def op(*args):
+        return tuple(forward(*args)[:n])
+
+    def op_fwd(*args):
+        results = forward(*args)
+        return tuple(results[:n]), (args, tuple(results[n:]))
+
+    def op_bwd(saved, cotangents):
+        args, residuals = saved
+        needs = [_floating(a.dtype) for a in args]
+        full_needs = [False if a is None else _floating(a.dtype) for a in _full(args, present)]
+        specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a, need in zip(args, needs, strict=True) if need]
+
+        def host(*arrays):
+            ins = [np.asarray(a) for a in arrays[: len(args)]]
+            res = [np.asarray(a) for a in arrays[len(args): len(args) + len(residuals)]]
+            cts = [np.asarray(a) for a in arrays[len(args) + len(residuals):]]
+            grads = pair.backward(_full(ins, present), res, cts, full_needs, opts)
+            return tuple(np.asarray(g, dtype=s.dtype) for g, s in zip(grads, specs, strict=True))
+
+        grads = iter(jax.pure_callback(host, tuple(specs), *args, *residuals, *cotangents,
+                                       vmap_method="broadcast_all"))
+        return tuple(next(grads) if need else None for need in needs)
+
+    op.defvjp(op_fwd, op_bwd)
+    return op
+
+
+def call(name: str, inputs: list, options: dict) -> list:
+    """Runs kernel pair ``name`` on JAX arrays (``None`` for absent optional inputs); returns its outputs.
+
+    Args:
+        name: a name in :data:`scanweaver.differentiable.PAIRS`.
+        inputs: arrays or ``None``, in the pair's order.
+        options: a dict of Python literals for the pair's kernels.
+    """
+    present = tuple(v is not None for v in inputs)
+    return list(_op(name, present, repr(options))(*(v for v in inputs if v is not None)))
+
+
+def apply(rec: Recurrence, *operands, h0=None, reset=None, reverse: bool = False, return_state: bool = False,
+          cu_seqlens=None, backend: str = "auto", schedule: str = "auto", config="auto", states: str = "recompute",
+          **tunables):
+    """Runs recurrence ``rec`` on JAX arrays, differentiably (see :meth:`scanweaver.Recurrence.__call__`).
+
+    Args:
+        rec: a ``@scanweaver.recurrence``.
+        *operands: arrays in the order of ``rec.inputs``.
+        h0: initial state, or None.
+        reset: boolean array marking segment starts, or None.
+        reverse, cu_seqlens, backend, schedule, config, **tunables: as for the NumPy call
+            (``cu_seqlens`` must be concrete, not traced).
+        return_state: also return the final state (differentiable too).
+        states: ``"recompute"`` (default) or ``"save"``.
+
+    Returns:
+        ``y``, or ``(y, h_last)``.
+    """
+    if len(operands) != len(rec.inputs):
+        raise ScanInputError(f"{rec.name}: takes {len(rec.inputs)} operands ({', '.join(rec.inputs)}), "
+                             f"got {len(operands)}")
+    opts = scan_options(rec, reverse=reverse, cu_seqlens=None if cu_seqlens is None else np.asarray(cu_seqlens),
+                        backend=backend, schedule=schedule, config=config, states=states, **tunables)
+    y, h_last = call("scan", [*operands, h0, reset], opts)
+    return (y, h_last) if return_state else y
+
+
+def selective_scan(a, b, x, c=None, *, h0=None, reset=None, reverse: bool = False, return_state: bool = False,
+                   cu_seqlens=None, backend: str = "auto", schedule: str = "auto", config="auto",
+                   states: str = "recompute", **tunables):
+    """h_t = a_t*h_{t-1} + b_t*x_t, y_t = c_t*h_t over the last axis of JAX arrays, with gradients.
+
+    The semantics of :func:`scanweaver.selective_scan`; see :func:`apply`.
+    """
+    rec = SELECTIVE_NO_C if c is None else SELECTIVE
+    operands = (a, b, x) if c is None else (a, b, x, c)
+    return apply(rec, *operands, h0=h0, reset=reset, reverse=reverse, return_state=return_state,
+                 cu_seqlens=cu_seqlens, backend=backend, schedule=schedule, config=config, states=states, **tunables)
+
+
+__all__ = ["apply", "call", "selective_scan"]
