@@ -192,3 +192,35 @@ def test_bad_cotangent_and_complex_are_clear_errors(rng):
         scanweaver.vjp(scanweaver.selective_scan, *(o.astype(np.complex128) for o in ops), backend="numpy")
     with pytest.raises(scanweaver.ScanInputError, match="states must be one of recompute, save"):
         scanweaver.vjp(scanweaver.selective_scan, *ops, states="keep")
+
+
+@pytest.mark.parametrize("rec", [SELECTIVE, gated, mixed], ids=lambda r: r.name)
+def test_backward_scans_compile_for_cuda(tmp_path, rec):
+    """The scans the ``cuda`` backend runs for a backward (states and adjoint, with the keep operand and
+    dL/dh_L) compile with nvcc; nothing CUDA runs here (no GPU)."""
+    import shutil
+    import subprocess
+
+    from scanweaver.ir.stages import Features
+    from scanweaver.passes import lower
+    from scanweaver.passes.adjoint import adjoint_scan, state_scan
+    from scanweaver.runtime import get_backend
+
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc is not on PATH (CUDA toolkit not installed)")
+    cuda = get_backend("cuda", require_available=False)
+    feats = Features(reverse=True, has_h0=True, has_reset=True)
+    fwd = lower(rec.scan_ir("float32", feats)).affine
+    adj = adjoint(fwd, dh0=True, dh_last=True)
+    lanes, L = 512, 4096
+    for scan in (state_scan(fwd, rec.state_size - 1), adjoint_scan(adj, 0)):
+        kind = "dense" if rec.state_size > 1 else "diagonal"
+        schedule = cuda.default_schedule_for(kind, lanes, L)
+        stages = cuda.emit(lower(scan, schedule, cuda.default_config(schedule, lanes, L, "float32"),
+                                 cuda.extra_tunables))
+        src = tmp_path / f"{scan.name}.cu"
+        src.write_text(stages.kernel)
+        proc = subprocess.run([nvcc, "-ptx", "-o", str(tmp_path / "k.ptx"), str(src)], capture_output=True,
+                              text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr

@@ -121,3 +121,15 @@ def test_float64_with_x64():
         want = jax.grad(lambda a: jnp.sum(scan_ref(a, b * x, c)[0] ** 2))(a)
         assert got.dtype == jnp.float64
         _close(got, want, 1e-10)
+
+
+def test_plain_api_takes_jax_arrays_under_jit():
+    a, b, x, c = _ops((2, 3, 25), seed=9)
+    y = scanweaver.selective_scan(a, b, x, c)
+    assert isinstance(y, jax.Array)
+    _close(y, scan_ref(a, b * x, c)[0])
+    g = jax.jit(jax.grad(lambda a: jnp.sum(scanweaver.selective_scan(a, b, x, c) ** 2)))(a)
+    _close(g, jax.grad(lambda a: jnp.sum(scan_ref(a, b * x, c)[0] ** 2))(a), 1e-4)
+    torch = pytest.importorskip("torch", reason="mixing needs PyTorch installed")
+    with pytest.raises(scanweaver.ScanInputError, match="mix PyTorch tensors and JAX arrays"):
+        scanweaver.selective_scan(a, torch.ones(2, 3, 25), x)

@@ -228,3 +228,33 @@ def test_cuda_tensors_run_on_the_cuda_backend():
     y.sum().backward()
     ref = loop_scan(a.detach().cpu().requires_grad_(), b.cpu(), x.cpu(), c.cpu())[0]
     torch.testing.assert_close(y.cpu(), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_plain_api_takes_tensors_and_returns_tensors_with_gradients():
+    rng = np.random.default_rng(8)
+    a = _leaf(rng, (2, 12), 0.5, 1.0, torch.float32)
+    b, x, c = (_leaf(rng, (2, 12), dtype=torch.float32) for _ in range(3))
+    y, h = scanweaver.selective_scan(a, b, x, c, return_state=True)
+    assert isinstance(y, torch.Tensor) and isinstance(h, torch.Tensor)
+    (y.sum() + h.sum()).backward()
+    y_ref, h_ref = loop_scan(a, b, x, c)
+    want = torch.autograd.grad(y_ref.sum() + h_ref.sum(), (a, b, x, c))
+    for t, w in zip((a, b, x, c), want, strict=True):
+        torch.testing.assert_close(t.grad, w, rtol=1e-5, atol=1e-5)
+    z = gated(torch.full((2, 12), 0.1), torch.full((2, 12), -1.0), x.detach(), c.detach())
+    assert isinstance(z, torch.Tensor) and z.shape == (2, 12)
+    with pytest.raises(scanweaver.ScanInputError, match="out= takes NumPy arrays"):
+        scanweaver.selective_scan(a, b, x, out=np.empty((2, 12), np.float32))
+
+
+def test_readme_training_example_runs():
+    import re
+    from pathlib import Path
+
+    pytest.importorskip("jax", reason="the README's training example uses JAX too")
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = next(b for b in re.findall(r"```python\n(.*?)```", text, flags=re.S) if "scanweaver.torch" in b)
+    namespace: dict = {}
+    exec(compile(block, "README.md", "exec"), namespace)  # noqa: S102  (our own README)
+    assert namespace["A"].grad.shape == (64, 1) and namespace["h0"].grad.shape == (4, 64)
+    assert set(namespace["grads"]) == {"a", "b", "x", "c"}

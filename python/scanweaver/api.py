@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from . import fastpath
+from . import fastpath, frameworks
 from .arrays import prepare
 from .errors import api_boundary, BackendUnavailable, ScanInputError
 from .frontend import RECURRENCES, trace
@@ -280,6 +280,11 @@ class Recurrence:
               out):
         """The full path: validate, resolve, lower, run; keeps a :class:`~scanweaver.fastpath.Plan` under ``key``."""
         operands, tunables = self._bind(args, kwargs)
+        front = frameworks.framework((*operands.values(), h0, reset))
+        if front is not None:  # PyTorch or JAX arrays: their differentiable front end, their array type back
+            return frameworks.run(front, self, operands, tunables, out=out, h0=h0, reset=reset, reverse=reverse,
+                                  return_state=return_state, backend=backend, schedule=schedule, config=config,
+                                  cu_seqlens=cu_seqlens)
         arrays = prepare(self.name, operands, h0, reset, broadcast=self.broadcast, cu_seqlens=cu_seqlens,
                          reverse=bool(reverse), state_size=self.state_size)
         dtype = arrays.dtype.name
