@@ -33,6 +33,7 @@ _UFUNCS = {
     "sin": lambda x: E.call("sin", x),
     "cos": lambda x: E.call("cos", x),
     "absolute": lambda x: E.call("abs", x),
+    "sign": lambda x: E.call("sign", x),
     "power": lambda x, y: E.call("pow", x, y),
     "maximum": lambda x, y: E.call("max", x, y),
     "minimum": lambda x, y: E.call("min", x, y),

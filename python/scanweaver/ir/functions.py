@@ -40,8 +40,8 @@ def _sign(x):
 # module :mod:`scanweaver.ir.expr`, passed in because it imports this table) and
 # the call's argument expressions, and returns one partial per argument.  At
 # kinks (abs at 0, max/min at ties) the rules return the subgradient PyTorch and
-# JAX use: 0 for abs, half to each argument for max and min.  ``sign`` exists for
-# these rules (its own derivative is 0 almost everywhere); the tracer does not offer it.
+# JAX use: 0 for abs, half to each argument for max and min (``sign`` serves these rules,
+# and step functions may use it too: ``np.sign``; its derivative is 0 almost everywhere).
 
 
 def _d_exp(E, x):

@@ -127,7 +127,7 @@ def _recurrences() -> dict:
         s = np.abs(q) + 0.5
         a = 0.45 * sigmoid(p) + 0.2 * np.exp(-s) + 0.1 * np.tanh(s) + 0.05 * np.cos(p) * np.sin(q)
         u = (np.log(s) + np.log1p(s) + np.expm1(-s) + np.sqrt(s) + softplus(q) + silu(p) + s ** p
-             + np.maximum(p, q) - np.minimum(p, q))
+             + np.maximum(p, q) - np.minimum(p, q) + 0.25 * np.sign(p))
         return a * h + u * x
 
     def outputs(h, a, b, x, c, d):
