@@ -209,7 +209,7 @@ def _tuned(be: Backend, features: Mamba1Features, sizes: dict) -> dict | None:
 
     hit = store.lookup(backend=be.name, device=be.availability().device, signature=FUSED.get(OP).signature(features),
                        dtype=features.dtype, lanes=sizes["batch"] * sizes["dim"], L=sizes["L"])
-    return None if hit is None else dict(hit[1])
+    return dict(hit[1]) if hit is not None and hit[0] == store.FUSED_PREFIX + OP else None
 
 
 def forward(ops: MambaOperands, *, backend: str = "auto", return_state: bool = True, api: str = API,

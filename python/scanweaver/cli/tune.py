@@ -6,6 +6,7 @@
 
     scanweaver tune --backend cpu --shape 8,512,4096
     scanweaver tune --backend opencl --shape 4,1024 --strategy random_sample --max-fevals 20 --json
+    scanweaver tune --op mamba1 --backend cpu --shape 2,768,16,2048    # the fused Mamba-1 kernel
     scanweaver tune --show
     scanweaver tune --export tuned-gpu-nodes.json
     SCANWEAVER_TUNED=/shared/scanweaver/ scanweaver tune --import tuned-gpu-nodes.json
@@ -98,6 +99,7 @@ class Tune:
         p.add_argument("--schedule", action="append", help="tune only this schedule family (repeatable)")
         p.add_argument("--recurrence", default="selective_scan", choices=("selective_scan", "selective_scan_h"),
                        help="selective_scan (with c) or selective_scan_h (y = h)")
+        p.add_argument("--op", help="tune a fused operation's kernel instead (mamba1: shape B,D,N,L)")
         p.add_argument("--strategy", default="brute_force",
                        help="Kernel Tuner strategy: brute_force, random_sample, bayes_opt, genetic_algorithm, ...")
         p.add_argument("--max-fevals", type=int, help="evaluation budget")
@@ -128,10 +130,15 @@ class Tune:
             return import_(args.import_file, args.json)
         from ..tuning import tune
 
-        schedule = tuple(args.schedule) if args.schedule else None
-        report = tune(args.recurrence, backend=args.backend, shape=args.shape, dtype=args.dtype, schedule=schedule,
-                      strategy=args.strategy, max_fevals=args.max_fevals, time_limit=args.time_limit,
-                      values=dict(args.values or []), fresh=args.fresh, record=not args.no_store,
-                      progress=not args.json, out=args.out, confirm=args.confirm)
+        common = dict(backend=args.backend, shape=args.shape, dtype=args.dtype, strategy=args.strategy,
+                      max_fevals=args.max_fevals, time_limit=args.time_limit, values=dict(args.values or []),
+                      fresh=args.fresh, record=not args.no_store, progress=not args.json, out=args.out)
+        if args.op:
+            from ..tuning.fused import tune_fused
+
+            report = tune_fused(args.op, **common)
+        else:
+            schedule = tuple(args.schedule) if args.schedule else None
+            report = tune(args.recurrence, schedule=schedule, confirm=args.confirm, **common)
         print(json.dumps(report.to_json(), indent=1) if args.json else report.table())
         return 0 if report.best is not None else 1

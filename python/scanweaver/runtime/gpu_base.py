@@ -153,7 +153,8 @@ class GPUBackend(Backend):
     def run_fused(self, call: FusedCall, arrays: dict[str, object], sizes: dict[str, int]) -> None:
         """Runs the GPU rendering of ``call`` on checked NumPy arrays (outputs copied back in place).
 
-        Arrays a call does not use are passed as one-element buffers (kernels never read them).
+        Arrays a call does not use are passed as one-element buffers (kernels never read them); outputs the
+        caller did not ask for get a full-size buffer that is discarded.
         """
         kernel = kernel_for(self.target, call.op)
         if kernel is None or call.part not in kernel.parts:
@@ -162,11 +163,15 @@ class GPUBackend(Backend):
         op = FUSED.get(call.op)
         checked = op.arguments(call.part, call.features, arrays, sizes, f"{self.name} backend")
         dtype = np.dtype(call.features.dtype)
+        shapes = op.shapes(call.part, call.features, sizes)
         source = kernel.render(TARGETS.get(self.target)(), call)
         args, outs = [], []
         for p, a in zip(op.params(call.part), checked, strict=True):
             if p.kind == "int":
                 args.append(np.int64(a))
+            elif a is None and p.kind == "out" and op.enabled(p.name, call.features):
+                # an output the caller did not ask for: GPU kernels write it anyway (a discarded buffer)
+                args.append(self.empty(max(1, int(np.prod(shapes[p.name]))), np.dtype(p.dtype or dtype)))
             elif a is None:
                 args.append(self.empty(1, np.dtype(p.dtype or dtype)))
             elif p.kind == "out":

@@ -36,6 +36,7 @@ HEAD = r"""
 #include <stdlib.h>
 #include <string.h>
 #include <stdint.h>
+#include <time.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -316,8 +317,41 @@ def render(renderer, call, kernel_tuner: bool = False) -> str:
     f, cfg = call.features, call.params
     title = (f"/* scanweaver fused C kernel: mamba1 {call.part}, {f.dtype}, N={f.N}, width {cfg['width']} */")
     body = FORWARD if call.part == "forward" else BACKWARD
-    return "\n".join([title, defines(f, cfg, kernel_tuner), HEAD, vector_prelude(f.dtype, cfg["width"]),
-                      COMMON, body, TAIL])
+    parts = [title, defines(f, cfg, kernel_tuner), HEAD, vector_prelude(f.dtype, cfg["width"]), COMMON, body]
+    if kernel_tuner:
+        parts.append(timed(call))
+    return "\n".join([*parts, TAIL])
+
+
+def timed(call) -> str:
+    """``float sw_mamba1_<part>_timed(<the entry's parameters>)``: runs the entry and returns its own time
+    in ms (-1 on failure), the Kernel Tuner ``lang="C"`` convention."""
+    T = "double" if call.features.dtype == "float64" else "float"
+    decl, names = [], []
+    for p in Mamba1.params(Mamba1(), call.part):  # the ABI, in order
+        names.append(p.name)
+        if p.kind == "int":
+            decl.append(f"long {p.name}")
+        else:
+            ctype = "unsigned char" if p.dtype == "uint8" else T
+            decl.append(f"{'const ' if p.kind == 'in' else ''}{ctype}* {p.name}")
+    entry = f"sw_mamba1_{call.part}"
+    return (NOW + f"float {entry}_timed({', '.join(decl)}) {{\n  const double t0 = sw_now();\n"
+            f"  const int rc = {entry}({', '.join(names)});\n  const double t1 = sw_now();\n"
+            "  return rc == SW_OK ? (float)((t1 - t0) * 1e3) : -1.0f;\n}")
+
+
+NOW = r"""
+static double sw_now(void) {
+#ifdef _OPENMP
+  return omp_get_wtime();
+#else
+  struct timespec ts;
+  timespec_get(&ts, TIME_UTC);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+#endif
+}
+"""
 
 
 KERNELS.register(FusedKernel(Mamba1.name, "c", ("forward", "backward"), render,

@@ -301,11 +301,33 @@ def _valid(entry: Entry) -> bool:
     from ..runtime.base import REGISTRY
 
     backend = REGISTRY.get(entry.backend, None)
+    if entry.schedule.startswith(FUSED_PREFIX):
+        return _valid_fused(entry, backend)
     extra = backend.extra_tunables if backend is not None else ()
     if backend is not None and entry.schedule not in backend.schedules:
         return False
     try:
         resolve_config(entry.schedule, entry.config, "tuned store", extra)
+    except ValueError as exc:
+        log.info("ignoring stored config %s/%s: %s", entry.schedule, entry.config, exc)
+        return False
+    return True
+
+
+#: The ``schedule`` of an entry for a fused operation's kernel: ``fused:<op>`` (:mod:`.fused`).
+FUSED_PREFIX = "fused:"
+
+
+def _valid_fused(entry: Entry, backend) -> bool:
+    """True when the fused operation exists, renders on the backend, and accepts the stored tunables."""
+    from ..fused import REGISTRY as FUSED
+    from ..targets.fused import family_of
+
+    op = FUSED.get(entry.schedule[len(FUSED_PREFIX):], None)
+    if op is None or backend is None or not op.runs_on(backend.target):
+        return False
+    try:
+        op.resolve(family_of(backend.target), entry.config, {}, "tuned store")
     except ValueError as exc:
         log.info("ignoring stored config %s/%s: %s", entry.schedule, entry.config, exc)
         return False

@@ -93,3 +93,33 @@ class CTarget(KernelTunerTarget):
             defines={"sw_schedule_index": lambda p: order.index(space.schedule_of(p))},
             compiler=compiler, compiler_options=options, fingerprint=digest,
         )
+
+    def fused_kernel(self, problem, space: SearchSpace, inputs: dict[str, np.ndarray], workdir: Path) -> KernelSpec:
+        """A fused operation's forward (:mod:`scanweaver.tuning.fused`): one C unit per ``width`` (it shapes the
+        generated vector code), a dispatcher on ``width``, and the unit's ``*_timed`` entry point."""
+        from ...fused import REGISTRY as FUSED
+        from ...targets.fused import kernel_for
+        from ..fused import fused_arguments
+
+        op, kernel = FUSED.get(problem.op), kernel_for("c", problem.op)
+        units = {}
+        for width in space.params["width"]:
+            cfg = {**space.pinned, "width": width}
+            units[width] = kernel.render(None, op.call("forward", problem.features, cfg), kernel_tuner=True)
+        compiler, options = self.compiler()
+        digest = hashlib.sha256("\0".join([*units.values(), compiler, *options]).encode()).hexdigest()[:12]
+        src = workdir / f"src-{problem.op}-{digest}"
+        src.mkdir(parents=True, exist_ok=True)
+        lines = [DISPATCH_HEAD]
+        for i, (width, text) in enumerate(units.items()):
+            unit = src / f"width{width}.c"
+            if not unit.exists() or unit.read_text() != text:
+                unit.write_text(text)
+            lines.append(f"#{'if' if i == 0 else 'elif'} width == {width}\n#include \"{unit}\"")
+        lines.append("#else\n#error unknown width\n#endif\n")
+        dispatch = src / "dispatch.c"
+        dispatch.write_text("\n".join(lines))
+        args, out = fused_arguments(problem, inputs)
+        return KernelSpec(lang=self.lang, kernel_name=f"{kernel.entry('forward')}_timed", kernel_source=str(dispatch),
+                          problem_size=problem.lanes, arguments=args, output=out, compiler=compiler,
+                          compiler_options=options, fingerprint=digest)

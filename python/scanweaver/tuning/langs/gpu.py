@@ -97,3 +97,24 @@ class GPUTarget(KernelTunerTarget):
             output=len(problem.stages.affine.inputs), grid_div_x=["workgroup_size"] if has_wg else None,
             block_size_names=["workgroup_size"] if has_wg else None, fingerprint=fp,
         )
+
+    def fused_kernel(self, problem, space: SearchSpace, inputs: dict[str, np.ndarray], workdir: Path) -> KernelSpec:
+        """A fused operation's forward (:mod:`scanweaver.tuning.fused`): one kernel, ``batch * D`` workgroups of
+        ``workgroup_size`` work-items, the source rendered per configuration."""
+        from ...fused import REGISTRY as FUSED
+        from ...targets import TARGETS
+        from ...targets.fused import kernel_for
+        from ..fused import fused_arguments
+
+        op, kernel = FUSED.get(problem.op), kernel_for(self.emitter, problem.op)
+        renderer = TARGETS.get(self.emitter)()
+
+        def source(p: dict) -> str:
+            cfg = {k: p[k] for k in space.params}
+            return kernel.render(renderer, op.call("forward", problem.features, cfg))
+
+        fp = hashlib.sha256(source({k: v[0] for k, v in space.params.items()}).encode()).hexdigest()[:12]
+        args, out = fused_arguments(problem, inputs)
+        return KernelSpec(lang=self.lang, kernel_name=kernel.entry("forward"), kernel_source=source,
+                          problem_size=lambda p: problem.lanes * p["workgroup_size"], arguments=args, output=out,
+                          grid_div_x=["workgroup_size"], block_size_names=["workgroup_size"], fingerprint=fp)
