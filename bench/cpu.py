@@ -9,6 +9,8 @@ see the same machine; kernels write into preallocated outputs, like the
 roofline (``api_ns_per_element`` is the public call, which also allocates
 and first-touches ``y``).  The NumPy loop of the long sequence is timed on a
 prefix (``numpy_loop.measured_L``): 2^24 Python iterations would take minutes.
+The report names the instruction set and vector width the kernels were built
+for (from the compiler's predefined macros with the kernel flags).
 
 Usage::
 
@@ -28,7 +30,7 @@ import numpy as np
 import scanweaver
 from scanweaver.arrays import prepare
 from scanweaver.runtime import get_backend
-from scanweaver.runtime.cpu_backend import cpu_model, cpu_threads
+from scanweaver.runtime.host import cpu_model, cpu_threads, vector_isa
 from scanweaver.runtime import roofline
 from scanweaver.runtime.roofline import bytes_per_element
 
@@ -150,8 +152,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     results = [bench_shape(lanes, L, args.repeats) for lanes, L in shapes]
-    report = {"device": f"{cpu_model()} ({cpu_threads()} threads)", "dtype": "float32", "shapes": results}
-    print(json.dumps(report, indent=2) if args.json else f"{report['device']}\n{table(results)}")
+    isa, vbytes = vector_isa()
+    report = {"device": f"{cpu_model()} ({cpu_threads()} threads)", "isa": isa, "vector_bytes": vbytes,
+              "dtype": "float32", "shapes": results}
+    head = f"{report['device']}, {isa}: {vbytes}-byte vectors in the chunked kernel"
+    print(json.dumps(report, indent=2) if args.json else f"{head}\n{table(results)}")
     return 0
 
 

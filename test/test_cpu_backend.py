@@ -238,19 +238,24 @@ def test_missing_compiler_is_a_clear_error_and_auto_falls_back_once(tmp_path):
     assert "BACKEND: numpy" in proc.stdout
 
 
-def test_broken_compiler_raises_compile_error_with_the_log(tmp_path):
+def test_broken_compiler_makes_the_backend_unavailable_with_the_log(tmp_path):
+    """A compiler that cannot build the probe kernel is found out when the backend is probed:
+    ``scanweaver devices`` says why, and an explicit ``backend="cpu"`` raises with the compiler's words."""
     script = tmp_path / "badcc"
     script.write_text("#!/bin/sh\necho 'badcc: simulated internal error' >&2\nexit 1\n")
     script.chmod(0o755)
     env = {**os.environ, "CC": str(script), "SCANWEAVER_CACHE_DIR": str(tmp_path)}
     proc = _run_isolated("""
         import numpy as np, scanweaver
+        from scanweaver.cli.devices import backend_rows
+        print("DEVICES:", [r["reason"] for r in backend_rows() if r["backend"] == "cpu"][0])
         a = np.full((2, 5), 0.5, np.float32)
         try:
             scanweaver.selective_scan(a, a, a, backend="cpu")
-        except scanweaver.CompileError as exc:
-            print("COMPILE-ERROR:", exc)
+        except scanweaver.BackendUnavailable as exc:
+            print("UNAVAILABLE:", exc)
     """, env)
     assert proc.returncode == 0, proc.stderr
-    assert "COMPILE-ERROR: cpu backend: the C compiler failed (exit 1)" in proc.stdout
-    assert "badcc: simulated internal error" in proc.stdout
+    assert "UNAVAILABLE: backend 'cpu' is unavailable: the C compiler" in proc.stdout
+    assert proc.stdout.count("badcc: simulated internal error") == 2
+    assert "DEVICES: the C compiler" in proc.stdout

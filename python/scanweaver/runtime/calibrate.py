@@ -111,7 +111,7 @@ def _read() -> dict:
 
 
 def _measure_and_store(key: str) -> int:
-    from .cpu_backend import cpu_threads
+    from .host import cpu_threads
 
     if cpu_threads() < 2:
         value, ladder = HIGH, []

@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import os
-import platform
 import threading
-from pathlib import Path
+import warnings
 from collections.abc import Callable
 
 import numpy as np
@@ -37,6 +35,9 @@ from ..schedules.base import non_negative
 from ..targets.c_target import CRenderer
 from ..targets.fused import kernel_for
 from . import calibrate, fastcall, toolchain
+from .host import core_kinds, cpu_model, cpu_threads, simd_bytes, vector_isa
+
+__all__ = ["CpuBackend", "cpu_model", "cpu_threads", "simd_bytes", "state_shape"]
 from .base import Availability, Backend, ScanArrays, register
 
 #: Chunk (scan positions per tile) when one lane's tiles are spread over threads: big
@@ -50,40 +51,6 @@ INTERLEAVE = 1
 
 def _interleave_rule(value: object) -> str | None:
     return None if 1 <= value <= 32 else "it must be between 1 and 32"
-
-
-def cpu_threads() -> int:
-    """Cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
-def simd_bytes() -> int:
-    """Bytes of the widest vector registers the C compiler targets here (``-march=native``).
-
-    64 with AVX-512, 32 with AVX/AVX2, else 16 (SSE2, NEON, and anything unknown).
-    """
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return 16
-    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
-    if "avx512f" in flags:
-        return 64
-    return 32 if "avx" in flags else 16
-
-
-def cpu_model() -> str:
-    """A readable CPU name, e.g. ``AMD EPYC``."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "CPU"
 
 
 @register
@@ -111,14 +78,21 @@ class CpuBackend(Backend):
         reason = toolchain.missing_reason()
         if reason:
             return Availability(False, reason)
-        return Availability(True, device=f"{cpu_model()} ({cpu_threads()} threads)")
+        kinds = core_kinds()
+        return Availability(True, device=f"{cpu_model()} ({cpu_threads()} threads{': ' + kinds if kinds else ''})")
 
     def default_schedule(self, lanes: int, L: int) -> str:
         return "chunked"
 
     def details(self) -> dict[str, object]:
+        tc = toolchain.find_toolchain()
+        isa, vbytes = vector_isa()
         cutoff = calibrate.stored_cutoff()
-        return {"threads_cutoff": cutoff if cutoff is not None else "measured on first use"}
+        version = tc.identity.splitlines()[1:2] or [tc.command[0]]
+        return {"compiler": version[0], "flags": " ".join(tc.flags),
+                "vectors": f"{isa}, {vbytes}-byte vectors in the chunked kernel",
+                "openmp": "yes" if tc.openmp else "; ".join(tc.notes) or "no",
+                "threads_cutoff": cutoff if cutoff is not None else "measured on first use"}
 
     def default_config(self, schedule: str, lanes: int, L: int, dtype: str) -> dict[str, object]:
         """One thread below the machine's measured cut-off (:func:`.calibrate.threads_cutoff`),
@@ -139,7 +113,9 @@ class CpuBackend(Backend):
         with self._lock:
             fn = self._functions.get(src)
         if fn is None:
-            fn = toolchain.find_toolchain().load(src).sw_scan
+            tc = toolchain.find_toolchain()
+            _single_thread_notice(tc)
+            fn = tc.load(src).sw_scan
             nptr = len(stages.affine.inputs) + 4
             fn.argtypes = [ctypes.c_void_p] * nptr + [ctypes.c_long, ctypes.c_long]
             fn.restype = ctypes.c_int
@@ -239,6 +215,18 @@ class CpuBackend(Backend):
         if rc != 0:
             raise MemoryError(f"cpu backend: the fused {call.op} kernel could not allocate its scratch memory "
                               f"(status {rc})")
+
+
+_noticed: set[toolchain.Toolchain] = set()
+
+
+def _single_thread_notice(tc: toolchain.Toolchain) -> None:
+    """One warning per compiler and process when kernels cannot use the other cores (no OpenMP)."""
+    if tc.openmp or tc in _noticed or cpu_threads() < 2:
+        return
+    _noticed.add(tc)
+    warnings.warn("scanweaver cpu backend: " + ("; ".join(tc.notes) or "no OpenMP: kernels run on one thread"),
+                  RuntimeWarning, stacklevel=4)
 
 
 def state_shape(stages: Stages, lanes: int) -> tuple[int, ...]:

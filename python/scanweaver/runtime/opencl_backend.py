@@ -61,6 +61,23 @@ def select_device():
     raise BackendUnavailable(f"opencl: {ENV_DEVICE}={spec!r} matches no device; devices: {names}")
 
 
+#: Apple's OpenCL (macOS): frozen at 1.2 and deprecated since macOS 10.14 in favour of Metal.
+APPLE_NOTE = ("Apple's OpenCL 1.2, deprecated since macOS 10.14 in favour of Metal "
+              "(ScanWeaver.jl runs Metal: backend='julia', device='metal')")
+
+
+def limits(platform, device) -> dict[str, object]:
+    """What bounds the kernels on ``device``: OpenCL version, float64, largest workgroup, local memory."""
+    ext = device.extensions.split()
+    fp64 = "cl_khr_fp64" in ext or "cl_amd_fp64" in ext
+    out: dict[str, object] = {"opencl": device.version.strip(), "float64": fp64,
+                              "max_workgroup": int(device.max_work_group_size),
+                              "local_memory_kib": int(device.local_mem_size) // 1024}
+    if platform.name.strip() == "Apple":
+        out["note"] = APPLE_NOTE + ("" if fp64 else "; no float64 on this device: run float64 on the cpu backend")
+    return out
+
+
 @register
 class OpenCLBackend(GPUBackend):
     """OpenCL C kernels on any OpenCL device (PoCL on CPUs in CI)."""
@@ -88,7 +105,11 @@ class OpenCLBackend(GPUBackend):
         if "Portable Computing Language" in p.name and not shutil.which("ld"):
             # PoCL links every kernel with the system linker and aborts the process when it is missing.
             return Availability(False, "PoCL needs a linker (ld, from binutils) on PATH to build kernels")
-        return Availability(True, device=f"{d.name.strip()} ({p.name.strip()}, OpenCL)")
+        note = "; " + APPLE_NOTE if p.name.strip() == "Apple" else ""
+        return Availability(True, device=f"{d.name.strip()} ({p.name.strip()}, OpenCL{note})")
+
+    def details(self) -> dict[str, object]:
+        return limits(*select_device())
 
     @property
     def queue(self):

@@ -1,13 +1,15 @@
 """The system C compiler and an on-disk cache of compiled kernels.
 
 :func:`find_toolchain` locates a compiler (``$CC``, then ``cc``, ``gcc``,
-``clang``) and probes once which optimisation flags it accepts (``-O3``,
-``-march=native``, ``-fopenmp``; each is dropped when the compiler rejects
-it, so plain C without OpenMP still works).  :meth:`Toolchain.build` compiles
-a source to a shared object stored under the cache directory
-(``$SCANWEAVER_CACHE_DIR``, else ``platformdirs.user_cache_dir("scanweaver")``)
-named by a hash of the source, the flags and the compiler's identity
-(path and ``--version``).
+``clang``) and probes once which flags it takes on this platform
+(:mod:`.cflags`: ``-O3``, ``-march=native`` or ``-mcpu=native``, OpenMP by
+``-fopenmp`` or Homebrew's libomp on macOS; a form it rejects is dropped, so
+plain C without OpenMP still works).  :meth:`Toolchain.build` compiles a
+source to a shared library (``.so``, ``.dylib`` on macOS, ``.dll`` on Windows)
+stored under the cache directory (``$SCANWEAVER_CACHE_DIR``, else
+``platformdirs.user_cache_dir("scanweaver")``: ``~/.cache/scanweaver`` on
+Linux, ``~/Library/Caches/scanweaver`` on macOS) named by a hash of the
+source, the flags and the compiler's identity (path, ``--version``, CPU).
 
 Concurrency and corruption: a build writes to a unique temporary name and
 moves it into place with :func:`os.replace` (atomic), under a per-entry lock
@@ -38,24 +40,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import BackendUnavailable, CompileError
+from . import cflags
+from .host import Host, cpu_flags, cpu_model
 
-#: Compilers tried, in order, when ``$CC`` is not set.
-CANDIDATES = ("cc", "gcc", "clang")
-#: Flags every build uses: position-independent shared object, errno-free math (lets
-#: sqrt and friends inline; results are unchanged, NaN and Inf behave as in C).
-BASE_FLAGS = ("-shared", "-fPIC", "-fno-math-errno")
-#: Optional flags, each kept only when the compiler accepts it.
-OPTIONAL_FLAGS = ("-O3", "-march=native", "-fopenmp")
+#: Compilers tried, in order, when ``$CC`` is not set (Windows has no ``cc``; MSVC's ``cl`` cannot build kernels).
+CANDIDATES = ("clang", "gcc") if Host.current().windows else ("cc", "gcc", "clang")
+#: Flags every build here uses: the link mode and errno-free math (see :func:`.cflags.base_flags`).
+BASE_FLAGS = cflags.base_flags(Host.current())
+#: Flags that select a link mode or a library, left out where only compiling or preprocessing.
+LINK_FLAGS = ("-shared", "-dynamiclib", "-fPIC")
 #: Seconds one compilation may take.
 COMPILE_TIMEOUT_S = 120
-
-_PROBE_SOURCE = """
-#include <math.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-double sw_probe(double v) { return sqrt(v); }
-"""
 
 
 def cache_dir() -> Path:
@@ -76,16 +71,39 @@ class Toolchain:
         command: the compiler and any arguments from ``$CC`` (e.g. ``("gcc",)``).
         flags: every flag used for kernels, in order.
         identity: path and ``--version`` text (part of the cache key).
+        notes: notices about the build (e.g. why kernels run on one thread).
+        suffix: file suffix of the shared libraries it builds.
     """
 
     command: tuple[str, ...]
     flags: tuple[str, ...]
     identity: str
+    notes: tuple[str, ...] = ()
+    suffix: str = ".so"
 
     @property
     def openmp(self) -> bool:
         """True when kernels are built with OpenMP."""
         return "-fopenmp" in self.flags
+
+    @property
+    def compile_flags(self) -> tuple[str, ...]:
+        """The kernel flags without the link mode and libraries (for compiling or preprocessing only)."""
+        return tuple(f for f in self.flags if f not in LINK_FLAGS and not f.startswith(("-l", "-L")))
+
+    def preprocess(self, source: str) -> str:
+        """``source`` after the preprocessor, with the kernel flags (what the compiler targets)."""
+        return _run_preprocessor(self.command, self.compile_flags, source, ())
+
+    def macros(self) -> dict[str, str]:
+        """The compiler's predefined macros with the kernel flags, e.g. ``{"__AVX2__": "1", ...}``."""
+        text = _run_preprocessor(self.command, self.compile_flags, "", ("-dM",))
+        out = {}
+        for line in text.splitlines():
+            parts = line.split(None, 2)
+            if len(parts) >= 2 and parts[0] == "#define":
+                out[parts[1]] = parts[2] if len(parts) > 2 else ""
+        return out
 
     def key(self, source: str, extra_flags: tuple[str, ...] = (), identity: str = "") -> str:
         """The cache key of ``source`` built by this toolchain (with ``extra_flags``, for ``identity``)."""
@@ -111,14 +129,14 @@ class Toolchain:
         directory = Path(directory) if directory is not None else cache_dir() / "c"
         directory.mkdir(parents=True, exist_ok=True)
         key = self.key(source, extra_flags, identity)
-        lib = directory / f"sw_{key}.so"
+        lib = directory / f"sw_{key}{self.suffix}"
         if _verified(lib):
             return lib
         with _locked(directory / f"sw_{key}.lock"):
             if _verified(lib):
                 return lib
             (directory / f"sw_{key}.c").write_text(source)
-            fd, tmp = tempfile.mkstemp(prefix=f"sw_{key}.", suffix=".tmp.so", dir=directory)
+            fd, tmp = tempfile.mkstemp(prefix=f"sw_{key}.", suffix=f".tmp{self.suffix}", dir=directory)
             os.close(fd)
             try:
                 self._compile(directory / f"sw_{key}.c", Path(tmp), extra_flags)
@@ -146,6 +164,19 @@ class Toolchain:
                 f"cpu backend: the C compiler failed (exit {proc.returncode}) on {src}\n"
                 f"command: {shlex.join(cmd)}\n{log}"
             )
+
+
+@functools.lru_cache(maxsize=64)
+def _run_preprocessor(command: tuple[str, ...], flags: tuple[str, ...], source: str, extra: tuple[str, ...]) -> str:
+    cmd = [*command, *flags, *extra, "-E", "-P", "-x", "c", "-"]
+    try:
+        proc = subprocess.run(cmd, input=source, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise CompileError(f"cpu backend: could not run the C preprocessor ({shlex.join(cmd)}): {exc}") from exc
+    if proc.returncode != 0:
+        raise CompileError(f"cpu backend: the C preprocessor failed (exit {proc.returncode}): {shlex.join(cmd)}\n"
+                           f"{proc.stderr.strip()}")
+    return proc.stdout
 
 
 _loaded: dict[tuple[Toolchain, str], ctypes.CDLL] = {}
@@ -214,60 +245,45 @@ def _identity(command: tuple[str, ...]) -> str:
         version = (proc.stdout or proc.stderr).strip()
     except (OSError, subprocess.TimeoutExpired) as exc:
         version = f"unknown ({exc})"
-    return f"{shlex.join(command)}\n{version}\n{_host_cpu()}"
-
-
-def _host_cpu() -> str:
-    """The CPU model and feature flags (``-march=native`` objects are only valid on the same kind)."""
-    import platform
-
-    text = platform.machine()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("model name", "flags")):
-                text += "\n" + line
-            if line.startswith("flags"):
-                break
-    return text
-
-
-def _accepts(command: tuple[str, ...], flags: list[str]) -> bool:
-    with tempfile.TemporaryDirectory(prefix="sw_probe_") as tmp:
-        src = Path(tmp) / "probe.c"
-        src.write_text(_PROBE_SOURCE)
-        cmd = [*command, *BASE_FLAGS, *flags, str(src), "-o", str(Path(tmp) / "probe.so"), "-lm"]
-        try:
-            return subprocess.run(cmd, capture_output=True, timeout=COMPILE_TIMEOUT_S).returncode == 0
-        except (OSError, subprocess.TimeoutExpired):
-            return False
+    host = Host.current()
+    return f"{shlex.join(command)}\n{version}\n{host.system} {host.machine}\n{cpu_model(host)}\n{cpu_flags()}"
 
 
 def missing_reason() -> str | None:
-    """Why no C compiler can be used, or ``None`` when one is found."""
-    if _compiler_command() is None:
+    """Why no C compiler can build kernels here, or ``None`` when one can (probing it once)."""
+    command = _compiler_command()
+    if command is None:
         cc = os.environ.get("CC", "").strip()
         if cc:
             return f"no C compiler found: CC={cc!r} is not an executable; set CC to a C compiler or install gcc"
+        if Host.current().windows:
+            return ("no C compiler found: the kernels need GCC vector extensions, which MSVC's cl lacks; "
+                    "install LLVM (clang) or MinGW-w64 (gcc) and put it on PATH or set CC")
         return "no C compiler found: set CC or install gcc"
-    return None
+    return _probe(command).missing or None
 
 
 @functools.lru_cache(maxsize=8)
-def _probe(command: tuple[str, ...]) -> Toolchain:
-    flags: list[str] = []
-    for flag in OPTIONAL_FLAGS:
-        if _accepts(command, [*flags, flag]):
-            flags.append(flag)
-    return Toolchain(command=command, flags=(*BASE_FLAGS, *flags), identity=_identity(command))
+def _probe(command: tuple[str, ...]) -> cflags.Probe:
+    return cflags.probe(command)
+
+
+@functools.lru_cache(maxsize=8)
+def _toolchain(command: tuple[str, ...]) -> Toolchain:
+    found = _probe(command)
+    return Toolchain(command=command, flags=found.flags, identity=_identity(command), notes=found.notes,
+                     suffix=Host.current().library_suffix)
 
 
 def find_toolchain() -> Toolchain:
     """The compiler from ``$CC`` (or the first of cc, gcc, clang) with its probed flags.
 
     Raises:
-        BackendUnavailable: when no compiler is found.
+        BackendUnavailable: when no compiler is found, or the one found cannot build kernels.
     """
+    reason = missing_reason()
+    if reason:
+        raise BackendUnavailable(f"backend 'cpu' is unavailable: {reason}")
     command = _compiler_command()
-    if command is None:
-        raise BackendUnavailable(f"backend 'cpu' is unavailable: {missing_reason()}")
-    return _probe(command)
+    assert command is not None
+    return _toolchain(command)

@@ -1,7 +1,8 @@
 """C source of the ``chunked`` schedule on CPU cores (assembled by :mod:`scanweaver.targets.c_target`).
 
-The chunks of the schedule are vector blocks of ``SW_VL`` scan positions
-(32 bytes: 8 floats or 4 doubles).  Each block's pairs (A_t, U_t) are
+The chunks of the schedule are vector blocks of ``SW_VL`` scan positions,
+one vector of the machine the kernel is compiled for (``SW_VBYTES``: 64 bytes
+with AVX-512, 32 with AVX, 16 with SSE or NEON; see :data:`VECTOR_BYTES`).  Each block's pairs (A_t, U_t) are
 computed once, then scanned in registers in log2(SW_VL) steps of
 shift-and-compose (``chunked.reduce`` within the block); one fused
 multiply-add per block applies the carry-in to every position
@@ -100,19 +101,49 @@ def vector_pairs(renderer, stages) -> str:
     return VECTOR_PAIRS.replace("@A@", vec(aff.A)).replace("@U@", vec(aff.U)).replace("@Y@", y)
 
 
-def chunked_source(renderer, stages) -> str:
-    """The ``chunked`` schedule's C source (the block width depends on the dtype)."""
-    dtype = stages.affine.dtype
-    vl = 8 if dtype == "float32" else 4
+#: Vector sizes in bytes the chunked kernel is rendered for; the compiler picks one (:data:`VECTOR_BYTES`).
+WIDTHS = (64, 32, 16)
+
+#: The vector size of the machine the kernel is compiled for, from the compiler's predefined macros:
+#: 64 bytes with AVX-512, 32 with AVX, 16 otherwise (SSE, NEON and unknown ISAs, where the compiler
+#: lowers vector extensions to what it has).  ``-DSW_VBYTES=n`` overrides it.
+VECTOR_BYTES = r"""
+#ifndef SW_VBYTES
+#if defined(__AVX512F__)
+#define SW_VBYTES 64
+#elif defined(__AVX__)
+#define SW_VBYTES 32
+#else
+#define SW_VBYTES 16
+#endif
+#endif
+"""
+
+
+def _width(dtype: str, vbytes: int) -> str:
+    """Vector types, constants and the block scan for vectors of ``vbytes`` bytes."""
+    item = 4 if dtype == "float32" else 8
+    vl = vbytes // item
     itype = "int" if dtype == "float32" else "long long"
     rev = ", ".join(str(vl - 1 - k) for k in range(vl))
     return (f"#define SW_VL {vl}\n"
-            f"typedef SW_T sw_vec __attribute__((vector_size(32)));\n"
-            f"typedef {itype} sw_ivec __attribute__((vector_size(32)));\n"
-            + SHUFFLE + PRELUDE
-            + f"static const sw_vec sw_zero = {{0}}, sw_one = {{{', '.join(['1'] * vl)}}};\n"
+            f"typedef SW_T sw_vec __attribute__((vector_size({vbytes})));\n"
+            f"typedef {itype} sw_ivec __attribute__((vector_size({vbytes})));\n"
+            f"static const sw_vec sw_zero = {{0}}, sw_one = {{{', '.join(['1'] * vl)}}};\n"
             + f"SW_INLINE sw_vec sw_vrev(sw_vec v) {{ return SW_SHUF1(v, {rev}); }}\n"
-            + VECTOR_IO + vector_pairs(renderer, stages) + block_scan(vl) + BODY)
+            + block_scan(vl).strip("\n"))
+
+
+def chunked_source(renderer, stages) -> str:
+    """The ``chunked`` schedule's C source: one rendering per vector size of :data:`WIDTHS`, the
+    compiler keeping the one of its target (:data:`VECTOR_BYTES`)."""
+    dtype = stages.affine.dtype
+    branches = []
+    for i, vbytes in enumerate(WIDTHS):
+        branches.append(f"#{'if' if i == 0 else 'elif'} SW_VBYTES == {vbytes}\n{_width(dtype, vbytes)}")
+    widths = "\n".join([*branches, "#else", f"#error \"SW_VBYTES must be one of {WIDTHS}\"", "#endif"])
+    return (VECTOR_BYTES + SHUFFLE + PRELUDE + widths + "\n"
+            + VECTOR_IO + vector_pairs(renderer, stages) + BODY)
 
 
 VECTOR_IO = r"""

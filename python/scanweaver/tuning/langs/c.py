@@ -58,8 +58,8 @@ class CTarget(KernelTunerTarget):
         from ...runtime.toolchain import find_toolchain
 
         tc = find_toolchain()
-        flags = [f for f in tc.flags if f not in ("-shared", "-fPIC")]
-        return tc.command[0], [*tc.command[1:], *flags, "-lm"]
+        libs = [f for f in tc.flags if f.startswith(("-l", "-L"))]  # e.g. Homebrew's libomp on macOS
+        return tc.command[0], [*tc.command[1:], *tc.compile_flags, *libs, "-lm"]
 
     def kernel(self, problem: TuneProblem, space: SearchSpace, inputs: dict[str, np.ndarray],
                workdir: Path) -> KernelSpec:
