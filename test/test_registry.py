@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 import textwrap
+import threading
 
 import pytest
 
@@ -187,6 +188,29 @@ def test_discovery_imports_plugins_by_name_lazily_and_explains_failures(plugin_p
     assert msg.startswith("thing: unknown thing 'fancy'; known: good")
     assert "could not load: swplugins.optional_thing (ModuleNotFoundError" in msg
     assert swplugins.THINGS.get("fancy", None) is None
+
+
+def test_threads_asking_at_once_all_wait_for_every_plug_in(plugin_package):
+    (plugin_package / "slow_thing.py").write_text(textwrap.dedent("""
+        import time
+
+        from . import THINGS
+
+        time.sleep(0.3)
+
+        @THINGS.register
+        class Slow:
+            name = "slow"
+    """))
+    import swplugins
+
+    found: list = []
+    threads = [threading.Thread(target=lambda: found.append(swplugins.THINGS.get("slow", None))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(found) == 4 and all(f is not None and f.__name__ == "Slow" for f in found)
 
 
 def test_names_collide_loudly_and_registration_is_idempotent():

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import collections
 import functools
 import hashlib
 import logging
+import uuid
 import warnings
+import weakref
 from dataclasses import dataclass
 from collections.abc import Callable
 
@@ -158,6 +161,16 @@ class Recurrence:
         self._lowered = functools.lru_cache(maxsize=256)(self._lower_emit)
         self._plans: dict[tuple, fastpath.Plan] = {}
         functools.update_wrapper(self, step)
+        self._token = uuid.uuid4().hex
+        _RESTORED[self._token] = self
+
+    def __reduce__(self):
+        """Pickles as the step function and options (Dask and Ray send recurrences to their workers).
+
+        Unpickling where an unpickled copy of the same recurrence already lives
+        returns that copy, with its traced stages and compiled kernels.
+        """
+        return _restore, (self.step, self.name, self.broadcast, self.state_size, self._token)
 
     def __repr__(self) -> str:
         return f"<scanweaver.Recurrence {self.name}({', '.join(self.inputs)})>"
@@ -346,6 +359,26 @@ class Recurrence:
             raise ScanInputError(f"{self.name}: missing operand(s) {', '.join(missing)}; "
                                  f"needs {', '.join(self.inputs)}")
         return operands, tunables
+
+
+#: token -> recurrence, for :meth:`Recurrence.__reduce__`: every live one, plus the last few unpickled
+_RESTORED: weakref.WeakValueDictionary[str, Recurrence] = weakref.WeakValueDictionary()
+_RECENT: collections.OrderedDict[str, Recurrence] = collections.OrderedDict()
+_RECENT_MAX = 32
+
+
+def _restore(step: Callable, name: str, broadcast: bool, state_size: int, token: str) -> Recurrence:
+    rec = _RESTORED.get(token)
+    if rec is None:
+        rec = Recurrence(step, name=name, broadcast=broadcast, state_size=state_size)
+        del _RESTORED[rec._token]
+        rec._token = token
+        _RESTORED[token] = rec
+    _RECENT[token] = rec  # unpickled copies stay alive between the tasks of one worker
+    _RECENT.move_to_end(token)
+    while len(_RECENT) > _RECENT_MAX:
+        _RECENT.popitem(last=False)
+    return rec
 
 
 @api_boundary

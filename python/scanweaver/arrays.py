@@ -101,6 +101,17 @@ def seqlens_reset(api: str, cu_seqlens: object, L: int, reverse: bool = False) -
     Raises:
         ScanInputError: naming ``cu_seqlens`` and its bad values.
     """
+    mask = np.zeros(L, dtype=bool)
+    mask[seqlens_positions(api, cu_seqlens, L, reverse)] = True
+    return mask
+
+
+def seqlens_positions(api: str, cu_seqlens: object, L: int, reverse: bool = False) -> np.ndarray:
+    """The positions :func:`seqlens_reset` marks, as a sorted int64 array (no ``(L,)`` mask is built).
+
+    Raises:
+        ScanInputError: naming ``cu_seqlens`` and its bad values.
+    """
     cu = np.asarray(cu_seqlens)
     if cu.ndim != 1 or cu.dtype.kind not in "iu" or cu.size == 0:
         raise ScanInputError(
@@ -122,9 +133,7 @@ def seqlens_reset(api: str, cu_seqlens: object, L: int, reverse: bool = False) -
         raise ScanInputError(
             f"{api}: cu_seqlens must end at the sequence length L = {L}; got cu_seqlens[-1] = {cu[-1]}"
         )
-    mask = np.zeros(L, dtype=bool)
-    mask[cu[1:-1] - 1 if reverse else cu[1:-1]] = True
-    return mask
+    return cu[1:-1] - 1 if reverse else cu[1:-1]
 
 
 def prepare(api: str, operands: dict[str, object], h0: object = None, reset: object = None,

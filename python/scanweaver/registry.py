@@ -87,6 +87,7 @@ class Registry(Generic[T]):
         self._items: dict[str, T] = {}
         self._failed: dict[str, str] = {}
         self._loaded = not discover
+        self._loading = False
         self._lock = threading.RLock()
 
     def register(self, name: str | T | None = None, *, replace: bool = False):
@@ -121,19 +122,28 @@ class Registry(Generic[T]):
             self._items.pop(name, None)
 
     def load(self) -> None:
-        """Imports every plug-in module once; failures are remembered with their reason."""
+        """Imports every plug-in module once; failures are remembered with their reason.
+
+        Other threads wait until every module is imported (Dask runs tasks on
+        threads that may all ask at once); a plug-in module that asks its own
+        registry while being imported sees what is registered so far.
+        """
         if self._loaded:
             return
         with self._lock:
-            if self._loaded:
+            if self._loaded or self._loading:
                 return
+            self._loading = True
+            try:
+                for d in self.discover:
+                    for mod in d.modules():
+                        try:
+                            importlib.import_module(mod)
+                        except Exception as exc:  # an optional plug-in must not take the registry down
+                            self._failed[mod] = f"{type(exc).__name__}: {exc}"
+            finally:
+                self._loading = False
             self._loaded = True
-            for d in self.discover:
-                for mod in d.modules():
-                    try:
-                        importlib.import_module(mod)
-                    except Exception as exc:  # an optional plug-in must not take the registry down
-                        self._failed[mod] = f"{type(exc).__name__}: {exc}"
 
     def get(self, name: str, default: object = _MISSING):
         """The plug-in ``name`` (or ``default``, when one is given and the name is unknown).

@@ -1,0 +1,286 @@
+"""Scans over Dask arrays on a LocalCluster of two worker processes: every feature, the graph, a killed worker."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import warnings
+
+import numpy as np
+import pytest
+
+da = pytest.importorskip("dask.array", reason="Dask is not installed (pip install scanweaver[dask])")
+distributed = pytest.importorskip("distributed", reason="distributed is not installed (pip install scanweaver[dask])")
+
+import scanweaver  # noqa: E402
+import scanweaver.dask as swd  # noqa: E402
+from scanweaver.dask.carry import plan  # noqa: E402
+
+TIMEOUT = 180
+L_CHUNKS = (100, 37, 64, 100)  # uneven, one block shorter than the others, boundaries inside segments
+SHAPE = (3, 5, sum(L_CHUNKS))
+CHUNKS = (2, (3, 2), L_CHUNKS)
+
+
+@pytest.fixture(scope="module")
+def client():
+    """One LocalCluster with two single-threaded worker processes for the whole module."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "port in use" when another cluster runs on this machine
+        cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                           dashboard_address=":0", silence_logs=logging.CRITICAL)
+    cl = distributed.Client(cluster, timeout=TIMEOUT)
+    cl.wait_for_workers(2, timeout=TIMEOUT)
+    yield cl
+    cl.close(timeout=30)
+    cluster.close(timeout=30)
+
+
+def compute(client, *arrays):
+    """Computes on the cluster, never waiting forever."""
+    return client.compute(list(arrays), sync=False)[0].result(timeout=TIMEOUT) if len(arrays) == 1 else \
+        [f.result(timeout=TIMEOUT) for f in client.compute(list(arrays))]
+
+
+def data(seed=0, dtype=np.float32, shape=SHAPE):
+    rng = np.random.default_rng(seed)
+    a = rng.uniform(0.5, 1.0, shape).astype(dtype)
+    return [a, *(rng.standard_normal(shape).astype(dtype) for _ in range(3))]
+
+
+def dask_of(v, chunks=CHUNKS):
+    return da.from_array(v, chunks=chunks)
+
+
+def close(got, want, dtype=np.float32):
+    tol = 2e-5 if np.dtype(dtype) == np.float32 else 1e-12
+    scale = max(1.0, float(np.max(np.abs(want))))
+    np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64), rtol=tol, atol=tol * scale)
+
+
+@pytest.fixture(scope="module")
+def recurrences():
+    """Recurrences defined here (not at module level) so that workers receive them by value."""
+
+    @scanweaver.recurrence(state_size=2)
+    def biquad(h, a1, a2, b0, x):
+        return (a1 * h[0] + a2 * h[1] + b0 * x, h[0])
+
+    @scanweaver.recurrence
+    def gated(h, delta, A, x):
+        g = np.exp(delta * A)
+        return g * h + (1 - g) * x
+
+    return {"biquad": biquad, "gated": gated}
+
+
+def _features(rng):
+    reset = rng.random(SHAPE) < 0.02
+    reset[..., [100, 137, 201]] = True  # resets exactly at block starts, too
+    return {
+        "plain": {},
+        "h0": {"h0": rng.standard_normal(SHAPE[:-1]).astype(np.float32)},
+        "reset": {"reset": reset},
+        "cu_seqlens": {"cu_seqlens": [0, 60, 137, 250, SHAPE[-1]], "h0": rng.standard_normal(SHAPE[:-1])},
+    }
+
+
+@pytest.mark.parametrize("method", ["chain", "rescan", "correct"])
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("feature", ["plain", "h0", "reset", "cu_seqlens"])
+def test_selective_scan_over_l_and_lanes_equals_the_single_process_result(client, method, reverse, feature):
+    a, b, x, c = data(1)
+    kw = _features(np.random.default_rng(2))[feature]
+    want, h_want = scanweaver.selective_scan(a, b, x, c, reverse=reverse, return_state=True, **kw)
+    dkw = {k: (dask_of(v, CHUNKS[:-1]) if k == "h0" else dask_of(v) if k == "reset" else v) for k, v in kw.items()}
+    y, h = swd.selective_scan(*map(dask_of, (a, b, x, c)), reverse=reverse, return_state=True, method=method, **dkw)
+    assert y.chunks == dask_of(a).chunks and h.chunks == dask_of(a).chunks[:-1] and y.dtype == np.float32
+    got, h_got = compute(client, y, h)
+    close(got, want)
+    close(h_got, h_want)
+
+
+def test_without_c_and_only_the_final_state(client):
+    a, b, x, _ = data(3)
+    want, h_want = scanweaver.selective_scan(a, b, x, return_state=True)
+    y, h = swd.selective_scan(*map(dask_of, (a, b, x)), return_state=True, method="rescan")
+    close(compute(client, h), h_want)  # the final state alone needs no last pass over the blocks
+    needed = h.__dask_optimize__(h.dask, h.__dask_keys__())
+    assert not any(isinstance(k, tuple) and k[0] == y.name for k in needed)
+    close(compute(client, y), want)
+
+
+@pytest.mark.parametrize("method", ["chain", "rescan"])
+def test_dense_and_expression_recurrences(client, recurrences, method):
+    rng = np.random.default_rng(4)
+    ops = [rng.uniform(-0.4, 0.4, SHAPE) for _ in range(3)] + [rng.standard_normal(SHAPE)]
+    h0, reset = rng.standard_normal((*SHAPE[:-1], 2)), rng.random(SHAPE) < 0.03
+    bq = recurrences["biquad"]
+    for reverse in (False, True):
+        want, h_want = bq(*ops, h0=h0, reset=reset, reverse=reverse, return_state=True)
+        y, h = swd.apply(bq, *map(dask_of, ops), h0=h0, reset=dask_of(reset), reverse=reverse, return_state=True,
+                         method=method)
+        assert h.shape == (*SHAPE[:-1], 2)
+        got, h_got = compute(client, y, h)
+        close(got, want, np.float64)
+        close(h_got, h_want, np.float64)
+    gated = recurrences["gated"]
+    delta, x = rng.uniform(0.1, 1, SHAPE).astype(np.float32), rng.standard_normal(SHAPE).astype(np.float32)
+    A = np.full((1, 1, 1), -0.7, np.float32)  # broadcast along every axis
+    close(compute(client, swd.apply(gated, dask_of(delta), A, dask_of(x), method=method)), gated(delta, A, x))
+
+
+@pytest.mark.parametrize("method", ["chain", "rescan"])
+def test_mamba_over_batch_channels_and_l(client, method):
+    rng = np.random.default_rng(5)
+    Bt, Dm, N, L = 2, 8, 4, 203
+    u, z = (rng.standard_normal((Bt, Dm, L)).astype(np.float32) for _ in range(2))
+    delta = rng.uniform(0.01, 0.3, (Bt, Dm, L)).astype(np.float32)
+    A = -rng.uniform(0.5, 2, (Dm, N)).astype(np.float32)
+    Bg, Cg = (rng.standard_normal((Bt, 2, N, L)).astype(np.float32) for _ in range(2))
+    D, bias = rng.standard_normal(Dm).astype(np.float32), rng.standard_normal(Dm).astype(np.float32)
+    h0 = rng.standard_normal((Bt, Dm, N)).astype(np.float32)
+    kw = dict(D=D, delta_bias=bias, delta_softplus=True, h0=h0, cu_seqlens=[0, 50, 120, L])
+    want, h_want = scanweaver.mamba_selective_scan(u, delta, A, Bg, Cg, z=z, return_state=True, **kw)
+    ch = (1, (3, 5), (50, 77, 76))  # channel blocks that split the groups of 4
+    Bd = da.from_array(Bg, (1, 2, 4, ch[2]))
+    y, h = swd.mamba_selective_scan(da.from_array(u, ch), da.from_array(delta, ch), A, Bd, Cg, z=da.from_array(z, ch),
+                                    return_state=True, method=method, **kw)
+    assert y.chunks == da.from_array(u, ch).chunks
+    got, h_got = compute(client, y, h)
+    close(got, want)
+    close(h_got, h_want)
+
+
+def _layer_tasks(y):
+    return {k: v for k, v in y.dask.to_dict().items() if not str(k[0] if isinstance(k, tuple) else k).startswith(
+        "array-")}
+
+
+@pytest.mark.parametrize("method", ["chain", "rescan", "correct"])
+def test_the_task_graph_grows_linearly_with_the_blocks(method):
+    counts = {}
+    for n in (4, 8, 16, 32, 64):
+        a = da.ones((6, 64 * n), chunks=(3, 64), dtype=np.float32)
+        y, _ = swd.selective_scan(a, a, a, a, return_state=True, method=method)
+        counts[n] = len(_layer_tasks(y))
+    rows = 2
+    for n, count in counts.items():
+        assert count <= 6 * rows * n, (method, counts)  # passes, pairs, tree nodes (< n), carries
+    assert counts[64] - counts[32] == pytest.approx(2 * (counts[32] - counts[16]), rel=0.1), counts
+
+
+def test_plan_is_an_exclusive_scan_with_logarithmic_depth():
+    for n in (1, 2, 3, 7, 8, 13, 64, 100):
+        nodes, carries = plan(n)
+        assert len(nodes) < 2 * n and len(carries) == n
+        ranges = {(lo, 1): {lo} for lo in range(n)}
+        for r in sorted(nodes, key=lambda r: r[1]):
+            later, earlier = nodes[r]
+            ranges[r] = ranges[later] | ranges[earlier]
+            assert ranges[r] == set(range(r[0], r[0] + r[1]))
+        covered, depth = {0: set()}, {0: 0}
+        for j in range(1, n + 1):
+            rng, prev = carries[j]
+            covered[j] = covered[prev] | ranges[rng]
+            depth[j] = depth[prev] + 1
+            assert covered[j] == set(range(j))  # the carry into block j sees exactly blocks 0 .. j-1
+        assert max(depth.values()) <= max(1, int(np.ceil(np.log2(n + 1))))
+
+
+def test_only_aggregates_move_between_workers_for_the_carry(client):
+    a, b, x, c = data(6, shape=(3, sum(L_CHUNKS)))
+    workers = sorted(client.scheduler_info()["workers"])
+    parts = []
+    for op in (a, b, x, c):  # block k of every operand on worker k % 2: neighbours along L sit apart
+        arr = dask_of(op, (3, L_CHUNKS))
+        blocks = [client.persist(arr.blocks[:, k], workers=[workers[k % 2]]) for k in range(len(L_CHUNKS))]
+        parts.append(da.concatenate(blocks, axis=1))
+    distributed.wait([p for p in parts], timeout=TIMEOUT)
+    client.run(lambda dask_worker: dask_worker.transfer_incoming_log.clear())
+    y = swd.selective_scan(*parts, method="rescan")
+    deps = y.dask.to_dict()
+    for key, task in deps.items():  # the carries' inputs are aggregates and carries, never blocks
+        if isinstance(key, tuple) and str(key[0]).startswith(("sw-carry", "sw-combine")):
+            assert all(str(d[0]).startswith(("sw-aggregate", "sw-combine", "sw-carry")) for d in task.dependencies)
+    close(compute(client, y), scanweaver.selective_scan(a, b, x, c))
+    logs = client.run(lambda dask_worker: list(dask_worker.transfer_incoming_log))
+    moved = {k: n for log in logs.values() for entry in log for k, n in entry["keys"].items()}
+    carry = {k: n for k, n in moved.items() if str(k[0]).startswith(("sw-aggregate", "sw-combine", "sw-carry"))}
+    assert carry, "the blocks sit on both workers, so some aggregate or carry must have moved"
+    block_bytes = 3 * max(L_CHUNKS) * 4
+    assert all(n < block_bytes / 4 for n in carry.values()), carry       # pairs of 3 lanes, not blocks
+    assert sum(carry.values()) < 64 * 3 * 2 * len(L_CHUNKS) * 8 * 4, carry  # proportional to lanes x blocks
+
+
+def test_a_killed_worker_is_recovered_by_dask_and_the_result_is_right(client):
+    a, b, x, c = data(7, shape=(3, sum(L_CHUNKS)))
+    want = scanweaver.selective_scan(a, b, x, c)
+
+    def slow(block):  # a loading step that takes a while, so that the kill lands mid-computation
+        time.sleep(0.25)
+        return block.copy()
+
+    ops = [dask_of(v, (3, L_CHUNKS)).map_blocks(slow, dtype=np.float32) for v in (a, b, x, c)]
+    y = swd.selective_scan(*ops, method="rescan")
+    future = client.compute(y)
+    pids = client.run(os.getpid)
+    time.sleep(1.0)
+    assert not future.done(), "the computation finished before the kill; make the loading slower"
+    victim = sorted(pids)[0]
+    os.kill(pids[victim], signal.SIGKILL)
+    close(future.result(timeout=TIMEOUT), want)
+    client.wait_for_workers(2, timeout=TIMEOUT)  # the nanny started a fresh worker process
+    assert pids[victim] not in client.run(os.getpid).values()
+
+
+def test_threaded_scheduler_gives_the_same_result():
+    import dask
+
+    a, b, x, c = data(8, np.float64)
+    want, h_want = scanweaver.selective_scan(a, b, x, c, reverse=True, return_state=True)
+    for method in ("chain", "rescan", "correct"):
+        y, h = swd.selective_scan(*map(dask_of, (a, b, x, c)), reverse=True, return_state=True, method=method)
+        got, h_got = dask.compute(y, h, scheduler="threads")
+        close(got, want, np.float64)
+        close(h_got, h_want, np.float64)
+
+
+def test_auto_picks_one_pass_unless_two_passes_over_every_block_finish_sooner():
+    from scanweaver.dask.graph import choose
+
+    assert choose("auto", rows=1, blocks=8, workers=2, correctable=True) == "chain"   # 2 passes / 2 = 1 pass / 1
+    assert choose("auto", rows=1, blocks=8, workers=8, correctable=True) == "rescan"
+    assert choose("auto", rows=16, blocks=8, workers=8, correctable=True) == "chain"
+    assert choose("auto", rows=1, blocks=1, workers=8, correctable=True) == "chain"
+
+
+def test_bad_input_is_reported_before_anything_runs(recurrences):
+    a = dask_of(data(9)[0])
+    with pytest.raises(scanweaver.ScanInputError, match="operands must all have the same shape"):
+        swd.selective_scan(a, a, a[:, :, :10])
+    with pytest.raises(scanweaver.ScanInputError, match="method must be one of"):
+        swd.selective_scan(a, a, a, method="fast")
+    with pytest.raises(scanweaver.ScanInputError, match="method='correct' needs scalar transitions"):
+        swd.apply(recurrences["biquad"], a, a, a, a, method="correct")
+    with pytest.raises(scanweaver.ScanInputError, match=r"h0 has shape \(3, 4\)"):
+        swd.selective_scan(a, a, a, h0=np.zeros((3, 4)))
+    with pytest.raises(scanweaver.ScanInputError, match="has dtype int64"):
+        swd.selective_scan(a, a, da.ones(SHAPE, dtype=np.int64))
+    with pytest.raises(scanweaver.ScanInputError, match="unknown chunk sizes"):
+        swd.selective_scan(a[a[:, 0, 0] > 0.7], a, a)
+    with pytest.raises(scanweaver.ScanInputError, match="cu_seqlens must end at the sequence length"):
+        swd.selective_scan(a, a, a, cu_seqlens=[0, 5])
+    with pytest.raises(scanweaver.ScanInputError, match="log_space=True is not available over Dask"):
+        swd.mamba_selective_scan(a, a, np.ones((5, 2)), np.ones((3, 2, SHAPE[-1])), np.ones((5, 2)), log_space=True)
+
+
+def test_import_loads_no_cluster_library():
+    code = ("import sys, scanweaver, scanweaver.dask; "
+            "print([m for m in ('dask', 'distributed', 'ray') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]"
