@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..arrays import compute_dtype, seqlens_positions
+from ..arrays import aligned, compute_dtype, seqlens_positions
 from ..errors import ScanInputError, api_boundary
 from ..ir.functions import NUMPY
 from ..mamba import _groups
@@ -46,6 +46,8 @@ class MambaBlocks(BlockKernel):
     call: dict = field(default_factory=dict)
 
     def _unpack(self, ctx: BlockContext, blocks: tuple) -> dict:
+        # blocks received from other workers can sit at unaligned addresses; the fused kernel needs aligned ones
+        blocks = tuple(aligned(np.asarray(b)) for b in blocks)
         u, delta, A, B, C = blocks[:5]
         ops = dict(zip(self.optional, blocks[5:], strict=True))
         d0, dn = ctx.origin[1], u.shape[1]
@@ -72,7 +74,8 @@ class MambaBlocks(BlockKernel):
         ops = self._unpack(ctx, blocks)
         cu, at_start = self._local_seqlens(ctx)
         return mamba_in_memory(ops.pop("u"), ops.pop("delta"), ops.pop("A"), ops.pop("B"), ops.pop("C"), **ops,
-                               delta_softplus=self.delta_softplus, h0=None if at_start else h0, return_state=True,
+                               delta_softplus=self.delta_softplus,
+                               h0=None if at_start or h0 is None else aligned(np.asarray(h0)), return_state=True,
                                cu_seqlens=cu, **self.call)
 
     def product(self, ctx, *blocks):
@@ -128,7 +131,7 @@ def mamba_selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, del
         raise ScanInputError(f"{API}: A has shape {tuple(arrs['A'].shape)}; it needs (D, N) with D = {Dm}")
     N = int(arrs["A"].shape[1])
     arrs["B"], arrs["C"] = as_dask(API, "B", B), as_dask(API, "C", C)
-    gb, gc = (_groups(n, arrs[n], batch, Dm, N, L) for n in ("B", "C"))
+    gb, gc = (_groups(n, arrs[n], batch, Dm, N, L, API) for n in ("B", "C"))
     extra = {"D": (D, (Dm,)), "z": (z, (batch, Dm, L)), "delta_bias": (delta_bias, (Dm,))}
     optional = tuple(n for n, (v, _) in extra.items() if v is not None)
     for n in optional:
