@@ -131,7 +131,7 @@ def test_dense_and_expression_recurrences(client, recurrences, method):
     gated = recurrences["gated"]
     delta, x = rng.uniform(0.1, 1, SHAPE).astype(np.float32), rng.standard_normal(SHAPE).astype(np.float32)
     A = np.full((1, 1, 1), -0.7, np.float32)  # broadcast along every axis
-    close(compute(client, swd.apply(gated, dask_of(delta), A, dask_of(x), method=method)), gated(delta, A, x))
+    close(compute(client, gated.dask(dask_of(delta), A, dask_of(x), method=method)), gated(delta, A, x))
 
 
 @pytest.mark.parametrize("method", ["chain", "rescan"])

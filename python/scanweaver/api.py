@@ -209,6 +209,12 @@ class Recurrence:
 
         return sw_jax.apply(self, *operands, **kwargs)
 
+    def dask(self, *operands, **kwargs):
+        """Runs over Dask arrays, lazily and chunked: :func:`scanweaver.dask.apply` (``scanweaver[dask]``)."""
+        from . import dask as sw_dask
+
+        return sw_dask.apply(self, *operands, **kwargs)
+
     @property
     def stages(self) -> Stages:
         """The stages of the last call, or of a default float32 lowering before any call."""
