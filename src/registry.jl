@@ -91,7 +91,10 @@ Schedule type `T` as Kernel Tuner's Julia backend launches a kernel: built by
 [`blelloch_scan!`](@ref), [`hybrid_scan!`](@ref), [`reduce_then_scan!`](@ref)),
 then called with the arguments `(y, h_last, a, b, x, c, h0, reset, reversed)`
 and one `Val` per tunable in the order of `T`'s fields. It bundles the operands
-in a [`ScanOperands`](@ref) and calls [`launch!`](@ref); buffers persist in its
+in a [`ScanOperands`](@ref), refuses a configuration [`config_problem`](@ref)
+objects to (a `:blelloch` workgroup that is not a power of two would scan
+wrongly, without an error) with an `ArgumentError`, which Kernel Tuner records
+as a failed configuration, and calls [`launch!`](@ref); buffers persist in its
 [`ScanWorkspace`](@ref), so Kernel Tuner's timing loop allocates nothing. The
 `ndrange` keyword is accepted and ignored (each schedule sizes its launches).
 """
@@ -129,6 +132,14 @@ function (launch::ScheduleLauncher{T})(
         ))
     end
     ops = ScanOperands(a, b, x, c, h0, reset)
+    P = pair_type(ops)
+    check_config(
+        Symbol(nameof(T), " launcher"),
+        schedule,
+        launch.backend,
+        P,
+        fieldtype(P, :U),
+    )
     launch!(
         schedule,
         launch.backend,

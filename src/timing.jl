@@ -55,6 +55,7 @@ function time_scan(
     reverse::Bool = false,
     kwargs...,
 )
+    check_tunables(:time_scan, (; iterations))
     Ty, Th = output_types(a, b, x, c)
     y = similar(a, Ty)
     h_last = similar(a, Th, Base.tail(size(a)))
@@ -140,6 +141,7 @@ function tune_scan(
     iterations::Integer = 7,
     kwargs...,
 )
+    check_tunables(:tune_scan, (; iterations))
     backend = array_backend(a)
     P = pair_type(a, b, x)
     S = fieldtype(P, :U)

@@ -1,8 +1,8 @@
-"""Static checks of ScanWeaver.jl that need no Julia: method ambiguities, local memory, device dtypes.
+"""Static checks of ScanWeaver.jl that need no Julia: ambiguities, local memory, device dtypes, validated launches.
 
 Julia cannot run on the machines that test this repository, so these checks
 read the Julia source through ``fatou parse --to sexpr`` (JuliaSyntax's
-s-expression form, from a real parser) and look for three classes of defect
+s-expression form, from a real parser) and look for four classes of defect
 that ``fatou lint`` cannot see. Each is deliberately simple; each docstring
 says what it cannot see. ``test/test_julia_static.py`` runs them on the package
 and on small planted defects.
@@ -638,6 +638,53 @@ def check_device_dtypes(table: dict[str, tuple[str, ...]], sources: dict[str, st
         if set(dtypes) != expected:
             problems.append(f"device {device}: the Python table lists {sorted(dtypes)} but {backend} runs "
                             f"{sorted(expected)} ({where})")
+    return problems
+
+
+# --- (d) validated launches -----------------------------------------------------------------------
+
+#: Functions that launch a schedule's kernels without checking the configuration themselves.
+LAUNCHERS = ("launch!", "launch_mamba!")
+
+#: Functions that refuse a configuration the kernels cannot run (a tunable below 1, a workgroup past
+#: the device's limit, a ``:blelloch`` workgroup that is not a power of two, local memory over budget).
+VALIDATORS = ("check_config", "config_problem", "check_mamba_chunks")
+
+
+def _definitions(tree: list):
+    """``(name, body)`` of every function definition of ``tree`` (a callable struct's method is
+    named ``(::Type)``)."""
+    for node in walk(tree):
+        if head(node) in ("function", "function-=") and len(node) > 2 and isinstance(node[1], list):
+            sig = node[1]
+            while head(sig) in ("where", "::-i") and head(sig) != "call":
+                sig = sig[1]
+            if head(sig) in ("call", "call-,"):
+                name = _fname(sig[1])
+                if name:
+                    yield name.removeprefix("ScanWeaver."), node[2]
+
+
+def check_validated_launches(sources: dict[str, str]) -> list[str]:
+    """Every entry point that launches a schedule checks the configuration first.
+
+    A function that calls one of :data:`LAUNCHERS` (other than their own methods) must also call
+    one of :data:`VALIDATORS`: the Kernel Tuner launchers (``hybrid_scan!(backend, wg)(...)``,
+    ``mamba_scan!``) receive whatever configuration the search space holds, and a ``:blelloch``
+    workgroup of 48 work-items scans wrongly without any error. Cannot see: whether the validator
+    runs before the launch on every path, whether it is given the launched configuration, or
+    validation done by a helper that the entry point calls under another name.
+    """
+    problems = []
+    for source, text in sources.items():
+        for name, body in _definitions(parse_julia(text)):
+            if name in LAUNCHERS:
+                continue
+            calls = {n[1] for n in walk(body) if head(n) in ("call", "call-,") and isinstance(n[1], str)}
+            launched = sorted(calls & set(LAUNCHERS))
+            if launched and not calls & set(VALIDATORS):
+                problems.append(f"{source}: {name} calls {', '.join(launched)} without "
+                                f"{' / '.join(VALIDATORS)}")
     return problems
 
 

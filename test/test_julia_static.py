@@ -1,7 +1,8 @@
 """ScanWeaver.jl checked without Julia: ``fatou lint`` and ``fatou format --check`` on every file, then
 the defect classes a linter cannot see (``test/julia_checks.py``): ambiguous methods, local memory beyond
-its declared budget, a Python device table that disagrees with the Julia backends, and ``[compat]``
-bounds that exclude today's GPU packages. Each check also runs on a planted defect, to show it fails."""
+its declared budget, a Python device table that disagrees with the Julia backends, ``[compat]``
+bounds that exclude today's GPU packages, and entry points that launch kernels without validating
+the configuration. Each check also runs on a planted defect, to show it fails."""
 
 from __future__ import annotations
 
@@ -194,6 +195,40 @@ def test_device_dtype_check_reports_the_planted_defect():
     assert len(problems) == 2
     assert any(p.startswith("device oneapi: the Python table lists") and "oneAPIKernels.jl" in p for p in problems)
     assert any(p.startswith("device tpu: no device_backend") for p in problems)
+
+
+@pytest.mark.usefixtures("fatou")
+def test_every_launching_entry_point_validates_its_configuration():
+    from julia_checks import check_validated_launches
+
+    assert check_validated_launches(_sources()) == []
+
+
+#: The Kernel Tuner launcher as it was: any search-space configuration reached ``launch!`` unchecked.
+PLANTED_UNCHECKED_LAUNCH = """
+function (launch::ScheduleLauncher{T})(y, h_last, a, b, x, c, h0, reset, reversed, tunables::Val...) where {T}
+    schedule = T(map(unval, tunables)...)
+    launch!(schedule, launch.backend, y, h_last, ScanOperands(a, b, x, c, h0, reset), reversed)
+    return nothing
+end
+run_mamba(s, backend, y, ops) = launch_mamba!(s, backend, y, nothing, ops, Val(4))
+function launch!(s::Blelloch, backend, y, h_last, ops, reversed; workspace = nothing)
+    return launch_checked!(blelloch_scan_kernel!(backend, s.workgroupsize), s.workgroupsize, 1, ())
+end
+"""
+
+
+@pytest.mark.usefixtures("fatou")
+def test_validated_launch_check_reports_the_planted_defect():
+    from julia_checks import check_validated_launches
+
+    problems = check_validated_launches({"planted.jl": PLANTED_UNCHECKED_LAUNCH})
+    assert len(problems) == 2, problems
+    assert problems[0].startswith("planted.jl: (::ScheduleLauncher{T}) calls launch! without")
+    assert problems[1].startswith("planted.jl: run_mamba calls launch_mamba! without")
+    fixed = PLANTED_UNCHECKED_LAUNCH.replace(
+        "    launch!(schedule,", "    check_config(:launcher, schedule, launch.backend, P, S)\n    launch!(schedule,")
+    assert len(check_validated_launches({"fixed.jl": fixed})) == 1
 
 
 def test_compat_admits_todays_packages_and_excludes_too_old_ones():

@@ -214,6 +214,45 @@ function run_testsuite(name::AbstractString, AT)
                 @test matches(y, want; rtol = 1.0e-4)
                 @test matches(h, want_h; rtol = 1.0e-4)
             end
+            # Kernel Tuner launches every configuration of its search space: the
+            # launchers refuse the ones the schedule cannot run (a :blelloch tree
+            # of 48 work-items would scan wrongly, silently) instead of launching.
+            y, h = AT(zeros(Float32, L, lanes)), AT(zeros(Float32, lanes))
+            operands = (y, h, AT(a), AT(b), AT(x), AT(c), nothing, nothing, false)
+            err = try
+                ScanWeaver.blelloch_scan!(backend, (48,))(
+                    operands...,
+                    Val(48);
+                    ndrange = (48 * lanes,),
+                )
+            catch e
+                e
+            end
+            @test err isa ArgumentError &&
+                occursin("Blelloch launcher", err.msg) &&
+                occursin("power of two", err.msg)
+            @test_throws ArgumentError ScanWeaver.hybrid_scan!(backend, 8)(
+                operands...,
+                Val(8),
+                Val(0),
+            )
+            big = ScanWeaver.max_workgroupsize(backend) + 1
+            @test_throws ArgumentError ScanWeaver.sequential_scan!(backend, big)(
+                operands...,
+                Val(big),
+            )
+            u, A = AT(rand(rng, Float32, 10, 3, 1)), AT(-rand(rng, Float32, 4, 3))
+            BC = AT(rand(rng, Float32, 10, 4, 1))
+            mamba_args = (similar(u), nothing, u, u, A, BC, BC)
+            unset = (nothing, nothing, nothing, nothing, nothing, false)
+            err = try
+                ScanWeaver.mamba_scan!(backend, 8)(mamba_args..., unset..., Val(8), Val(0))
+            catch e
+                e
+            end
+            @test err isa ArgumentError &&
+                occursin("mamba_scan!", err.msg) &&
+                occursin("chunk = 0", err.msg)
         end
 
         @testset "bad input names the argument and its size" begin
@@ -274,6 +313,13 @@ function run_testsuite(name::AbstractString, AT)
             results = tune_scan(a, a, a; space, iterations = 2)
             @test length(results) == length(SCHEDULES) &&
                 issorted(results; by = r -> r.time_ms)
+            err = try
+                time_scan(a, a, a; iterations = 0)
+            catch e
+                e
+            end
+            @test err isa ArgumentError && occursin("time_scan: iterations = 0", err.msg)
+            @test_throws ArgumentError tune_scan(a, a, a; space, iterations = 0)
         end
 
         @testset "local memory within the device's budget" begin

@@ -86,6 +86,31 @@ function check_bc(api, name, M, L, N, channels, batch)
 end
 
 """
+    check_mamba_chunks(api, s::MambaChunks, backend)
+
+Both tunables of `s` are positive integers and `s.workgroupsize` is within the
+backend's [`max_workgroupsize`](@ref); throws an `ArgumentError` naming the
+tunable otherwise. [`mamba_selective_scan!`](@ref) and the Kernel Tuner
+launcher [`mamba_scan!`](@ref) both check their launch with it.
+
+# Examples
+```julia-repl
+julia> ScanWeaver.check_mamba_chunks(:demo, ScanWeaver.MambaChunks(64, 0), CPU())
+ERROR: ArgumentError: demo: chunk = 0 must be a positive integer
+```
+"""
+function check_mamba_chunks(api::Symbol, s::MambaChunks, backend)
+    check_tunables(api, (; workgroupsize = s.workgroupsize, chunk = s.chunk))
+    limit = max_workgroupsize(backend)
+    if s.workgroupsize > limit
+        throw(ArgumentError(
+            "$api: workgroupsize = $(s.workgroupsize) exceeds $limit, the largest workgroup on $backend",
+        ))
+    end
+    return nothing
+end
+
+"""
     check_mamba(api, y, h_last, u, delta, A, B, C, D, z, delta_bias, h0, reset)
 
 Shapes (Julia layout), real floating-point element types and one device for
@@ -181,12 +206,8 @@ function mamba_selective_scan!(
         workgroupsize,
         min(DEFAULT_MAMBA_WORKGROUP_SIZE, max_workgroupsize(backend)),
     )
-    if wg > max_workgroupsize(backend)
-        throw(ArgumentError(
-            "$api: workgroupsize = $wg exceeds $(max_workgroupsize(backend)), the largest workgroup on $backend",
-        ))
-    end
     s = MambaChunks(wg, something(chunk, default_mamba_chunk(backend, L, channels * batch)))
+    check_mamba_chunks(api, s, backend)
     ops = MambaOperands(u, delta, A, B, C, D, z, delta_bias, h0, reset, delta_softplus)
     launch_mamba!(
         s,

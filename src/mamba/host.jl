@@ -91,7 +91,9 @@ end
 The fused Mamba scan as Kernel Tuner's Julia backend launches a kernel: built
 by [`mamba_scan!`](@ref)`(backend, workgroupsize)`, then called with
 `(y, h_last, u, delta, A, B, C, D, z, delta_bias, h0, reset, delta_softplus)`
-in Julia layout and `Val(workgroupsize), Val(chunk)`. Its buffers persist in a
+in Julia layout and `Val(workgroupsize), Val(chunk)`. Tunables that are not
+positive, or a workgroup past the device's limit, are refused with an
+`ArgumentError` (see [`check_mamba_chunks`](@ref)). Its buffers persist in a
 [`ScanWorkspace`](@ref); `ndrange` is accepted and ignored.
 """
 struct MambaLauncher{B <: Backend}
@@ -149,6 +151,7 @@ function (launch::MambaLauncher)(
         Bool(delta_softplus),
     )
     s = MambaChunks(workgroupsize, chunk)
+    check_mamba_chunks(:mamba_scan!, s, launch.backend)
     launch_mamba!(
         s,
         launch.backend,
