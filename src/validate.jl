@@ -1,7 +1,8 @@
 # Argument checks at the API boundary: every error names the function, the
 # argument, what it got and what it needs.
 
-const FLOAT_HELP = "use Float16, BFloat16, Float32, Float64, ComplexF32, ComplexF64 or StaticArrays of these"
+const FLOAT_HELP = "use Float16, BFloat16, Float32, Float64, ComplexF32, ComplexF64 or SVector/SMatrix " *
+    "(StaticArrays.SArray) of these"
 
 scalar_type(::Type{T}) where {T <: Number} = T
 scalar_type(::Type{<:StaticArray{S, T}}) where {S, T} = T
@@ -9,10 +10,19 @@ scalar_type(::Type{T}) where {T} = T
 
 is_scan_scalar(::Type{T}) where {T} = T <: AbstractFloat || T <: Complex{<:AbstractFloat}
 
+"""
+    check_eltype(api, name, A)
+
+`A`'s elements are floating-point numbers or `SArray`s (`SVector`, `SMatrix`)
+of them: immutable, so they live in device arrays and `@localmem`, and the
+element types [`accumulator_type`](@ref) maps. Other `StaticArray`s
+(`MMatrix`, `SizedMatrix`, ...) are refused here with an `ArgumentError`
+naming `name`, not with a `MethodError` from inside the scan.
+"""
 function check_eltype(api::Symbol, name::Symbol, A)
     A === nothing && return nothing
     T = eltype(A)
-    if !(is_scan_scalar(scalar_type(T)) && (T <: Number || T <: StaticArray))
+    if !(is_scan_scalar(scalar_type(T)) && (T <: Number || T <: SArray))
         throw(ArgumentError("$api: $name has element type $T; $FLOAT_HELP"))
     end
     return nothing

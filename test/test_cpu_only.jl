@@ -31,6 +31,30 @@ end
     end
 end
 
+@testset "mutable StaticArrays are refused by name (CPU)" begin
+    # `MMatrix`/`MVector` pass for StaticArrays but `accumulator_type` (and
+    # device arrays, `@localmem`) need the immutable `SArray`: without the
+    # check this was a MethodError from inside the scan.
+    L, lanes = 8, 2
+    dense_a = [SMatrix{2, 2}(0.5, 0.0, 0.0, 0.5) for _ in 1:L, _ in 1:lanes]
+    dense_b = [SVector(1.0, 2.0) for _ in 1:L, _ in 1:lanes]
+    x = ones(L, lanes)
+    for (a, b, culprit) in (
+            (MMatrix.(dense_a), dense_b, "a"),
+            (dense_a, MVector.(dense_b), "b"),
+        )
+        err = try
+            selective_scan(a, b, x)
+        catch e
+            e
+        end
+        @test err isa ArgumentError &&
+            occursin("$culprit has element type", err.msg) &&
+            occursin("SArray", err.msg)
+    end
+    @test selective_scan(dense_a, dense_b, x) isa Matrix{SVector{2, Float64}}
+end
+
 @testset "no method ambiguities, no unbound type parameters" begin
     @test isempty(Test.detect_ambiguities(ScanWeaver; recursive = true))
     @test isempty(Test.detect_unbound_args(ScanWeaver; recursive = true))
