@@ -291,6 +291,19 @@ def test_devices_without_float64_refuse_it_until_julia_answers():
     assert kernels.kernel_tuner_problem("hybrid", "float32", "oneapi")["compiler_options"] == ["intel"]
 
 
+@pytest.mark.parametrize("module", ["scanweaver.julia.backend", "scanweaver.julia.devices", "scanweaver.julia.kernels",
+                                    "scanweaver.julia.mamba", "scanweaver.julia.session", "scanweaver.targets.fused"])
+def test_docstring_examples_of_the_julia_facade_run(module):
+    """The examples in the façade's docstrings (Kernel Tuner entry names, what renders on ``julia``) are run,
+    so they cannot drift from the code; none of them starts Julia."""
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS, report=False)
+    assert result.failed == 0, f"{module}: {result.failed} of {result.attempted} docstring examples fail " \
+                               f"(python -m doctest shows them)"
+
+
 def test_kernel_tuner_julia_backend_is_the_one_described():
     spec = importlib.util.find_spec("kernel_tuner")
     if spec is None:

@@ -170,7 +170,7 @@ def kernel_tuner_problem(schedule: str, dtype: str = "float32", device: str = "c
         >>> from scanweaver.julia.kernels import kernel_tuner_problem
         >>> p = kernel_tuner_problem("hybrid", "float32", "cuda", lanes=64)
         >>> p["kernel_name"], p["tunable_order"], p["compiler_options"]
-        ('hybrid_scan_kernel!', ('workgroup_size', 'items_per_thread'), ['cuda'])
+        ('hybrid_scan!', ('workgroup_size', 'items_per_thread'), ['cuda'])
     """
     sched, dev = _lookup(schedule, dtype, device)
     return {
