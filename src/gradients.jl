@@ -55,6 +55,27 @@ function dense_like(a, d)
 end
 dense_like(a, ::Nothing) = nothing
 
+zeros_like(::Nothing) = nothing
+zeros_like(A) = fill!(similar(A), zero(eltype(A)))
+
+"""
+    empty_scan_pullback(dh_last, a, b, x, c, h0) -> (; a, b, x, c, h0)
+
+The cotangents of a scan of length `L = 0`, whose final state is `h0`: zeros
+for the (empty) operands, `dh_last` (or zeros) for `h0`.
+"""
+function empty_scan_pullback(dh_last, a, b, x, c, h0)
+    dh0 = if h0 === nothing
+        nothing
+    elseif dh_last === nothing
+        zeros_like(h0)
+    else
+        copyto!(similar(h0), dh_last)
+    end
+    da, db, dx, dc = zeros_like(a), zeros_like(b), zeros_like(x), zeros_like(c)
+    return (; a = da, b = db, x = dx, c = dc, h0 = dh0)
+end
+
 """
     selective_scan_pullback(dy, dh_last, a, b, x, c = nothing; h0 = nothing,
                             reset = nothing, reverse = false, kwargs...)
@@ -96,6 +117,7 @@ function selective_scan_pullback(
 )
     dy, dh_last = dense_like(a, dy), dense_like(a, dh_last)
     check_arguments(:selective_scan_pullback, dy, dh_last, a, b, x, c, h0, reset)
+    size(a, 1) == 0 && return empty_scan_pullback(dh_last, a, b, x, c, h0)
     Ty, Th = output_types(a, b, x, c)
     lanes = Base.tail(size(a))
     if dy === nothing

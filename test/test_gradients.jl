@@ -112,6 +112,16 @@ end
     check_pullback(rng; a = dense_a, b = dense_b, x = randn(rng, L, lanes))
 end
 
+@testset "gradients of an empty scan (L = 0)" begin
+    # The final state of an empty scan is h0, so dh0 = dh_last; `neighbours`
+    # used to index the first step of a length-0 array (a BoundsError).
+    a, b, x = zeros(0, 3), zeros(0, 3), zeros(0, 3)
+    h0, V = [1.0, 2.0, 3.0], [0.5, -1.0, 2.0]
+    d = ScanWeaver.selective_scan_pullback(zeros(0, 3), V, a, b, x; h0)
+    @test d.h0 == V && size(d.a) == (0, 3) && size(d.x) == (0, 3) && d.c === nothing
+    @test ScanWeaver.selective_scan_pullback(nothing, nothing, a, b, x; h0).h0 == zeros(3)
+end
+
 @testset "ChainRulesCore.rrule for selective_scan" begin
     rng = Xoshiro(22)
     L, lanes = 17, 2
