@@ -11,7 +11,7 @@ call, reset through ``/proc/self/clear_refs``) of
 * ``ours fwd+bwd``: the fused forward and backward (``scanweaver.mamba.forward``
   and ``backward``: every gradient, states recomputed from checkpoints), and
   the same through ``scanweaver.torch.mamba_selective_scan`` with autograd
-  where that module exists;
+  (``ours torch fwd+bwd``, the like-for-like peer of the reference's autograd);
 * ``ref fwd`` / ``ref fwd+bwd``: mamba-ssm's pure-PyTorch ``selective_scan_ref``
   (``pip install mamba-ssm==2.3.2.post1`` with ``MAMBA_SKIP_CUDA_BUILD=TRUE
   MAMBA_FORCE_BUILD=TRUE --no-build-isolation --no-deps``, plus einops), loaded
@@ -250,6 +250,21 @@ def entries(ops: dict, ref_steps: int) -> dict:
 
     calls = {"ours fwd": lambda: scanweaver.mamba_selective_scan(*args, **kw), "ours fwd+bwd": fwd_bwd,
              "scan path": lambda: scanweaver.mamba_selective_scan(*args, **kw, fused=False)}
+    if importlib.util.find_spec("torch") is not None:
+        import torch
+
+        import scanweaver.torch as swt
+
+        leaves = {k: torch.from_numpy(v).requires_grad_(True) for k, v in ops.items()}
+        dy = torch.from_numpy(dout)
+
+        def torch_fwd_bwd():
+            for v in leaves.values():
+                v.grad = None
+            y = swt.mamba_selective_scan(**leaves, delta_softplus=True, backend="cpu")
+            y.backward(dy)
+
+        calls["ours torch fwd+bwd"] = torch_fwd_bwd
     ref, _ = load_reference()
     if ref is not None:
         import torch
@@ -305,6 +320,9 @@ def bench_shape(batch: int, D: int, N: int, L: int, repeats: int, full_ref: bool
     res: dict = {"shape": [batch, D, N, L], "inputs_output_bytes": nbytes(ops), "config": mamba.last.config,
                  "ours fwd": {"s": timed(calls["ours fwd"], repeats), "rel_err_vs_oracle": check_slice(ops, y)},
                  "ours fwd+bwd": {"s": timed(calls["ours fwd+bwd"], max(1, repeats // 2))}}
+    if "ours torch fwd+bwd" in calls:
+        res["ours torch fwd+bwd"] = {"s": timed(calls["ours torch fwd+bwd"], max(1, repeats // 2)),
+                                     "note": "scanweaver.torch.mamba_selective_scan, autograd"}
     if "ref fwd" in calls:
         err = float(np.abs(calls["ref fwd"]().numpy() - y).max() / np.abs(y).max())
         res["ref fwd"] = {"s": timed(calls["ref fwd"], max(1, repeats // 3)), "rel_err_vs_ours": err}
@@ -328,6 +346,8 @@ def bench_shape(batch: int, D: int, N: int, L: int, repeats: int, full_ref: bool
     ours = res["ours fwd"]["s"]
     res["ratios"] = {k: v["s"] / (ours if "bwd" not in k else res["ours fwd+bwd"]["s"])
                      for k, v in res.items() if isinstance(v, dict) and "s" in v and not k.startswith("ours")}
+    if "ours torch fwd+bwd" in res and "s" in res.get("ref fwd+bwd", {}):
+        res["ratios"]["ref fwd+bwd / ours torch fwd+bwd"] = res["ref fwd+bwd"]["s"] / res["ours torch fwd+bwd"]["s"]
     res["ratios"]["compute bound / ours fwd"] = res["bounds"]["compute_s"] / ours
     res["ratios"]["memory bound / ours fwd"] = res["bounds"]["memory_s"] / ours
     mem = res["ours fwd"]["peak_extra_bytes"]
@@ -346,11 +366,11 @@ def table(results: list[dict]) -> str:
             if not isinstance(v, dict) or k in ("bounds", "ratios", "config"):
                 continue
             if "s" not in v:
-                lines.append(f"  {k:<14} {v.get('skipped') or v.get('failed')}")
+                lines.append(f"  {k:<20} {v.get('skipped') or v.get('failed')}")
                 continue
             mem = v.get("peak_extra_bytes")
             mem_text = "   n/a" if mem is None else f"{mem / 2**20:8.1f} MiB"
-            lines.append(f"  {k:<14} {v['s'] * 1e3:10.1f} ms  peak extra {mem_text}  {v.get('note', '')}")
+            lines.append(f"  {k:<20} {v['s'] * 1e3:10.1f} ms  peak extra {mem_text}  {v.get('note', '')}")
         b = r["bounds"]
         lines.append(f"  compute bound  {b['compute_s'] * 1e3:10.1f} ms   memory bound {b['memory_s'] * 1e3:.1f} ms "
                      f"({b['bandwidth_GB_s']:.1f} GB/s)")

@@ -147,4 +147,26 @@ def selective_scan(a, b, x, c=None, *, h0=None, reset=None, reverse: bool = Fals
                  cu_seqlens=cu_seqlens, backend=backend, schedule=schedule, config=config, states=states, **tunables)
 
 
-__all__ = ["apply", "call", "selective_scan"]
+def mamba_selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus: bool = False,
+                         h0=None, return_state: bool = False, *, cu_seqlens=None, backend: str = "auto", **tunables):
+    """Mamba-1's selective scan on JAX arrays, differentiable under ``jax.grad`` and ``jax.jit``: the fused
+    kernels of :func:`scanweaver.mamba_selective_scan`, forward and backward, through ``jax.pure_callback``.
+
+    ``cu_seqlens`` must be concrete (not traced); ``jax.vmap`` is not supported (batch is already an axis).
+
+    Example:
+        >>> import jax, jax.numpy as jnp, scanweaver.jax as swj
+        >>> k = jax.random.split(jax.random.PRNGKey(0), 5)
+        >>> u, dt = jax.random.normal(k[0], (1, 4, 16)), jax.random.uniform(k[1], (1, 4, 16))
+        >>> A, B, C = -jax.random.uniform(k[2], (4, 3)), *jax.random.normal(k[3], (2, 1, 3, 16))
+        >>> jax.jit(jax.grad(lambda u: swj.mamba_selective_scan(u, dt, A, B, C).sum()))(u).shape
+        (1, 4, 16)
+    """
+    from .mamba.grad import options
+
+    opts = options(delta_softplus, None if cu_seqlens is None else np.asarray(cu_seqlens), backend, **tunables)
+    y, h_last = call("mamba1", [u, delta, A, B, C, D, z, delta_bias, h0], opts)
+    return (y, h_last) if return_state else y
+
+
+__all__ = ["apply", "call", "mamba_selective_scan", "selective_scan"]

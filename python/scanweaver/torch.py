@@ -222,4 +222,43 @@ def selective_scan(a, b, x, c=None, *, h0=None, reset=None, reverse: bool = Fals
                  cu_seqlens=cu_seqlens, backend=backend, schedule=schedule, config=config, states=states, **tunables)
 
 
-__all__ = ["apply", "call", "differentiable", "from_array", "selective_scan", "to_array"]
+@torch.compiler.assume_constant_result
+def _mamba_options(delta_softplus, cu_seqlens, backend, tunables) -> str:
+    """The ``mamba1`` pair's options as text; a constant for ``torch.compile``."""
+    from .mamba.grad import options
+
+    return repr(options(delta_softplus, cu_seqlens, backend, **dict(tunables)))
+
+
+def mamba_selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus: bool = False,
+                         h0=None, return_state: bool = False, *, cu_seqlens=None, backend: str = "auto", **tunables):
+    """Mamba-1's selective scan on tensors with gradients: the fused kernels of
+    :func:`scanweaver.mamba_selective_scan` (``mamba_ssm``'s ``selective_scan_ref`` semantics).
+
+    Gradients for ``u``, ``delta``, ``A``, ``B``, ``C``, ``D``, ``z``, ``delta_bias``, ``h0`` and
+    through the final state (``return_state=True``); the backward recomputes the states from
+    per-chunk checkpoints, so nothing of size (batch, D, N, L) is kept between the passes.
+    bfloat16 tensors compute in float32.
+
+    Example:
+        >>> import torch, scanweaver.torch as swt
+        >>> u = torch.randn(1, 4, 16, requires_grad=True)
+        >>> y = swt.mamba_selective_scan(u, torch.rand(1, 4, 16), -torch.rand(4, 3), torch.randn(1, 3, 16),
+        ...                              torch.randn(1, 3, 16), delta_softplus=True)
+        >>> y.sum().backward(); u.grad.shape
+        torch.Size([1, 4, 16])
+    """
+    if isinstance(cu_seqlens, torch.Tensor):
+        cu_seqlens = cu_seqlens.tolist()
+    opts = _mamba_options(bool(delta_softplus), None if cu_seqlens is None else tuple(cu_seqlens), backend,
+                          tuple(sorted(tunables.items())))
+    ins = [u, delta, A, B, C, D, z, delta_bias, h0]
+    bf16 = u.dtype == torch.bfloat16
+    ins = [t.float() if t is not None and t.dtype == torch.bfloat16 else t for t in ins]
+    y, h_last = call("mamba1", ins, opts)
+    if bf16:
+        y = y.to(torch.bfloat16)
+    return (y, h_last) if return_state else y
+
+
+__all__ = ["apply", "call", "differentiable", "from_array", "mamba_selective_scan", "selective_scan", "to_array"]

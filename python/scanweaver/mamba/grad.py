@@ -1,0 +1,112 @@
+"""The ``mamba1`` kernel pair: the fused Mamba-1 forward and backward for the PyTorch and JAX front ends.
+
+Registered in :data:`scanweaver.differentiable.PAIRS`, so
+``scanweaver.torch.mamba_selective_scan`` (a ``torch.library`` custom op with
+an autograd formula) and ``scanweaver.jax.mamba_selective_scan`` (a
+``jax.custom_vjp``) run the same fused kernels as
+:func:`scanweaver.mamba_selective_scan`.  Nothing of size (batch, D, N, L) is
+saved for the backward: the residuals are the inputs themselves, and the
+backward kernel recomputes the states from per-chunk checkpoints.
+
+Inputs, in order: ``u, delta, A, B, C, D, z, delta_bias, h0`` (``None`` for
+absent optional ones).  Outputs: ``y`` (``u``'s dtype) and ``h_last``
+(the accumulation dtype).  Options: ``delta_softplus``, ``cu_seqlens``,
+``backend``, ``tunables``.  Device arrays (CuPy, from CUDA tensors) are
+computed on the host, and a backend without the fused backward (the GPU
+backends render the forward only) is differentiated on the best one with it
+(:func:`~.kernels.backward_backend`).
+
+Example:
+    >>> import numpy as np
+    >>> from scanweaver.differentiable import PAIRS
+    >>> rng = np.random.default_rng(0)
+    >>> u, dl = rng.normal(size=(1, 2, 5)), rng.uniform(0.1, 1, (1, 2, 5))
+    >>> A, B, C = -np.ones((2, 3)), rng.normal(size=(1, 3, 5)), rng.normal(size=(1, 3, 5))
+    >>> ins, opts = [u, dl, A, B, C, None, None, None, None], {"backend": "numpy"}
+    >>> y, h = PAIRS.get("mamba1").forward(ins, opts)
+    >>> grads = PAIRS.get("mamba1").backward(ins, [], [np.ones_like(y), None], [True] * 5 + [False] * 4, opts)
+    >>> [g.shape for g in grads]
+    [(1, 2, 5), (1, 2, 5), (2, 3), (1, 3, 5), (1, 3, 5)]
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..arrays import compute_dtype
+from ..differentiable import PAIRS, KernelPair
+from ..errors import ScanInputError
+from .kernels import backward, backward_backend, forward
+from .operands import prepare
+
+#: Input names of the pair, in order.
+INPUTS = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias", "h0")
+#: Gradient key of each input (``scanweaver.mamba.backward``'s names).
+GRADS = ("du", "ddelta", "dA", "dB", "dC", "dD", "dz", "ddelta_bias", "dh0")
+API = "mamba_selective_scan"
+
+
+def _host(values: list) -> tuple[list, object]:
+    """The inputs as NumPy arrays, and the device array module to return results in (``None``: NumPy)."""
+    xp = None
+    out = []
+    for v in values:
+        if v is not None and not isinstance(v, np.ndarray) and type(v).__module__.split(".")[0] == "cupy":
+            import cupy
+
+            xp = cupy
+            v = cupy.asnumpy(v)
+        out.append(v)
+    return out, xp
+
+
+def _prepared(inputs: list, options: dict):
+    return prepare(*inputs[:5], *inputs[5:8], options.get("delta_softplus", False), inputs[8],
+                   options.get("cu_seqlens"), api=API)
+
+
+def _forward(inputs: list, options: dict) -> list:
+    host, xp = _host(inputs)
+    ops = _prepared(host, options)
+    y, h = forward(ops, backend=options.get("backend", "auto"), return_state=True, api=API,
+                   **options.get("tunables", {}))
+    results = [y.astype(ops.out_dtype, copy=False), h]
+    return results if xp is None else [xp.asarray(r) for r in results]
+
+
+def _backward(inputs: list, residuals: list, cotangents: list, needs: list, options: dict) -> list:
+    host, xp = _host(inputs)
+    (dy, dh), _ = _host(list(cotangents))
+    ops = _prepared(host, options)
+    if dy is None:
+        dy = np.zeros(ops.u.shape, ops.dtype)
+    be = backward_backend(options.get("backend", "auto"), ops.dtype)
+    tunables = options.get("tunables", {}) if be == options.get("backend", "auto") else {}
+    grads = backward(ops, dy, dh, backend=be, api=API, **tunables)
+    out = []
+    for x, key, need in zip(host, GRADS, needs, strict=True):
+        if need:
+            g = grads[key]
+            g = np.zeros(np.shape(x), ops.dtype) if g is None else g.reshape(np.shape(x))
+            out.append(g.astype(x.dtype, copy=False))
+    return out if xp is None else [xp.asarray(g) for g in out]
+
+
+def _shapes(specs: list, options: dict) -> list:
+    if any(s is None for s in specs[:5]):
+        raise ScanInputError(f"{API}: u, delta, A, B and C are required")
+    (u_shape, u_dt), (a_shape, _) = specs[0], specs[2]
+    if len(u_shape) != 3 or len(a_shape) != 2:
+        raise ScanInputError(f"{API}: u needs (batch, D, L) and A (D, N); got {tuple(u_shape)} and {tuple(a_shape)}")
+    wide = compute_dtype([s[1] for s in specs if s is not None])
+    return [(tuple(u_shape), np.dtype(u_dt)), ((u_shape[0], u_shape[1], a_shape[1]), wide)]
+
+
+PAIRS.register()(KernelPair("mamba1", _forward, _backward, _shapes, n_outputs=2))
+
+
+def options(delta_softplus: bool = False, cu_seqlens=None, backend: str = "auto", **tunables) -> dict:
+    """The pair's options for a call (Python literals only: they key the front ends' compiled ops)."""
+    cu = None if cu_seqlens is None else [int(v) for v in np.asarray(cu_seqlens).reshape(-1)]
+    return {"delta_softplus": bool(delta_softplus), "cu_seqlens": cu, "backend": backend,
+            "tunables": dict(tunables)}

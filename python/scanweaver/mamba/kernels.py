@@ -1,0 +1,145 @@
+"""The fused Mamba-1 kernels at the NumPy level: :func:`forward` and :func:`backward` on prepared operands.
+
+They run the fused operation :mod:`scanweaver.fused.mamba1` on the backend's
+rendering (``cpu``: C; ``opencl``/``cuda``: the GPU kernels; ``numpy``: its
+NumPy definition), with the tunables from the call, else the tuned store,
+else the backend's defaults.  The PyTorch and JAX front ends call them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..api import pick_backend
+from ..errors import BackendUnavailable
+from ..fused import REGISTRY as FUSED
+from ..fused.mamba1 import Mamba1Features
+from ..runtime import Backend
+from .operands import API, MambaOperands
+
+#: The fused operation this module runs.
+OP = "mamba1"
+
+
+@dataclass(frozen=True)
+class FusedInfo:
+    """What the last fused call ran: backend, part, the tunables and where they came from."""
+
+    backend: str
+    part: str
+    config: dict
+    source: str
+
+
+#: :class:`FusedInfo` of the most recent fused call in this process (``None`` before).
+last: FusedInfo | None = None
+
+
+def fused_backend(backend: str, dtype: np.dtype, part: str = "forward") -> Backend | None:
+    """The backend that runs ``part`` of the fused kernel for ``backend=`` (``auto``: the best
+    available), or ``None`` when that backend has no fused rendering (the scan path runs)."""
+    if dtype.kind == "c":
+        return None
+    be = pick_backend(backend, dtype.name)
+    return be if FUSED.get(OP).runs_on(be.target, part) else None
+
+
+def _config(be: Backend, features: Mamba1Features, sizes: dict, tunables: dict, api: str) -> tuple[dict, str]:
+    from ..targets.fused import family_of
+
+    op = FUSED.get(OP)
+    family = family_of(be.target)
+    source = "explicit" if tunables else "default"
+    defaults = be.fused_defaults(OP, features, sizes)
+    if not tunables:
+        hit = _tuned(be, features, sizes)
+        if hit is not None:
+            defaults, source = {**defaults, **hit}, "tuned"
+    return op.resolve(family, tunables, defaults, api), source
+
+
+def _tuned(be: Backend, features: Mamba1Features, sizes: dict) -> dict | None:
+    from ..tuning import store
+
+    hit = store.lookup(backend=be.name, device=be.availability().device, signature=FUSED.get(OP).signature(features),
+                       dtype=features.dtype, lanes=sizes["batch"] * sizes["dim"], L=sizes["L"])
+    return dict(hit[1]) if hit is not None and hit[0] == store.FUSED_PREFIX + OP else None
+
+
+def forward(ops: MambaOperands, *, backend: str = "auto", return_state: bool = True, api: str = API,
+            **tunables) -> tuple[np.ndarray, np.ndarray | None]:
+    """The fused forward on prepared operands: ``(y, h_last)`` in the accumulation dtype.
+
+    Raises:
+        BackendUnavailable: the backend has no fused rendering (use the scan path).
+    """
+    global last
+    be = _require(backend, ops.dtype, "forward", api)
+    feats = ops.features()
+    cfg, source = _config(be, feats, ops.sizes, tunables, api)
+    y = np.empty(ops.u.shape, ops.dtype)
+    hlast = np.empty((*ops.u.shape[:2], ops.A.shape[1]), ops.dtype) if return_state else None
+    if ops.u.shape[2] == 0 and hlast is not None:  # no step: the state is h0
+        hlast[...] = 0 if ops.h0 is None else ops.h0
+    be.run_fused(FUSED.get(OP).call("forward", feats, cfg), {**ops.arrays(), "y": y, "hlast": hlast}, ops.sizes)
+    last = FusedInfo(be.name, "forward", cfg, source)
+    return y, hlast
+
+
+def backward(ops: MambaOperands, dout: np.ndarray, dhlast: np.ndarray | None = None, *, backend: str = "auto",
+             api: str = API, **tunables) -> dict[str, np.ndarray | None]:
+    """The fused backward: gradients of ``sum(y * dout) + sum(h_last * dhlast)`` for every input.
+
+    Returns ``du, ddelta, dA, dB, dC`` (B/C in the prepared layout) and ``dD, dz, ddelta_bias, dh0``
+    (``None`` for inputs that were not given).
+    """
+    global last
+    be = _require(backend, ops.dtype, "backward", api)
+    feats = ops.features(has_dhlast=dhlast is not None)
+    cfg, source = _config(be, feats, ops.sizes, tunables, api)
+    dout = np.ascontiguousarray(dout, dtype=ops.dtype)
+    dh = None if dhlast is None else np.ascontiguousarray(dhlast, dtype=ops.dtype)
+    out = {"du": np.empty_like(ops.u), "ddelta": np.empty_like(ops.u), "dA": np.empty_like(ops.A),
+           "dB": np.empty_like(ops.B), "dC": np.empty_like(ops.C),
+           "dD": None if ops.D is None else np.empty_like(ops.D),
+           "dz": None if ops.z is None else np.empty_like(ops.u),
+           "ddelta_bias": None if ops.delta_bias is None else np.empty_like(ops.delta_bias),
+           "dh0": None if ops.h0 is None else np.empty_like(ops.h0)}
+    be.run_fused(FUSED.get(OP).call("backward", feats, cfg), {**ops.arrays(), "dout": dout, "dhlast": dh, **out},
+                 ops.sizes)
+    if ops.u.shape[2] == 0:  # no step: only the state's gradient passes through
+        for k, v in out.items():
+            if v is not None:
+                v[...] = dh if k == "dh0" and dh is not None else 0
+    last = FusedInfo(be.name, "backward", cfg, source)
+    return out
+
+
+def backward_backend(backend: str, dtype: np.dtype) -> str:
+    """``backend`` when it renders the fused backward, else the best available backend that does
+    (``cpu``, else ``numpy``): a forward on a GPU backend is differentiated on the host."""
+    if fused_backend(backend, dtype, "backward") is not None:
+        return backend
+    from ..runtime import REGISTRY
+
+    ranked = sorted((c for _, c in REGISTRY.items() if c.auto_priority >= 0 and FUSED.get(OP).runs_on(c.target,
+                     "backward") and c.availability().ok), key=lambda c: -c.auto_priority)
+    return ranked[0].name if ranked else backend
+
+
+def _require(backend: str, dtype: np.dtype, part: str, api: str) -> Backend:
+    be = fused_backend(backend, dtype, part)
+    if be is None:
+        name = backend if backend != "auto" else pick_backend("auto").name
+        runs = [n for n, c in _backends() if FUSED.get(OP).runs_on(c.target, part)]
+        raise BackendUnavailable(f"{api}: backend {name!r} has no fused Mamba-1 {part} kernel for dtype {dtype}; "
+                                 f"backends with one: {', '.join(runs)}")
+    return be
+
+
+def _backends():
+    from ..runtime import REGISTRY
+
+    return REGISTRY.items()
