@@ -23,9 +23,19 @@ Targets: best/default >= 1.0 (within noise); a budgeted strategy within 10%
 of the brute-force best.  Uses the per-user cache unless
 ``SCANWEAVER_CACHE_DIR`` is set; ``--fresh`` re-measures everything.
 
+``--parallel N`` instead compares, on the same space, the wall time of a
+sequential brute-force tune with a tune spread over N Ray workers
+(``scanweaver.tune(..., parallel=N)``; a local Ray instance declaring N
+logical GPUs unless ``RAY_ADDRESS`` names a cluster), both re-measured from
+scratch and neither stored, and whether both found the same best schedule
+family.  On one machine the shards share its cores and memory, so their
+timings disturb each other: the speed-up is of the tune's wall time, not a
+statement about the kernels.
+
 Usage::
 
     python bench/tuning.py [--json] [--fresh] [--seeds N] [--repeats N]
+    python bench/tuning.py --parallel 2 [--json]
 """
 
 from __future__ import annotations
@@ -77,6 +87,31 @@ def time_pair(first, second, repeats: int) -> tuple[float, float]:
     return statistics.median(a), statistics.median(b)
 
 
+def parallel_vs_sequential(n: int) -> dict:
+    """Wall time of a sequential and an ``n``-way Ray tune of the same space (both fresh, neither stored)."""
+    import os
+
+    import ray
+
+    if not ray.is_initialized():
+        if os.environ.get("RAY_ADDRESS"):
+            ray.init(include_dashboard=False, log_to_driver=False)
+        else:
+            ray.init(num_gpus=n, include_dashboard=False, log_to_driver=False)
+    kw = dict(backend="cpu", shape=SHAPE, dtype="float32", strategy="brute_force", fresh=True, progress=False,
+              record=False)
+    seq = scanweaver.tune(SELECTIVE, **kw)
+    par = scanweaver.tune(SELECTIVE, parallel=n, **kw)
+    ray.shutdown()
+    ranks = {e.label(): i for i, e in enumerate(seq.ok)}
+    return {"parallel": n, "space_size": seq.space_size, "device": seq.device, "ray": par.notes[0],
+            "sequential_wall_s": seq.wall_s, "parallel_wall_s": par.wall_s, "wall_speedup": seq.wall_s / par.wall_s,
+            "sequential_best": seq.best.label(), "parallel_best": par.best.label(),
+            "same_best_family": seq.best.schedule == par.best.schedule,
+            "parallel_best_rank_in_sequential": ranks.get(par.best.label()),
+            "parallel_skipped": len(par.skipped)}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print JSON")
@@ -84,7 +119,19 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, default=20, help="replays per budgeted strategy")
     ap.add_argument("--repeats", type=int, default=15, help="timed calls in the check")
     ap.add_argument("--confirm", type=int, default=5, help="alternate re-measurements of best and default")
+    ap.add_argument("--parallel", type=int, metavar="N", help="compare with a tune over N Ray workers instead")
     args = ap.parse_args(argv)
+    if args.parallel:
+        res = parallel_vs_sequential(args.parallel)
+        if args.json:
+            print(json.dumps(res, indent=1))
+        else:
+            print(f"{res['space_size']} configurations on {res['device']}: "
+                  f"sequential {res['sequential_wall_s']:.1f} s, "
+                  f"{res['parallel']} Ray workers {res['parallel_wall_s']:.1f} s ({res['wall_speedup']:.2f}x); best "
+                  f"{res['sequential_best']} vs {res['parallel_best']} (rank {res['parallel_best_rank_in_sequential']} "
+                  f"in the sequential sweep)")
+        return 0
 
     rep = scanweaver.tune(SELECTIVE, backend="cpu", shape=SHAPE, dtype="float32", strategy="brute_force",
                           fresh=args.fresh, progress=not args.json, confirm=args.confirm)

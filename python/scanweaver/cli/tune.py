@@ -7,6 +7,7 @@
     scanweaver tune --backend cpu --shape 8,512,4096
     scanweaver tune --backend opencl --shape 4,1024 --strategy random_sample --max-fevals 20 --json
     scanweaver tune --op mamba1 --backend cpu --shape 2,768,16,2048    # the fused Mamba-1 kernel
+    scanweaver tune --backend cuda --parallel 8 --ray-address auto   # one shard per GPU of a Ray cluster
     scanweaver tune --show
     scanweaver tune --export tuned-gpu-nodes.json
     SCANWEAVER_TUNED=/shared/scanweaver/ scanweaver tune --import tuned-gpu-nodes.json
@@ -18,6 +19,7 @@ import argparse
 import json
 import time
 
+from ..errors import ScanInputError
 from . import command, parse_shape
 
 
@@ -108,6 +110,10 @@ class Tune:
                        help="candidate values of one tunable instead of the declared ones (repeatable)")
         p.add_argument("--confirm", type=int, default=0, metavar="N",
                        help="re-measure best and default alternately N times after the search")
+        p.add_argument("--parallel", type=int, metavar="N",
+                       help="spread the search space over N Ray workers, one device each (scanweaver[cluster])")
+        p.add_argument("--ray-address", metavar="ADDR",
+                       help="the Ray cluster (default: $RAY_ADDRESS, else a new local Ray instance)")
         p.add_argument("--fresh", action="store_true", help="re-measure instead of reusing Kernel Tuner's cache")
         p.add_argument("--no-store", action="store_true", help="do not record the result in the store")
         p.add_argument("--out", help="directory for tune.json, tune.txt and tune.png")
@@ -136,9 +142,12 @@ class Tune:
         if args.op:
             from ..tuning.fused import tune_fused
 
+            if args.parallel:
+                raise ScanInputError("--parallel tunes recurrences; a fused operation (--op) is tuned on one device")
             report = tune_fused(args.op, **common)
         else:
             schedule = tuple(args.schedule) if args.schedule else None
-            report = tune(args.recurrence, schedule=schedule, confirm=args.confirm, **common)
+            report = tune(args.recurrence, schedule=schedule, confirm=args.confirm, parallel=args.parallel,
+                          ray_address=args.ray_address, **common)
         print(json.dumps(report.to_json(), indent=1) if args.json else report.table())
         return 0 if report.best is not None else 1

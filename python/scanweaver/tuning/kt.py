@@ -26,6 +26,7 @@ import hashlib
 import json
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import api_boundary, BackendUnavailable, ScanInputError
@@ -102,62 +103,37 @@ def _default_confirmed_faster(report: TuneReport) -> bool:
         median(times["default"]) <= median(times["best"])
 
 
-@api_boundary
-def tune(recurrence=None, *, backend: str = "cpu", shape=(8, 512, 4096), dtype: str = "float32",
-         schedule: str | tuple | None = None, strategy: str = "brute_force", max_fevals: int | None = None,
-         time_limit: float | None = None, features: Features = Features(), seed: int = 0, record: bool = True,
-         progress: bool = True, out: str | Path | None = None, iterations: int = 7, fresh: bool = False,
-         values: dict[str, tuple] | None = None, confirm: int = 0) -> TuneReport:
-    """Tunes ``recurrence`` on ``backend`` for one problem shape and stores the best configuration.
+@dataclass
+class Prepared:
+    """A tuning problem made ready where its device is: backend, space, Kernel Tuner kernel and session.
 
-    After this, every scan call of that recurrence on this device (and the
-    same dtype) runs the tuned configuration of the nearest tuned size, with
-    no tuning code in the caller (``Recurrence.last.source == "tuned"``).
+    Attributes:
+        problem: the problem.
+        target: its Kernel Tuner target.
+        device: the device name the store keys on.
+        space: the search space.
+        session: the Kernel Tuner session (cache file, verification against the oracle).
+        default: Kernel Tuner params of the backend's default configuration, or ``None``.
+    """
 
-    Args:
-        recurrence: a :class:`~scanweaver.Recurrence`, ``scanweaver.selective_scan``
-            (the default) or a :class:`~scanweaver.tuning.problem.TuneProblem`.
-        backend: ``cpu``, ``opencl``, ``cuda`` or ``julia``.
-        shape: operand shape ``(..., L)``, e.g. ``(B, D, L)``.
-        dtype: ``float32`` or ``float64``.
-        schedule: restrict to one schedule family (or a tuple of them).
-        strategy: a Kernel Tuner strategy (``brute_force``, ``random_sample``, ``bayes_opt`` ...).
-        max_fevals: evaluation budget (``None``: the strategy's own).
-        time_limit: seconds for the whole tune.
-        features: call-site features the kernels are built for.
-        seed: seed of the test data and of the strategy.
-        record: write the best configuration to the store.
-        progress: show a progress bar.
-        out: directory for ``tune.json``, ``tune.txt`` and ``tune.png``.
-        iterations: timed runs per configuration (the median counts).
-        fresh: discard Kernel Tuner's cached measurements of this problem first.
-        values: narrow tunables to these candidate values, e.g. ``{"chunk": (512, 1024)}``.
-        confirm: after the search, re-measure the best and the default configuration
-            alternately this many times each (fresh compiles, no cache) and report
-            those medians, so that load drift on a shared machine between the
-            sweep and the default's measurement cannot skew best/default; when the
-            default is then no slower, the default is what gets stored.
+    problem: TuneProblem
+    target: object
+    device: str
+    space: SearchSpace
+    session: KernelTunerSession
+    default: dict | None
 
-    Returns:
-        a :class:`~scanweaver.tuning.report.TuneReport`.
+
+def prepare(problem: TuneProblem, *, schedule: str | tuple | None = None, strategy: str = "brute_force",
+            values: dict[str, tuple] | None = None, progress: bool = False, iterations: int = 7,
+            fresh: bool = False, cache_suffix: str = "") -> Prepared:
+    """Checks the problem here and builds its space, kernel and session (see :func:`tune`).
 
     Raises:
-        ScanWeaverError: Kernel Tuner is not installed (``pip install scanweaver[tune]``).
-        BackendUnavailable: the backend cannot run or cannot be tuned here.
-
-    Example:
-        >>> import scanweaver
-        >>> report = scanweaver.tune(backend="cpu", shape=(64, 1024), max_fevals=4)  # doctest: +SKIP
-        >>> report.best.config  # doctest: +SKIP
-        {'chunk': 512, 'interleave': 8, 'threads': 2}
+        ScanWeaverError: Kernel Tuner is not installed.
+        BackendUnavailable: the backend cannot be tuned here.
+        ScanInputError: a bad schedule, strategy or an empty space.
     """
-    if max_fevals is not None and max_fevals < 1:
-        raise ScanInputError(f"tune: max_fevals must be >= 1, got {max_fevals}")
-    t0 = time.monotonic()
-    if isinstance(recurrence, TuneProblem):
-        problem = recurrence
-    else:
-        problem = TuneProblem(recurrence, backend, tuple(shape), dtype, features, seed)
     target = get_target(problem.backend)
     why = target.unavailable()
     if why:
@@ -189,43 +165,125 @@ def tune(recurrence=None, *, backend: str = "cpu", shape=(8, 512, 4096), dtype: 
     workdir = store.cache_dir() / "kernel_tuner" / problem.backend
     spec = target.kernel(problem, space, inputs, workdir)
     spec.device_options = {**target.device_options(), **spec.device_options}
-    stem = _cache_stem(problem, device, space, spec.fingerprint)
-    cachefile = workdir / f"{stem}.json"
+    cachefile = workdir / f"{_cache_stem(problem, device, space, spec.fingerprint)}{cache_suffix}.json"
     if fresh and cachefile.exists():
         cachefile.unlink()
     session = KernelTunerSession(spec, space, cachefile,
                                  check=lambda y: problem.check(target.as_lanes(y, problem), answer, atol),
                                  progress=progress, iterations=iterations,
                                  answer=target.answer_layout(answer.astype(problem.dtype)))
+    return Prepared(problem, target, device, space, session, default_params(problem, space))
+
+
+@api_boundary
+def tune(recurrence=None, *, backend: str = "cpu", shape=(8, 512, 4096), dtype: str = "float32",
+         schedule: str | tuple | None = None, strategy: str = "brute_force", max_fevals: int | None = None,
+         time_limit: float | None = None, features: Features = Features(), seed: int = 0, record: bool = True,
+         progress: bool = True, out: str | Path | None = None, iterations: int = 7, fresh: bool = False,
+         values: dict[str, tuple] | None = None, confirm: int = 0, parallel: int | None = None,
+         ray_address: str | None = None) -> TuneReport:
+    """Tunes ``recurrence`` on ``backend`` for one problem shape and stores the best configuration.
+
+    After this, every scan call of that recurrence on this device (and the
+    same dtype) runs the tuned configuration of the nearest tuned size, with
+    no tuning code in the caller (``Recurrence.last.source == "tuned"``).
+
+    Args:
+        recurrence: a :class:`~scanweaver.Recurrence`, ``scanweaver.selective_scan``
+            (the default) or a :class:`~scanweaver.tuning.problem.TuneProblem`.
+        backend: ``cpu``, ``opencl``, ``cuda`` or ``julia``.
+        shape: operand shape ``(..., L)``, e.g. ``(B, D, L)``.
+        dtype: ``float32`` or ``float64``.
+        schedule: restrict to one schedule family (or a tuple of them).
+        strategy: a Kernel Tuner strategy (``brute_force``, ``random_sample``, ``bayes_opt`` ...).
+        max_fevals: evaluation budget (``None``: the strategy's own).
+        time_limit: seconds for the whole tune.
+        features: call-site features the kernels are built for.
+        seed: seed of the test data and of the strategy.
+        record: write the best configuration to the store.
+        progress: show a progress bar.
+        out: directory for ``tune.json``, ``tune.txt`` and ``tune.png``.
+        iterations: timed runs per configuration (the median counts).
+        fresh: discard Kernel Tuner's cached measurements of this problem first.
+        values: narrow tunables to these candidate values, e.g. ``{"chunk": (512, 1024)}``.
+        confirm: after the search, re-measure the best and the default configuration
+            alternately this many times each (fresh compiles, no cache) and report
+            those medians, so that load drift on a shared machine between the
+            sweep and the default's measurement cannot skew best/default; when the
+            default is then no slower, the default is what gets stored.
+        parallel: spread the search space over this many Ray workers, each owning
+            one device (:mod:`scanweaver.tuning.cluster`; ``pip install scanweaver[cluster]``).
+        ray_address: the Ray cluster to use (default: ``$RAY_ADDRESS``, an already
+            initialised Ray, or a new local instance).
+
+    Returns:
+        a :class:`~scanweaver.tuning.report.TuneReport`.
+
+    Raises:
+        ScanWeaverError: Kernel Tuner (or, with ``parallel``, Ray) is not installed.
+        BackendUnavailable: the backend cannot run or cannot be tuned here.
+
+    Example:
+        >>> import scanweaver
+        >>> report = scanweaver.tune(backend="cpu", shape=(64, 1024), max_fevals=4)  # doctest: +SKIP
+        >>> report.best.config  # doctest: +SKIP
+        {'chunk': 512, 'interleave': 8, 'threads': 2}
+    """
+    if max_fevals is not None and max_fevals < 1:
+        raise ScanInputError(f"tune: max_fevals must be >= 1, got {max_fevals}")
+    t0 = time.monotonic()
+    if isinstance(recurrence, TuneProblem):
+        problem = recurrence
+    else:
+        problem = TuneProblem(recurrence, backend, tuple(shape), dtype, features, seed)
+    if parallel is not None:
+        from .cluster import tune_parallel
+
+        if confirm:
+            raise ScanInputError("tune: confirm= re-measures on one device; run it without parallel=")
+        report, who = tune_parallel(problem, parallel=parallel, ray_address=ray_address, schedule=schedule,
+                                    strategy=strategy, max_fevals=max_fevals, time_limit=time_limit, seed=seed,
+                                    iterations=iterations, fresh=fresh, values=values)
+        return _finish(report, problem, None, strategy, record, out, t0, who)
+    prep = prepare(problem, schedule=schedule, strategy=strategy, values=values, progress=progress,
+                   iterations=iterations, fresh=fresh)
+    session, space, default = prep.session, prep.space, prep.default
     total = min(space.size, max_fevals) if max_fevals else space.size
     results = session.run(strategy=strategy, max_fevals=max_fevals, time_limit=time_limit, seed=seed, total=total)
-    default = default_params(problem, space)
     extra: list[dict] = []
     if default is not None and all(space.key(default) != space.key(r) for r in results if r):
         extra = session.run(only=default, seed=seed)
     report = summarize(results, space, default=default, default_results=extra, backend=problem.backend,
-                       device=device, strategy=strategy, signature=problem.signature, dtype=problem.dtype,
-                       shape=problem.shape, kt_cache=str(cachefile), timing=target.timing)
+                       device=prep.device, strategy=strategy, signature=problem.signature, dtype=problem.dtype,
+                       shape=problem.shape, kt_cache=str(session.cachefile), timing=prep.target.timing)
     if default is None:
         report.notes.append("the default schedule is outside the tuned space; its time was not measured")
     if confirm > 0 and report.best is not None:
         _confirm(report, session, space, default, confirm)
-    cachefile.with_suffix(".space.json").write_text(json.dumps(
-        {"space": space.to_json(), "default": default, "device": device, "signature": problem.signature,
-         "dtype": problem.dtype, "shape": list(problem.shape), "timing": target.timing}, indent=1, default=str))
+    session.cachefile.with_suffix(".space.json").write_text(json.dumps(
+        {"space": space.to_json(), "default": default, "device": prep.device, "signature": problem.signature,
+         "dtype": problem.dtype, "shape": list(problem.shape), "timing": prep.target.timing}, indent=1, default=str))
+    return _finish(report, problem, prep, strategy, record, out, t0, provenance())
+
+
+def _finish(report: TuneReport, problem: TuneProblem, prep: Prepared | None, strategy: str, record: bool,
+            out, t0: float, who: dict) -> TuneReport:
+    """Stores the best configuration (or the default, when re-measured no slower) and saves the report."""
     if record and report.best is not None:
         best = report.best
         schedule, config, time_ms = best.schedule, dict(best.config), best.time_ms
-        if _default_confirmed_faster(report) and default is not None:
-            schedule, config = space.split(default)
+        if prep is not None and prep.default is not None and _default_confirmed_faster(report):
+            schedule, config = prep.space.split(prep.default)
             time_ms = report.default_ms
             report.notes.append("re-measured, the default was at least as fast as the search's best: "
                                 "the default configuration is stored")
-        entry = store.Entry(backend=problem.backend, device=device, signature=problem.signature,
+        kt_cache = ""
+        if prep is not None:
+            kt_cache = str(prep.session.cachefile.relative_to(store.cache_dir()))
+        entry = store.Entry(backend=problem.backend, device=report.device, signature=problem.signature,
                             dtype=problem.dtype, lanes=problem.lanes, L=problem.L, schedule=schedule,
                             config=dict(config), time_ms=time_ms, default_ms=report.default_ms,
-                            strategy=strategy, kt_cache=str(cachefile.relative_to(store.cache_dir())),
-                            **provenance())
+                            strategy=strategy, kt_cache=kt_cache, **who)
         report.store_path = str(store.record(entry))
     report.wall_s = time.monotonic() - t0
     if out is not None:

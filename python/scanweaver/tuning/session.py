@@ -212,7 +212,8 @@ class KernelTunerSession:
         Args:
             strategy: a Kernel Tuner strategy name.
             max_fevals: evaluation budget.
-            time_limit: seconds for the whole tune (restarts included).
+            time_limit: seconds for the whole tune (restarts included); Kernel Tuner's
+                ``brute_force`` takes no time limit, so there it is checked between restarts only.
             seed: seeds the strategies' random generators.
             only: evaluate just this configuration (e.g. the default one).
             total: progress bar length.
@@ -232,7 +233,8 @@ class KernelTunerSession:
                     left = time_limit - (time.monotonic() - start)
                     if left <= 0:
                         return self.cached_results()
-                    opts["time_limit"] = left
+                    if strategy != "brute_force" and only is None:
+                        opts["time_limit"] = left
                 self.current = None
                 try:
                     return self._tune_once(kernel_tuner, strategy, opts, seed, only)
