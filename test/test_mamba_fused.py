@@ -86,6 +86,21 @@ def test_fused_forward_every_vector_width_and_one_step(rng, width):
     np.testing.assert_allclose(h, eh, rtol=1e-5, atol=1e-6 * np.abs(eh).max())
 
 
+@pytest.mark.parametrize("threads", [2, 3, 8])
+def test_few_channels_split_their_sequence_over_threads(rng, threads):
+    """One block of channels, several threads: L is cut into parts joined by the affine carry."""
+    need_fused("cpu")
+    batch, Dm, N, L = 1, 5, 4, 331
+    ops = operands(rng, batch, Dm, N, L, "group", "fixed", groups=5)
+    ext = extras(rng, batch, Dm, N, L)
+    cu = [0, 40, 41, 200, L]
+    ey, eh = segments_reference(ops, ext, cu)
+    y, h = scanweaver.mamba_selective_scan(**ops, **ext, return_state=True, cu_seqlens=cu, backend="cpu", chunk=16,
+                                           threads=threads)
+    np.testing.assert_allclose(y, ey, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(h, eh, rtol=1e-10, atol=1e-10)
+
+
 def test_fused_and_scan_paths_agree_and_fused_is_the_default(rng):
     ops = operands(rng, 2, 8, 4, 33, "group", "step", groups=2)
     ext = extras(rng, 2, 8, 4, 33)

@@ -9,7 +9,10 @@ registers into ``[t][lane]`` vectors on the way in (u, delta, z; B and C rows
 into ``[t][n]``) and back on the way out (y); everything else stays in
 registers or in the per-thread tile buffers.  Threads (OpenMP) take blocks
 of channels: a block never straddles a group of B or C, so B_t[n] and C_t[n]
-are one broadcast scalar per block.  Vectorising over N instead (one channel
+are one broadcast scalar per block.  With fewer blocks than threads, each
+block's L is split over threads too: parts of whole tiles run to their
+aggregate (end state and gate product ``exp(A * sum dt)``) from zero, the
+carries are chained, and the parts rerun from their carries writing y.  Vectorising over N instead (one channel
 at a time, N states in the lanes) needs a horizontal sum per step for y and
 wastes lanes for N below the vector width; over channels it is neither.
 
@@ -178,40 +181,57 @@ FORWARD = r"""
 
 /* Partial sums of the contraction over n: independent multiply-add chains. */
 #define SW_ACC (SW_N < 4 ? SW_N : 4)
+/* Fewest tiles of L per part when one block's sequence is split over threads (the aggregate pass
+ * and the chained carries must stay small beside the work). */
+#define SW_MIN_PART_TILES 4
 
 typedef struct { sw_v *dt, *u, *dtu, *z, *y; SW_T *Bt, *Ct; } sw_fwd_tiles;
 
-static void sw_fwd_block(const sw_mamba* m, long b, long d0, int nl, const sw_fwd_tiles* s,
-                         SW_T* restrict y, SW_T* restrict hlast) {
+/* Steps [t_begin, t_end) of a block from the states h (updated in place).  With y, writes y; without,
+ * only the states run, and *sum_dt / *reset_seen collect the block's summed dt and whether a packed
+ * sequence starts inside (the aggregate of a part of L: h_end = exp(A * sum dt) * h_begin + h_end(0)). */
+static void sw_fwd_range(const sw_mamba* m, long b, long d0, int nl, const sw_fwd_tiles* s, long t_begin,
+                         long t_end, sw_v* h, SW_T* restrict y, sw_v* sum_dt, int* reset_seen) {
   const long L = m->L, row = (b * m->dim + d0) * L;
-  sw_v a2[SW_N], h[SW_N], bf[SW_N], cf[SW_N];
+  sw_v a2[SW_N], bf[SW_N], cf[SW_N];
   sw_lane_matrix(m->A, d0, nl, (SW_T)SW_LOG2E, a2);
   if (SW_B_FIXED) sw_lane_matrix(m->B, d0, nl, 1, bf);
   if (SW_C_FIXED) sw_lane_matrix(m->C, d0, nl, 1, cf);
-  for (int n = 0; n < SW_N; ++n) {
-    h[n] = sw_vzero;
-    if (SW_HAS_H0)
-      for (int j = 0; j < nl; ++j) h[n][j] = m->h0[(b * m->dim + d0 + j) * SW_N + n];
-  }
   const sw_v Dv = SW_HAS_D ? sw_lane_vector(m->D, d0, nl) : sw_vzero;
   const sw_v bias = SW_HAS_BIAS ? sw_lane_vector(m->bias, d0, nl) : sw_vzero;
   const SW_T* Brow = SW_B_FIXED ? NULL : sw_rows(m->B, m->gb, m, b, d0);
   const SW_T* Crow = SW_C_FIXED ? NULL : sw_rows(m->C, m->gc, m, b, d0);
-  for (long t0 = 0; t0 < L; t0 += SW_CHUNK) {
-    const int nt = (int)SW_MIN((long)SW_CHUNK, L - t0);
+  for (long t0 = t_begin; t0 < t_end; t0 += SW_CHUNK) {
+    const int nt = (int)SW_MIN((long)SW_CHUNK, t_end - t0);
     sw_load_rows(m->delta + row + t0, L, nl, nt, s->dt);
     sw_load_rows(m->u + row + t0, L, nl, nt, s->u);
-    if (SW_HAS_Z) sw_load_rows(m->z + row + t0, L, nl, nt, s->z);
+    if (SW_HAS_Z && y) sw_load_rows(m->z + row + t0, L, nl, nt, s->z);
     if (!SW_B_FIXED) sw_load_states(Brow + t0, L, nt, s->Bt);
-    if (!SW_C_FIXED) sw_load_states(Crow + t0, L, nt, s->Ct);
+    if (!SW_C_FIXED && y) sw_load_states(Crow + t0, L, nt, s->Ct);
     sw_gates(s->dt, s->u, s->dtu, bias, nt);
-    if (t0 + SW_CHUNK < L) {
-      const long t1 = t0 + SW_CHUNK, n1 = SW_MIN((long)SW_CHUNK, L - t1);
+    if (t0 + SW_CHUNK < t_end) {
+      const long t1 = t0 + SW_CHUNK, n1 = SW_MIN((long)SW_CHUNK, t_end - t1);
       sw_prefetch_rows(m->delta + row + t1, L, nl, n1);
       sw_prefetch_rows(m->u + row + t1, L, nl, n1);
-      if (SW_HAS_Z) sw_prefetch_rows(m->z + row + t1, L, nl, n1);
+      if (SW_HAS_Z && y) sw_prefetch_rows(m->z + row + t1, L, nl, n1);
       if (!SW_B_FIXED) sw_prefetch_rows(Brow + t1, L, SW_N, n1);
-      if (!SW_C_FIXED) sw_prefetch_rows(Crow + t1, L, SW_N, n1);
+      if (!SW_C_FIXED && y) sw_prefetch_rows(Crow + t1, L, SW_N, n1);
+    }
+    if (!y) {  /* states only (the aggregate pass of a split sequence) */
+      for (int t = 0; t < nt; ++t) {
+        if (SW_HAS_RESET && m->reset[t0 + t]) {
+          for (int n = 0; n < SW_N; ++n) h[n] = sw_vzero;
+          *sum_dt = sw_vzero;
+          *reset_seen = 1;
+        }
+        const sw_v dt = s->dt[t], dtu = s->dtu[t];
+        const SW_T* bt = s->Bt + (long)t * SW_NP;
+        (void)bt;
+        *sum_dt += dt;
+#pragma GCC unroll 16
+        for (int n = 0; n < SW_N; ++n) h[n] = sw_vexp2(dt * a2[n]) * h[n] + dtu * SW_BN(n);
+      }
+      continue;
     }
     for (int t = 0; t < nt; ++t) {
       if (SW_HAS_RESET && m->reset[t0 + t])
@@ -239,9 +259,100 @@ static void sw_fwd_block(const sw_mamba* m, long b, long d0, int nl, const sw_fw
     }
     sw_store_rows(s->y, y + row + t0, L, nl, nt);
   }
+}
+
+/* The initial states of a block (h0 or zeros) and the store of its final ones. */
+static void sw_h0_block(const sw_mamba* m, long b, long d0, int nl, sw_v* h) {
+  for (int n = 0; n < SW_N; ++n) {
+    h[n] = sw_vzero;
+    if (SW_HAS_H0)
+      for (int j = 0; j < nl; ++j) h[n][j] = m->h0[(b * m->dim + d0 + j) * SW_N + n];
+  }
+}
+
+static void sw_hlast_block(const sw_mamba* m, long b, long d0, int nl, const sw_v* h, SW_T* hlast) {
   if (hlast)
     for (int n = 0; n < SW_N; ++n)
       for (int j = 0; j < nl; ++j) hlast[(b * m->dim + d0 + j) * SW_N + n] = h[n][j];
+}
+
+static int sw_fwd_tiles_alloc(sw_fwd_tiles* s, void** raw) {
+  const size_t vec = sizeof(sw_v) * SW_CHUNK, sc = sizeof(SW_T) * SW_CHUNK * SW_NP;
+  char* p = (char*)sw_alloc(5 * vec + 2 * sc, raw);
+  if (!p) return SW_ENOMEM;
+  s->dt = (sw_v*)p;
+  s->u = (sw_v*)(p + vec);
+  s->dtu = (sw_v*)(p + 2 * vec);
+  s->z = (sw_v*)(p + 3 * vec);
+  s->y = (sw_v*)(p + 4 * vec);
+  s->Bt = (SW_T*)(p + 5 * vec);
+  s->Ct = (SW_T*)(p + 5 * vec + sc);
+  return SW_OK;
+}
+
+/* Few blocks of channels for the threads: each block's L is cut into P parts of whole tiles.  The parts
+ * but the last run from zero states to their aggregate (end state, and the product of their gates
+ * exp(A * sum dt), 0 past a packed-sequence start); the carries are chained in order; then every part
+ * reruns from its carry and writes y.  One pair of (multiplier, state) per lane and state crosses parts. */
+static int sw_forward_split(const sw_mamba* m, SW_T* y, SW_T* hlast, int nth, long P) {
+  const long ntiles = (m->L + SW_CHUNK - 1) / SW_CHUNK, items = m->nblocks * P;
+  void* raw_c;
+  sw_v* agg = (sw_v*)sw_alloc(sizeof(sw_v) * (size_t)(3 * items * SW_N), &raw_c);
+  if (!agg) return SW_ENOMEM;
+  sw_v *mult = agg, *state = agg + items * SW_N, *carry = agg + 2 * items * SW_N;
+  int status = SW_OK;
+#pragma omp parallel num_threads(nth)
+  {
+    void* raw;
+    sw_fwd_tiles s;
+    const int ok = sw_fwd_tiles_alloc(&s, &raw) == SW_OK;
+    if (!ok) {
+#pragma omp atomic write
+      status = SW_ENOMEM;
+    }
+#pragma omp for schedule(static)
+    for (long it = 0; it < items; ++it) {
+      const long k = it / P, q = it % P;
+      long b, d0;
+      int nl, seen = 0;
+      sw_block(m, k, &b, &d0, &nl);
+      if (!ok || q == P - 1) continue;
+      sw_v* h = state + it * SW_N;
+      sw_v sum_dt = sw_vzero, a2[SW_N];
+      for (int n = 0; n < SW_N; ++n) h[n] = sw_vzero;
+      sw_fwd_range(m, b, d0, nl, &s, q * ntiles / P * SW_CHUNK, (q + 1) * ntiles / P * SW_CHUNK, h, NULL,
+                   &sum_dt, &seen);
+      sw_lane_matrix(m->A, d0, nl, (SW_T)SW_LOG2E, a2);
+      for (int n = 0; n < SW_N; ++n) mult[it * SW_N + n] = seen ? sw_vzero : sw_vexp2(sum_dt * a2[n]);
+    }
+#pragma omp single
+    for (long k = 0; k < m->nblocks; ++k) {
+      long b, d0;
+      int nl;
+      sw_block(m, k, &b, &d0, &nl);
+      sw_h0_block(m, b, d0, nl, carry + k * P * SW_N);
+      for (long q = 0; q + 1 < P; ++q)
+        for (int n = 0; n < SW_N; ++n) {
+          const long i = (k * P + q) * SW_N + n;
+          carry[i + SW_N] = mult[i] * carry[i] + state[i];
+        }
+    }
+#pragma omp for schedule(static)
+    for (long it = 0; it < items; ++it) {
+      const long k = it / P, q = it % P;
+      long b, d0;
+      int nl;
+      sw_block(m, k, &b, &d0, &nl);
+      if (!ok) continue;
+      sw_v* h = carry + it * SW_N;
+      const long t1 = q == P - 1 ? m->L : (q + 1) * ntiles / P * SW_CHUNK;
+      sw_fwd_range(m, b, d0, nl, &s, q * ntiles / P * SW_CHUNK, t1, h, y, NULL, NULL);
+      if (q == P - 1) sw_hlast_block(m, b, d0, nl, h, hlast);
+    }
+    if (ok) free(raw);
+  }
+  free(raw_c);
+  return status;
 }
 
 int sw_mamba1_forward(const SW_T* u, const SW_T* delta, const SW_T* A, const SW_T* B, const SW_T* C,
@@ -251,26 +362,29 @@ int sw_mamba1_forward(const SW_T* u, const SW_T* delta, const SW_T* A, const SW_
   sw_mamba m = {u, delta, A, B, C, D, z, delta_bias, h0, reset, batch, dim, L, groups_b, groups_c, 0, 0, 0, 0};
   if (batch <= 0 || dim <= 0 || L <= 0) return SW_OK;
   sw_grid(&m);
-  const int nt = (int)SW_MIN((long)sw_threads(), m.nblocks);
+  const int nth = sw_threads();
+  const long ntiles = (L + SW_CHUNK - 1) / SW_CHUNK, parts = SW_MIN(nth / m.nblocks, ntiles / SW_MIN_PART_TILES);
+  if (parts >= 2) return sw_forward_split(&m, y, hlast, (int)(m.nblocks * parts), parts);
+  const int nt = (int)SW_MIN((long)nth, m.nblocks);
   int status = SW_OK;
   (void)nt;
 #pragma omp parallel num_threads(nt)
   {
-    const size_t vec = sizeof(sw_v) * SW_CHUNK, sc = sizeof(SW_T) * SW_CHUNK * SW_NP;
     void* raw;
-    char* p = (char*)sw_alloc(5 * vec + 2 * sc, &raw);
-    if (!p) {
+    sw_fwd_tiles s;
+    if (sw_fwd_tiles_alloc(&s, &raw) != SW_OK) {
 #pragma omp atomic write
       status = SW_ENOMEM;
     } else {
-      sw_fwd_tiles s = {(sw_v*)p, (sw_v*)(p + vec), (sw_v*)(p + 2 * vec), (sw_v*)(p + 3 * vec),
-                        (sw_v*)(p + 4 * vec), (SW_T*)(p + 5 * vec), (SW_T*)(p + 5 * vec + sc)};
 #pragma omp for schedule(static)
       for (long k = 0; k < m.nblocks; ++k) {
         long b, d0;
         int nl;
+        sw_v h[SW_N];
         sw_block(&m, k, &b, &d0, &nl);
-        sw_fwd_block(&m, b, d0, nl, &s, y, hlast);
+        sw_h0_block(&m, b, d0, nl, h);
+        sw_fwd_range(&m, b, d0, nl, &s, 0, L, h, y, NULL, NULL);
+        sw_hlast_block(&m, b, d0, nl, h, hlast);
       }
       free(raw);
     }
