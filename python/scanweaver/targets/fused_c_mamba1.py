@@ -14,7 +14,11 @@ block's L is split over threads too: parts of whole tiles run to their
 aggregate (end state and gate product ``exp(A * sum dt)``) from zero, the
 carries are chained, and the parts rerun from their carries writing y.  Vectorising over N instead (one channel
 at a time, N states in the lanes) needs a horizontal sum per step for y and
-wastes lanes for N below the vector width; over channels it is neither.
+wastes lanes for N below the vector width.  Measured on this 2-core AVX-512
+machine (one thread, float32, N = 16, (2, 768, 16, 2048)): over channels 0.40
+ns per (b, d, n, t); over N 0.39 when the transposed B/C tiles are shared by
+all channels, 1.08 when each channel transposes its own; so over channels,
+which keeps every lane busy for any N.
 
 Entry points (parameters in the ABI order of :meth:`Mamba1.params`; NULL for
 the optional arrays a call does not use)::

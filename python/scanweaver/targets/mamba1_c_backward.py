@@ -32,9 +32,26 @@ from __future__ import annotations
 BACKWARD = r"""
 typedef struct {
   sw_v *dt, *u, *dtu, *z, *dout, *sg, *ypre, *du, *ddt;
-  SW_T *Bt, *Ct;
+  SW_T *Bt, *Ct, *gBt, *gCt;
   sw_v *hs, *da, *ckpt;
 } sw_bwd_tiles;
+
+/* dst[n*L + t] += tile[t * SW_NP + n] for t < nt, n < SW_N: a tile's B or C gradient (summed over the
+ * block's lanes, [t][n] in the thread's buffer so that the scan's stores never alias across n) added to
+ * the slice's (N, L) rows, transposed on the way. */
+static void sw_add_states(const SW_T* tile, int nt, SW_T* dst, long L) {
+  sw_v tmp[SW_W];
+  for (int n0 = 0; n0 < SW_N; n0 += SW_W)
+    for (int c0 = 0; c0 < nt; c0 += SW_W) {
+      const int rows = SW_MIN(SW_W, nt - c0), cols = SW_MIN(SW_W, SW_N - n0);
+      sw_tile_in(tile + (long)c0 * SW_NP + n0, SW_NP, rows, cols, tmp);
+      for (int c = 0; c < cols; ++c) {
+        SW_T* d = dst + (long)(n0 + c) * L + c0;
+        if (rows == SW_W) sw_vstore(d, sw_vload(d) + tmp[c]);
+        else for (int r = 0; r < rows; ++r) d[r] += tmp[c][r];
+      }
+    }
+}
 
 typedef struct {
   const SW_T* dout; const SW_T* dhlast;
@@ -93,7 +110,9 @@ static void sw_bwd_block(const sw_mamba* m, const sw_grads* gr, long b, long d0,
     const long t0 = k * SW_CHUNK;
     const int nt = (int)SW_MIN((long)SW_CHUNK, L - t0);
     for (int n = 0; n < SW_N; ++n) s->ckpt[k * SW_N + n] = h[n];
-    sw_bwd_gates(m, row, t0, nl, nt, bias, s);
+    sw_load_rows(m->delta + row + t0, L, nl, nt, s->dt);
+    sw_load_rows(m->u + row + t0, L, nl, nt, s->u);
+    sw_gates(s->dt, s->u, s->dtu, bias, nt);
     if (!SW_B_FIXED) sw_load_states(Brow + t0, L, nt, s->Bt);
     for (int t = 0; t < nt; ++t) {
       if (SW_HAS_RESET && m->reset[t0 + t])
@@ -157,8 +176,8 @@ static void sw_bwd_block(const sw_mamba* m, const sw_grads* gr, long b, long d0,
         dA[n] += q * dt;
         ddt += q * aa[n];
         sBg += g * SW_BN(n);
-        if (SW_C_FIXED) dCf[n] += dy * hn[n]; else sC[n * L + t0 + t] += sw_vhsum(dy * hn[n]);
-        if (SW_B_FIXED) dBf[n] += g * dtu; else sB[n * L + t0 + t] += sw_vhsum(g * dtu);
+        if (SW_C_FIXED) dCf[n] += dy * hn[n]; else s->gCt[t * SW_NP + n] = sw_vhsum(dy * hn[n]);
+        if (SW_B_FIXED) dBf[n] += g * dtu; else s->gBt[t * SW_NP + n] = sw_vhsum(g * dtu);
         G[n] = da[n] * g;
       }
       ddt += sBg * s->u[t];
@@ -168,6 +187,8 @@ static void sw_bwd_block(const sw_mamba* m, const sw_grads* gr, long b, long d0,
       if (SW_HAS_BIAS) dbias += ddt;
       s->ddt[t] = ddt;
     }
+    if (!SW_B_FIXED) sw_add_states(s->gBt, nt, sB + t0, L);
+    if (!SW_C_FIXED) sw_add_states(s->gCt, nt, sC + t0, L);
     sw_store_rows(s->du, gr->du + row + t0, L, nl, nt);
     sw_store_rows(s->ddt, gr->ddelta + row + t0, L, nl, nt);
     if (SW_HAS_Z && gr->dz) sw_store_rows(s->z, gr->dz + row + t0, L, nl, nt);
@@ -243,7 +264,7 @@ int sw_mamba1_backward(const SW_T* u, const SW_T* delta, const SW_T* A, const SW
     const size_t vec = sizeof(sw_v) * SW_CHUNK, sc = sizeof(SW_T) * SW_CHUNK * SW_NP;
     const size_t hs = sizeof(sw_v) * SW_N * (2 * SW_CHUNK + 1), ck = sizeof(sw_v) * SW_N * (size_t)ntiles;
     void* raw;
-    char* p = (char*)sw_alloc(9 * vec + 2 * sc + hs + ck, &raw);
+    char* p = (char*)sw_alloc(9 * vec + 4 * sc + hs + ck, &raw);
     if (!p) {
 #pragma omp atomic write
       status = SW_ENOMEM;
@@ -253,9 +274,11 @@ int sw_mamba1_backward(const SW_T* u, const SW_T* delta, const SW_T* A, const SW
       for (int i = 0; i < 9; ++i) *v[i] = (sw_v*)(p + i * vec);
       s.Bt = (SW_T*)(p + 9 * vec);
       s.Ct = (SW_T*)(p + 9 * vec + sc);
-      s.hs = (sw_v*)(p + 9 * vec + 2 * sc);
+      s.gBt = (SW_T*)(p + 9 * vec + 2 * sc);
+      s.gCt = (SW_T*)(p + 9 * vec + 3 * sc);
+      s.hs = (sw_v*)(p + 9 * vec + 4 * sc);
       s.da = s.hs + SW_N * (SW_CHUNK + 1);
-      s.ckpt = (sw_v*)(p + 9 * vec + 2 * sc + hs);
+      s.ckpt = (sw_v*)(p + 9 * vec + 4 * sc + hs);
 #pragma omp for schedule(static)
       for (long it = 0; it < items; ++it) {
         const long seg = it / slices, q = it % slices, b = seg / m.nseg, sg = seg % m.nseg;
