@@ -21,7 +21,8 @@ least 10x faster than the fastest peer.
 
 Usage::
 
-    python bench/autograd.py [--json] [--repeats N] [--shape 8,512,4096] [--no-compile] [--quick]
+    python bench/autograd.py [--json] [--repeats N] [--shape 8,512,4096] [--peers loop,jax,compile]
+                             [--no-compile] [--quick]
 """
 
 from __future__ import annotations
@@ -185,16 +186,21 @@ def jax_assoc(ops):
     return lambda: [np.asarray(g) for g in jax.block_until_ready(train(*args))[1]]
 
 
-def peers(ops, ours_grads, repeats: int, compile_peers: bool) -> dict:
-    entries = {"PyTorch loop + autograd": torch_loop, "JAX associative_scan (jit, vjp)": jax_assoc}
-    if compile_peers:
-        entries["PyTorch associative_scan (torch.compile)"] = torch_compiled_assoc
+#: --peers key -> (table name, maker, compiles on its first call)
+PEERS = {
+    "loop": ("PyTorch loop + autograd", torch_loop, False),
+    "jax": ("JAX associative_scan (jit, vjp)", jax_assoc, True),
+    "compile": ("PyTorch associative_scan (torch.compile)", torch_compiled_assoc, True),
+}
+
+
+def peers(ops, ours_grads, repeats: int, which: list[str]) -> dict:
     out = {}
-    for name, make in entries.items():
+    for name, make, compiles in (PEERS[k] for k in which):
         try:
             run = make(ops)
             t0 = time.perf_counter()
-            grads = run()  # warm-up (compiles) and correctness check
+            grads = run()  # the correctness check (and the compilation of compiled peers)
             first = time.perf_counter() - t0
         except Exception as exc:  # a peer that cannot run here is reported, not fatal
             out[name] = {"status": f"skipped: {type(exc).__name__}: {exc}"[:300]}
@@ -204,9 +210,9 @@ def peers(ops, ours_grads, repeats: int, compile_peers: bool) -> dict:
         if not err < 1e-3:
             out[name] = {"status": f"failed: da relative error {err:.2e} against ours"}
             continue
-        n = 1 if first > SLOW_S else repeats
-        times = []
-        for _ in range(n):
+        times = [] if compiles else [first]
+        # An eager peer slower than SLOW_S per call is timed by its checked call alone.
+        for _ in range(0 if (not compiles and first > SLOW_S) else repeats - len(times)):
             t0 = time.perf_counter()
             run()
             times.append(time.perf_counter() - t0)
@@ -274,6 +280,8 @@ def main(argv=None) -> int:
     parser.add_argument("--json", action="store_true", help="print the JSON record instead of the table")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--shape", default="8,512,4096", help="B,D,L (default 8,512,4096)")
+    parser.add_argument("--peers", default="loop,jax,compile",
+                        help=f"comma-separated peers to run, of {', '.join(PEERS)} (default: all); 'none' for none")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer (minutes to compile)")
     parser.add_argument("--quick", action="store_true", help="(2, 64, 1024), 3 repeats, no torch.compile")
     args = parser.parse_args(argv)
@@ -281,7 +289,13 @@ def main(argv=None) -> int:
     repeats = 3 if args.quick else args.repeats
     ops = operands(shape)
     res, grads = ours(ops, repeats)
-    peer = peers(ops, grads, repeats, compile_peers=not (args.no_compile or args.quick))
+    which = [] if args.peers == "none" else [k.strip() for k in args.peers.split(",")]
+    unknown = sorted(set(which) - set(PEERS))
+    if unknown:
+        parser.error(f"--peers: unknown {', '.join(unknown)}; choose from {', '.join(PEERS)}")
+    if args.no_compile or args.quick:
+        which = [k for k in which if k != "compile"]
+    peer = peers(ops, grads, repeats, which)
     rec = report(shape, res, peer)
     print(json.dumps(rec, indent=2) if args.json else table(rec))
     return 0

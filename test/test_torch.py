@@ -258,3 +258,23 @@ def test_readme_training_example_runs():
     exec(compile(block, "README.md", "exec"), namespace)  # noqa: S102  (our own README)
     assert namespace["A"].grad.shape == (64, 1) and namespace["h0"].grad.shape == (4, 64)
     assert set(namespace["grads"]) == {"a", "b", "x", "c"}
+
+
+def test_training_steps_reuse_their_buffers():
+    """y and the gradients of one step are handed back to the next once nothing refers to them."""
+    a = torch.rand(3, 40, requires_grad=True)
+    b, x, c = (torch.randn(3, 40, requires_grad=True) for _ in range(3))
+    seen = []
+    for _ in range(3):
+        for t in (a, b, x, c):
+            t.grad = None
+        y = swt.selective_scan(a, b, x, c)
+        y_ptr = y.data_ptr()
+        (y * y).sum().backward()
+        del y
+        seen.append((y_ptr, a.grad.data_ptr(), c.grad.data_ptr()))
+    assert seen[1] == seen[2]
+    y_ref = loop_scan(a, b, x, c)[0]
+    want = torch.autograd.grad((y_ref * y_ref).sum(), (a, c))
+    torch.testing.assert_close(a.grad, want[0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(c.grad, want[1], rtol=1e-4, atol=1e-4)

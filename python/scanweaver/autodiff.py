@@ -15,6 +15,10 @@ passes (``bench/autograd.py`` measures both): the forward stays the plain
 kernel, and the recompute costs a multiply-add per element on data the
 backward reads anyway.
 
+Memory: ``y`` and the gradients come from :data:`scanweaver.runtime.host_pool.POOL`,
+which hands back the arrays of the previous training step once nothing refers
+to them (fresh pages cost as much as the kernels here).
+
 Example:
     >>> import numpy as np, scanweaver
     >>> a = np.full((1, 3), 0.5); b = x = c = np.ones((1, 3))
@@ -34,12 +38,14 @@ from .api import SELECTIVE, SELECTIVE_NO_C, Recurrence, check_dtype, check_kind,
 from .arrays import prepare
 from .errors import ScanInputError
 from .ir.adjoint import AdjointIR
+from .ir.expr import is_const
 from .ir.stages import AffineScanIR, Features
 from .passes import lower
 from .passes.adjoint import adjoint
 from .runtime import Backend, ScanArrays, device_arrays
 from .runtime.adjoint import array_module, previous, states as run_states
 from .runtime.base import Cotangents
+from .runtime.host_pool import POOL
 from .targets.reference import project
 
 #: How the backward gets the forward's states h_t.
@@ -118,8 +124,10 @@ def forward(res: Residuals, *, states: str = "recompute", schedule: str = "auto"
     if states == "recompute":
         ops = [arr.inputs[n].reshape(full) for n in rec.inputs]
         reset = None if arr.reset is None else arr.reset.reshape(full)
+        host = array_module(ops[0]) is np
+        out = POOL.empty(full, arr.out_dtype or arr.dtype) if host else None
         return rec(*ops, h0=h0, reset=reset, reverse=res.affine.features.reverse, return_state=True,
-                   backend=res.backend.name, schedule=schedule, config=config, **tunables)
+                   backend=res.backend.name, schedule=schedule, config=config, out=out, **tunables)
     if array_module(arr.inputs[rec.inputs[0]]) is not np:
         raise ScanInputError(f"{rec.name}: states='save' runs on host arrays; use states='recompute' on "
                              f"{res.backend.name} device arrays")
@@ -127,7 +135,10 @@ def forward(res: Residuals, *, states: str = "recompute", schedule: str = "auto"
     res.states = h
     h0v = arr.h0.reshape(h.shape[0], *h.shape[2:]) if arr.h0 is not None else np.zeros((h.shape[0], *h.shape[2:]),
                                                                                         arr.dtype)
-    y = project(res.affine, arr.inputs, h, previous(h, h0v, res.affine.features.reverse), arr.dtype)
+    old = res.affine.output.old
+    reads_old = any(not is_const(e, 0.0) for e in (old if isinstance(old, tuple) else (old,)))
+    hprev = previous(h, h0v, res.affine.features.reverse) if reads_old else h  # unread when y ignores h_{t-1}
+    y = project(res.affine, arr.inputs, h, hprev, arr.dtype)
     out_dtype = arr.out_dtype or arr.dtype
     return np.asarray(y).reshape(full).astype(out_dtype, copy=False), np.asarray(h_last).reshape(res.state_shape)
 
@@ -184,7 +195,8 @@ def backward(res: Residuals, dy, dh_last=None, *, wrt: tuple[str, ...] | None = 
         raise ScanInputError(f"{api}: wrt names unknown operand(s) {', '.join(unknown)}; "
                              f"operands are {', '.join(res.rec.inputs)}")
     adj = _adjoint(res.affine, wrt, bool(dh0), dhl is not None, res.states is not None)
-    grads = {n: xp.empty((lanes, L), dtype) for n in adj.wrt}
+    empty = POOL.empty if xp is np else xp.empty
+    grads = {n: empty((lanes, L), dtype) for n in adj.wrt}
     dh0v = xp.empty(flat_state, dtype) if adj.dh0 else None
     res.backend.backward(adj, arr, Cotangents(dy=dyv, grads=grads, dh_last=dhl, states=res.states, dh0=dh0v))
     out = {n: sum_to(grads[n].reshape(res.shape), res.shapes[n]).astype(res.dtypes[n], copy=False)

@@ -66,10 +66,14 @@ static inline SW_T sw_bstep(const sw_bctx* sw, long i, SW_T* lam) {
 /* Elements ahead of the states sweep that it prefetches (eight 64-byte lines of floats). */
 #define SW_AHEAD 128
 
-/* Saved states of positions [s0, s1) into hm. */
+/* Saved states of positions [s0, s1) into hm, prefetching the tile's operands as the recompute does. */
 static inline void sw_copy_states(const sw_bctx* sw, long base, long s0, long s1, SW_T hin, SW_T* restrict hm) {
   const long len = sw->L, lo = SW_LO(s0, s1), n = s1 - s0;
   hm[SW_HIN(n)] = s0 > 0 ? sw->hs[base + SW_POS(len, s0 - 1)] : hin;
+  for (long k = 0; k < n; k += 16) {
+    const long i = base + lo + k;
+@PREFETCH_COPY@
+  }
   memcpy(hm + 1, sw->hs + base + lo, sizeof(SW_T) * (size_t)n);
 }
 """
