@@ -287,3 +287,26 @@ def test_import_loads_no_cluster_library():
             "print([m for m in ('dask', 'distributed', 'ray') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_every_block_runs_the_workers_best_backend_with_their_tuned_configuration(client):
+    from scanweaver.api import SELECTIVE
+    from scanweaver.runtime import get_backend
+    from scanweaver.tuning import store
+
+    shape, chunks = (2, 3, 500), (2, 3, (250, 250))  # a block size no other test uses: no cached call plan
+    cpu = get_backend("cpu")
+    entry = store.Entry(backend="cpu", device=cpu.availability().device, signature=SELECTIVE.signature("float32"),
+                        dtype="float32", lanes=6, L=250, schedule="chunked",
+                        config={"chunk": 128, "interleave": 1, "threads": 1}, time_ms=1.0)
+    path = store.record(entry)  # the store the workers read (they share this process's cache directory)
+    try:
+        for i, worker in enumerate(sorted(client.scheduler_info()["workers"])):  # every block on this worker
+            a, b, x, c = data(10 + i, shape=shape)  # new data, new keys: nothing is served from memory
+            y = swd.selective_scan(*(dask_of(v, chunks) for v in (a, b, x, c)), method="rescan")
+            close(client.compute(y, workers=[worker]).result(timeout=TIMEOUT), scanweaver.selective_scan(a, b, x, c))
+            ran = client.run(lambda: (SELECTIVE.last.backend, SELECTIVE.last.source,
+                                      SELECTIVE.last.config.get("chunk")), workers=[worker])
+            assert list(ran.values()) == [("cpu", "tuned", 128)], ran
+    finally:
+        store.remove(backend="cpu", signature=SELECTIVE.signature("float32"), path=path)
