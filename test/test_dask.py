@@ -244,13 +244,23 @@ def test_a_killed_worker_is_recovered_by_dask_and_the_result_is_right(client):
 def test_threaded_scheduler_gives_the_same_result():
     import dask
 
+    @scanweaver.recurrence
+    def mixed(h, a, x, c, d):  # y reads h_{t-1} as well as h_t: the correction carries both terms
+        hn = a * h + x
+        return hn, c * h + d * hn + 0.5 * x
+
     a, b, x, c = data(8, np.float64)
-    want, h_want = scanweaver.selective_scan(a, b, x, c, reverse=True, return_state=True)
-    for method in ("chain", "rescan", "correct"):
-        y, h = swd.selective_scan(*map(dask_of, (a, b, x, c)), reverse=True, return_state=True, method=method)
-        got, h_got = dask.compute(y, h, scheduler="threads")
-        close(got, want, np.float64)
-        close(h_got, h_want, np.float64)
+    reset = np.random.default_rng(3).random(SHAPE) < 0.03
+    for reverse in (False, True):
+        want, h_want = scanweaver.selective_scan(a, b, x, c, reverse=reverse, return_state=True)
+        m_want, mh_want = mixed(a, x, c, b, reset=reset, reverse=reverse, return_state=True)
+        for method in ("chain", "rescan", "correct"):
+            y, h = swd.selective_scan(*map(dask_of, (a, b, x, c)), reverse=reverse, return_state=True, method=method)
+            m, mh = mixed.dask(*map(dask_of, (a, x, c, b)), reset=dask_of(reset), reverse=reverse, return_state=True,
+                               method=method)
+            for got, want_ in zip(dask.compute(y, h, m, mh, scheduler="threads"), (want, h_want, m_want, mh_want),
+                                  strict=True):
+                close(got, want_, np.float64, what=f"{method} reverse={reverse}")
 
 
 def test_auto_picks_one_pass_unless_two_passes_over_every_block_finish_sooner():
@@ -268,7 +278,7 @@ def test_bad_input_is_reported_before_anything_runs(recurrences):
         swd.selective_scan(a, a, a[:, :, :10])
     with pytest.raises(scanweaver.ScanInputError, match="method must be one of"):
         swd.selective_scan(a, a, a, method="fast")
-    with pytest.raises(scanweaver.ScanInputError, match="method='correct' needs scalar transitions"):
+    with pytest.raises(scanweaver.ScanInputError, match="method='correct' is implemented for recurrences with scalar"):
         swd.apply(recurrences["biquad"], a, a, a, a, method="correct")
     with pytest.raises(scanweaver.ScanInputError, match=r"h0 has shape \(3, 4\)"):
         swd.selective_scan(a, a, a, h0=np.zeros((3, 4)))

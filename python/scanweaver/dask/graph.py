@@ -91,8 +91,9 @@ def choose(method: str, rows: int, blocks: int, workers: int, correctable: bool)
     if method not in METHODS:
         raise ScanInputError(f"scanweaver.dask: method must be one of {', '.join(METHODS)}, got {method!r}")
     if method == "correct" and not correctable:
-        raise ScanInputError("scanweaver.dask: method='correct' needs scalar transitions and y in the accumulation "
-                             "dtype (float32, float64, complex); use 'rescan' or 'chain'")
+        raise ScanInputError("scanweaver.dask: method='correct' is implemented for recurrences with scalar transitions "
+                             "whose y is in the accumulation dtype (float32, float64, complex); use 'rescan' or "
+                             "'chain'")
     if method != "auto":
         return method
     if blocks <= 1:
