@@ -320,3 +320,14 @@ def test_every_block_runs_the_workers_best_backend_with_their_tuned_configuratio
             assert list(ran.values()) == [("cpu", "tuned", 128)], ran
     finally:
         store.remove(backend="cpu", signature=SELECTIVE.signature("float32"), path=path)
+
+
+@pytest.mark.parametrize("module", ["scanweaver.dask", "scanweaver.dask.scan", "scanweaver.dask.mamba",
+                                    "scanweaver.dask.carry", "scanweaver.dask.blocks", "scanweaver.tuning.atomic",
+                                    "scanweaver.tuning.exchange", "scanweaver.tuning.store"])
+def test_docstring_examples_run(module):
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(module), report=False)
+    assert result.failed == 0, f"{result.failed} docstring example(s) of {module} failed (python -m doctest shows them)"

@@ -118,7 +118,7 @@ def apply(rec: Recurrence, *args, h0=None, reset=None, reverse: bool = False, re
         ... def ema(h, alpha, x):
         ...     return alpha * h + (1 - alpha) * x
         >>> x = da.ones((2, 10), chunks=(1, 4))
-        >>> y = scanweaver.dask.apply(ema, 0.5, x, backend="numpy")
+        >>> y = scanweaver.dask.apply(ema, np.full((1, 1), 0.5), x, backend="numpy")
         >>> y.chunks, float(y[0, -1].compute())
         (((1, 1), (4, 4, 2)), 0.9990234375)
     """
