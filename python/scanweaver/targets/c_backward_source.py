@@ -114,7 +114,7 @@ SW_INLINE sw_vec sw_adj(sw_vec v) { return SW_REVERSE ? v : sw_vrev(v); }
 /* v with the lanes of reset elements set to 0 (a select: a NaN gate at a reset stays out). */
 SW_INLINE sw_vec sw_vmask(const sw_bctx* sw, long i0, sw_vec v) {
 #if SW_HAS_RESET
-  for (int j = 0; j < SW_VL; ++j) if (sw->reset[i0 + j]) v[j] = 0;
+  for (int j = 0; j < SW_VL; ++j) v[j] = sw->reset[i0 + j] ? (SW_T)0 : v[j];
 #endif
   (void)sw; (void)i0;
   return v;
