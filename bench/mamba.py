@@ -34,12 +34,13 @@ peers against ours).
 
 Usage::
 
-    python bench/mamba.py [--json] [--quick] [--full-ref] [--shapes 2x768x16x2048,1x1536x16x8192]
+    python bench/mamba.py [--json] [--quick] [--full-ref] [--torch-threads N] [--shapes 2x768x16x2048,...]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import functools
 import importlib.util
@@ -78,10 +79,8 @@ def peak_extra(fn):
     Free heap memory is returned to the system first (glibc ``malloc_trim``), so that an allocation
     cannot hide in pages the process still holds from earlier temporaries.
     """
-    try:
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
     with open("/proc/self/clear_refs", "w") as fh:
         fh.write("5")
     before = rss()[0]
@@ -393,12 +392,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=7, help="timed runs of our calls (fewer for the slow peers)")
     p.add_argument("--full-ref", action="store_true", help="time selective_scan_ref's backward on the whole L")
     p.add_argument("--ref-bwd-L", type=int, default=256, help="steps the reference backward is timed on")
+    p.add_argument("--torch-threads", type=int, help="torch.set_num_threads for the reference (default: torch's)")
     p.add_argument("--shapes", help="BxDxNxL,... (default: 2x768x16x2048,1x1536x16x8192)")
     args = p.parse_args(argv)
     shapes = QUICK if args.quick else SHAPES
     if args.shapes:
         shapes = tuple(tuple(int(v) for v in s.split("x")) for s in args.shapes.split(","))
     repeats = 2 if args.quick else args.repeats
+    if args.torch_threads:
+        import torch
+
+        torch.set_num_threads(args.torch_threads)
     results = [bench_shape(*s, repeats, args.full_ref, args.ref_bwd_L) for s in shapes]
     report = {"device": f"{cpu_model()} ({cpu_threads()} threads)", "dtype": "float32", "shapes": results}
     print(json.dumps(report, indent=1) if args.json else f"{report['device']}\n{table(results)}")
