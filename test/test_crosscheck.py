@@ -80,6 +80,10 @@ def test_the_jobs_cover_every_kernel_variant(jobs):
     outputs = [s.affine.output for s in stages if s.affine.state_size == 1]
     assert any(o.is_identity for o in outputs)
     assert any(o.old.inputs() and o.const.inputs() for o in outputs)
+    layouts = {(s.schedule.schedule, s.affine.state_size > 1, layout) for s in stages
+               for _, layout in s.affine.features.operands}
+    assert layouts == {(sched, dense, layout) for sched in ("chunked", "sequential") for dense in (False, True)
+                       for layout in ("scalar", "lane")}
     configs = [j.stages.schedule.config for j in jobs if j.stages.schedule.schedule == "chunked"]
     assert {c["threads"] for c in configs} == {1, 2} and {c["interleave"] for c in configs} == {1, 2, 4}
     assert {j.name.split()[1] for j in jobs if j.name.startswith("golden")} == {c.name for c in golden.CASES}

@@ -305,7 +305,7 @@ class Recurrence:
                                   return_state=return_state, backend=backend, schedule=schedule, config=config,
                                   cu_seqlens=cu_seqlens)
         arrays = prepare(self.name, operands, h0, reset, broadcast=self.broadcast, cu_seqlens=cu_seqlens,
-                         reverse=bool(reverse), state_size=self.state_size)
+                         reverse=bool(reverse), state_size=self.state_size, keep_broadcast=True)
         dtype = arrays.dtype.name
         if out is not None:
             arrays.out = check_out(self.name, out, (*arrays.batch_shape, arrays.L), arrays)
@@ -313,9 +313,11 @@ class Recurrence:
         be = pick_backend(backend, dtype, self.kind)
         check_dtype(self.name, be, dtype)
         check_kind(self.name, be, self.kind)
+        if not be.broadcast_operands:
+            arrays = arrays.materialised()
         sched, cfg, source = self._resolve(be, schedule, config, tunables, dtype, arrays.lanes, arrays.L)
         features = Features(reverse=bool(reverse), has_h0=h0 is not None, has_reset=arrays.reset is not None,
-                            return_state=bool(return_state))
+                            return_state=bool(return_state), operands=tuple(sorted(arrays.layouts.items())))
         stages = self._lowered(be, dtype, features, sched, tuple(sorted(cfg.items())))
         assert stages.schedule is not None
         self.last = CallInfo(be.name, sched, stages.schedule.config, source, stages)

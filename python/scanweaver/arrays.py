@@ -136,9 +136,22 @@ def seqlens_positions(api: str, cu_seqlens: object, L: int, reverse: bool = Fals
     return cu[1:-1] - 1 if reverse else cu[1:-1]
 
 
+def _operand(a: np.ndarray, shape: tuple[int, ...], dtype: np.dtype, keep_broadcast: bool) -> tuple[np.ndarray, str]:
+    """``(view or copy of shape (lanes, L), layout)``: a scalar or a per-lane operand stays small when
+    ``keep_broadcast`` (a read-only stride-0 view of its values, layout ``scalar`` or ``lane``)."""
+    lanes, L = int(np.prod(shape[:-1], dtype=np.int64)), shape[-1]
+    if keep_broadcast and a.shape != shape and L > 1:
+        if a.size == 1:
+            return np.broadcast_to(np.array(a.reshape(1, 1), dtype=dtype), (lanes, L)), "scalar"
+        if a.shape[-1] == 1:
+            per_lane = aligned(np.ascontiguousarray(np.broadcast_to(a, (*shape[:-1], 1)), dtype=dtype))
+            return np.broadcast_to(per_lane.reshape(lanes, 1), (lanes, L)), "lane"
+    return aligned(np.ascontiguousarray(np.broadcast_to(a, shape), dtype=dtype)).reshape(lanes, L), "full"
+
+
 def prepare(api: str, operands: dict[str, object], h0: object = None, reset: object = None,
             broadcast: bool = False, cu_seqlens: object = None, reverse: bool = False,
-            state_size: int = 1) -> ScanArrays:
+            state_size: int = 1, keep_broadcast: bool = False) -> ScanArrays:
     """Checks shapes and dtypes and returns 2-D C-contiguous, aligned operands (copied once when not).
 
     Args:
@@ -151,6 +164,9 @@ def prepare(api: str, operands: dict[str, object], h0: object = None, reset: obj
             merged into the reset mask, or ``None``.
         reverse: the scan runs backwards (decides where ``cu_seqlens`` resets go).
         state_size: k for a vector state; ``h0`` then has shape ``(..., k)``.
+        keep_broadcast: with ``broadcast``, scalars (0-d or size 1) and per-lane operands
+            (``(..., 1)``) stay small: stride-0 views listed in ``ScanArrays.layouts``, for backends
+            whose kernels read them in place (:meth:`ScanArrays.materialised` makes them full).
 
     Returns:
         :class:`ScanArrays` in the accumulation dtype; ``out_dtype`` is the dtype
@@ -164,9 +180,11 @@ def prepare(api: str, operands: dict[str, object], h0: object = None, reset: obj
     if device_arrays.operands_kind(api, operands) and cu_seqlens is None and state_size == 1:
         return device_arrays.prepare(api, operands, h0, reset)
     arrs = {n: as_array(api, n, v) for n, v in operands.items()}
-    for n, a in arrs.items():
-        if a.ndim == 0:
-            raise ScanInputError(f"{api}: {n} is a scalar; operands need layout (..., L), scanned over the last axis")
+    scalars = [n for n, a in arrs.items() if a.ndim == 0]
+    if scalars and (not broadcast or len(scalars) == len(arrs)):
+        rule = ("at least one operand needs layout (..., L), scanned over the last axis" if broadcast
+                else "operands need layout (..., L), scanned over the last axis")
+        raise ScanInputError(f"{api}: {scalars[0]} is a scalar; {rule}")
     shapes = {n: a.shape for n, a in arrs.items()}
     if broadcast:
         try:
@@ -179,12 +197,15 @@ def prepare(api: str, operands: dict[str, object], h0: object = None, reset: obj
         if any(s != shape for s in shapes.values()):
             desc = ", ".join(f"{n}{s}" for n, s in shapes.items())
             raise ScanInputError(f"{api}: operands must all have the same shape (..., L); got {desc}")
-    dtype = compute_dtype(a.dtype for a in arrs.values())
-    out_dtype = result_dtype(a.dtype for a in arrs.values())
+    # Python numbers take the arrays' dtype (NumPy's weak scalars): 0.5 with float32 data stays float32
+    typed = [a for n, a in arrs.items() if type(operands[n]) not in (int, float)] or list(arrs.values())
+    dtype = compute_dtype(a.dtype for a in typed)
+    out_dtype = result_dtype(a.dtype for a in typed)
     batch, L = tuple(shape[:-1]), shape[-1]
     lanes = int(np.prod(batch, dtype=np.int64))
-    inputs = {n: aligned(np.ascontiguousarray(np.broadcast_to(a, shape), dtype=dtype)).reshape(lanes, L)
-              for n, a in arrs.items()}
+    placed = {n: _operand(a, shape, dtype, keep_broadcast and broadcast) for n, a in arrs.items()}
+    inputs = {n: v for n, (v, _) in placed.items()}
+    layouts = {n: layout for n, (_, layout) in placed.items() if layout != "full"}
     h0v = None
     if h0 is not None:
         h = np.asarray(h0)
@@ -210,4 +231,5 @@ def prepare(api: str, operands: dict[str, object], h0: object = None, reset: obj
     if cu_seqlens is not None:
         seg = np.broadcast_to(seqlens_reset(api, cu_seqlens, L, reverse), (lanes, L))
         rmask = np.ascontiguousarray(seg, dtype=np.uint8) if rmask is None else rmask | seg
-    return ScanArrays(inputs=inputs, h0=h0v, reset=rmask, batch_shape=batch, dtype=dtype, out_dtype=out_dtype)
+    return ScanArrays(inputs=inputs, h0=h0v, reset=rmask, batch_shape=batch, dtype=dtype, out_dtype=out_dtype,
+                      layouts=layouts)

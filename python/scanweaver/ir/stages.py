@@ -22,15 +22,24 @@ class Features:
         has_h0: an initial state per lane enters the first element.
         has_reset: a per-element mask sets A_t = 0 (a segment starts at t).
         return_state: the final state h_L (h_0 for reverse) is written per lane.
+        operands: ``(name, layout)`` of operands passed without materialising a broadcast: layout
+            ``scalar`` (one value for every lane and step) or ``lane`` (one value per lane, every step);
+            operands not listed are ``full`` (one value per lane and step).
     """
 
     reverse: bool = False
     has_h0: bool = False
     has_reset: bool = False
     return_state: bool = False
+    operands: tuple[tuple[str, str], ...] = ()
+
+    def layout(self, name: str) -> str:
+        """``full``, ``scalar`` or ``lane``: how operand ``name`` is laid out in memory."""
+        return dict(self.operands).get(name, "full")
 
     def text(self) -> str:
         on = [k for k in ("reverse", "has_h0", "has_reset", "return_state") if getattr(self, k)]
+        on += [f"{name}:{layout}" for name, layout in self.operands]
         return "{" + ", ".join(on) + "}"
 
 

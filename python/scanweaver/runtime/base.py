@@ -12,7 +12,8 @@ import functools
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
@@ -75,6 +76,8 @@ class ScanArrays:
         out: a caller's ``(lanes, L)`` output buffer in ``dtype`` that a backend may
             write ``y`` into directly (a device array for device operands), or ``None``.
         device: for device operands, how the call runs and returns (see :class:`DeviceCall`).
+        layouts: operand name -> ``scalar`` or ``lane`` for operands kept small (read-only
+            stride-0 views of one value, or of one value per lane); the others are full arrays.
     """
 
     inputs: dict[str, np.ndarray]
@@ -85,6 +88,14 @@ class ScanArrays:
     out_dtype: np.dtype | None = None
     out: np.ndarray | None = None
     device: DeviceCall | None = None
+    layouts: dict[str, str] = field(default_factory=dict)
+
+    def materialised(self) -> ScanArrays:
+        """These arrays with every operand full and C-contiguous (for kernels that read no broadcasts)."""
+        if not self.layouts:
+            return self
+        inputs = {n: np.ascontiguousarray(v) if n in self.layouts else v for n, v in self.inputs.items()}
+        return dataclasses.replace(self, inputs=inputs, layouts={})
 
     @property
     def lanes(self) -> int:
@@ -163,6 +174,8 @@ class Backend(ABC):
     fused: ClassVar[tuple[str, ...]] = _TargetFused()  # type: ignore[assignment]
     auto_priority: ClassVar[int] = -1
     dtypes: ClassVar[tuple[str, ...]] = ("float32", "float64")
+    #: kernels read scalar and per-lane operands in place (:attr:`ScanArrays.layouts`); else they are materialised
+    broadcast_operands: ClassVar[bool] = False
     #: transition kinds it runs (``dense``: k x k matrices, see :class:`~scanweaver.ir.stages.AffineScanIR`)
     kinds: ClassVar[tuple[str, ...]] = ("diagonal",)
 

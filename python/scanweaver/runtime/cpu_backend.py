@@ -59,6 +59,7 @@ class CpuBackend(Backend):
 
     name = "cpu"
     target = "c"
+    broadcast_operands = True
     kinds = ("diagonal", "dense")
     auto_priority = 10
     extra_tunables = (
@@ -253,6 +254,24 @@ def _pointer(name: str, arr: np.ndarray | None, dtype: np.dtype, shape: tuple[in
     return arr.ctypes.data or None
 
 
+def _operand_pointer(name: str, arrays: ScanArrays, layout: str, dtype: np.dtype) -> int | None:
+    """The address of operand ``name``, whose memory must have the ``layout`` the kernel reads."""
+    arr = arrays.inputs[name]
+    have = arrays.layouts.get(name, "full")
+    if have != layout:
+        raise ScanInputError(f"cpu backend: operand {name} is laid out as {have!r}; the kernel reads {layout!r}")
+    if layout == "full":
+        return _pointer(f"operand {name}", arr, dtype, (arrays.lanes, arrays.L))
+    # a stride-0 view (arrays.prepare): one value, or one value per lane ``strides[0]`` apart
+    lane_stride = 0 if layout == "scalar" else dtype.itemsize
+    if (not isinstance(arr, np.ndarray) or arr.dtype != dtype or arr.shape != (arrays.lanes, arrays.L)
+            or arr.strides[1] != 0 or (arrays.lanes > 1 and arr.strides[0] != lane_stride)
+            or not arr.flags.aligned):
+        raise ScanInputError(f"cpu backend: operand {name} must be an aligned {dtype} view of shape "
+                             f"{(arrays.lanes, arrays.L)} with strides ({lane_stride}, 0) for layout {layout!r}")
+    return arr.ctypes.data
+
+
 def _checked_args(stages: Stages, arrays: ScanArrays, dtype: np.dtype, y: np.ndarray, h_last: np.ndarray) -> list:
     """Validated ctypes arguments in ABI order (everything but ``nlanes`` and ``L``)."""
     aff, feats = stages.affine, stages.affine.features
@@ -266,7 +285,7 @@ def _checked_args(stages: Stages, arrays: ScanArrays, dtype: np.dtype, y: np.nda
     if lanes < 0 or L < 0 or lanes * max(L, 1) > limit:
         raise ScanInputError(f"cpu backend: lanes={lanes}, L={L}: lanes*L must fit the C long index ({limit})")
     shape = (lanes, L)
-    args = [_pointer(f"operand {n}", arrays.inputs[n], dtype, shape) for n in aff.inputs]
+    args = [_operand_pointer(n, arrays, feats.layout(n), dtype) for n in aff.inputs]
     args.append(_pointer("y", y, dtype, shape))
     if feats.has_h0 and arrays.h0 is None:
         raise ScanInputError("cpu backend: the kernel reads h0 but none was given")

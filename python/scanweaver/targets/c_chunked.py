@@ -23,7 +23,6 @@ single lane streams at memory speed.  Two work layouts, picked per call:
 from __future__ import annotations
 
 from ..ir.expr import is_const
-from . import c_dense
 from .c_source import C_SCHEDULES, CSchedule
 
 #: Two-vector shuffles of the vector-extension dialects (GCC, Clang).
@@ -78,6 +77,16 @@ SW_INLINE sw_vec sw_vprev(sw_vec h, sw_vec hin) {{ return SW_SHUF2(h, hin, {prev
 """
 
 
+def _vector_operand(layout: str, name: str) -> str:
+    """A block of operand ``name`` in scan order: a vector load, or a broadcast of its one value
+    (``scalar``) or of its lane's value (``lane``, the lane of flat index ``i0``)."""
+    if layout == "scalar":
+        return f"(sw_zero + sw->in_{name}[0])"
+    if layout == "lane":
+        return f"(sw_zero + sw->in_{name}[i0 / sw->L])"
+    return f"sw_vload(sw->in_{name}, i0)"
+
+
 def vector_pairs(renderer, stages) -> str:
     """``sw_vpairs``/``sw_vout`` on whole vectors when A, U and y are plain arithmetic of the
     operands (no function calls, no reset mask); otherwise element by element.
@@ -92,7 +101,7 @@ def vector_pairs(renderer, stages) -> str:
     if not plain:
         return SCALAR_PAIRS
     dt = aff.dtype
-    load = lambda n: f"sw_vload(sw->in_{n}, i0)"  # noqa: E731
+    load = lambda n: _vector_operand(aff.features.layout(n), n)  # noqa: E731
     vec = lambda e: renderer.expr(e, load, dt) if e.inputs() else f"(sw_zero + {renderer.expr(e, load, dt)})"  # noqa: E731
     out = aff.output
     terms = [f"{vec(e)} * {v}" for e, v in ((out.new, "H"), (out.old, "P")) if not is_const(e, 0.0)]
@@ -385,4 +394,11 @@ static int sw_run(const sw_ctx* sw) {
 """
 
 
-C_SCHEDULES.register(CSchedule("chunked", chunked_source, c_dense.CHUNKED, ("chunk", "interleave", "threads")))
+def dense_source(renderer, stages) -> str:
+    """The dense rendering of ``chunked`` (:mod:`.c_dense_vertical`, which reads this module's widths)."""
+    from .c_dense_vertical import source
+
+    return source(renderer, stages)
+
+
+C_SCHEDULES.register(CSchedule("chunked", chunked_source, dense_source, ("chunk", "interleave", "threads")))

@@ -1,9 +1,11 @@
-"""C source of dense k x k transitions (``kind=dense``): ``sequential`` and ``chunked``.
+"""C source of dense k x k transitions (``kind=dense``): the element helpers, ``sequential``, and
+``chunked`` for large states with a varying A.
 
 h_t = A_t h_{t-1} + U_t with a state vector of ``SW_K`` entries per lane;
-``h0`` and ``hlast`` hold ``SW_K`` values per lane.  ``chunked`` composes
-each chunk's matrices (k^3 work per element, worth it for few long lanes),
-chains the chunk aggregates per lane, and replays each chunk from its carry.
+``h0`` and ``hlast`` hold ``SW_K`` values per lane.  :data:`CHUNKED` composes
+each chunk's matrices element by element (k^3 work per element), chains the
+chunk aggregates per lane, and replays each chunk from its carry; the usual
+``chunked`` rendering is :mod:`scanweaver.targets.c_dense_vertical`.
 Tokens ``@NAME@`` are filled in by :mod:`scanweaver.targets.c_target`.
 """
 

@@ -29,13 +29,14 @@ class CSchedule:
         name: the schedule.
         body: ``body(renderer, stages)`` -> C source defining ``static int sw_run(const sw_ctx*)``
             for diagonal transitions.
-        dense: C source of the same for dense k x k transitions, or ``None`` when not rendered.
+        dense: ``dense(renderer, stages)`` -> the same for dense k x k transitions, or ``None`` when
+            not rendered.
         reads: the CPU tunables the source reads (Kernel Tuner pins the others).
     """
 
     name: str
     body: Callable
-    dense: str | None
+    dense: Callable | None
     reads: tuple[str, ...]
 
 
@@ -151,7 +152,8 @@ static int sw_run(const sw_ctx* sw) {
 }
 """
 
-C_SCHEDULES.register(CSchedule("sequential", lambda renderer, stages: SEQUENTIAL, c_dense.SEQUENTIAL, ("threads",)))
+C_SCHEDULES.register(CSchedule("sequential", lambda renderer, stages: SEQUENTIAL,
+                               lambda renderer, stages: c_dense.SEQUENTIAL, ("threads",)))
 
 TIMED = r"""
 static double sw_now(void) {

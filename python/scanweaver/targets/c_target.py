@@ -61,6 +61,7 @@ class CRenderer(DenseMixin, CStyleRenderer):
     """Renders the schedules of :data:`~.c_source.C_SCHEDULES` as portable C (OpenMP optional)."""
 
     target: ClassVar[str] = "c"
+    length_expr: ClassVar[str] = "sw->L"
 
     @classmethod
     def implements(cls, schedule: str, kind: str) -> bool:
@@ -97,7 +98,7 @@ class CRenderer(DenseMixin, CStyleRenderer):
             c_source.PRELUDE,
             self.helpers(dtype),
             self._dense_context(stages) if dense else self._context(stages),
-            spec.dense if dense else spec.body(self, stages),
+            spec.dense(self, stages) if dense and spec.dense else spec.body(self, stages),
             c_source.ENTRY.replace("@PARAMS@", ", ".join(params)).replace("@INIT@", self._init(stages)),
         ]
         if kernel_tuner:
@@ -142,7 +143,8 @@ class CRenderer(DenseMixin, CStyleRenderer):
         )
         A, U = self.element(stages, "i", dtype)
         out = self.output(stages, "i", "h", "hp", dtype)
-        prefetch = "\n".join([f"    SW_PREFETCH(sw->in_{n} + i, 0);" for n in stages.affine.inputs]
+        full = [n for n in stages.affine.inputs if stages.affine.features.layout(n) == "full"]
+        prefetch = "\n".join([f"    SW_PREFETCH(sw->in_{n} + i, 0);" for n in full]
                               + ["    SW_PREFETCH(sw->y + i, 1);"])
         return (c_source.CONTEXT.replace("@FIELDS@", fields).replace("@UNPACK@", unpack)
                 .replace("@PREFETCH@", prefetch)

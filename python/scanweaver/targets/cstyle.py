@@ -41,6 +41,8 @@ class CStyleRenderer:
     barrier: ClassVar[str] = ""
     #: integer type of sizes and indices
     index_type: ClassVar[str] = "long"
+    #: expression of the sequence length L where element helpers run
+    length_expr: ClassVar[str] = "L"
     #: unsigned byte type of reset masks
     byte_type: ClassVar[str] = "unsigned char"
     #: float32 math uses suffixed names (expf) in C and CUDA, overloads in OpenCL
@@ -179,10 +181,20 @@ class CStyleRenderer:
         ]
         return ps
 
+    def operand(self, stages: Stages, name: str, idx: str) -> str:
+        """C text reading operand ``name`` at flat index ``idx``, as its layout lays it out in memory:
+        one value (``scalar``), one per lane (``lane``: index ``idx / L``) or one per element."""
+        layout = stages.affine.features.layout(name)
+        if layout == "scalar":
+            return f"in_{name}[0]"
+        if layout == "lane":
+            return f"in_{name}[({idx}) / {self.length_expr}]"
+        return f"in_{name}[{idx}]"
+
     def element(self, stages: Stages, idx: str, dtype: str) -> tuple[str, str]:
         """C text of (A_t, U_t) for the element at flat index ``idx``, resets applied."""
         aff = stages.affine
-        load = lambda n: f"in_{n}[{idx}]"  # noqa: E731
+        load = lambda n: self.operand(stages, n, idx)  # noqa: E731
         A = self.expr(aff.A, load, dtype)
         if aff.features.has_reset:
             A = f"(reset[{idx}] ? {self.literal(0.0, dtype)} : {A})"
@@ -193,7 +205,7 @@ class CStyleRenderer:
 
         ``states`` pairs each output coefficient with the C text of the state it scales.
         """
-        load = lambda n: f"in_{n}[{idx}]"  # noqa: E731
+        load = lambda n: self.operand(stages, n, idx)  # noqa: E731
         terms = [f"{self.expr(coef, load, dtype)} * {state}" for coef, state in states if not is_const(coef, 0.0)]
         const = stages.affine.output.const
         if not is_const(const, 0.0):
@@ -235,7 +247,7 @@ class DenseMixin:
     def dense_element(self, stages: Stages, idx: str, dtype: str) -> list[str]:
         """C statements filling ``A[K*K]`` and ``U[K]`` for the element at flat index ``idx``."""
         aff = stages.affine
-        load = lambda n: f"in_{n}[{idx}]"  # noqa: E731
+        load = lambda n: self.operand(stages, n, idx)  # noqa: E731
         lines = [f"A[{j}] = {self.expr(e, load, dtype)};" for j, e in enumerate(aff.A)]
         lines += [f"U[{j}] = {self.expr(e, load, dtype)};" for j, e in enumerate(aff.U)]
         if aff.features.has_reset:

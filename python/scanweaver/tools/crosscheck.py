@@ -134,8 +134,17 @@ def _recurrences() -> dict:
         hn = a * h + b * x
         return hn, c * hn + d * h + 0.5 * x
 
+    def biquad(h, b0, b1, b2, a1, a2, x):
+        y = b0 * x + h[0]
+        return (b1 * x - a1 * y + h[1], b2 * x - a2 * y), y
+
+    def gated(h, p, x):
+        g = sigmoid(p)
+        return (g * h[0] + 0.1 * h[2] + x, 0.5 * h[0] + np.exp(-np.abs(p)) * h[1], 0.3 * h[1] - 0.2 * h[2]), h[1]
+
     return {"selective": api.SELECTIVE, "selective_h": api.SELECTIVE_NO_C,
-            "functions": api.Recurrence(functions), "outputs": api.Recurrence(outputs)}
+            "functions": api.Recurrence(functions), "outputs": api.Recurrence(outputs),
+            "biquad": api.Recurrence(biquad, state_size=2), "gated": api.Recurrence(gated, state_size=3)}
 
 
 def _lower(rec, schedule: str, dtype: str, features: Features, config: dict) -> Stages:
@@ -198,13 +207,17 @@ def _generated_jobs() -> list[Job]:
     rng = np.random.default_rng([golden.SEED, 99])
     recs = _recurrences()
     lanes, L = 3, 77
-    for i, (rec_name, feats) in enumerate([(r, f) for r in ("functions", "outputs") for f in
-                                           (Features(), Features(reverse=True, has_h0=True, has_reset=True))]):
+    every = Features(reverse=True, has_h0=True, has_reset=True)
+    variants = [(r, f) for r in ("functions", "outputs") for f in (Features(), every)]
+    variants += [("functions", Features(reverse=True, operands=(("p", "scalar"),))),
+                 ("outputs", Features(has_h0=True, operands=(("a", "lane"), ("d", "scalar"))))]
+    for i, (rec_name, feats) in enumerate(variants):
         rec = recs[rec_name]
         dtype = ("float32", "float64")[i % 2]
         inputs = {n: golden.grid(rng, -1.0, 1.0, (lanes, L)) for n in rec.inputs}
         if "a" in inputs:
             inputs["a"] = golden.grid(rng, 0.5, 0.99, (lanes, L))
+        inputs = _laid_out(inputs, feats)
         h0 = golden.grid(rng, -2.0, 2.0, lanes) if feats.has_h0 else None
         reset = (rng.integers(0, 8, (lanes, L)) == 0) if feats.has_reset else None
         for schedule, configs in CONFIGS.items():
@@ -225,6 +238,45 @@ def _generated_jobs() -> list[Job]:
             label, config = configs[-1]
             out.append(_job(f"dense{k} {dtype} {schedule} {label}", rec, schedule, config, feats, dtype, inputs,
                             h0, reset))
+        if k <= 3:  # a filter: the matrix entries one value for all (scalars), the input gain one per lane
+            feats = Features(reverse=case.reverse, has_h0=h0 is not None, has_reset=reset is not None,
+                             operands=(*((n, "scalar") for n in rec.inputs if n.startswith("a")), ("b0", "lane")))
+            laid = _laid_out(inputs, feats)
+            for schedule, configs in CONFIGS.items():
+                label, config = configs[0]
+                out.append(_job(f"dense{k} filter {dtype} {schedule} {label}", rec, schedule, config, feats, dtype,
+                                laid, h0, reset))
+    out += _long_dense_jobs(rng, recs)
+    return out
+
+
+def _long_dense_jobs(rng: np.random.Generator, recs: dict) -> list[Job]:
+    """Dense lanes long enough for many tiles of stripes: a filter (coefficients per lane, A the same at
+    every step) on one lane, its tiles over two threads; a gated 3-state recurrence (functions: the
+    element-by-element path) with resets on three lanes."""
+    out = []
+    cases = (("biquad", 1, 2000, Features(reverse=True, has_h0=True, operands=tuple(
+        (n, "lane") for n in ("a1", "a2", "b0", "b1", "b2"))), "float64"),
+             ("gated", 3, 700, Features(has_reset=True), "float32"))
+    for name, lanes, L, feats, dtype in cases:
+        rec = recs[name]
+        inputs = {n: golden.grid(rng, -1.0, 1.0, (lanes, L)) for n in rec.inputs}
+        if name == "biquad":
+            inputs["a1"], inputs["a2"] = golden.grid(rng, -0.9, 0.9, (lanes, L)), golden.grid(rng, 0.1, 0.5, (lanes, L))
+        inputs = _laid_out(inputs, feats)
+        h0 = golden.grid(rng, -2.0, 2.0, (lanes, rec.state_size)) if feats.has_h0 else None
+        reset = (rng.integers(0, 50, (lanes, L)) == 0) if feats.has_reset else None
+        config = {"chunk": 13, "threads": 2, "interleave": 1}
+        out.append(_job(f"{name} long {dtype} chunked", rec, "chunked", config, feats, dtype, inputs, h0, reset))
+    return out
+
+
+def _laid_out(inputs: dict[str, np.ndarray], feats: Features) -> dict[str, np.ndarray]:
+    """``inputs`` with the operands of ``feats.operands`` made constant: one value, or one per lane."""
+    out = dict(inputs)
+    for name, layout in feats.operands:
+        v = inputs[name]
+        out[name] = np.broadcast_to(v[:1, :1] if layout == "scalar" else v[:, :1], v.shape).copy()
     return out
 
 
@@ -286,7 +338,10 @@ def _slots(job: Job, lanes: int, L: int) -> list[tuple[int, int, bytes]]:
     item = np.dtype(job.stages.affine.dtype).itemsize
     k = job.stages.affine.state_size
     state = lanes * k * item
-    slots = [(v.nbytes, 1, v.tobytes()) for v in (job.inputs[n] for n in job.stages.affine.inputs)]
+    feats = job.stages.affine.features
+    small = {"scalar": lambda v: v[:1, 0], "lane": lambda v: v[:, 0], "full": lambda v: v}
+    ops = [np.ascontiguousarray(small[feats.layout(n)](job.inputs[n])) for n in job.stages.affine.inputs]
+    slots = [(v.nbytes, 1, v.tobytes()) for v in ops]
     slots.append((lanes * L * item, 2, b""))
     slots.append((state, 1, job.h0.tobytes()) if job.h0 is not None else (0, 0, b""))
     slots.append((state, 2, b""))
