@@ -143,15 +143,16 @@ NVCC = shutil.which("nvcc")
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH (CUDA toolkit not installed)")
+@pytest.mark.parametrize("part", ["forward", "backward"])
 @pytest.mark.parametrize("dtype, fixed", [("float32", False), ("float64", True)])
-def test_cuda_forward_compiles_to_ptx_and_sm90(tmp_path, dtype, fixed):
-    """Nothing runs here (no GPU): the CUDA text of the kernel that runs on OpenCL compiles for sm_90."""
+def test_cuda_kernels_compile_to_ptx_and_sm90(tmp_path, part, dtype, fixed):
+    """Nothing runs here (no GPU): the CUDA text of the kernels that run on OpenCL compiles for sm_90."""
     from scanweaver.fused.mamba1 import Mamba1Features
     from scanweaver.targets import TARGETS
     from scanweaver.targets.fused import kernel_for
 
-    feats = Mamba1Features(dtype, 16, fixed, fixed, True, True, True, True, True, True)
-    call = FUSED.get("mamba1").call("forward", feats, {"workgroup_size": 128, "items_per_thread": 8})
+    feats = Mamba1Features(dtype, 16, fixed, fixed, True, True, True, True, True, True, part == "backward")
+    call = FUSED.get("mamba1").call(part, feats, {"workgroup_size": 128, "items_per_thread": 8})
     source = kernel_for("cuda", "mamba1").render(TARGETS.get("cuda")(), call)
     path = tmp_path / "mamba1.cu"
     path.write_text(source)
@@ -160,7 +161,7 @@ def test_cuda_forward_compiles_to_ptx_and_sm90(tmp_path, dtype, fixed):
                               text=True, timeout=300)
         assert proc.returncode == 0, f"nvcc {' '.join(flags)} failed:\n{proc.stderr}"
         assert "warning" not in proc.stderr
-    assert ".entry sw_mamba1_forward(" in subprocess.run(
+    assert f".entry sw_mamba1_{part}(" in subprocess.run(
         [NVCC, "-ptx", "-o", "-", str(path)], capture_output=True, text=True, timeout=300).stdout
 
 
@@ -216,11 +217,26 @@ def test_fused_backward_every_layout_and_feature(rng, backend, bshape, cshape):
     ext = extras(rng, batch, Dm, N, L)
     dout, dh = rng.standard_normal((batch, Dm, L)), rng.standard_normal((batch, Dm, N))
     cu = [0, 17, 18, L]
-    prep, got = grads(backend, ops, ext, dout, dh, cu, chunk=16)
+    tiles = {"chunk": 16} if backend == "cpu" else {"workgroup_size": 32, "items_per_thread": 1}  # several tiles
+    prep, got = grads(backend, ops, ext, dout, dh, cu, **tiles)
     want = backward_reference(prep.u, prep.delta, prep.A, prep.B, prep.C, prep.D, prep.z, prep.delta_bias, True,
                               prep.h0, prep.reset, dout=dout, dhlast=dh, chunk=7)
     for k, v in want.items():
         np.testing.assert_allclose(got[k], v, rtol=1e-10, atol=1e-10 * max(1.0, np.abs(v).max()), err_msg=k)
+
+
+@pytest.mark.parametrize("backend", ["opencl", "cuda"])
+def test_gpu_backward_float32_with_atomics(rng, backend):
+    """float32 sums over channels and batch made with atomics (compare-and-swap loops on OpenCL)."""
+    need_fused(backend, "backward")
+    batch, Dm, N, L = 2, 40, 16, 101
+    ops = operands(rng, batch, Dm, N, L, dtype=np.float32)
+    dout = rng.standard_normal((batch, Dm, L)).astype(np.float32)
+    _, got = grads(backend, ops, {}, dout, None, workgroup_size=32, items_per_thread=2)
+    wide = mamba.prepare(**{k: v.astype(np.float64) for k, v in ops.items()})
+    want = backward_reference(wide.u, wide.delta, wide.A, wide.B, wide.C, dout=dout.astype(np.float64))
+    for k in ("du", "ddelta", "dA", "dB", "dC"):
+        np.testing.assert_allclose(got[k], want[k], rtol=2e-4, atol=2e-5 * np.abs(want[k]).max(), err_msg=k)
 
 
 @pytest.mark.parametrize("N", [1, 16])

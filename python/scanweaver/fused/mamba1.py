@@ -138,7 +138,7 @@ class Mamba1(FusedOp):
     description = "Mamba-1 selective scan (S6) with delta_bias/softplus, D and silu(z) fused; states in registers"
     parts = PARTS
     tunables = {"c": C_TUNABLES, "gpu": GPU_TUNABLES, "julia": JULIA_TUNABLES}
-    implementations = {"numpy": PARTS, "c": PARTS, "opencl": ("forward",), "cuda": ("forward",), "julia": ("forward",)}
+    implementations = {"numpy": PARTS, "c": PARTS, "opencl": PARTS, "cuda": PARTS, "julia": ("forward",)}
 
     def params(self, part: str) -> tuple[Param, ...]:
         ins = [Param(n, "in") for n in _IN] + [Param(n, "in", True, "uint8" if n == "reset" else "")

@@ -11,10 +11,10 @@ backward kernel recomputes the states from per-chunk checkpoints.
 Inputs, in order: ``u, delta, A, B, C, D, z, delta_bias, h0`` (``None`` for
 absent optional ones).  Outputs: ``y`` (``u``'s dtype) and ``h_last``
 (the accumulation dtype).  Options: ``delta_softplus``, ``cu_seqlens``,
-``backend``, ``tunables``.  Device arrays (CuPy, from CUDA tensors) are
-computed on the host, and a backend without the fused backward (the GPU
-backends render the forward only) is differentiated on the best one with it
-(:func:`~.kernels.backward_backend`).
+``backend``, ``tunables``.  Device arrays (CuPy, from CUDA tensors) go
+through host arrays (the GPU backends upload them again), and a backend
+without the fused backward (``julia``) is differentiated on the best one with
+it (:func:`~.kernels.backward_backend`).
 
 Example:
     >>> import numpy as np

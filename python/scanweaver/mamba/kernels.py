@@ -119,7 +119,7 @@ def backward(ops: MambaOperands, dout: np.ndarray, dhlast: np.ndarray | None = N
 
 def backward_backend(backend: str, dtype: np.dtype) -> str:
     """``backend`` when it renders the fused backward, else the best available backend that does
-    (``cpu``, else ``numpy``): a forward on a GPU backend is differentiated on the host."""
+    (by ``auto`` priority: ``cuda``, ``cpu``, ``opencl``, ``numpy``)."""
     if fused_backend(backend, dtype, "backward") is not None:
         return backend
     from ..runtime import REGISTRY

@@ -154,7 +154,8 @@ class GPUBackend(Backend):
         """Runs the GPU rendering of ``call`` on checked NumPy arrays (outputs copied back in place).
 
         Arrays a call does not use are passed as one-element buffers (kernels never read them); outputs the
-        caller did not ask for get a full-size buffer that is discarded.
+        caller did not ask for get a full-size buffer that is discarded; outputs start at zero; a plan's
+        ``ws`` scratch follows the operation's parameters.
         """
         kernel = kernel_for(self.target, call.op)
         if kernel is None or call.part not in kernel.parts:
@@ -174,15 +175,18 @@ class GPUBackend(Backend):
                 args.append(self.empty(max(1, int(np.prod(shapes[p.name]))), np.dtype(p.dtype or dtype)))
             elif a is None:
                 args.append(self.empty(1, np.dtype(p.dtype or dtype)))
-            elif p.kind == "out":
-                dev = self.empty(max(a.size, 1), a.dtype)
+            elif p.kind == "out":  # zeroed: kernels may add into their outputs (sums over workgroups)
+                dev = self.empty(max(a.size, 1), a.dtype, zero=True)
                 args.append(dev)
                 outs.append((a, dev))
             else:
                 args.append(self.to_device(a if a.size else np.zeros(1, a.dtype)))
         if any(v <= 0 for k, v in sizes.items() if k in ("batch", "dim", "L")):
             return  # nothing to compute: the caller fills what an empty call leaves
-        ms = self.launch(source, kernel.plan(call, sizes), args)
+        plan = kernel.plan(call, sizes)
+        if plan.ws:
+            args.append(self.empty(plan.ws, dtype))
+        ms = self.launch(source, plan, args)
         self.last_ms = float("nan") if ms is None else ms
         for host, dev in outs:
             if host.size:

@@ -1,4 +1,4 @@
-"""GPU rendering (OpenCL, CUDA and any :class:`~.gpu.GPURenderer`) of the fused Mamba-1 forward.
+"""GPU rendering (OpenCL, CUDA and any :class:`~.gpu.GPURenderer`) of the fused Mamba-1 forward and backward.
 
 The structure of ``mamba_ssm``'s CUDA kernel, written in the C-family
 renderer's macros: one workgroup per (batch, channel); the workgroup walks L
@@ -18,7 +18,9 @@ Kernel (ABI of :meth:`~scanweaver.fused.mamba1.Mamba1.params`, then nothing else
                       batch, dim, L, groups_b, groups_c)    /* sizes are 64-bit ints */
 
 launched as ``batch * dim`` workgroups of ``workgroup_size`` work-items
-(:func:`plan`); arrays a call does not use may be any small buffer.
+(:func:`plan`); arrays a call does not use may be any small buffer.  The
+backward (:mod:`.mamba1_gpu_backward`) takes the backward ABI and a scratch
+buffer ``ws``, and its outputs must be zero when it starts.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from ..fused.mamba1 import Mamba1Features
 from .fused import KERNELS, FusedKernel
 from .fused_c_mamba1 import feature_defines
 from .gpu import PAIR, Launch, Plan
+from .mamba1_gpu_backward import BODY as BACKWARD
+from .mamba1_gpu_backward import PRELUDE as BACKWARD_PRELUDE
 
 BODY = r"""
 #define SW_IPT SW_ITEMS_PER_THREAD
@@ -122,17 +126,25 @@ def render(r, call) -> str:
     tunables = "\n".join(
         f"#ifndef {name}\n#define {name} {cfg[name]}\n#endif\n#define SW_{name.upper()} ({name})"
         for name in ("workgroup_size", "items_per_thread"))
-    body = BODY.replace("@PARAMS@", params(r, call)).replace("@EXP@", r.math_fn("exp", f.dtype))
+    text = BODY if call.part == "forward" else BACKWARD
+    body = text.replace("@PARAMS@", params(r, call)).replace("@EXP@", r.math_fn("exp", f.dtype))
     parts = [f"/* scanweaver {r.target} fused kernel: mamba1 {call.part}, {f.dtype}, N={f.N} */",
-             r.preamble_for(f.dtype), f"#define SW_T {r.ctype(f.dtype)}", feature_defines(f), tunables,
+             r.preamble_for(f.dtype), f"#define SW_T {r.ctype(f.dtype)}",
+             f"#define SW_DOUBLE {int(f.dtype == 'float64')}", feature_defines(f), tunables,
              "#define SW_TPL SW_WORKGROUP_SIZE", "\n".join(r.gpu_macros()), r.helpers(f.dtype), PAIR,
-             r.group_scan(), body]
+             r.group_scan(), BACKWARD_PRELUDE if call.part == "backward" else "", body]
     return "\n".join(p for p in parts if p) + "\n"
 
 
 def plan(call, sizes: dict) -> Plan:
-    """``batch * dim`` workgroups of ``workgroup_size`` work-items."""
-    return Plan((Launch(f"sw_mamba1_{call.part}", sizes["batch"] * sizes["dim"], call.params["workgroup_size"]),))
+    """``batch * dim`` workgroups of ``workgroup_size`` work-items; the backward's scratch ``ws`` holds a
+    checkpoint per chunk and state."""
+    cfg = call.params
+    wg, chunk = cfg["workgroup_size"], cfg["workgroup_size"] * cfg["items_per_thread"]
+    groups = sizes["batch"] * sizes["dim"]
+    ws = groups * -(-sizes["L"] // chunk) * call.features.N if call.part == "backward" else 0
+    return Plan((Launch(f"sw_mamba1_{call.part}", groups, wg),), ws=ws)
 
 
-KERNELS.register(FusedKernel("mamba1", "gpu", ("forward",), render, lambda part: f"sw_mamba1_{part}", plan))
+KERNELS.register(FusedKernel("mamba1", "gpu", ("forward", "backward"), render, lambda part: f"sw_mamba1_{part}",
+                             plan))
