@@ -127,34 +127,47 @@ class FusedOp(ABC):
         Raises:
             ScanInputError: naming the parameter, what it got and what it needs.
         """
-        shapes = self.shapes(part, features, sizes)
         out: list = []
-        for p in self.params(part):
+        for p, enabled, shape, want in self._layout(part, features, tuple(sorted(sizes.items()))):
             if p.kind == "int":
                 out.append(int(sizes[p.name]))
                 continue
             arr = arrays.get(p.name)
-            if not self.enabled(p.name, features):
+            if not enabled:
                 out.append(None)
                 continue
             if arr is None:
                 if p.kind == "in" or not p.optional:
-                    raise ScanInputError(f"{api}: the {self.name} {part} kernel needs {p.name} "
-                                         f"{shapes[p.name]}, got none")
+                    raise ScanInputError(f"{api}: the {self.name} {part} kernel needs {p.name} {shape}, got none")
                 out.append(None)
                 continue
-            want = np.dtype(p.dtype or features.dtype)
+            if type(arr) is np.ndarray and arr.dtype == want and arr.shape == shape and arr.flags.c_contiguous \
+                    and arr.flags.aligned and (p.kind == "in" or arr.flags.writeable):
+                out.append(arr)  # the common case, checked at once
+                continue
             if not isinstance(arr, np.ndarray):
                 raise ScanInputError(f"{api}: {p.name} must be a NumPy array, got {type(arr).__name__}")
             if arr.dtype != want:
                 raise ScanInputError(f"{api}: {p.name} has dtype {arr.dtype}; the kernel was built for {want}")
-            if arr.shape != tuple(shapes[p.name]):
-                raise ScanInputError(f"{api}: {p.name} has shape {arr.shape}; it needs {tuple(shapes[p.name])}")
+            if arr.shape != shape:
+                raise ScanInputError(f"{api}: {p.name} has shape {arr.shape}; it needs {shape}")
             if not (arr.flags.c_contiguous and arr.flags.aligned) or (p.kind == "out" and not arr.flags.writeable):
                 raise ScanInputError(f"{api}: {p.name} must be a C-contiguous, aligned"
                                      f"{', writeable' if p.kind == 'out' else ''} array")
             out.append(arr)
         return out
+
+    def _layout(self, part: str, features: Any, sizes: tuple) -> list:
+        """``(param, enabled, shape, dtype)`` per parameter of ``part`` (memoised per features and sizes)."""
+        key = (part, features, sizes)
+        memo = self.__dict__.setdefault("_layouts", {})
+        if key not in memo:
+            shapes = self.shapes(part, features, dict(sizes))
+            if len(memo) > 256:
+                memo.clear()
+            memo[key] = [(p, self.enabled(p.name, features), tuple(shapes.get(p.name, ())),
+                          np.dtype(p.dtype or features.dtype)) for p in self.params(part)]
+        return memo[key]
 
     def runs_on(self, target: str, part: str | None = None) -> bool:
         """True when ``target`` renders this operation (its ``part``, if given)."""
@@ -184,9 +197,12 @@ class FusedOp(ABC):
 
     def signature(self, features: Any) -> str:
         """A stable key of the operation and its features but the dtype (the tuned store's ``signature``)."""
-        fields = {k: v for k, v in dataclasses.asdict(features).items() if k != "dtype"}
-        text = ",".join(f"{k}={v}" for k, v in sorted(fields.items()))
-        return f"{self.name}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+        memo = self.__dict__.setdefault("_signatures", {})
+        if features not in memo:
+            fields = {k: v for k, v in dataclasses.asdict(features).items() if k != "dtype"}
+            text = ",".join(f"{k}={v}" for k, v in sorted(fields.items()))
+            memo[features] = f"{self.name}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+        return memo[features]
 
     def call(self, part: str, features: Any, config: dict[str, object]) -> FusedCall:
         """The :class:`FusedCall` of ``part`` with ``features`` and a resolved ``config``."""

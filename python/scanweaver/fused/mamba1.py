@@ -41,6 +41,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -141,14 +142,7 @@ class Mamba1(FusedOp):
     implementations = {"numpy": PARTS, "c": PARTS, "opencl": PARTS, "cuda": PARTS, "julia": ("forward",)}
 
     def params(self, part: str) -> tuple[Param, ...]:
-        ins = [Param(n, "in") for n in _IN] + [Param(n, "in", True, "uint8" if n == "reset" else "")
-                                               for n in _OPT_IN]
-        sizes = [Param(n, "int") for n in _SIZES]
-        if part == "forward":
-            return (*ins, Param("y", "out"), Param("hlast", "out", True), *sizes)
-        outs = [Param("du", "out"), Param("ddelta", "out"), Param("dA", "out"), Param("dB", "out"),
-                Param("dC", "out"), *(Param(n, "out", True) for n in ("dD", "dz", "ddelta_bias", "dh0"))]
-        return (*ins, Param("dout", "in"), Param("dhlast", "in", True), *outs, *sizes)
+        return _params(part)
 
     def shapes(self, part, features: Mamba1Features, sizes):
         b, d, L, N = sizes["batch"], sizes["dim"], sizes["L"], features.N
@@ -182,6 +176,19 @@ class Mamba1(FusedOp):
         for name, value in grads.items():
             if arrays.get(name) is not None:
                 arrays[name][...] = value.reshape(arrays[name].shape)
+
+
+@functools.cache
+def _params(part: str) -> tuple[Param, ...]:
+    """:meth:`Mamba1.params` (the same tuple every time)."""
+    ins = [Param(n, "in") for n in _IN] + [Param(n, "in", True, "uint8" if n == "reset" else "")
+                                           for n in _OPT_IN]
+    sizes = [Param(n, "int") for n in _SIZES]
+    if part == "forward":
+        return (*ins, Param("y", "out"), Param("hlast", "out", True), *sizes)
+    outs = [Param("du", "out"), Param("ddelta", "out"), Param("dA", "out"), Param("dB", "out"),
+            Param("dC", "out"), *(Param(n, "out", True) for n in ("dD", "dz", "ddelta_bias", "dh0"))]
+    return (*ins, Param("dout", "in"), Param("dhlast", "in", True), *outs, *sizes)
 
 
 def _grouped(M, groups: int):

@@ -47,6 +47,24 @@ def fused_backend(backend: str, dtype: np.dtype, part: str = "forward") -> Backe
 
 
 def _config(be: Backend, features: Mamba1Features, sizes: dict, tunables: dict, api: str) -> tuple[dict, str]:
+    """The call's tunables and their source, memoised per signature (backend, features, sizes, tunables) until
+    a tuned store changes: repeated calls skip the resolution."""
+    from ..tuning import store
+
+    key = (be.name, features, tuple(sorted(sizes.items())), tuple(sorted(tunables.items())), store.stamp())
+    hit = _plans.get(key)
+    if hit is None:
+        if len(_plans) > 512:
+            _plans.clear()
+        hit = _plans[key] = _resolve(be, features, sizes, tunables, api)
+    return dict(hit[0]), hit[1]
+
+
+#: Resolved (tunables, source) per call signature.
+_plans: dict[tuple, tuple[dict, str]] = {}
+
+
+def _resolve(be: Backend, features: Mamba1Features, sizes: dict, tunables: dict, api: str) -> tuple[dict, str]:
     from ..targets.fused import family_of
 
     op = FUSED.get(OP)
