@@ -1,7 +1,8 @@
 """The cpu backend's C kernels on ARM64 (GCC and Clang, run under qemu) and built by Clang on x86.
 
-Each toolchain builds every kernel of :func:`scanweaver.tools.crosscheck.jobs` into one executable with a
-small C driver and runs all of them against the float64 oracle on the golden vectors.  CI installs the
+Each toolchain builds every kernel of :func:`scanweaver.tools.crosscheck_jobs.jobs` (scans, the fused
+backward of gradients, fused operations) into one executable with a small C driver and runs all of them
+against the float64 oracle, on the golden vectors where they apply.  CI installs the
 tools (``.ci/run``) and sets ``SCANWEAVER_REQUIRE_CROSS=1``, so that a missing tool fails there instead of
 skipping.
 """
@@ -18,7 +19,8 @@ import pytest
 from scanweaver.ir.functions import FUNCTIONS
 from scanweaver.runtime import cflags
 from scanweaver.targets.c_target import MAX_DENSE_STATE
-from scanweaver.tools import crosscheck, golden
+from scanweaver.fused import REGISTRY as FUSED
+from scanweaver.tools import crosscheck, crosscheck_jobs, golden
 
 #: name -> (compiler command, runner, executables that must exist).  Every vector width of the chunked
 #: kernel runs in every test run: 16 bytes (NEON's own) with GCC, 32 with Clang on ARM64, 64 with Clang on
@@ -34,7 +36,7 @@ TOOLCHAINS = {
 
 @pytest.fixture(scope="module")
 def jobs():
-    return crosscheck.jobs()
+    return crosscheck_jobs.jobs()
 
 
 def _require(tools: tuple[str, ...]) -> None:
@@ -65,7 +67,7 @@ def _exprs(aff):
 
 
 def test_the_jobs_cover_every_kernel_variant(jobs):
-    stages = [j.stages for j in jobs]
+    stages = [j.stages for j in jobs if j.stages is not None]
     assert {(s.schedule.schedule, s.affine.dtype) for s in stages} == {
         (sched, dt) for sched in ("chunked", "sequential") for dt in ("float32", "float64")}
     assert {s.affine.state_size for s in stages} == set(range(1, MAX_DENSE_STATE + 1))
@@ -84,19 +86,30 @@ def test_the_jobs_cover_every_kernel_variant(jobs):
                for _, layout in s.affine.features.operands}
     assert layouts == {(sched, dense, layout) for sched in ("chunked", "sequential") for dense in (False, True)
                        for layout in ("scalar", "lane")}
-    configs = [j.stages.schedule.config for j in jobs if j.stages.schedule.schedule == "chunked"]
+    configs = [s.schedule.config for s in stages if s.schedule.schedule == "chunked"]
     assert {c["threads"] for c in configs} == {1, 2} and {c["interleave"] for c in configs} == {1, 2, 4}
     assert {j.name.split()[1] for j in jobs if j.name.startswith("golden")} == {c.name for c in golden.CASES}
 
 
+def test_fused_and_backward_kernels_are_among_the_jobs(jobs):
+    entries = {j.entry for j in jobs}
+    assert "sw_backward" in entries
+    for name in FUSED.names():
+        for part in FUSED.get(name).implementations.get("c", ()):
+            assert any(j.name.startswith(f"fused {name} {part}") for j in jobs), (name, part)
+    assert all(j.expected for j in jobs)
+
+
 def test_a_wrong_kernel_or_a_wrong_answer_is_reported(jobs):
     _require(("gcc",))
-    picked = [next(j for j in jobs if j.stages.schedule.schedule == "chunked" and "golden basic_f32" in j.name)]
-    broken = picked[0].source.replace("h = A * h + U;", "h = A * h - U;").replace("u = a * us + u;", "u = a * us - u;")
-    assert broken != picked[0].source
-    bad_kernel = dataclasses.replace(picked[0], name="broken",
-                                     stages=dataclasses.replace(picked[0].stages, kernel=broken))
-    wrong_answer = dataclasses.replace(picked[0], name="wrong", y=picked[0].y + np.where(
-        np.arange(picked[0].y.size).reshape(picked[0].y.shape) == 5, 0.01, 0.0))
-    n, bad = crosscheck.check(["gcc", "-O2"], [], [*picked, bad_kernel, wrong_answer])
+    picked = next(j for j in jobs if j.stages is not None and j.stages.schedule.schedule == "chunked"
+                  and "golden basic_f32" in j.name)
+    broken = picked.source.replace("h = A * h + U;", "h = A * h - U;").replace("u = a * us + u;", "u = a * us - u;")
+    assert broken != picked.source
+    bad_kernel = dataclasses.replace(picked, name="broken", source=broken)
+    y_at = min(picked.expected)
+    y = np.array(picked.expected[y_at], np.float64)
+    y.flat[5] += 0.01
+    wrong_answer = dataclasses.replace(picked, name="wrong", expected={**picked.expected, y_at: y})
+    n, bad = crosscheck.check(["gcc", "-O2"], [], [picked, bad_kernel, wrong_answer])
     assert n == 3 and [line.split(":")[0] for line in bad] in (["broken", "broken", "wrong"], ["broken", "wrong"])
