@@ -10,7 +10,7 @@ keyed ``"<op>/<family>"``.
 
 Example:
     >>> from scanweaver.targets.fused import implements
-    >>> implements("c", "mamba1", "backward"), implements("opencl", "mamba1", "backward")
+    >>> implements("opencl", "mamba1", "backward"), implements("julia", "mamba1", "backward")
     (True, False)
 """
 
