@@ -138,14 +138,14 @@ def test_broadcast_operands_get_summed_gradients(rng):
     assert grads["A"].shape == (3, 1) and grads["z"].shape == (29,)
 
 
-@pytest.mark.parametrize("lanes, L, threads", [(1, 3001, 2), (2, 9000, 2), (3, 2500, 1)])
+@pytest.mark.parametrize("lanes, L, threads, reverse", [(1, 3001, 2, True), (2, 9000, 2, False), (3, 2500, 1, False)])
 @pytest.mark.parametrize("saved", [False, True])
-def test_fused_kernel_tiles_agree_with_generic(lanes, L, threads, saved, rng):
+def test_fused_kernel_tiles_agree_with_generic(lanes, L, threads, reverse, saved, rng):
     """Several tiles per lane (phase of aggregates and carries) against the NumPy backward."""
     _available("cpu")
     ops = _operands(rng, SELECTIVE, (lanes, L))
     res = prepare_call(SELECTIVE, dict(zip(SELECTIVE.inputs, ops, strict=True)), h0=rng.standard_normal(lanes),
-                       reset=rng.random((lanes, L)) < 0.01, backend="numpy")
+                       reset=rng.random((lanes, L)) < 0.01, reverse=reverse, backend="numpy")
     forward(res, states="save" if saved else "recompute")
     adj = adjoint(res.affine, dh0=True, dh_last=True, saved_states=saved)
     dy, dhl = rng.standard_normal((lanes, L)), rng.standard_normal(lanes)

@@ -67,7 +67,7 @@ def states(backend: Backend, fwd: AffineScanIR, arrays: ScanArrays):
     runs = [run_scan(backend, state_scan(fwd, j), arrays) for j in range(k)]
     xp = array_module(runs[0][0])
     h = runs[0][0].reshape(arrays.lanes, arrays.L) if k == 1 else xp.stack([y for y, _ in runs], axis=-1)
-    return h, runs[0][1]
+    return xp.ascontiguousarray(h), runs[0][1]
 
 
 def previous(h, h0, reverse: bool):

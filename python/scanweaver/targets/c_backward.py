@@ -102,8 +102,8 @@ def render_backward(adj: AdjointIR, *, threads: int = 0, chunk: int = CHUNK) -> 
                f"#define SW_SAVED {int(adj.saved_states)}", f"#define SW_THREADS {int(threads)}",
                f"#define SW_CHUNK {int(chunk)}", f"#define SW_MIN_TILE {MIN_TILE}", f"#define SW_SKEW {SKEW}"]
     fields = "\n".join(f"  {p.replace('const long', 'long')};" for p in params)
-    copy_prefetch = "\n".join(f"    SW_PREFETCH(sw->{p} + i);" for p in [*(f"in_{n}" for n in fwd.inputs), "dy"])
-    common = (COMMON.replace("@FIELDS@", fields).replace("@UNPACK@", unpack).replace("@PREFETCH_COPY@", copy_prefetch)
+    line_prefetch = "\n".join(f"    SW_PREFETCH(sw->{p} + i);" for p in [*(f"in_{n}" for n in fwd.inputs), "dy"])
+    common = (COMMON.replace("@FIELDS@", fields).replace("@UNPACK@", unpack).replace("@PREFETCH_LINE@", line_prefetch)
               .replace("@FA@", fA).replace("@FU@", c(fwd.U)).replace("@BA@", c(adj.A)).replace("@BU@", c(adj.U))
               .replace("@GOFF@", c(adj.g_offset)))
     prefetch = "\n".join(f"    SW_PREFETCH(sw->{p} + i + (SW_REVERSE ? -SW_AHEAD : SW_AHEAD));"

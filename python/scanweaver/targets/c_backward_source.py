@@ -65,15 +65,22 @@ static inline SW_T sw_bstep(const sw_bctx* sw, long i, SW_T* lam) {
 #endif
 /* Elements ahead of the states sweep that it prefetches (eight 64-byte lines of floats). */
 #define SW_AHEAD 128
+/* Elements per 64-byte line. */
+#define SW_LINE (64 / (long)sizeof(SW_T))
+
+/* Prefetches 64-byte lines [k0, k1) of every operand and dy, counted from flat index i0 (a tile's start). */
+static inline void sw_prefetch_lines(const sw_bctx* sw, long i0, long k0, long k1) {
+  for (long k = k0; k < k1; ++k) {
+    const long i = i0 + k * SW_LINE;
+@PREFETCH_LINE@
+  }
+}
 
 /* Saved states of positions [s0, s1) into hm, prefetching the tile's operands as the recompute does. */
 static inline void sw_copy_states(const sw_bctx* sw, long base, long s0, long s1, SW_T hin, SW_T* restrict hm) {
   const long len = sw->L, lo = SW_LO(s0, s1), n = s1 - s0;
   hm[SW_HIN(n)] = s0 > 0 ? sw->hs[base + SW_POS(len, s0 - 1)] : hin;
-  for (long k = 0; k < n; k += 16) {
-    const long i = base + lo + k;
-@PREFETCH_COPY@
-  }
+  sw_prefetch_lines(sw, base + lo, 0, (n + SW_LINE - 1) / SW_LINE);
   memcpy(hm + 1, sw->hs + base + lo, sizeof(SW_T) * (size_t)n);
 }
 """
@@ -100,10 +107,31 @@ static void sw_states(const sw_bctx* sw, long base, long s0, long s1, SW_T hin, 
 
 /* The reverse scan over [s0, s1) from lam (= lam after the tile): gm[k] = g of the tile's k-th
  * element (memory order); returns lam at s0. */
-static SW_T sw_adjoint(const sw_bctx* sw, long base, long s0, long s1, SW_T lam, SW_T* restrict gm) {
+static SW_T sw_adjoint(const sw_bctx* sw, long base, long s0, long s1, SW_T lam, SW_T* restrict gm,
+                       long next, long nnext) {
   const long len = sw->L, lo = SW_LO(s0, s1);
+  (void)next; (void)nnext;
   for (long s = s1 - 1; s >= s0; --s) gm[SW_K(s)] = sw_bstep(sw, base + SW_POS(len, s), &lam);
   return lam;
+}
+
+/* Aggregates of positions [s0, s1): h_out = fa h_in + fu (forward), lam_in = ba lam_out + bu (reverse). */
+static void sw_tile_aggregates(const sw_bctx* sw, long lane, long s0, long s1, SW_T* agg) {
+  const long len = sw->L, base = lane * len;
+  SW_T pa = 1, pu = 0, qa = 1, qu = 0;
+  for (long s = s0; s < s1 && !SW_SAVED; ++s) {
+    SW_T A, U;
+    sw_fpair(sw, base + SW_POS(len, s), &A, &U);
+    pu = A * pu + U;
+    pa = A * pa;
+  }
+  for (long s = s1 - 1; s >= s0; --s) {
+    SW_T A, U;
+    sw_bpair(sw, base + SW_POS(len, s), &A, &U);
+    qu = A * qu + U;
+    qa = A * qa;
+  }
+  agg[0] = pa; agg[1] = pu; agg[2] = qa; agg[3] = qu;
 }
 """
 
@@ -152,13 +180,19 @@ static void sw_states(const sw_bctx* sw, long base, long s0, long s1, SW_T hin, 
 }
 
 /* The reverse scan over [s0, s1): the tail element by element, then blocks in registers, each
- * reversed so that lane 0 is its last position (the first the adjoint meets). */
-static SW_T sw_adjoint(const sw_bctx* sw, long base, long s0, long s1, SW_T lam, SW_T* restrict gm) {
+ * reversed so that lane 0 is its last position (the first the adjoint meets).  It computes on data
+ * in cache, so meanwhile it prefetches the thread's next tile (``nnext`` elements from flat index
+ * ``next``): that tile's states sweep then overlaps memory with this tile's arithmetic. */
+static SW_T sw_adjoint(const sw_bctx* sw, long base, long s0, long s1, SW_T lam, SW_T* restrict gm,
+                       long next, long nnext) {
 @UNPACK@
   const long len = sw->L, lo = SW_LO(s0, s1), sv = s0 + (s1 - s0) / SW_VL * SW_VL;
+  const long nblocks = (sv - s0) / SW_VL, lines = next >= 0 ? (nnext + SW_LINE - 1) / SW_LINE : 0;
   for (long s = s1 - 1; s >= sv; --s) gm[SW_K(s)] = sw_bstep(sw, base + SW_POS(len, s), &lam);
   sw_vec lb = sw_zero + lam;
-  for (long s = sv - SW_VL; s >= s0; s -= SW_VL) {
+  long j = 0;
+  for (long s = sv - SW_VL; s >= s0; s -= SW_VL, ++j) {
+    if (lines) sw_prefetch_lines(sw, next, j * lines / nblocks, (j + 1) * lines / nblocks);
     const long i0 = SW_I0(s);
     const sw_vec dyv = sw_vld(sw->dy, i0), kv = sw_vmask(sw, i0, sw_one);
     (void)kv;
@@ -170,6 +204,44 @@ static SW_T sw_adjoint(const sw_bctx* sw, long base, long s0, long s1, SW_T lam,
     lb = sw_vlast(lv);
   }
   return lb[0];
+}
+
+/* Aggregates of positions [s0, s1), SW_VL at a time: h_out = fa h_in + fu, lam_in = ba lam_out + bu. */
+static void sw_tile_aggregates(const sw_bctx* sw, long lane, long s0, long s1, SW_T* agg) {
+@UNPACK@
+  const long len = sw->L, base = lane * len, sv = s0 + (s1 - s0) / SW_VL * SW_VL;
+  SW_T pa = 1, pu = 0, qa = 1, qu = 0;
+#if !SW_SAVED
+  for (long s = s0; s < sv; s += SW_VL) {
+    const long i0 = SW_I0(s);
+    sw_vec A = sw_fwd(sw_vmask(sw, i0, @VFA@)), U = sw_fwd(@VFU@);
+    sw_vscan(&A, &U);
+    pu = A[SW_VL - 1] * pu + U[SW_VL - 1];
+    pa = A[SW_VL - 1] * pa;
+  }
+  for (long s = sv; s < s1; ++s) {
+    SW_T A, U;
+    sw_fpair(sw, base + SW_POS(len, s), &A, &U);
+    pu = A * pu + U;
+    pa = A * pa;
+  }
+#endif
+  for (long s = s1 - 1; s >= sv; --s) {
+    SW_T A, U;
+    sw_bpair(sw, base + SW_POS(len, s), &A, &U);
+    qu = A * qu + U;
+    qa = A * qa;
+  }
+  for (long s = sv - SW_VL; s >= s0; s -= SW_VL) {
+    const long i0 = SW_I0(s);
+    const sw_vec dyv = sw_vld(sw->dy, i0), kv = sw_vmask(sw, i0, sw_one);
+    (void)kv;
+    sw_vec A = sw_adj(@VBA@), U = sw_adj(@VBU@);
+    sw_vscan(&A, &U);
+    qu = A[SW_VL - 1] * qu + U[SW_VL - 1];
+    qa = A[SW_VL - 1] * qa;
+  }
+  agg[0] = pa; agg[1] = pu; agg[2] = qa; agg[3] = qu;
 }
 """
 
@@ -190,25 +262,6 @@ static void sw_grads(const sw_bctx* sw, long base, long s0, long s1, const SW_T*
 """
 
 RUN = r"""
-/* Aggregates of positions [s0, s1): h_out = fa h_in + fu (forward), lam_in = ba lam_out + bu (reverse). */
-static void sw_tile_aggregates(const sw_bctx* sw, long lane, long s0, long s1, SW_T* agg) {
-  const long len = sw->L, base = lane * len;
-  SW_T pa = 1, pu = 0, qa = 1, qu = 0;
-  for (long s = s0; s < s1 && !SW_SAVED; ++s) {
-    SW_T A, U;
-    sw_fpair(sw, base + SW_POS(len, s), &A, &U);
-    pu = A * pu + U;
-    pa = A * pa;
-  }
-  for (long s = s1 - 1; s >= s0; --s) {
-    SW_T A, U;
-    sw_bpair(sw, base + SW_POS(len, s), &A, &U);
-    qu = A * qu + U;
-    qa = A * qa;
-  }
-  agg[0] = pa; agg[1] = pu; agg[2] = qa; agg[3] = qu;
-}
-
 static inline SW_T sw_h0v(const sw_bctx* sw, long lane) { return SW_HAS_H0 ? sw->h0[lane] : (SW_T)0; }
 static inline SW_T sw_dhlastv(const sw_bctx* sw, long lane) { return SW_HAS_DHLAST ? sw->dhlast[lane] : (SW_T)0; }
 
@@ -255,7 +308,14 @@ static int sw_run_backward(const sw_bctx* sw) {
     SW_T* hs = scratch + tid * stride;
     SW_T* gs = hs + tile + 2 + SW_SKEW;
     sw_states(sw, base, s0, s1, ntiles > 1 ? carry[2 * it] : sw_h0v(sw, lane), hs);
-    const SW_T lam = sw_adjoint(sw, base, s0, s1, ntiles > 1 ? carry[2 * it + 1] : sw_dhlastv(sw, lane), gs);
+    long next = -1, nnext = 0;
+    if (it + 1 < items) {  /* the next item, which static scheduling gives this thread too (or a neighbour) */
+      const long s0n = ((it + 1) % ntiles) * tile, s1n = SW_MIN(s0n + tile, len);
+      next = ((it + 1) / ntiles) * len + SW_LO(s0n, s1n);
+      nnext = s1n - s0n;
+    }
+    const SW_T lam = sw_adjoint(sw, base, s0, s1, ntiles > 1 ? carry[2 * it + 1] : sw_dhlastv(sw, lane), gs,
+                                next, nnext);
     sw_grads(sw, base, s0, s1, hs, gs);
     if (tl == 0 && sw->dh0) sw->dh0[lane] = lam;
   }
