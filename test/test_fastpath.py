@@ -168,6 +168,8 @@ def test_the_trampoline_checks_buffers_before_calling():
         call((buf, buf[:1]), 0, 16)
     with pytest.raises(ValueError, match="required"):
         call((None, other), 0, 16)
+    with pytest.raises(ValueError, match="sizes"):
+        call((buf, other), 0)
 
 
 def test_the_trampoline_is_built_where_python_headers_exist():

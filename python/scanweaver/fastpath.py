@@ -45,10 +45,20 @@ class PlanMismatch(Exception):
     """Arrays with the plan's key that its kernel cannot take as they are (e.g. misaligned memory)."""
 
 
-def _array_key(v: object) -> tuple | None:
-    if type(v) is not np.ndarray:
+def signature(values: tuple, flags: tuple | None) -> tuple | None:
+    """The plan key of NumPy arrays (or ``None`` for absent optional ones) and hashable ``flags``;
+    ``None`` when a value is neither (then the call takes the full path)."""
+    if flags is None:
         return None
-    return (v.shape, v.strides, v.dtype)  # type: ignore[attr-defined]
+    parts: list[Any] = [flags]
+    for v in values:
+        if v is None:
+            parts.append(None)
+        elif type(v) is np.ndarray:
+            parts.append((v.shape, v.strides, v.dtype))  # type: ignore[attr-defined]
+        else:
+            return None
+    return tuple(parts)
 
 
 def call_key(args: tuple, h0: object, reset: object, out: object, flags: tuple | None) -> tuple | None:
@@ -58,22 +68,9 @@ def call_key(args: tuple, h0: object, reset: object, out: object, flags: tuple |
     NumPy arrays or ``None``) have keys; ``flags`` holds the remaining
     hashable arguments.
     """
-    if flags is None:
+    if any(v is None for v in args):
         return None
-    parts: list[Any] = [flags]
-    for v in args:
-        if type(v) is not np.ndarray:
-            return None
-        parts.append((v.shape, v.strides, v.dtype))  # type: ignore[attr-defined]
-    for v in (h0, reset, out):
-        if v is None:
-            parts.append(None)
-        else:
-            k = _array_key(v)
-            if k is None:
-                return None
-            parts.append(k)
-    return tuple(parts)
+    return signature((*args, h0, reset, out), flags)
 
 
 def _store_stamp() -> object:

@@ -128,7 +128,7 @@ class FusedOp(ABC):
             ScanInputError: naming the parameter, what it got and what it needs.
         """
         out: list = []
-        for p, enabled, shape, want in self._layout(part, features, tuple(sorted(sizes.items()))):
+        for p, enabled, shape, want in self.layout(part, features, tuple(sorted(sizes.items()))):
             if p.kind == "int":
                 out.append(int(sizes[p.name]))
                 continue
@@ -157,7 +157,7 @@ class FusedOp(ABC):
             out.append(arr)
         return out
 
-    def _layout(self, part: str, features: Any, sizes: tuple) -> list:
+    def layout(self, part: str, features: Any, sizes: tuple) -> list:
         """``(param, enabled, shape, dtype)`` per parameter of ``part`` (memoised per features and sizes)."""
         key = (part, features, sizes)
         memo = self.__dict__.setdefault("_layouts", {})

@@ -8,6 +8,7 @@ else the backend's defaults.  The PyTorch and JAX front ends call them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,6 +16,7 @@ import numpy as np
 from ..api import pick_backend
 from ..errors import BackendUnavailable
 from ..fused import REGISTRY as FUSED
+from ..fused.base import FusedCall
 from ..fused.mamba1 import Mamba1Features
 from ..runtime import Backend
 from .operands import API, MambaOperands
@@ -86,6 +88,78 @@ def _tuned(be: Backend, features: Mamba1Features, sizes: dict) -> dict | None:
     return dict(hit[1]) if hit is not None and hit[0] == store.FUSED_PREFIX + OP else None
 
 
+@dataclass
+class ForwardPlan:
+    """The fused forward resolved for one call signature: backend, compiled variant, tunables.
+
+    :meth:`run` takes arrays already in the kernel's layout and dtype; on the ``cpu``
+    backend it calls the kernel through the checked trampoline of
+    :mod:`scanweaver.runtime.fastcall` (every buffer checked in C), elsewhere through
+    the backend's ``run_fused``.
+    """
+
+    backend: Backend
+    call: FusedCall
+    info: FusedInfo
+    sizes: dict
+    y_shape: tuple[int, ...]
+    h_shape: tuple[int, ...]
+    dtype: np.dtype
+    from_store: bool
+    stamp: object
+    invoke: Callable | None
+    names: tuple[str, ...] = ()
+
+    def fresh(self) -> bool:
+        """False when the tunables came from the tuned store and a store has changed since."""
+        if not self.from_store:
+            return True
+        from ..tuning import store
+
+        return self.stamp == store.stamp()
+
+    def run(self, arrays: dict, return_state: bool) -> tuple[np.ndarray, np.ndarray | None]:
+        """``(y, h_last)`` for input ``arrays`` (parameter name -> array or ``None``) of this signature."""
+        global last
+        y = np.empty(self.y_shape, self.dtype)
+        hlast = np.empty(self.h_shape, self.dtype) if return_state else None
+        if self.y_shape[2] == 0 and hlast is not None:  # no step: the state is h0
+            h0 = arrays.get("h0")
+            hlast[...] = 0 if h0 is None else h0
+        if self.invoke is not None and self.y_shape[2] > 0:
+            outs = {"y": y, "hlast": hlast}
+            buffers = tuple(outs[n] if n in outs else arrays.get(n) for n in self.names)
+            rc = self.invoke(buffers, *self.sizes.values())
+            if rc != 0:
+                raise MemoryError(f"{API}: the fused kernel could not allocate its scratch memory (status {rc})")
+        else:
+            self.backend.run_fused(self.call, {**arrays, "y": y, "hlast": hlast}, self.sizes)
+        last = self.info
+        return y, hlast
+
+
+def plan_forward(ops: MambaOperands, *, backend: str = "auto", api: str = API, **tunables) -> ForwardPlan:
+    """Resolves the fused forward for these operands' signature (see :class:`ForwardPlan`).
+
+    Raises:
+        BackendUnavailable: the backend has no fused rendering (use the scan path).
+    """
+    from ..tuning import store
+
+    be = _require(backend, ops.dtype, "forward", api)
+    feats = ops.features()
+    cfg, source = _config(be, feats, ops.sizes, tunables, api)
+    call = FUSED.get(OP).call("forward", feats, cfg)
+    params = FUSED.get(OP).params("forward")
+    sizes = {p.name: ops.sizes[p.name] for p in params if p.kind == "int"}
+    make = getattr(be, "fused_invoker", None)
+    return ForwardPlan(be, call, FusedInfo(be.name, "forward", cfg, source), sizes, tuple(ops.u.shape),
+                       (*ops.u.shape[:2], ops.A.shape[1]), ops.dtype, from_store=not tunables,
+                       stamp=store.stamp() if not tunables else None,
+                       invoke=make(call, ops.sizes) if make is not None else None,
+                       names=tuple(p.name for p in params if p.kind != "int"))
+
+
 def forward(ops: MambaOperands, *, backend: str = "auto", return_state: bool = True, api: str = API,
             **tunables) -> tuple[np.ndarray, np.ndarray | None]:
     """The fused forward on prepared operands: ``(y, h_last)`` in the accumulation dtype.
@@ -93,17 +167,7 @@ def forward(ops: MambaOperands, *, backend: str = "auto", return_state: bool = T
     Raises:
         BackendUnavailable: the backend has no fused rendering (use the scan path).
     """
-    global last
-    be = _require(backend, ops.dtype, "forward", api)
-    feats = ops.features()
-    cfg, source = _config(be, feats, ops.sizes, tunables, api)
-    y = np.empty(ops.u.shape, ops.dtype)
-    hlast = np.empty((*ops.u.shape[:2], ops.A.shape[1]), ops.dtype) if return_state else None
-    if ops.u.shape[2] == 0 and hlast is not None:  # no step: the state is h0
-        hlast[...] = 0 if ops.h0 is None else ops.h0
-    be.run_fused(FUSED.get(OP).call("forward", feats, cfg), {**ops.arrays(), "y": y, "hlast": hlast}, ops.sizes)
-    last = FusedInfo(be.name, "forward", cfg, source)
-    return y, hlast
+    return plan_forward(ops, backend=backend, api=api, **tunables).run(ops.arrays(), return_state)
 
 
 def backward(ops: MambaOperands, dout: np.ndarray, dhlast: np.ndarray | None = None, *, backend: str = "auto",

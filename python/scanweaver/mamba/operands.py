@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..arrays import as_array, compute_dtype, seqlens_reset
+from ..arrays import aligned, as_array, compute_dtype, seqlens_reset
 from ..errors import ScanInputError
 from ..fused.mamba1 import Mamba1Features
 
@@ -120,7 +120,7 @@ def prepare(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus: 
     out_dtype = u.dtype if wide.kind != "c" else wide
 
     def conv(x):
-        return None if x is None else np.ascontiguousarray(x, dtype=wide)
+        return None if x is None else aligned(np.ascontiguousarray(x, dtype=wide))
 
     reset = None
     if cu_seqlens is not None:

@@ -202,6 +202,28 @@ class CpuBackend(Backend):
                 self._fused[call] = fn
         return fn
 
+    def fused_invoker(self, call: FusedCall, sizes: dict[str, int]):
+        """``invoke(buffers, *sizes)`` calling the C rendering of ``call`` directly (see :mod:`.fastcall`),
+        or ``None`` when there is none.
+
+        ``buffers`` are the arrays of the operation's parameters in ABI order (``None`` where a parameter
+        is switched off or not asked for), ``sizes`` its ``int`` parameters; every buffer is checked in C
+        against the layout of exactly these ``sizes``.
+        """
+        fn = self.fused_function(call)
+        if fn is None:
+            return None
+        op = FUSED.get(call.op)
+        slots, n_sizes = [], 0
+        for p, enabled, shape, dtype in op.layout(call.part, call.features, tuple(sorted(sizes.items()))):
+            if p.kind == "int":
+                n_sizes += 1
+                continue
+            need = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize if enabled else 0
+            slots.append(fastcall.Slot(need, dtype.itemsize, written=p.kind == "out",
+                                       optional=p.optional or not enabled))
+        return fastcall.invoker(ctypes.cast(fn, ctypes.c_void_p).value, slots, n_sizes)
+
     def run_fused(self, call: FusedCall, arrays: dict[str, object], sizes: dict[str, int]) -> None:
         """Runs the C rendering of ``call`` on checked NumPy arrays (outputs written in place)."""
         fn = self.fused_function(call)

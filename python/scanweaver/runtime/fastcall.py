@@ -4,14 +4,20 @@ Through :mod:`ctypes`, reading the addresses of six NumPy arrays and making the
 call takes several microseconds, more than the whole scan on small problems.
 This module compiles (once per interpreter and compiler, cached on disk like
 the kernels) a tiny CPython extension, ``_sw_fastcall``, whose
-``invoke(fn, buffers, spec, nlanes, L)`` takes the kernel's address and a tuple
-of buffers (NumPy arrays, or ``None`` for absent optional ones), and in C:
+``invoke(fn, buffers, spec, sizes)`` takes the kernel's address, a tuple of
+buffers (NumPy arrays, or ``None`` for absent optional ones) and a tuple of
+sizes, and in C:
 
 * asks each buffer for a C-contiguous view (writable where the kernel writes),
 * checks it holds at least the bytes the kernel will touch and is aligned for
   its element type, and that no written buffer overlaps another buffer,
 * releases the GIL and calls the kernel with the buffers' addresses, then the
-  two sizes (the kernel ABI of :mod:`scanweaver.targets.cstyle`).
+  sizes as C ``long`` values (the ABI of every compiled kernel here: the scan's
+  ``nlanes, L`` of :mod:`scanweaver.targets.cstyle`, a fused operation's sizes).
+
+Pointers and ``long`` sizes are passed alike (one integer register or stack
+slot each on x86-64 and AArch64, System V and Windows), so one call per
+argument count serves every kernel.
 
 A bad buffer raises ``ValueError``/``BufferError`` instead of crashing the
 interpreter.  Where the extension cannot be built (no ``Python.h``, no
@@ -45,8 +51,8 @@ from pathlib import Path
 
 log = logging.getLogger("scanweaver")
 
-#: Most buffers one kernel takes (operands plus y, h0, hlast, reset).
-MAX_BUFFERS = 32
+#: Most arguments (buffers and sizes) one kernel takes.
+MAX_ARGS = 48
 MODULE = "_sw_fastcall"
 
 
@@ -72,11 +78,11 @@ class Slot:
 
 def _source() -> str:
     cases = []
-    for n in range(1, MAX_BUFFERS + 1):
-        params = ", ".join(["void*"] * n)
+    for n in range(1, MAX_ARGS + 1):
+        params = ", ".join(["intptr_t"] * n)
         args = ", ".join(f"p[{i}]" for i in range(n))
-        cases.append(f"    case {n}: return ((int (*)({params}, long, long))fn)({args}, a, b);")
-    return _TEMPLATE.replace("@MAX@", str(MAX_BUFFERS)).replace("@CASES@", "\n".join(cases))
+        cases.append(f"    case {n}: return ((int (*)({params}))fn)({args});")
+    return _TEMPLATE.replace("@MAX@", str(MAX_ARGS)).replace("@CASES@", "\n".join(cases))
 
 
 _TEMPLATE = r"""
@@ -88,7 +94,7 @@ _TEMPLATE = r"""
 #define SW_MAX @MAX@
 typedef struct { long long need; int align; int flags; } sw_slot; /* flags: 1 written, 2 optional */
 
-static int sw_dispatch(void* fn, Py_ssize_t n, void** p, long a, long b) {
+static int sw_dispatch(void* fn, Py_ssize_t n, const intptr_t* p) {
   switch (n) {
 @CASES@
     default: return -1;
@@ -97,8 +103,8 @@ static int sw_dispatch(void* fn, Py_ssize_t n, void** p, long a, long b) {
 
 static PyObject* sw_invoke(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   (void)self;
-  if (nargs != 5) {
-    PyErr_SetString(PyExc_TypeError, "invoke(fn, buffers, spec, nlanes, L) takes 5 arguments");
+  if (nargs != 4) {
+    PyErr_SetString(PyExc_TypeError, "invoke(fn, buffers, spec, sizes) takes 4 arguments");
     return NULL;
   }
   void* fn = PyLong_AsVoidPtr(args[0]);
@@ -108,21 +114,30 @@ static PyObject* sw_invoke(PyObject* self, PyObject* const* args, Py_ssize_t nar
   }
   PyObject* bufs = args[1];
   PyObject* spec = args[2];
-  if (!PyTuple_Check(bufs) || !PyBytes_Check(spec)) {
-    PyErr_SetString(PyExc_TypeError, "invoke: buffers must be a tuple and spec bytes");
+  PyObject* sizes = args[3];
+  if (!PyTuple_Check(bufs) || !PyBytes_Check(spec) || !PyTuple_Check(sizes)) {
+    PyErr_SetString(PyExc_TypeError, "invoke: buffers and sizes must be tuples and spec bytes");
     return NULL;
   }
   const Py_ssize_t n = PyTuple_GET_SIZE(bufs);
-  if (n < 1 || n > SW_MAX || PyBytes_GET_SIZE(spec) != n * (Py_ssize_t)sizeof(sw_slot)) {
-    PyErr_Format(PyExc_ValueError, "invoke: %zd buffers do not match the spec (%zd bytes)", n,
-                 PyBytes_GET_SIZE(spec));
+  const Py_ssize_t k = PyTuple_GET_SIZE(sizes);
+  long long want_k = -1;
+  if (PyBytes_GET_SIZE(spec) >= (Py_ssize_t)sizeof(long long))
+    memcpy(&want_k, PyBytes_AS_STRING(spec), sizeof(long long));
+  if (n < 1 || n + k > SW_MAX || k != want_k ||
+      PyBytes_GET_SIZE(spec) != (Py_ssize_t)sizeof(long long) + n * (Py_ssize_t)sizeof(sw_slot)) {
+    PyErr_Format(PyExc_ValueError, "invoke: %zd buffers and %zd sizes do not match the kernel's spec "
+                 "(%lld sizes)", n, k, want_k);
     return NULL;
   }
-  const long na = PyLong_AsLong(args[3]);
-  const long nb = PyLong_AsLong(args[4]);
-  if (PyErr_Occurred()) return NULL;
+  intptr_t arg[SW_MAX];
+  for (Py_ssize_t j = 0; j < k; ++j) {
+    const long v = PyLong_AsLong(PyTuple_GET_ITEM(sizes, j));
+    if (v == -1 && PyErr_Occurred()) return NULL;
+    arg[n + j] = (intptr_t)v;
+  }
   sw_slot slot[SW_MAX];
-  memcpy(slot, PyBytes_AS_STRING(spec), (size_t)n * sizeof(sw_slot));
+  memcpy(slot, PyBytes_AS_STRING(spec) + sizeof(long long), (size_t)n * sizeof(sw_slot));
   Py_buffer view[SW_MAX];
   void* p[SW_MAX];
   Py_ssize_t held = 0;
@@ -167,10 +182,11 @@ static PyObject* sw_invoke(PyObject* self, PyObject* const* args, Py_ssize_t nar
       }
     }
   }
+  for (Py_ssize_t i = 0; i < n; ++i) arg[i] = (intptr_t)p[i];
   {
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = sw_dispatch(fn, n, p, na, nb);
+    rc = sw_dispatch(fn, n + k, arg);
     Py_END_ALLOW_THREADS
     result = PyLong_FromLong(rc);
   }
@@ -182,7 +198,7 @@ done:
 
 static PyMethodDef sw_methods[] = {
   {"invoke", (PyCFunction)(void (*)(void))sw_invoke, METH_FASTCALL,
-   "invoke(fn, buffers, spec, nlanes, L) -> the kernel's return code"},
+   "invoke(fn, buffers, spec, sizes) -> the kernel's return code"},
   {NULL, NULL, 0, NULL}
 };
 
@@ -237,32 +253,35 @@ def extension():
         return _module
 
 
-def invoker(fn_address: int, slots: Sequence[Slot], n_sizes: int = 2) -> Callable[[tuple, int, int], int]:
-    """A function ``call(buffers, nlanes, L) -> return code`` for the kernel at ``fn_address``.
+def invoker(fn_address: int, slots: Sequence[Slot], n_sizes: int = 2) -> Callable[..., int]:
+    """A function ``call(buffers, *sizes) -> return code`` for the kernel at ``fn_address``.
 
     Args:
         fn_address: the kernel's address (``ctypes.cast(fn, c_void_p).value``); its C
-            signature is one pointer per slot, then ``n_sizes`` (= 2) C ``long`` values.
+            signature is one pointer per slot, then ``n_sizes`` C ``long`` values.
         slots: what the kernel does with each buffer, in argument order.
-        n_sizes: must be 2 (``nlanes``, ``L``).
+        n_sizes: how many sizes follow the pointers (2 for the scan: ``nlanes``, ``L``).
 
     Raises (from ``call``):
         ValueError, BufferError: a buffer that is missing, too small, misaligned, read-only
             where written, not C-contiguous, or overlapping a written one.
     """
-    if n_sizes != 2 or not 1 <= len(slots) <= MAX_BUFFERS:
-        raise ValueError(f"invoker: {len(slots)} buffers and {n_sizes} sizes are not supported")
-    spec = b"".join(s.pack() for s in slots)
+    if n_sizes < 0 or not slots or len(slots) + n_sizes > MAX_ARGS:
+        raise ValueError(f"invoker: {len(slots)} buffers and {n_sizes} sizes are not supported "
+                         f"(at most {MAX_ARGS} arguments)")
+    spec = struct.pack("=q", n_sizes) + b"".join(s.pack() for s in slots)
     mod = extension()
     if mod is not None:
         invoke = mod.invoke  # type: ignore[attr-defined]
-        return lambda buffers, nlanes, L: invoke(fn_address, buffers, spec, nlanes, L)
-    proto = ctypes.CFUNCTYPE(ctypes.c_int, *([ctypes.c_void_p] * len(slots)), ctypes.c_long, ctypes.c_long)
+        return lambda buffers, *sizes: invoke(fn_address, buffers, spec, sizes)
+    proto = ctypes.CFUNCTYPE(ctypes.c_int, *([ctypes.c_void_p] * len(slots)), *([ctypes.c_long] * n_sizes))
     fn = proto(fn_address)
     slots = tuple(slots)
 
-    def call(buffers: tuple, nlanes: int, L: int) -> int:
-        return fn(*_checked_addresses(buffers, slots), nlanes, L)
+    def call(buffers: tuple, *sizes: int) -> int:
+        if len(sizes) != n_sizes:
+            raise ValueError(f"invoke: {len(sizes)} sizes given; the kernel takes {n_sizes}")
+        return fn(*_checked_addresses(buffers, slots), *sizes)
 
     return call
 
