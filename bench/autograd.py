@@ -131,18 +131,19 @@ def _torch_tensors(ops):
 
 
 def torch_loop(ops):
-    """The scan as a PyTorch loop over L (time-major slices), differentiated by autograd."""
+    """The scan as a PyTorch loop over L, differentiated by autograd.  The steps come from ``unbind``:
+    indexing ``a[..., t]`` would make autograd write a full-size zero gradient per step."""
     import torch
 
     leaves, dy = _torch_tensors(ops)
 
     def run():
-        a, b, x, c = leaves
-        h = torch.zeros(a.shape[:-1])
+        a, b, x, c = (v.unbind(-1) for v in leaves)
+        h = torch.zeros(leaves[0].shape[:-1])
         ys = []
-        for t in range(a.shape[-1]):
-            h = a[..., t] * h + b[..., t] * x[..., t]
-            ys.append(c[..., t] * h)
+        for t in range(len(a)):
+            h = a[t] * h + b[t] * x[t]
+            ys.append(c[t] * h)
         y = torch.stack(ys, dim=-1)
         return torch.autograd.grad(y, leaves, dy)
 

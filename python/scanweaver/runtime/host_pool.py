@@ -78,5 +78,21 @@ class HostPool:
         return self._bytes
 
 
+def _cap_bytes() -> int:
+    """``SCANWEAVER_POOL_MB`` in bytes (the default, with a warning, when it is not a number >= 0)."""
+    text = os.environ.get("SCANWEAVER_POOL_MB", str(DEFAULT_MB))
+    try:
+        mb = float(text)
+        if mb < 0:
+            raise ValueError
+    except ValueError:
+        import warnings
+
+        warnings.warn(f"scanweaver: SCANWEAVER_POOL_MB={text!r} is not a number of MiB >= 0; using {DEFAULT_MB}",
+                      RuntimeWarning, stacklevel=2)
+        mb = DEFAULT_MB
+    return int(mb * (1 << 20))
+
+
 #: The process's pool for results handed to frameworks.
-POOL = HostPool(int(float(os.environ.get("SCANWEAVER_POOL_MB", DEFAULT_MB)) * (1 << 20)))
+POOL = HostPool(_cap_bytes())
