@@ -1,17 +1,23 @@
 """The C (CPU) emitter of stage ``adjoint`` for diagonal transitions: one fused backward kernel.
 
-One pass per tile of a lane does the whole backward: it recomputes the
-tile's states h_t from a checkpoint into a small per-thread buffer (or reads
-the states the forward saved), then runs the reverse recurrence of lam
-(:mod:`scanweaver.ir.adjoint`) from the tile's end, and at every element
-computes g_t and writes each operand's gradient from the rendered gradient
-expressions.  Operands, dy and the states are read once from memory and the
-gradients written once: about 9 arrays of traffic for the selective scan
+Each tile of a lane (cache-sized) is done by three sweeps over data that
+stays in cache (:mod:`.c_backward_source`): the states h_t, recomputed from
+the tile's checkpoint into a per-thread buffer (or copied from the states
+the forward saved), while every operand of the tile is prefetched; the
+reverse recurrence of lam (:mod:`scanweaver.ir.adjoint`) from the tile's
+end, writing g_t into a second buffer and prefetching the thread's next
+tile; then one loop per gradient over the rendered gradient expressions,
+with streaming stores.  Both scans run SW_VL positions at a time in
+registers (the forward's block scan) when their pairs are plain arithmetic,
+element by element otherwise.  Operands and dy are read once from memory
+and the gradients written once: 9 arrays of traffic for the selective scan
 (5 in, 4 out) against 5 for its forward, and no (lanes, L) intermediate
 ever exists.  Why recompute rather than save by default: saving makes the
 forward write one more array and the backward read it, while recomputing
-costs one multiply-add chain per element on data already in cache (measured
-in ``bench/autograd.py``).
+costs one multiply-add per element on data already in cache (both measured
+in ``bench/autograd.py``).  Why not one sweep: nine streams in one loop,
+all at the same offset within a page, evict each other from an 8-way L1 set
+(measured 4x slower).
 
 Work layout: lanes are split into tiles of ``SW_CHUNK`` positions (shorter
 when there are fewer lanes than threads); tiles are independent work items
