@@ -112,8 +112,8 @@ def check(name, fn, getter, want) -> str | None:
     return None if err < 1e-4 else f"wrong result (relative error {err:.2e})"
 
 
-def measure(found: dict, rounds: int) -> dict[str, float]:
-    """Median per-call seconds of each entry, timed round-robin in batches of about 2 ms."""
+def measure(found: dict, rounds: int) -> dict[str, list[float]]:
+    """Per-call seconds of each entry in every round, timed round-robin in batches of about 2 ms."""
     inner = {}
     for name, (fn, _) in found.items():
         t0 = time.perf_counter()
@@ -130,7 +130,7 @@ def measure(found: dict, rounds: int) -> dict[str, float]:
             for _ in range(k):
                 fn()
             samples[name].append((time.perf_counter() - t0) / k)
-    return {name: float(np.median(v)) for name, v in samples.items()}
+    return samples
 
 
 def run(rounds: int, compile_torch: bool, shapes=SHAPES) -> dict:
@@ -147,11 +147,16 @@ def run(rounds: int, compile_torch: bool, shapes=SHAPES) -> dict:
             if why:
                 skipped[name] = why
                 del found[name]
-        us = {name: t * 1e6 for name, t in measure(found, rounds).items()}
+        samples = {name: np.asarray(v) * 1e6 for name, v in measure(found, rounds).items()}
+        us = {name: float(np.median(v)) for name, v in samples.items()}
         row = {"shape": list(shape), "elements": int(np.prod(shape)), "us": us, "skipped": skipped,
-               "config": SELECTIVE.last.config, "backend": SELECTIVE.last.backend}
-        if "bare kernel" in us:
-            row["overhead_us"] = {k: us[k] - us["bare kernel"] for k in ("public", "public out=", "plan") if k in us}
+               "config": SELECTIVE.last.config, "backend": SELECTIVE.last.backend,
+               "iqr_us": {name: float(np.subtract(*np.percentile(v, [75, 25]))) for name, v in samples.items()}}
+        if "bare kernel" in samples:
+            # Paired by round (each round times every entry back to back), so slow drift cancels; the
+            # kernel's own run-to-run spread (iqr_us) bounds what the difference can resolve.
+            row["overhead_us"] = {k: float(np.median(samples[k] - samples["bare kernel"]))
+                                  for k in ("public", "public out=", "plan") if k in samples}
         peers = [us[k] for k in ("JAX", "torch.compile") if k in us]
         if peers:
             row["fastest_peer_over_public"] = min(peers) / us["public"]

@@ -194,3 +194,24 @@ def test_misaligned_arrays_with_a_known_signature_are_copied_by_the_full_path(rn
     p = scanweaver.plan(scanweaver.selective_scan, (2, 64), np.float64)
     with pytest.raises(ScanInputError, match="not aligned to 8 bytes.*call the recurrence, which copies them"):
         p(a, b, shifted, c)
+
+
+@needs_cpu
+def test_large_outputs_are_skewed_against_the_inputs_and_reused_once_dropped(rng):
+    from scanweaver.runtime import host_pool
+
+    a, b, x, c = ops(rng, (4, 8192), np.float32)  # 128 KiB per operand: past SKEW_MIN_BYTES
+    want = loop_reference(a, b, x, c)[0]
+    first = scanweaver.selective_scan(a, b, x, c)  # the full path allocates a skewed y too
+    assert (first.ctypes.data - a.ctypes.data) % host_pool.PAGE == host_pool.SKEW
+    np.testing.assert_allclose(first, want, rtol=1e-4, atol=1e-4)
+    big = ops(rng, (64, 8192), np.float32)  # 2 MiB: the plan takes y from the pool
+    y1 = scanweaver.selective_scan(*big)
+    y2 = scanweaver.selective_scan(*big)
+    assert (y2.ctypes.data - big[0].ctypes.data) % host_pool.PAGE == host_pool.SKEW
+    assert y1.ctypes.data != y2.ctypes.data  # y1 is still referenced: not reused
+    address = y2.ctypes.data
+    del y2
+    y3 = scanweaver.selective_scan(*big)
+    assert y3.ctypes.data == address  # nothing referred to it any more
+    np.testing.assert_array_equal(y3, y1)

@@ -100,6 +100,10 @@ def check_kind(api: str, be: Backend, kind: str) -> None:
                          f"backends that do: {', '.join(others)}")
 
 
+#: "No result from the fast path": the full path runs.
+_MISS = object()
+
+
 def _flags(reverse, return_state, backend, schedule, config, tunables: dict) -> tuple | None:
     """The hashable arguments of a call (part of its plan key), or ``None`` when one is not hashable."""
     cfg = tuple(sorted(config.items())) if isinstance(config, dict) else config
@@ -282,18 +286,27 @@ class Recurrence:
         """
         key = None
         if cu_seqlens is None and len(args) == len(self.inputs):
-            key = fastpath.call_key(args, h0, reset, out,
-                                    _flags(reverse, return_state, backend, schedule, config, kwargs))
-            plan = self._plans.get(key) if key is not None else None
-            if plan is not None and plan.fresh():
-                try:
-                    result = plan.run(args, h0, reset, out)
-                    self.last = plan.info
-                    return result
-                except fastpath.PlanMismatch:
-                    pass  # e.g. misaligned memory: the full path copies it
+            result, key = self._fast(args, h0, reset, out, _flags(reverse, return_state, backend, schedule, config,
+                                                                  kwargs))
+            if result is not _MISS:
+                return result
         return self._call(args, kwargs, key, h0, reset, bool(reverse), bool(return_state), backend, schedule,
                           config, cu_seqlens, out)
+
+    def _fast(self, args: tuple, h0, reset, out, flags: tuple | None):
+        """``(result, key)`` from this signature's plan, or ``(_MISS, key)`` when the full path must run."""
+        key = fastpath.call_key(args, h0, reset, out, flags)
+        if key is None:
+            return _MISS, None
+        plan = self._plans.get(key)
+        if plan is not None and plan.fresh():
+            try:
+                result = plan.run(args, h0, reset, out)
+            except fastpath.PlanMismatch:
+                return _MISS, key  # e.g. misaligned memory: the full path copies it
+            self.last = plan.info
+            return result, key
+        return _MISS, key
 
     def _call(self, args, kwargs, key, h0, reset, reverse, return_state, backend, schedule, config, cu_seqlens,
               out):
@@ -474,8 +487,14 @@ def selective_scan(a, b, x, c=None, *, h0=None, reset=None, reverse: bool = Fals
     """
     rec = SELECTIVE_NO_C if c is None else SELECTIVE
     operands = (a, b, x) if c is None else (a, b, x, c)
-    return rec(*operands, h0=h0, reset=reset, reverse=reverse, return_state=return_state, backend=backend,
-               schedule=schedule, config=config, cu_seqlens=cu_seqlens, out=out, **tunables)
+    key = None
+    if cu_seqlens is None:
+        result, key = rec._fast(operands, h0, reset, out, _flags(reverse, return_state, backend, schedule, config,
+                                                                 tunables))
+        if result is not _MISS:
+            return result
+    return rec._call(operands, tunables, key, h0, reset, bool(reverse), bool(return_state), backend, schedule,
+                     config, cu_seqlens, out)
 
 
 #: The recurrence :func:`selective_scan` runs (with ``c``), for APIs that take either.

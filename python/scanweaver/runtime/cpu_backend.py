@@ -34,7 +34,7 @@ from ..schedules import Tunable
 from ..schedules.base import non_negative
 from ..targets.c_target import CRenderer
 from ..targets.fused import kernel_for
-from . import calibrate, fastcall, toolchain
+from . import calibrate, fastcall, host_pool, toolchain
 from .host import core_kinds, cpu_model, cpu_threads, simd_bytes, vector_isa
 
 __all__ = ["CpuBackend", "cpu_model", "cpu_threads", "simd_bytes", "state_shape"]
@@ -160,7 +160,7 @@ class CpuBackend(Backend):
         slots = [fastcall.Slot(n * item, item) for _ in stages.affine.inputs]
         slots += [fastcall.Slot(n * item, item, written=True),
                   fastcall.Slot(lanes * k * item if feats.has_h0 else 0, item, optional=True),
-                  fastcall.Slot(lanes * k * item, item, written=True),
+                  fastcall.Slot(lanes * k * item, item, written=True, optional=True),
                   fastcall.Slot(n if feats.has_reset else 0, 1, optional=True)]
         return fastcall.invoker(ctypes.cast(fn, ctypes.c_void_p).value, slots)
 
@@ -173,7 +173,9 @@ class CpuBackend(Backend):
 
     def run(self, stages: Stages, arrays: ScanArrays):
         dtype = np.dtype(stages.affine.dtype)
-        y = arrays.out if arrays.out is not None else np.empty((arrays.lanes, arrays.L), dtype)
+        first = next(iter(arrays.inputs.values()))
+        y = arrays.out if arrays.out is not None else \
+            host_pool.output((arrays.lanes, arrays.L), dtype, first.ctypes.data if first.size else None)
         h_last = np.empty(state_shape(stages, arrays.lanes), dtype)
         self.bind(stages, arrays, y, h_last)()
         return y, h_last
