@@ -4,7 +4,8 @@
 juliacall are imported when the feature that needs them is first used.
 """
 
-from .api import Recurrence, plan, recurrence, selective_scan
+from .api import Recurrence, recurrence, selective_scan
+from .plans import plan
 from .autodiff import vjp
 from .errors import (
     BackendUnavailable,

@@ -7,7 +7,6 @@ import functools
 import hashlib
 import logging
 import uuid
-import warnings
 import weakref
 from dataclasses import dataclass
 from collections.abc import Callable
@@ -16,113 +15,19 @@ import numpy as np
 
 from . import fastpath, frameworks
 from .arrays import prepare
-from .errors import api_boundary, BackendUnavailable, ScanInputError
+from .errors import api_boundary, ScanInputError
 from .frontend import RECURRENCES, trace
 from .ir.printer import print_affine
 from .ir.stages import Features, ScanIR
 from .passes import lower
 from .ir import Stages
-from .runtime import REGISTRY, Backend, device_arrays, get_backend
-from .schedules import get_schedule
+from .dispatch import check_dtype, check_kind, check_out, pick_backend, resolve
+from .runtime import Backend, device_arrays, get_backend
 
 log = logging.getLogger("scanweaver")
 
-_warned: set[str] = set()
-
 #: Largest vector state a recurrence may declare (compiled targets unroll up to their own limit).
 MAX_STATE = 64
-
-
-def pick_backend(name: str, dtype: str | None = None, kind: str = "diagonal") -> Backend:
-    """Resolves ``backend=`` to an instance; ``auto`` takes the best available one.
-
-    ``auto`` falls back to ``numpy`` with one warning that says why the
-    preferred backend (``cpu``) cannot run.  With ``dtype``, ``auto`` only
-    considers backends that list it in ``Backend.dtypes``.
-    """
-    if name != "auto":
-        return get_backend(name)
-    ranked = sorted((c for c in REGISTRY.values() if c.auto_priority >= 0 and (dtype is None or dtype in c.dtypes)
-                     and kind in c.kinds), key=lambda c: -c.auto_priority)
-    skipped: list[tuple[str, str]] = []
-    for cls in ranked:
-        avail = cls.availability()
-        if avail.ok:
-            if skipped and cls.name == "numpy" and "numpy" not in _warned:
-                _warned.add("numpy")
-                why = "; ".join(f"{n}: {r}" for n, r in skipped)
-                warnings.warn(f"scanweaver: falling back to the numpy backend ({why})", RuntimeWarning, stacklevel=3)
-            return get_backend(cls.name)
-        if cls.name == "cpu":
-            skipped.append((cls.name, avail.reason))
-    raise BackendUnavailable("backend 'auto': no backend is available")
-
-
-def check_dtype(api: str, be: Backend, dtype: str) -> None:
-    """Raises :class:`ScanInputError` when backend ``be`` cannot accumulate in ``dtype``."""
-    if dtype in be.dtypes:
-        return
-    others = sorted(n for n, c in REGISTRY.items() if dtype in c.dtypes)
-    ready = [n for n in others if REGISTRY[n].availability().ok]
-    fix = f"use backend={(ready or others)[0]!r} (backends with {dtype}: {', '.join(others)})" if others else \
-        "no backend supports it"
-    raise ScanInputError(
-        f"{api}: backend {be.name!r} does not support dtype {dtype} (it runs {', '.join(be.dtypes)}); {fix}"
-    )
-
-
-def check_out(api: str, out: object, shape: tuple[int, ...], arrays) -> np.ndarray | None:
-    """Validates ``out=``; returns the ``(lanes, L)`` view a backend may write into, or ``None``
-    when ``y`` must be computed aside and copied in (half-precision results, an unaligned ``out``)."""
-    if device_arrays.on_device(arrays):
-        return device_arrays.check_out(api, out, shape, arrays)
-    want = np.dtype(arrays.out_dtype or arrays.dtype)
-    if not isinstance(out, np.ndarray) or not all(isinstance(a, np.ndarray) for a in arrays.inputs.values()):
-        raise ScanInputError(f"{api}: out must be a NumPy array, and is for NumPy operands; got "
-                             f"{type(out).__name__}")
-    if out.shape != shape or out.dtype != want:
-        raise ScanInputError(f"{api}: out has shape {out.shape} and dtype {out.dtype}; it needs shape {shape} "
-                             f"and dtype {want}")
-    if not (out.flags.c_contiguous and out.flags.writeable):
-        raise ScanInputError(f"{api}: out must be C-contiguous and writeable")
-    if any(np.shares_memory(out, a) for a in arrays.inputs.values()):
-        raise ScanInputError(f"{api}: out overlaps an operand; pass a separate buffer")
-    direct = want == arrays.dtype and out.flags.aligned  # else y is computed aside and copied in
-    return out.reshape(arrays.lanes, arrays.L) if direct else None
-
-
-def check_kind(api: str, be: Backend, kind: str) -> None:
-    """Raises :class:`ScanInputError` when backend ``be`` cannot run ``kind`` transitions."""
-    if kind in be.kinds:
-        return
-    others = sorted(n for n, c in REGISTRY.items() if kind in c.kinds)
-    raise ScanInputError(f"{api}: backend {be.name!r} does not run {kind} transitions; "
-                         f"backends that do: {', '.join(others)}")
-
-
-#: "No result from the fast path": the full path runs.
-_MISS = object()
-
-
-def _flags(reverse, return_state, backend, schedule, config, tunables: dict) -> tuple | None:
-    """The hashable arguments of a call (part of its plan key), or ``None`` when one is not hashable."""
-    cfg = tuple(sorted(config.items())) if isinstance(config, dict) else config
-    flags = (bool(reverse), bool(return_state), backend, schedule, cfg, tuple(sorted(tunables.items())))
-    try:
-        hash(flags)
-    except TypeError:
-        return None
-    return flags
-
-
-def _tuned(backend: Backend, rec: Recurrence, dtype: str, lanes: int, L: int):
-    """The stored tuned (schedule, config) for this problem, or ``None``."""
-    try:
-        from .tuning import store
-    except ImportError:
-        return None
-    return store.lookup(backend=backend.name, device=backend.availability().device,
-                        signature=rec.signature(dtype), dtype=dtype, lanes=lanes, L=L)
 
 
 @dataclass(frozen=True)
@@ -198,7 +103,7 @@ class Recurrence:
         Works for backends that cannot run here too: emitting source needs no device.
         """
         be = pick_backend(backend) if backend == "auto" else get_backend(backend, require_available=False)
-        sched, cfg, _ = self._resolve(be, schedule, "auto", tunables, dtype, lanes, L)
+        sched, cfg, _ = resolve(self, be, schedule, "auto", tunables, dtype, lanes, L)
         return self._lowered(be, dtype, features, sched, tuple(sorted(cfg.items())))
 
     def torch(self, *operands, **kwargs):
@@ -228,32 +133,6 @@ class Recurrence:
     def config(self) -> dict | None:
         """The tunables the last call used."""
         return self.last.config if self.last else None
-
-    def _resolve(self, be: Backend, schedule: str, config, tunables: dict, dtype: str, lanes: int, L: int):
-        api = self.name
-        if schedule != "auto":
-            get_schedule(schedule)
-            if schedule not in be.schedules:
-                raise ScanInputError(
-                    f"{api}: schedule {schedule!r} is not supported by backend {be.name!r}; "
-                    f"it supports {', '.join(be.schedules)}"
-                )
-        source = "explicit" if tunables else "default"
-        cfg: dict = {}
-        if isinstance(config, dict):
-            cfg, source = dict(config), "explicit"
-        elif config == "auto" and not tunables and be.availability().ok:
-            hit = _tuned(be, self, dtype, lanes, L)
-            if hit is not None and (schedule == "auto" or hit[0] == schedule):
-                schedule, cfg, source = hit[0], dict(hit[1]), "tuned"
-        elif config not in ("auto", "default"):
-            raise ScanInputError(f"{api}: config must be 'auto', 'default' or a dict, got {config!r}")
-        if schedule == "auto":
-            schedule = be.default_schedule_for(self.kind, lanes, L)
-        if source == "default" or source == "explicit":
-            cfg = {**be.default_config(schedule, lanes, L, dtype), **cfg, **tunables}
-        cfg.pop("schedule", None)
-        return schedule, cfg, source
 
     @api_boundary
     def __call__(self, *args, h0=None, reset=None, reverse: bool = False, return_state: bool = False,
@@ -286,27 +165,27 @@ class Recurrence:
         """
         key = None
         if cu_seqlens is None and len(args) == len(self.inputs):
-            result, key = self._fast(args, h0, reset, out, _flags(reverse, return_state, backend, schedule, config,
-                                                                  kwargs))
-            if result is not _MISS:
+            flags = fastpath.flags(reverse, return_state, backend, schedule, config, kwargs)
+            result, key = self._fast(args, h0, reset, out, flags)
+            if result is not fastpath.MISS:
                 return result
         return self._call(args, kwargs, key, h0, reset, bool(reverse), bool(return_state), backend, schedule,
                           config, cu_seqlens, out)
 
     def _fast(self, args: tuple, h0, reset, out, flags: tuple | None):
-        """``(result, key)`` from this signature's plan, or ``(_MISS, key)`` when the full path must run."""
+        """``(result, key)`` from this signature's plan, or ``(fastpath.MISS, key)`` when the full path must run."""
         key = fastpath.call_key(args, h0, reset, out, flags)
         if key is None:
-            return _MISS, None
+            return fastpath.MISS, None
         plan = self._plans.get(key)
         if plan is not None and plan.fresh():
             try:
                 result = plan.run(args, h0, reset, out)
             except fastpath.PlanMismatch:
-                return _MISS, key  # e.g. misaligned memory: the full path copies it
+                return fastpath.MISS, key  # e.g. misaligned memory: the full path copies it
             self.last = plan.info
             return result, key
-        return _MISS, key
+        return fastpath.MISS, key
 
     def _call(self, args, kwargs, key, h0, reset, reverse, return_state, backend, schedule, config, cu_seqlens,
               out):
@@ -328,7 +207,7 @@ class Recurrence:
         check_kind(self.name, be, self.kind)
         if not be.broadcast_operands:
             arrays = arrays.materialised()
-        sched, cfg, source = self._resolve(be, schedule, config, tunables, dtype, arrays.lanes, arrays.L)
+        sched, cfg, source = resolve(self, be, schedule, config, tunables, dtype, arrays.lanes, arrays.L)
         features = Features(reverse=bool(reverse), has_h0=h0 is not None, has_reset=arrays.reset is not None,
                             return_state=bool(return_state), operands=tuple(sorted(arrays.layouts.items())))
         stages = self._lowered(be, dtype, features, sched, tuple(sorted(cfg.items())))
@@ -489,9 +368,9 @@ def selective_scan(a, b, x, c=None, *, h0=None, reset=None, reverse: bool = Fals
     operands = (a, b, x) if c is None else (a, b, x, c)
     key = None
     if cu_seqlens is None:
-        result, key = rec._fast(operands, h0, reset, out, _flags(reverse, return_state, backend, schedule, config,
-                                                                 tunables))
-        if result is not _MISS:
+        flags = fastpath.flags(reverse, return_state, backend, schedule, config, tunables)
+        result, key = rec._fast(operands, h0, reset, out, flags)
+        if result is not fastpath.MISS:
             return result
     return rec._call(operands, tunables, key, h0, reset, bool(reverse), bool(return_state), backend, schedule,
                      config, cu_seqlens, out)
@@ -499,60 +378,3 @@ def selective_scan(a, b, x, c=None, *, h0=None, reset=None, reverse: bool = Fals
 
 #: The recurrence :func:`selective_scan` runs (with ``c``), for APIs that take either.
 selective_scan.recurrence = SELECTIVE  # type: ignore[attr-defined]
-
-
-@api_boundary
-def plan(recurrence, shape, dtype="float32", *, with_c: bool = True, h0: bool = False, reset: bool = False,
-         reverse: bool = False, return_state: bool = False, backend: str = "auto", schedule: str = "auto",
-         config="auto", **tunables) -> fastpath.Plan:
-    """A compiled call for one signature, for hot loops: ``plan(a, b, x, c, out=y)``.
-
-    Every scan call already keeps such a plan per signature and reuses it
-    automatically (a repeated call costs a few microseconds beyond the kernel);
-    an explicit plan also skips finding it.  The plan checks each call's
-    arrays against its signature (shape, dtype, C order) and raises
-    :class:`ScanInputError` naming the first that differs.
-
-    Args:
-        recurrence: a :class:`Recurrence`, or :func:`selective_scan`.
-        shape: the operands' shape ``(..., L)`` (all operands share it).
-        dtype: the operands' dtype (``float32`` or ``float64``).
-        with_c: for :func:`selective_scan`: operands ``(a, b, x, c)`` (else ``(a, b, x)``).
-        h0, reset: calls pass ``h0`` / a boolean ``reset`` mask.
-        reverse, return_state, backend, schedule, config, **tunables: as for the call.
-
-    Returns:
-        a :class:`~scanweaver.fastpath.Plan`; ``plan(*operands, h0=..., reset=..., out=...)``.
-
-    Example:
-        >>> import numpy as np, scanweaver
-        >>> p = scanweaver.plan(scanweaver.selective_scan, (4, 256), "float32")
-        >>> ops = [np.full((4, 256), v, np.float32) for v in (0.5, 1.0, 1.0, 2.0)]
-        >>> y = np.empty((4, 256), np.float32)
-        >>> p(*ops, out=y) is y, float(y[0, 1])
-        (True, 3.0)
-    """
-    if recurrence is selective_scan:
-        recurrence = SELECTIVE if with_c else SELECTIVE_NO_C
-    if not isinstance(recurrence, Recurrence):
-        raise ScanInputError(f"plan: recurrence must be a scanweaver.Recurrence or scanweaver.selective_scan, "
-                             f"got {type(recurrence).__name__}")
-    shape = tuple(int(n) for n in shape)
-    dt = np.dtype(dtype)
-    if not shape or any(n < 1 for n in shape) or dt not in (np.dtype(np.float32), np.dtype(np.float64)):
-        raise ScanInputError(f"plan: shape must be positive sizes (..., L) and dtype float32 or float64; got "
-                             f"shape {shape}, dtype {dt}")
-    rng = np.random.default_rng(0)
-    operands = [rng.uniform(0.5, 1.0, shape).astype(dt) for _ in recurrence.inputs]
-    state = shape[:-1] if recurrence.state_size == 1 else (*shape[:-1], recurrence.state_size)
-    h = np.zeros(state, dt) if h0 else None
-    r = np.zeros(shape, bool) if reset else None
-    recurrence(*operands, h0=h, reset=r, reverse=reverse, return_state=return_state, backend=backend,
-               schedule=schedule, config=config, **tunables)
-    key = fastpath.call_key(tuple(operands), h, r, None,
-                            _flags(reverse, return_state, backend, schedule, config, tunables))
-    found = recurrence._plans.get(key) if key is not None else None
-    if found is None:
-        raise ScanInputError(f"plan: calls of {recurrence.name} with these arguments cannot be planned (they need "
-                             "conversions each call); call the recurrence directly")
-    return found

@@ -34,7 +34,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .api import SELECTIVE, SELECTIVE_NO_C, Recurrence, check_dtype, check_kind, pick_backend
+from .api import SELECTIVE, SELECTIVE_NO_C, Recurrence
+from .dispatch import check_dtype, check_kind, pick_backend
 from .arrays import prepare
 from .errors import ScanInputError
 from .ir.adjoint import AdjointIR

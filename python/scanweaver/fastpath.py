@@ -47,6 +47,21 @@ MAX_PLANS = 64
 POOL_MIN_BYTES = 1 << 18
 
 
+#: "No result from the fast path": the full path runs.
+MISS = object()
+
+
+def flags(reverse, return_state, backend, schedule, config, tunables: dict) -> tuple | None:
+    """The hashable arguments of a call (part of its plan key), or ``None`` when one is not hashable."""
+    cfg = tuple(sorted(config.items())) if isinstance(config, dict) else config
+    flags = (bool(reverse), bool(return_state), backend, schedule, cfg, tuple(sorted(tunables.items())))
+    try:
+        hash(flags)
+    except TypeError:
+        return None
+    return flags
+
+
 class PlanMismatch(Exception):
     """Arrays with the plan's key that its kernel cannot take as they are (e.g. misaligned memory)."""
 
@@ -61,7 +76,7 @@ def signature(values: tuple, flags: tuple | None) -> tuple | None:
         if v is None:
             parts.append(None)
         elif type(v) is np.ndarray:
-            parts.append((v.shape, v.strides, v.dtype))  # type: ignore[attr-defined]
+            parts.append((v.shape, v.strides, v.dtype))
         else:
             return None
     return tuple(parts)
@@ -154,6 +169,7 @@ class Plan:
             ky = np.asarray(ky)
             if not np.shares_memory(ky, y):
                 y[...] = ky.reshape(self.shape)
+            assert h_last is not None  # allocated whenever the backend's run is used
             h_last[...] = np.asarray(kh).reshape(self.state_shape)
         return (y, h_last) if self.return_state else y
 
@@ -163,7 +179,8 @@ class Plan:
         if len(operands) != len(self.names):
             raise ScanInputError(f"{api}: takes {len(self.names)} operands ({', '.join(self.names)}), "
                                  f"got {len(operands)}")
-        want = [(n, v, self.shape, self.dtype) for n, v in zip(self.names, operands, strict=True)]
+        want: list[tuple[str, Any, tuple[int, ...] | None, np.dtype | None]] = [
+            (n, v, self.shape, self.dtype) for n, v in zip(self.names, operands, strict=True)]
         want.append(("h0", h0, self.state_shape, self.dtype) if self.has_h0 else ("h0", h0, None, None))
         want.append(("reset", reset, self.shape, np.dtype(bool)) if self.has_reset else ("reset", reset, None, None))
         if out is not None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..api import pick_backend
+from ..dispatch import pick_backend
 from ..errors import BackendUnavailable
 from ..fused import REGISTRY as FUSED
 from ..fused.base import FusedCall
