@@ -25,6 +25,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import threading
@@ -47,7 +48,7 @@ def skewed(buffer: np.ndarray, shape: tuple[int, ...], dtype, near: int) -> np.n
     """A ``shape``/``dtype`` view into ``buffer`` (bytes, at least ``nbytes + PAGE`` long) that starts
     :data:`SKEW` bytes past address ``near`` modulo a page."""
     dtype = np.dtype(dtype)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    nbytes = math.prod(shape) * dtype.itemsize
     start = (near + SKEW - buffer.ctypes.data) % PAGE
     start -= start % dtype.itemsize
     return buffer[start:start + nbytes].view(dtype).reshape(shape)
@@ -57,7 +58,7 @@ def output(shape: tuple[int, ...], dtype, near: int | None = None, pool: HostPoo
     """An uninitialised C-contiguous output, skewed against the input at address ``near`` (see :data:`SKEW`),
     from ``pool`` when one is given (its arrays are reused once nothing else refers to them)."""
     dtype = np.dtype(dtype)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    nbytes = math.prod(shape) * dtype.itemsize
     if near is None or nbytes < SKEW_MIN_BYTES:
         return pool.empty(shape, dtype) if pool is not None else np.empty(shape, dtype)
     raw = pool.empty((nbytes + PAGE,), np.uint8) if pool is not None else np.empty(nbytes + PAGE, np.uint8)
