@@ -331,3 +331,27 @@ def test_docstring_examples_run(module):
 
     result = doctest.testmod(importlib.import_module(module), report=False)
     assert result.failed == 0, f"{result.failed} docstring example(s) of {module} failed (python -m doctest shows them)"
+
+
+def test_a_single_row_chain_runs_each_block_on_every_core_of_its_host(client):
+    """One row of blocks runs one block at a time: its tasks take the host's cores (workers default to one)."""
+    from scanweaver.api import SELECTIVE
+    from scanweaver.dask.blocks import host_cores
+
+    shape, chunks = (4, 600), (4, (300, 300))  # one row, two blocks; a shape no other test uses
+    a, b, x, c = data(21, shape=shape)
+    y = swd.selective_scan(*(dask_of(v, chunks) for v in (a, b, x, c)), method="chain")
+    close(compute(client, y), scanweaver.selective_scan(a, b, x, c))
+    ran = client.run(lambda: (SELECTIVE.last.backend, SELECTIVE.last.config.get("threads")))
+    cores = client.run(host_cores)
+    assert any(last == ("cpu", cores[w]) for w, last in ran.items()), (ran, cores)
+    # several rows run at once: their blocks keep the workers' one thread per task
+    from scanweaver.dask.graph import _scan, _scan_all_cores
+
+    def chain_funcs(arr):
+        return {t.func for k, t in dict(arr.dask).items() if str(k[0]).startswith("sw-scan-")}
+
+    assert chain_funcs(y) == {_scan_all_cores}
+    rows = swd.selective_scan(*(dask_of(v, (2, (300, 300))) for v in (a, b, x, c)), method="chain")
+    assert chain_funcs(rows) == {_scan}
+    close(compute(client, rows), scanweaver.selective_scan(a, b, x, c))

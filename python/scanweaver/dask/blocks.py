@@ -21,13 +21,16 @@ Example:
 
 from __future__ import annotations
 
+import math
+import os
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import ScanInputError
+from ..dispatch import pick_backend, resolve
+from ..errors import ScanInputError, ScanWeaverError
 from ..ir.expr import is_const
 from ..ir.stages import Features
 from ..passes import lower
@@ -76,8 +79,12 @@ class BlockKernel(ABC):
     correctable: bool = False
 
     @abstractmethod
-    def scan(self, ctx: BlockContext, h0: np.ndarray | None, *blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(y, h_last)`` of the block entered with state ``h0`` (``None``: zero)."""
+    def scan(self, ctx: BlockContext, h0: np.ndarray | None, *blocks: np.ndarray,
+             threads: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """``(y, h_last)`` of the block entered with state ``h0`` (``None``: zero).
+
+        ``threads``: cores the block may use (see :func:`with_threads`); ``None``: the worker's default.
+        """
 
     @abstractmethod
     def product(self, ctx: BlockContext, *blocks: np.ndarray) -> np.ndarray:
@@ -96,6 +103,14 @@ class BlockKernel(ABC):
     def correct(self, ctx: BlockContext, y: np.ndarray, carry: np.ndarray | None, *blocks: np.ndarray) -> np.ndarray:
         """``y`` of the block entered with ``carry`` instead of zero, from its zero-start ``y``."""
         raise ScanInputError(f"{type(self).__name__}: method='correct' is not exact here; use 'rescan' or 'chain'")
+
+
+def host_cores() -> int:
+    """Cores this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
 
 
 _scratch = threading.local()
@@ -143,9 +158,35 @@ class RecurrenceBlocks(BlockKernel):
             reset = np.broadcast_to(reset, shape)
         return ops, reset
 
-    def scan(self, ctx, h0, *blocks):
+    def scan(self, ctx, h0, *blocks, threads=None):
         ops, reset = self._split(ctx, blocks)
-        return self.rec(*ops, h0=h0, reset=reset, reverse=self.reverse, return_state=True, **self.call)
+        call = self.call if threads is None else self._with_threads(ops, threads)
+        return self.rec(*ops, h0=h0, reset=reset, reverse=self.reverse, return_state=True, **call)
+
+    def _with_threads(self, ops: tuple, threads: int) -> dict:
+        """The block's call resolved here, as the in-memory call would (the tuned store's choice kept), with
+        ``threads`` cores where the backend is ``cpu`` and the caller left ``threads`` alone.
+
+        Dask workers run with ``OMP_NUM_THREADS=1`` (one task per worker
+        thread), right while every worker thread has a task; the chain of a
+        single row runs one block at a time, so its blocks take the host's cores.
+        """
+        call = self.call
+        if "threads" in call:
+            return call
+        try:
+            be = pick_backend(call.get("backend", "auto"), self.dtype, "dense" if self.dense else "diagonal")
+            if be.name != "cpu":
+                return call
+            shape = np.broadcast_shapes(*(np.shape(b) for b in ops))
+            tunables = {k: v for k, v in call.items() if k not in ("backend", "schedule", "config")}
+            schedule, cfg, _ = resolve(self.rec, be, call.get("schedule", "auto"), call.get("config", "auto"),
+                                       tunables, self.dtype, math.prod(shape[:-1]), shape[-1])
+        except ScanWeaverError:  # the call itself reports it
+            return call
+        if "threads" not in cfg:  # a schedule without the tunable
+            return call
+        return {"backend": "cpu", "schedule": schedule, "config": {**cfg, "threads": int(threads)}}
 
     def aggregate(self, ctx, *blocks):
         ops, reset = self._split(ctx, blocks)

@@ -4,7 +4,10 @@ Methods (``method=``):
 
 * ``chain``: the blocks of a lane run one after another, each entered with
   the final state of the one before (one pass over the data; the rows of
-  lane blocks run in parallel, the blocks of one row do not).
+  lane blocks run in parallel, the blocks of one row do not).  With a single
+  row only one block runs at a time, so each takes every core of its host
+  (the ``threads`` tunable on ``cpu``; Dask workers otherwise run one thread
+  per task).
 * ``rescan``: three steps.  Every block reduces to its aggregate ``(P, S)``
   in parallel (its scan from a zero state, ``y`` thrown away, and the product
   of its transitions); the aggregates of a row are combined by the exclusive
@@ -32,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ScanInputError
-from .blocks import BlockContext, BlockKernel
+from .blocks import BlockContext, BlockKernel, host_cores
 from .carry import Pairs, plan
 
 METHODS = ("auto", "chain", "rescan", "correct")
@@ -117,6 +120,10 @@ def _scan(kernel: BlockKernel, ctx: BlockContext, h0, *blocks):
     return kernel.scan(ctx, h0, *blocks)
 
 
+def _scan_all_cores(kernel: BlockKernel, ctx: BlockContext, h0, *blocks):
+    return kernel.scan(ctx, h0, *blocks, threads=host_cores())
+
+
 def _rescan(kernel: BlockKernel, ctx: BlockContext, h0, *blocks):
     return kernel.scan(ctx, h0, *blocks)[0]
 
@@ -187,6 +194,8 @@ def build(kernel: BlockKernel, layout: Layout, *, name: str, token: str, method:
         return n - 1 - j if reverse else j
 
     finals = {}
+    # One row chained runs one block at a time on the whole cluster: its blocks take every core of their host.
+    chain_task = _scan_all_cores if len(rows) == 1 else _scan
     for row in rows:
         if method == "chain":
             state = h0_ref(row)
@@ -194,7 +203,7 @@ def build(kernel: BlockKernel, layout: Layout, *, name: str, token: str, method:
                 k = block_of(j)
                 idx = (*row, k)
                 skey = (f"sw-scan-{tag}", *idx)
-                dsk[skey] = Task(skey, _scan, kernel, context(row, k, j), state, *blocks(idx))
+                dsk[skey] = Task(skey, chain_task, kernel, context(row, k, j), state, *blocks(idx))
                 dsk[(yname, *idx)] = Task((yname, *idx), operator.getitem, TaskRef(skey), 0)
                 hkey = (f"sw-state-{tag}", *idx)
                 dsk[hkey] = Task(hkey, operator.getitem, TaskRef(skey), 1)

@@ -70,7 +70,8 @@ class MambaBlocks(BlockKernel):
         inner = [p for p in local if p > 0]
         return ([0, *inner, ctx.length] if inner else None), at_start
 
-    def scan(self, ctx, h0, *blocks):
+    def scan(self, ctx, h0, *blocks, threads=None):
+        # ``threads`` is not applied: the fused call's tunables would replace its tuned configuration
         ops = self._unpack(ctx, blocks)
         cu, at_start = self._local_seqlens(ctx)
         return mamba_in_memory(ops.pop("u"), ops.pop("delta"), ops.pop("A"), ops.pop("B"), ops.pop("C"), **ops,
