@@ -345,6 +345,16 @@ def test_a_single_row_chain_runs_each_block_on_every_core_of_its_host(client):
     ran = client.run(lambda: (SELECTIVE.last.backend, SELECTIVE.last.config.get("threads")))
     cores = client.run(host_cores)
     assert any(last == ("cpu", cores[w]) for w, last in ran.items()), (ran, cores)
+    # blocks above the one-thread cut-off too (their default configuration names no thread count)
+    from scanweaver.dask.blocks import RecurrenceBlocks
+
+    big = tuple(np.broadcast_to(np.float32(0.5), (16, 1 << 21)) for _ in range(4))
+    auto = {"backend": "auto", "schedule": "auto", "config": "auto"}
+    kernel = RecurrenceBlocks(SELECTIVE, dtype="float32", call=auto)
+    assert kernel._with_threads(big, 3)["config"]["threads"] == 3
+    assert RecurrenceBlocks(SELECTIVE, dtype="float32", call={"backend": "numpy"})._with_threads(big, 3) == {
+        "backend": "numpy"}
+    assert RecurrenceBlocks(SELECTIVE, dtype="float32", call={"threads": 1})._with_threads(big, 3) == {"threads": 1}
     # several rows run at once: their blocks keep the workers' one thread per task
     from scanweaver.dask.graph import _scan, _scan_all_cores
 

@@ -165,7 +165,7 @@ class RecurrenceBlocks(BlockKernel):
 
     def _with_threads(self, ops: tuple, threads: int) -> dict:
         """The block's call resolved here, as the in-memory call would (the tuned store's choice kept), with
-        ``threads`` cores where the backend is ``cpu`` and the caller left ``threads`` alone.
+        ``threads`` cores where the backend has that tunable (``cpu``) and the caller left ``threads`` alone.
 
         Dask workers run with ``OMP_NUM_THREADS=1`` (one task per worker
         thread), right while every worker thread has a task; the chain of a
@@ -176,7 +176,7 @@ class RecurrenceBlocks(BlockKernel):
             return call
         try:
             be = pick_backend(call.get("backend", "auto"), self.dtype, "dense" if self.dense else "diagonal")
-            if be.name != "cpu":
+            if not any(t.name == "threads" for t in be.extra_tunables):
                 return call
             shape = np.broadcast_shapes(*(np.shape(b) for b in ops))
             tunables = {k: v for k, v in call.items() if k not in ("backend", "schedule", "config")}
@@ -184,9 +184,7 @@ class RecurrenceBlocks(BlockKernel):
                                        tunables, self.dtype, math.prod(shape[:-1]), shape[-1])
         except ScanWeaverError:  # the call itself reports it
             return call
-        if "threads" not in cfg:  # a schedule without the tunable
-            return call
-        return {"backend": "cpu", "schedule": schedule, "config": {**cfg, "threads": int(threads)}}
+        return {"backend": be.name, "schedule": schedule, "config": {**cfg, "threads": int(threads)}}
 
     def aggregate(self, ctx, *blocks):
         ops, reset = self._split(ctx, blocks)
