@@ -79,6 +79,23 @@ def test_gradcheck_float64(backend, bshape, cshape, extras):
     assert torch.autograd.gradcheck(f, tuple(ins.values()), eps=1e-6, atol=1e-7, rtol=1e-5)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gradcheck_float64_without_softplus(backend):
+    """delta used as given (no softplus, no delta_bias): its gradient skips the softplus derivative."""
+    rng = np.random.default_rng(8)
+    ins = leaves(rng, 2, 4, 3, 7, "step", "fixed", extras=True)
+    ins.pop("delta_bias")
+    with torch.no_grad():
+        ins["delta"].copy_(ins["delta"].abs() + 0.05)  # positive steps, as softplus would give
+    names = list(ins)
+
+    def f(*args):
+        return swt.mamba_selective_scan(**dict(zip(names, args, strict=True)), delta_softplus=False,
+                                        return_state=True, backend=backend)
+
+    assert torch.autograd.gradcheck(f, tuple(ins.values()), eps=1e-6, atol=1e-7, rtol=1e-5)
+
+
 def test_float32_matches_autograd_through_a_loop():
     """float32 gradients against PyTorch autograd through the plain loop, in float32 and (the truth) float64:
     ours stay within 2e-4 of the truth, about the float32 loop's own error."""
@@ -146,7 +163,9 @@ def _jax_check(jax):
     C = jnp.asarray(rng.standard_normal((dim, N)))
     D, bias = jnp.asarray(rng.standard_normal(dim)), jnp.asarray(rng.uniform(-0.5, 0.5, dim))
 
-    def ref(u, delta, A, B, C, D, z, bias):
+    h0 = jnp.asarray(rng.standard_normal((batch, dim, N)))
+
+    def ref(u, delta, A, B, C, D, z, bias, h0, gate=True):
         dt = jax.nn.softplus(delta + bias[:, None])
         Bd = jnp.repeat(B, dim // G, axis=1)  # (batch, dim, N, L)
 
@@ -154,19 +173,25 @@ def _jax_check(jax):
             h = jnp.exp(dt[:, :, t, None] * A) * h + (dt[:, :, t] * u[:, :, t])[..., None] * Bd[..., t]
             return h, (C[None] * h).sum(-1)
 
-        _, ys = jax.lax.scan(step, jnp.zeros((batch, dim, N)), jnp.arange(L))
-        return jnp.moveaxis(ys, 0, -1) * 1 + D[:, None] * u
+        h, ys = jax.lax.scan(step, h0, jnp.arange(L))
+        y = jnp.moveaxis(ys, 0, -1) + D[:, None] * u
+        return (y * jax.nn.silu(z) if gate else y), h
 
-    def ours(u, delta, A, B, C, D, z, bias):
-        return swj.mamba_selective_scan(u, delta, A, B, C, D, None, bias, True)
+    def ours(u, delta, A, B, C, D, z, bias, h0):
+        return swj.mamba_selective_scan(u, delta, A, B, C, D, z, bias, True, h0, True)
 
-    args = (u, delta, A, B, C, D, z, bias)
-    argnums = (0, 1, 2, 3, 4, 5, 7)
+    def loss(f):  # every output term: y weighted, and the final state
+        return lambda *a: (f(*a)[0] * w).sum() + (f(*a)[1] * v).sum()
+
+    args = (u, delta, A, B, C, D, z, bias, h0)
+    argnums = tuple(range(len(args)))
     w = jnp.asarray(rng.standard_normal((batch, dim, L)))
-    g_ours = jax.jit(jax.grad(lambda *a: (ours(*a) * w).sum(), argnums=argnums))(*args)
-    g_ref = jax.grad(lambda *a: (ref(*a) * w).sum(), argnums=argnums)(*args)
+    v = jnp.asarray(rng.standard_normal((batch, dim, N)))
+    g_ours = jax.jit(jax.grad(loss(ours), argnums=argnums))(*args)
+    g_ref = jax.grad(loss(ref), argnums=argnums)(*args)
     for i, (a, b) in enumerate(zip(g_ours, g_ref, strict=True)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-9, atol=1e-9, err_msg=f"arg {argnums[i]}")
     y = scanweaver.mamba_selective_scan(*args[:5], D=D, delta_bias=bias, delta_softplus=True)
     assert isinstance(y, jax.Array)
-    np.testing.assert_allclose(np.asarray(y), np.asarray(ref(*args)), rtol=1e-10, atol=1e-10)
+    want = ref(*args[:6], z, bias, jnp.zeros((batch, dim, N)), gate=False)[0]
+    np.testing.assert_allclose(np.asarray(y), np.asarray(want), rtol=1e-10, atol=1e-10)

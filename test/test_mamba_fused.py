@@ -239,7 +239,7 @@ def test_gpu_backward_float32_with_atomics(rng, backend):
         np.testing.assert_allclose(got[k], want[k], rtol=2e-4, atol=2e-5 * np.abs(want[k]).max(), err_msg=k)
 
 
-@pytest.mark.parametrize("N", [1, 16])
+@pytest.mark.parametrize("N", [1, 4, 16, 64])
 def test_fused_backward_float32_minimal_and_deterministic(rng, N):
     need_fused("cpu", "backward")
     batch, Dm, L = 3, 40, 101

@@ -80,20 +80,27 @@ def test_gradcheck_selective_scan(backend, feature):
     (biquad, lambda rng, s: [_leaf(rng, s, 0.3, 0.6), _leaf(rng, s, -0.3, 0.3), _leaf(rng, s), _leaf(rng, s)]),
 ], ids=["expression-gates", "dense-2x2"])
 @pytest.mark.parametrize("states", ["recompute", "save"])
-def test_gradcheck_recurrences(rec, ops, states):
+@pytest.mark.parametrize("variant", ["h0-reset-state", "reverse", "cu_seqlens", "plain"])
+def test_gradcheck_recurrences(rec, ops, states, variant):
     rng = np.random.default_rng(5)
     shape = (2, 7)
     args = ops(rng, shape)
     k = rec.state_size
-    h0 = _leaf(rng, (2,) if k == 1 else (2, k))
-    reset = torch.tensor(rng.random(shape) < 0.2)
+    h0 = None if variant == "plain" else _leaf(rng, (2,) if k == 1 else (2, k))
+    kw = {"h0-reset-state": {"reset": torch.tensor(rng.random(shape) < 0.2), "return_state": True},
+          "reverse": {"reverse": True, "return_state": True}, "cu_seqlens": {"cu_seqlens": [0, 3, 7]},
+          "plain": {}}[variant]
 
     def fn(*tensors):
-        return swt.apply(rec, *tensors[:-1], h0=tensors[-1], reset=reset, return_state=True, states=states)
+        if h0 is None:
+            return swt.apply(rec, *tensors, states=states, **kw)
+        return swt.apply(rec, *tensors[:-1], h0=tensors[-1], states=states, **kw)
 
-    assert torch.autograd.gradcheck(fn, (*args, h0), eps=1e-6, atol=1e-7)
-    y = rec.torch(*args, h0=h0, reset=reset)
-    assert torch.allclose(y, fn(*args, h0)[0])
+    inputs = (*args,) if h0 is None else (*args, h0)
+    assert torch.autograd.gradcheck(fn, inputs, eps=1e-6, atol=1e-7)
+    y = rec.torch(*args, h0=h0, **{n: v for n, v in kw.items() if n != "return_state"})
+    got = fn(*inputs)
+    assert torch.allclose(y, got[0] if kw.get("return_state") else got)
 
 
 def test_broadcast_operand_gradient_is_summed():
@@ -283,3 +290,27 @@ def test_training_steps_reuse_their_buffers():
     want = torch.autograd.grad((y_ref * y_ref).sum(), (a, c))
     torch.testing.assert_close(a.grad, want[0], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(c.grad, want[1], rtol=1e-4, atol=1e-4)
+
+
+def test_repeated_forwards_use_the_call_plan_and_prepare_only_for_the_backward(monkeypatch):
+    """A forward that recomputes its states needs nothing prepared: it is the plain call (and its plan);
+    the backward prepares the call once.  Results equal the prepared path's."""
+    from scanweaver import autodiff
+
+    rng = np.random.default_rng(5)
+    a, b, x, c = (torch.tensor(v) for v in (rng.uniform(0.5, 1.0, (2, 3, 40)), *rng.standard_normal((3, 2, 3, 40))))
+    h0 = torch.tensor(rng.standard_normal((2, 3)))
+    want = swt.selective_scan(a, b, x, c, h0=h0, return_state=True, states="save")  # the prepared path
+    calls = []
+    real = autodiff.prepare_call
+    monkeypatch.setattr(autodiff, "prepare_call", lambda *args, **kw: calls.append(1) or real(*args, **kw))
+    for _ in range(3):
+        got = swt.selective_scan(a, b, x, c, h0=h0, return_state=True)
+    assert calls == []
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
+    a.requires_grad_(True)
+    y = swt.selective_scan(a, b, x, c, h0=h0)
+    assert calls == []
+    y.sum().backward()
+    assert calls == [1] and a.grad is not None and bool(torch.isfinite(a.grad).all())

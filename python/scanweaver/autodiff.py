@@ -6,6 +6,17 @@ runs stage ``adjoint`` (:mod:`scanweaver.ir.adjoint`) on the same backend:
 the fused C kernel on ``cpu``, the backend's own reverse scans elsewhere.
 :func:`vjp` packages both for NumPy users.
 
+Why the IR is differentiated rather than the gates evaluated with framework
+ops: gates such as ``exp(delta * A)`` or ``sigmoid(g)`` are expressions of the
+inputs, and evaluating them with PyTorch or JAX ops around a core scan of
+``(A_t, U_t)`` would materialise A, U and their gradients as full arrays in
+both passes (two more reads and writes per element per gate, on every
+framework separately).  :mod:`scanweaver.ir.derivative` differentiates the
+expressions symbolically instead, and the adjoint stage evaluates them and
+their derivatives inside the same fused kernels, element by element, so the
+backward reads the operands once and writes one gradient per operand, on
+every backend, with no framework in the loop.
+
 States (``states=``): ``"recompute"`` (the default, as Mamba does) keeps
 nothing but the operands, and the backward recomputes h_t tile by tile from
 checkpoints while the tile is in cache; ``"save"`` has the forward compute

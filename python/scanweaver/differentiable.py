@@ -30,6 +30,8 @@ Example:
 
 from __future__ import annotations
 
+import ast
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -95,6 +97,10 @@ def _scan_call(inputs: list, options: dict):
 
 
 def _scan_forward(inputs: list, options: dict) -> list:
+    if options.get("states", "recompute") == "recompute":
+        direct = _forward_direct(inputs, options)
+        if direct is not None:
+            return direct
     _, res = _scan_call(inputs, options)
     y, h_last = autodiff.forward(res, states=options.get("states", "recompute"), schedule=options.get(
         "schedule", "auto"), config=options.get("config", "auto"), **options.get("tunables", {}))
@@ -103,6 +109,30 @@ def _scan_forward(inputs: list, options: dict) -> list:
     states = res.states.reshape(_saved_shape(res.shape, res.affine.state_size)) if res.states is not None \
         else xp.empty((*res.shape[:-1], 0), res.arrays.dtype)
     return [y, h_last, states]
+
+
+def _forward_direct(inputs: list, options: dict) -> list | None:
+    """The forward of a call whose backward recomputes its states, on host arrays: the recurrence's own call.
+
+    Nothing of the prepared call is kept for the backward (it prepares the
+    call again from the saved inputs), so the forward can be the plain call,
+    which finds its per-signature plan on repeated calls (a framework call of
+    a small problem then costs what the framework's dispatch does, not a full
+    validation and lowering).  ``None`` (the prepared path runs) for device
+    arrays and complex operands (whose gradients the prepared path refuses).
+    """
+    rec = RECURRENCES.get(options["recurrence"])
+    n = len(rec.inputs)
+    ops, (h0, reset) = inputs[:n], inputs[n:]
+    if not all(type(v) is np.ndarray and v.dtype.kind != "c" for v in ops):
+        return None
+    if any(v is not None and type(v) is not np.ndarray for v in (h0, reset)):
+        return None
+    y, h_last = rec(*ops, h0=h0, reset=reset, reverse=options.get("reverse", False), return_state=True,
+                    cu_seqlens=options.get("cu_seqlens"), backend=options.get("backend", "auto"),
+                    schedule=options.get("schedule", "auto"), config=options.get("config", "auto"),
+                    **options.get("tunables", {}))
+    return [y, h_last, np.empty((*y.shape[:-1], 0), h_last.dtype)]
 
 
 def _scan_backward(inputs: list, residuals: list, cotangents: list, needs: list, options: dict) -> list:
@@ -146,6 +176,15 @@ def _saved_shape(shape: tuple, k: int) -> tuple:
 
 
 PAIRS.register()(KernelPair("scan", _scan_forward, _scan_backward, _scan_shapes, n_outputs=2))
+
+
+@functools.lru_cache(maxsize=256)
+def parse_options(text: str) -> dict:
+    """A pair's options from their ``repr`` (as framework ops carry them), parsed once per text.
+
+    The dict is shared between calls: read it, do not change it.
+    """
+    return ast.literal_eval(text)
 
 
 def scan_options(rec: Recurrence, *, reverse: bool = False, cu_seqlens=None, backend: str = "auto",

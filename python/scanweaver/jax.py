@@ -27,14 +27,13 @@ Example:
 
 from __future__ import annotations
 
-import ast
 import functools
 
 import jax
 import numpy as np
 
 from .api import SELECTIVE, SELECTIVE_NO_C, Recurrence
-from .differentiable import PAIRS, scan_options
+from .differentiable import PAIRS, parse_options, scan_options
 from .errors import ScanInputError
 
 
@@ -50,7 +49,7 @@ def _floating(dtype) -> bool:
 @functools.lru_cache(maxsize=256)
 def _op(name: str, present: tuple[bool, ...], options: str):
     """The ``custom_vjp`` function of pair ``name`` for one pattern of present inputs and options."""
-    pair, opts = PAIRS.get(name), ast.literal_eval(options)
+    pair, opts = PAIRS.get(name), parse_options(options)
     n = pair.n_outputs
 
     def result_specs(args):

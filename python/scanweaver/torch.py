@@ -32,14 +32,13 @@ Example:
 
 from __future__ import annotations
 
-import ast
 
 import numpy as np
 import torch
 
 from . import differentiable
 from .api import SELECTIVE, SELECTIVE_NO_C, Recurrence
-from .differentiable import PAIRS, scan_options
+from .differentiable import PAIRS, parse_options, scan_options
 from .errors import ScanInputError
 
 _DTYPES = {torch.float16: np.float16, torch.float32: np.float32, torch.float64: np.float64,
@@ -101,7 +100,7 @@ def _full(tensors: list, present: list[bool]) -> list:
 
 @torch.library.custom_op("scanweaver::forward", mutates_args=())
 def _forward(name: str, inputs: list[torch.Tensor], present: list[bool], options: str) -> list[torch.Tensor]:
-    pair, opts = PAIRS.get(name), ast.literal_eval(options)
+    pair, opts = PAIRS.get(name), parse_options(options)
     with _stream(inputs):
         results = pair.forward([to_array(t) for t in _full(inputs, present)], opts)
     return [from_array(r) for r in results]
@@ -109,7 +108,7 @@ def _forward(name: str, inputs: list[torch.Tensor], present: list[bool], options
 
 @_forward.register_fake
 def _forward_fake(name, inputs, present, options):
-    pair, opts = PAIRS.get(name), ast.literal_eval(options)
+    pair, opts = PAIRS.get(name), parse_options(options)
     dev = inputs[0].device
     return [torch.empty(shape, dtype=_TORCH[np.dtype(dt)], device=dev)
             for shape, dt in pair.shapes([_spec(t) for t in _full(inputs, present)], opts)]
@@ -118,7 +117,7 @@ def _forward_fake(name, inputs, present, options):
 @torch.library.custom_op("scanweaver::backward", mutates_args=())
 def _backward(name: str, inputs: list[torch.Tensor], present: list[bool], residuals: list[torch.Tensor],
               cotangents: list[torch.Tensor], given: list[bool], needs: list[bool], options: str) -> list[torch.Tensor]:
-    pair, opts = PAIRS.get(name), ast.literal_eval(options)
+    pair, opts = PAIRS.get(name), parse_options(options)
     with _stream([*inputs, *cotangents]):
         grads = pair.backward([to_array(t) for t in _full(inputs, present)], [to_array(t) for t in residuals],
                               [to_array(t) for t in _full(cotangents, given)], list(needs), opts)
