@@ -215,3 +215,65 @@ def test_large_outputs_are_skewed_against_the_inputs_and_reused_once_dropped(rng
     y3 = scanweaver.selective_scan(*big)
     assert y3.ctypes.data == address  # nothing referred to it any more
     np.testing.assert_array_equal(y3, y1)
+
+
+@scanweaver.recurrence
+def decay(h, a, x):
+    return a * h + x
+
+
+@needs_cpu
+@pytest.mark.parametrize("kind", ["python float", "0-d array", "(1, 1) array", "per lane"])
+def test_scalar_and_per_lane_operands_are_planned_and_read_each_call(rng, monkeypatch, kind):
+    """A gate given as a number or per lane keys its plan by type and shape, never by value: every call
+    reads the value it is given, without the full path."""
+    shape = (3, 50)
+    x = rng.standard_normal(shape).astype(np.float32)
+    gates = [0.5, 0.9, 0.25]
+
+    def gate(g):
+        if kind == "python float":
+            return g
+        if kind == "0-d array":
+            return np.array(g, np.float32)
+        if kind == "(1, 1) array":
+            return np.full((1, 1), g, np.float32)
+        return np.full((3, 1), g, np.float32) * np.array([[1.0], [0.5], [0.25]], np.float32)
+
+    def want(g):
+        a = np.broadcast_to(np.asarray(gate(g), np.float64), shape)
+        h, y = np.zeros(shape[0]), np.empty(shape)
+        for t in range(shape[1]):
+            h = a[:, t] * h + x[:, t]
+            y[:, t] = h
+        return y
+
+    np.testing.assert_allclose(decay(gate(gates[0]), x), want(gates[0]), rtol=1e-5, atol=1e-5)
+    assert any(p.layouts for p in decay._plans.values()), "no plan kept a small operand"
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the full path ran for a repeated signature")
+
+    monkeypatch.setattr(api, "prepare", refuse)
+    for g in gates[1:] + gates[:1]:
+        y = decay(gate(g), x)
+        assert y.dtype == np.float32
+        np.testing.assert_allclose(y, want(g), rtol=1e-5, atol=1e-5)
+
+
+@needs_cpu
+def test_a_filter_with_python_float_coefficients_is_planned(rng, monkeypatch):
+    """The biquad of bench/filters.py: coefficients as Python floats, one short signal, repeated calls."""
+    @scanweaver.recurrence(state_size=2)
+    def biquad(h, b0, b1, b2, a1, a2, x):
+        return (b1 * x - a1 * (h[0] + b0 * x) + h[1], b2 * x - a2 * (h[0] + b0 * x)), h[0] + b0 * x
+
+    x = rng.standard_normal((1, 256))
+    coeffs = (0.2, 0.3, 0.1, -1.7, 0.81)
+    first = biquad(*coeffs, x)
+    monkeypatch.setattr(api, "prepare", lambda *a, **k: (_ for _ in ()).throw(AssertionError("full path")))
+    np.testing.assert_array_equal(biquad(*coeffs, x), first)
+    other = biquad(0.1, 0.3, 0.1, -1.7, 0.81, x)  # another value of b0, same plan
+    monkeypatch.undo()
+    np.testing.assert_allclose(other, biquad(0.1, 0.3, 0.1, -1.7, 0.81, x, backend="numpy"), rtol=1e-12, atol=1e-12)
+    assert not np.allclose(other, first)

@@ -67,16 +67,20 @@ class PlanMismatch(Exception):
 
 
 def signature(values: tuple, flags: tuple | None) -> tuple | None:
-    """The plan key of NumPy arrays (or ``None`` for absent optional ones) and hashable ``flags``;
-    ``None`` when a value is neither (then the call takes the full path)."""
+    """The plan key of NumPy arrays and Python floats (or ``None`` for absent optional ones) and hashable
+    ``flags``; ``None`` when a value is none of these (then the call takes the full path).  A float's key
+    is its type, not its value: the kernel reads it as an operand (see :class:`Plan`)."""
     if flags is None:
         return None
     parts: list[Any] = [flags]
     for v in values:
+        t = type(v)
         if v is None:
             parts.append(None)
-        elif type(v) is np.ndarray:
+        elif t is np.ndarray:
             parts.append((v.shape, v.strides, v.dtype))
+        elif t is float:
+            parts.append(t)
         else:
             return None
     return tuple(parts)
@@ -113,6 +117,9 @@ class Plan:
             backend's ``run`` is used).
         from_store: the plan was resolved through the tuned-configuration store.
         store_stamp: the store's stamp then (``None``: there was no store file).
+        layouts: per operand, how the kernel reads it: ``full`` (the plan's shape), ``scalar`` (one
+            value: a Python float or a one-element array, converted on each call) or ``lane`` (one value
+            per lane: an array of shape ``(..., 1)``); empty when every operand is ``full``.
     """
 
     names: tuple[str, ...]
@@ -128,23 +135,35 @@ class Plan:
     invoke: Callable[[tuple, int, int], int] | None
     from_store: bool = False
     store_stamp: object = None
+    layouts: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         self.lanes = int(np.prod(self.shape[:-1], dtype=np.int64))  #: independent sequences
         self.L = self.shape[-1]  #: sequence length
         #: ``y`` comes from the host pool: large enough that fresh pages would cost more than the pool
         self.pooled = self.lanes * self.L * self.dtype.itemsize >= POOL_MIN_BYTES
+        #: the operand whose address the pooled ``y`` is placed against (a full one)
+        self.first_full = next((i for i, layout in enumerate(self.layouts) if layout == "full"), 0)
 
     def fresh(self) -> bool:
         """False when the plan came from the tuned store and the store has changed since."""
         return not self.from_store or self.store_stamp == _store_stamp()
 
+    def _small(self, operands: tuple) -> tuple:
+        """The operands as the kernel reads them: scalars as one element, per-lane ones as ``lanes``."""
+        dtype = self.dtype
+        return tuple(v if layout == "full" else np.asarray(v, dtype=dtype).reshape(1) if layout == "scalar"
+                     else np.ascontiguousarray(v, dtype=dtype).reshape(self.lanes)
+                     for v, layout in zip(operands, self.layouts, strict=True))
+
     def run(self, operands: tuple, h0, reset, out):
         """Runs on arrays already known to match the plan (by key or by :meth:`check`)."""
+        if self.layouts:
+            operands = self._small(operands)
         if out is not None:
             y = out
         elif self.pooled:
-            y = output(self.shape, self.dtype, operands[0].ctypes.data, POOL)
+            y = output(self.shape, self.dtype, operands[self.first_full].ctypes.data, POOL)
         else:
             y = np.empty(self.shape, self.dtype)
         h_last = np.empty(self.state_shape, self.dtype) if self.return_state or self.invoke is None else None
@@ -160,8 +179,12 @@ class Plan:
             from .runtime.base import ScanArrays
 
             lanes, L = self.lanes, self.L
+            layouts = self.layouts or ("full",) * len(self.names)
             arrays = ScanArrays(
-                inputs={n: v.reshape(lanes, L) for n, v in zip(self.names, operands, strict=True)},
+                inputs={n: v.reshape(lanes, L) if layout == "full" else  # small ones: the stride-0 views
+                        np.broadcast_to(v.reshape(-1, 1), (lanes, L))   # of arrays.prepare
+                        for n, v, layout in zip(self.names, operands, layouts, strict=True)},
+                layouts={n: layout for n, layout in zip(self.names, layouts, strict=True) if layout != "full"},
                 h0=None if h0 is None else h0.reshape((lanes, *self.state_shape[len(self.shape) - 1:])),
                 reset=None if reset is None else reset.reshape(lanes, L).view(np.uint8),
                 batch_shape=self.shape[:-1], dtype=self.dtype, out=y.reshape(lanes, L))
@@ -228,8 +251,9 @@ def build(rec, backend, stages: Stages, arrays, info, operands: dict, h0, reset,
     """A plan for a call that just ran through the full path, or ``None`` when its arrays do not qualify.
 
     The arrays qualify when every one is a C-contiguous NumPy array already in the scan's dtype and
-    shape (no broadcasting, no conversion, no half-precision output), ``reset`` is boolean, and the
-    problem is not empty.
+    shape (no conversion, no half-precision output), or an operand the kernel reads small (a Python
+    float or one-element array as one value, a ``(..., 1)`` array as one value per lane), ``reset`` is
+    boolean, and the problem is not empty.
     """
     dtype = np.dtype(arrays.dtype)
     shape = (*arrays.batch_shape, arrays.L)
@@ -241,7 +265,17 @@ def build(rec, backend, stages: Stages, arrays, info, operands: dict, h0, reset,
         return (type(v) is np.ndarray and v.shape == want_shape and v.dtype == want_dtype
                 and v.flags.c_contiguous)
 
-    if not all(ok(operands[n], shape, dtype) for n in rec.inputs):
+    layouts = tuple(arrays.layouts.get(n, "full") for n in rec.inputs)
+    if layouts != tuple(stages.affine.features.layout(n) for n in rec.inputs):
+        return None  # the backend reads broadcast operands materialised: no plan copies them per call
+
+    def small_ok(v, layout: str) -> bool:
+        if layout == "scalar":
+            return type(v) is float or (type(v) is np.ndarray and v.size == 1)
+        return type(v) is np.ndarray and v.shape == (*shape[:-1], 1)  # lane
+
+    if not all(ok(operands[n], shape, dtype) if layout == "full" else small_ok(operands[n], layout)
+               for n, layout in zip(rec.inputs, layouts, strict=True)):
         return None
     if (h0 is not None and not ok(h0, state, dtype)) or (reset is not None and not ok(reset, shape, np.dtype(bool))):
         return None
@@ -250,4 +284,5 @@ def build(rec, backend, stages: Stages, arrays, info, operands: dict, h0, reset,
     return Plan(names=tuple(rec.inputs), shape=shape, dtype=dtype, state_shape=tuple(state),
                 has_h0=h0 is not None, has_reset=reset is not None, return_state=return_state, info=info,
                 backend=backend, stages=stages, invoke=fast_invoker(backend, stages, arrays.lanes, arrays.L),
-                from_store=from_store, store_stamp=_store_stamp() if from_store else None)
+                from_store=from_store, store_stamp=_store_stamp() if from_store else None,
+                layouts=() if set(layouts) == {"full"} else layouts)

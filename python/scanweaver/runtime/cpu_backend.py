@@ -157,7 +157,8 @@ class CpuBackend(Backend):
         feats = stages.affine.features
         item = np.dtype(stages.affine.dtype).itemsize
         n, k = lanes * L, stages.affine.state_size
-        slots = [fastcall.Slot(n * item, item) for _ in stages.affine.inputs]
+        per = {"full": n, "scalar": 1, "lane": lanes}  # elements the kernel reads of each operand layout
+        slots = [fastcall.Slot(per[feats.layout(name)] * item, item) for name in stages.affine.inputs]
         slots += [fastcall.Slot(n * item, item, written=True),
                   fastcall.Slot(lanes * k * item if feats.has_h0 else 0, item, optional=True),
                   fastcall.Slot(lanes * k * item, item, written=True, optional=True),
