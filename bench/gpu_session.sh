@@ -3,9 +3,10 @@
 #   1. the CUDA tests (device arrays, launch limits, nvcc compiles; the rest of the suite runs in CI);
 #   2. bench/gpu_check.py --json (correctness of every schedule, default path against the roofline);
 #   3. bench/gpu_defaults.py (this GPU's per-size-class defaults, as a device file);
-#   4. bench/gpu_scoreboard.sh (ScanWeaver beside every GPU peer, with that device file in use).
+#   4. bench/gpu_scoreboard.sh (ScanWeaver beside every GPU peer, with that device file in use);
+#   5. bench/gpu_training.py when at least 2 minutes are left (forward + backward beside the GPU peers).
 # Everything lands in $OUT (or ./gpu-session): tests.log, gpu_check.json, h200.json, gpu.json, gpu.md,
-# one PNG, session.log. Prepare .deps once beforehand with bench/gpu_deps.sh and carry it.
+# one PNG, gpu_training.json, session.log. Prepare .deps once beforehand with bench/gpu_deps.sh and carry it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUTDIR="${OUT:-$PWD/gpu-session}"
@@ -53,5 +54,14 @@ SCANWEAVER_DEVICE_CONFIGS="$OUTDIR/devices" timeout $(( left > 60 ? left : 60 ))
 for f in gpu.json gpu.md; do cp "$OUTDIR/scoreboard/$f" "$OUTDIR/" 2>/dev/null || true; done
 cp "$OUTDIR"/scoreboard/gpu_8x1536x4096.png "$OUTDIR/" 2>/dev/null || true
 rm -rf "$OUTDIR/scoreboard" "$OUTDIR/devices"
+
+echo "== 5. training (forward + backward against the GPU peers), if time is left"
+left=$(( 560 - ($(date +%s) - start) ))
+if [ "$left" -ge 120 ]; then
+  timeout "$left" python3 bench/gpu_training.py --out "$OUTDIR/gpu_training.json"
+  echo "gpu_training: exit $?"
+else
+  echo "gpu_training: skipped, ${left} s left (run it alone: python3 bench/gpu_training.py --out FILE)"
+fi
 echo "== done in $(( $(date +%s) - start )) s; files: $(ls "$OUTDIR" | tr '\n' ' ')"
 [ -f "$OUTDIR/gpu.md" ] && sed -n '1,60p' "$OUTDIR/gpu.md"

@@ -219,3 +219,27 @@ def test_gpu_suite_skips_every_entry_with_its_reason_without_cuda():
     assert all(r.reason for r in run.results)
     names = {r.entry for r in run.results}
     assert {"gpu-roofline", "accelerated-scan", "accelerated-scan-triton", "jax-assoc", "scanweaver:auto:auto"} <= names
+
+
+def test_gpu_training_script_checks_every_entry_on_a_cpu_smoke_run(tmp_path):
+    """bench/gpu_training.py as a CPU smoke run: ours and the peers that need no GPU are checked against the
+    float64 reference and timed; accelerated-scan is skipped with its reason; without a GPU it exits 3."""
+    pytest.importorskip("torch", reason="PyTorch is an optional extra: pip install 'scanweaver[torch]'")
+    script = ["bench/gpu_training.py", "--device", "cpu", "--shape", "2,3,64", "--repeats", "2", "--skip-compile",
+              "--out", str(tmp_path / "t.json")]
+    run = subprocess.run([sys.executable, *script], capture_output=True, text=True, timeout=300, check=False)
+    assert run.returncode == 0, run.stderr[-2000:]
+    rec = json.loads((tmp_path / "t.json").read_text())
+    entries = rec["entries"]
+    ours = entries["ScanWeaver (scanweaver.torch)"]
+    assert ours["status"] == "ok" and max(ours["grad_rel_errors"].values()) < 1e-5
+    assert entries["PyTorch loop + autograd"]["status"] == "ok"
+    assert all(v["status"].startswith("skipped") for k, v in entries.items() if "accelerated" in k)
+    assert "PyTorch associative_scan (torch.compile)" not in entries
+    assert rec["speedup_vs_fastest_peer"] is not None
+    import torch
+
+    if not torch.cuda.is_available():
+        no_gpu = subprocess.run([sys.executable, "bench/gpu_training.py"], capture_output=True, text=True,
+                                timeout=120, check=False)
+        assert no_gpu.returncode == 3 and "NO GPU RUN" in no_gpu.stderr

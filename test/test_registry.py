@@ -243,3 +243,25 @@ def test_every_kind_of_plug_in_goes_through_a_registry():
     assert set(BACKENDS.names()) >= {"numpy", "cpu", "opencl", "cuda", "julia"}
     assert set(TARGETS.names()) == {"numpy", "c", "opencl", "cuda", "julia"}
     assert set(TUNING.names()) == {"cpu", "opencl", "cuda", "julia"}
+
+
+def test_device_array_owners_come_from_the_backends_declarations():
+    """No hand-kept table: a backend that declares an array module owns that module's arrays."""
+    from scanweaver.runtime import device_arrays
+    from scanweaver.runtime.numpy_backend import NumpyBackend
+
+    assert device_arrays.owners() == {"cupy": "cuda", "pyopencl": "opencl"}
+
+    class Planted(NumpyBackend):
+        name = "planted"
+        array_modules = ("plantedarrays",)
+        auto_priority = -1
+
+    Fake = type("FakeArray", (), {"__module__": "plantedarrays.core"})
+    assert device_arrays.kind(Fake()) is None
+    BACKENDS.add("planted", Planted)
+    try:
+        assert device_arrays.kind(Fake()) == "planted"
+    finally:
+        BACKENDS.remove("planted")
+    assert device_arrays.kind(Fake()) is None

@@ -98,6 +98,12 @@ class Residuals:
         return self.arrays.batch_shape if k == 1 else (*self.arrays.batch_shape, k)
 
 
+@functools.lru_cache(maxsize=256)
+def _affine(rec: Recurrence, dtype: str, feats: Features):
+    """Stage ``affine_scan`` of ``rec`` for a call, lowered once per (recurrence, dtype, features)."""
+    return lower(rec.scan_ir(dtype, feats)).affine
+
+
 def prepare_call(rec: Recurrence, operands: dict, *, h0=None, reset=None, reverse: bool = False,
                  cu_seqlens=None, backend: str = "auto") -> Residuals:
     """Validates a call of ``rec`` (shapes, dtypes, backend) without running it.
@@ -116,7 +122,7 @@ def prepare_call(rec: Recurrence, operands: dict, *, h0=None, reset=None, revers
     check_dtype(api, be, dtype.name)
     check_kind(api, be, rec.kind)
     feats = Features(reverse=bool(reverse), has_h0=arrays.h0 is not None, has_reset=arrays.reset is not None)
-    affine = lower(rec.scan_ir(dtype.name, feats)).affine
+    affine = _affine(rec, dtype.name, feats)
     shapes = {n: tuple(v.shape) for n, v in operands.items()}
     dtypes = {n: np.dtype(v.dtype) for n, v in operands.items()}
     return Residuals(rec, arrays, be, affine, shapes, dtypes)

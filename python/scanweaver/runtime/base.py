@@ -176,6 +176,8 @@ class Backend(ABC):
     dtypes: ClassVar[tuple[str, ...]] = ("float32", "float64")
     #: kernels read scalar and per-lane operands in place (:attr:`ScanArrays.layouts`); else they are materialised
     broadcast_operands: ClassVar[bool] = False
+    #: top-level modules whose array types this backend takes without copies (``cupy`` for ``cuda``)
+    array_modules: ClassVar[tuple[str, ...]] = ()
     #: transition kinds it runs (``dense``: k x k matrices, see :class:`~scanweaver.ir.stages.AffineScanIR`)
     kinds: ClassVar[tuple[str, ...]] = ("diagonal",)
 

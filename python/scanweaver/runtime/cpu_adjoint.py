@@ -22,6 +22,7 @@ Example:
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
 
 import numpy as np
@@ -66,6 +67,12 @@ def _ptr(name: str, arr, dtype: np.dtype, shape: tuple, required: bool = True) -
     return arr.ctypes.data or None
 
 
+@functools.lru_cache(maxsize=128)
+def _source(adj: AdjointIR, threads: int) -> str:
+    """The kernel's C source, rendered once per stage and thread count (a training loop asks every step)."""
+    return render_backward(adj, threads=threads)
+
+
 def fused_backward(adj: AdjointIR, arrays: ScanArrays, cot: Cotangents, threads: int | None = None) -> bool:
     """Runs the fused kernel; ``False`` (nothing done) when it does not apply (dense transitions).
 
@@ -85,7 +92,7 @@ def fused_backward(adj: AdjointIR, arrays: ScanArrays, cot: Cotangents, threads:
     dtype, shape = np.dtype(fwd.dtype), (lanes, L)
     if threads is None:
         threads = 1 if lanes * L < SMALL_PROBLEM else 0
-    src = render_backward(adj, threads=threads)
+    src = _source(adj, threads)
     args = [_ptr(f"operand {n}", arrays.inputs.get(n), dtype, shape) for n in fwd.inputs]
     args += [_ptr("dy", cot.dy, dtype, shape),
              _ptr("h0", arrays.h0, dtype, (lanes,), fwd.features.has_h0),

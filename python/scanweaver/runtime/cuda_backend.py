@@ -75,6 +75,7 @@ class CUDABackend(GPUBackend):
     """CUDA C kernels on NVIDIA GPUs through CuPy."""
 
     name = "cuda"
+    array_modules = ("cupy",)
     target = "cuda"
     auto_priority = 20
     #: reduce_then_scan measured 2.6x the serial look-back on one sequence of 2^26 (H200); the warp-wide

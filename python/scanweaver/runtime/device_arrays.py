@@ -28,8 +28,11 @@ import numpy as np
 from ..errors import ScanInputError
 from .base import REGISTRY, ScanArrays
 
-#: Top-level module of a device array's type -> the backend that takes it without copies.
-OWNERS = {"cupy": "cuda", "pyopencl": "opencl"}
+def owners() -> dict[str, str]:
+    """Top-level module of a device array's type -> the backend that takes it without copies
+    (each backend declares its ``array_modules``)."""
+    return {m: cls.name for cls in REGISTRY.values() for m in cls.array_modules}
+
 FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 #: DLPack device types of CUDA memory (kDLCUDA, kDLCUDAHost is host memory, kDLCUDAManaged).
 DLPACK_CUDA = (2, 13)
@@ -40,8 +43,9 @@ def kind(value: object) -> str | None:
     if value is None or isinstance(value, (np.ndarray, np.generic)):
         return None
     module = type(value).__module__.split(".")[0]
-    if module in OWNERS:
-        return OWNERS[module]
+    owner = owners().get(module)
+    if owner is not None:
+        return owner
     if module == "torch":
         return "cuda" if getattr(value, "is_cuda", False) else None
     if hasattr(value, "__cuda_array_interface__"):

@@ -83,6 +83,7 @@ class OpenCLBackend(GPUBackend):
     """OpenCL C kernels on any OpenCL device (PoCL on CPUs in CI)."""
 
     name = "opencl"
+    array_modules = ("pyopencl",)
     target = "opencl"
     auto_priority = 5
     multi_block = "reduce_then_scan"
