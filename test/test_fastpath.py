@@ -277,3 +277,30 @@ def test_a_filter_with_python_float_coefficients_is_planned(rng, monkeypatch):
     monkeypatch.undo()
     np.testing.assert_allclose(other, biquad(0.1, 0.3, 0.1, -1.7, 0.81, x, backend="numpy"), rtol=1e-12, atol=1e-12)
     assert not np.allclose(other, first)
+
+
+@pytest.mark.skipif(not REGISTRY.get("opencl").availability().ok,
+                    reason="no OpenCL device here (PoCL is installed by .ci/run)")
+def test_repeated_calls_on_opencl_run_from_their_plans(rng, monkeypatch):
+    """The plan path of a backend without a direct-call entry (its run on host arrays), on PoCL."""
+    specs = [((3, 40), np.float32, {}), ((2, 2, 17), np.float64, {"reverse": True, "return_state": True}),
+             ((5, 33), np.float32, {"h0": True, "reset": True})]
+    calls = []
+    for shape, dtype, flags in specs:
+        a, b, x, c = ops(rng, shape, dtype)
+        h0 = rng.standard_normal(shape[:-1]).astype(dtype) if flags.get("h0") else None
+        reset = rng.random(shape) < 0.2 if flags.get("reset") else None
+        want = loop_reference(a, b, x, c, h0=h0, reset=reset, reverse=flags.get("reverse", False))
+        calls.append(((a, b, x, c), dict(h0=h0, reset=reset, reverse=flags.get("reverse", False),
+                                          return_state=flags.get("return_state", False), backend="opencl"), want))
+    for args, kw, _ in calls:
+        scanweaver.selective_scan(*args, **kw)
+    monkeypatch.setattr(api, "prepare", lambda *a, **k: (_ for _ in ()).throw(AssertionError("full path")))
+    for args, kw, want in calls + calls:
+        got = scanweaver.selective_scan(*args, **kw)
+        y, h = got if kw["return_state"] else (got, None)
+        tol = 1e-4 if args[0].dtype == np.float32 else 1e-10
+        np.testing.assert_allclose(y, want[0], rtol=tol, atol=tol)
+        if h is not None:
+            np.testing.assert_allclose(h, want[1], rtol=tol, atol=tol)
+        assert SELECTIVE.last.backend == "opencl"
