@@ -73,3 +73,16 @@ def test_tune_errors_name_the_problem(isolated_store):
         tune_fused("mamba2", shape=(1, 2, 3, 4))
     with pytest.raises(BackendUnavailable, match="has no tunable fused mamba1 kernel|cannot be tuned"):
         tune_fused("mamba1", backend="julia", shape=(1, 2, 3, 4))
+
+
+def test_the_cli_tunes_the_fused_kernel_and_the_next_call_uses_it(isolated_store, rng, capsys):
+    """``scanweaver tune --op mamba1``: a real tune from the command line, stored, then used."""
+    from scanweaver.cli import main
+
+    assert main(["tune", "--op", "mamba1", "--backend", "cpu", "--shape", "1,24,4,70", "--values", "chunk=16,32",
+                 "--values", "width=8", "--values", "threads=1", "--json"]) == 0
+    out = capsys.readouterr().out
+    assert "fused:mamba1" in out
+    ops = layer(rng, 1, 24, 4, 70)
+    scanweaver.mamba_selective_scan(**ops, backend="cpu")
+    assert mamba.last.source == "tuned" and mamba.last.config["chunk"] in (16, 32)
