@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import platform
 import shutil
 
 import numpy as np
@@ -18,6 +19,7 @@ import pytest
 
 from scanweaver.ir.functions import FUNCTIONS
 from scanweaver.runtime import cflags
+from scanweaver.runtime.host import cpu_flags
 from scanweaver.targets.c_target import MAX_DENSE_STATE
 from scanweaver.fused import REGISTRY as FUSED
 from scanweaver.tools import crosscheck, crosscheck_jobs, golden
@@ -31,6 +33,9 @@ TOOLCHAINS = {
     "aarch64-clang-qemu-32": (["clang", "--target=aarch64-linux-gnu", "-O3", "-static", "-DSW_VBYTES=32"],
                               ["qemu-aarch64"], ("clang", "aarch64-linux-gnu-gcc", "qemu-aarch64")),
     "x86-clang-64": (["clang", "-O3", "-march=native", "-DSW_VBYTES=64"], [], ("clang",)),
+    # the x86 machines of other kinds, natively: AVX2 (32-byte vectors) and the SSE2 baseline (16 bytes)
+    "x86-gcc-avx2": (["gcc", "-O3", "-march=haswell", "-fopenmp"], [], ("gcc",)),
+    "x86-gcc-sse2": (["gcc", "-O3", "-march=x86-64", "-fopenmp"], [], ("gcc",)),
 }
 
 
@@ -52,6 +57,11 @@ def _require(tools: tuple[str, ...]) -> None:
 def test_every_kernel_matches_the_oracle(name, jobs):
     compiler, runner, tools = TOOLCHAINS[name]
     _require(tools)
+    if name.startswith("x86-gcc"):
+        if platform.machine().lower() not in ("x86_64", "amd64"):
+            pytest.skip(f"builds for x86-64 and runs natively; this machine is {platform.machine()}")
+        if name.endswith("avx2") and not {"avx2", "fma"} <= set(cpu_flags().split()):
+            pytest.skip("this CPU has no AVX2/FMA to run the AVX2 build")
     omp = ["-shared", "-fPIC", "-fopenmp"]
     if name.startswith("x86-clang") and cflags.accepts(["clang"], omp, cflags.PROBE_SOURCE)[0]:  # libomp present
         compiler = [*compiler, "-fopenmp"]
