@@ -223,7 +223,7 @@ def decay(h, a, x):
 
 
 @needs_cpu
-@pytest.mark.parametrize("kind", ["python float", "0-d array", "(1, 1) array", "per lane"])
+@pytest.mark.parametrize("kind", ["python float", "numpy scalar", "0-d array", "(1, 1) array", "per lane"])
 def test_scalar_and_per_lane_operands_are_planned_and_read_each_call(rng, monkeypatch, kind):
     """A gate given as a number or per lane keys its plan by type and shape, never by value: every call
     reads the value it is given, without the full path."""
@@ -234,6 +234,8 @@ def test_scalar_and_per_lane_operands_are_planned_and_read_each_call(rng, monkey
     def gate(g):
         if kind == "python float":
             return g
+        if kind == "numpy scalar":
+            return np.float32(g)
         if kind == "0-d array":
             return np.array(g, np.float32)
         if kind == "(1, 1) array":

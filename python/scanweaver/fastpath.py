@@ -67,9 +67,9 @@ class PlanMismatch(Exception):
 
 
 def signature(values: tuple, flags: tuple | None) -> tuple | None:
-    """The plan key of NumPy arrays and Python floats (or ``None`` for absent optional ones) and hashable
-    ``flags``; ``None`` when a value is none of these (then the call takes the full path).  A float's key
-    is its type, not its value: the kernel reads it as an operand (see :class:`Plan`)."""
+    """The plan key of NumPy arrays, Python floats and NumPy scalars (or ``None`` for absent optional ones)
+    and hashable ``flags``; ``None`` when a value is none of these (then the call takes the full path).  A
+    scalar's key is its type, not its value: the kernel reads it as an operand (see :class:`Plan`)."""
     if flags is None:
         return None
     parts: list[Any] = [flags]
@@ -79,7 +79,7 @@ def signature(values: tuple, flags: tuple | None) -> tuple | None:
             parts.append(None)
         elif t is np.ndarray:
             parts.append((v.shape, v.strides, v.dtype))
-        elif t is float:
+        elif t is float or isinstance(v, np.generic):
             parts.append(t)
         else:
             return None
@@ -118,7 +118,7 @@ class Plan:
         from_store: the plan was resolved through the tuned-configuration store.
         store_stamp: the store's stamp then (``None``: there was no store file).
         layouts: per operand, how the kernel reads it: ``full`` (the plan's shape), ``scalar`` (one
-            value: a Python float or a one-element array, converted on each call) or ``lane`` (one value
+            value: a Python float, a NumPy scalar or a one-element array, converted on each call) or ``lane`` (one value
             per lane: an array of shape ``(..., 1)``); empty when every operand is ``full``.
     """
 
@@ -271,7 +271,7 @@ def build(rec, backend, stages: Stages, arrays, info, operands: dict, h0, reset,
 
     def small_ok(v, layout: str) -> bool:
         if layout == "scalar":
-            return type(v) is float or (type(v) is np.ndarray and v.size == 1)
+            return type(v) is float or isinstance(v, np.generic) or (type(v) is np.ndarray and v.size == 1)
         return type(v) is np.ndarray and v.shape == (*shape[:-1], 1)  # lane
 
     if not all(ok(operands[n], shape, dtype) if layout == "full" else small_ok(operands[n], layout)
