@@ -225,8 +225,6 @@ PRELUDE = r"""
 #else
 #define SW_INLINE static inline
 #endif
-/* Busy polls of a ready flag before the waiting thread yields its core. */
-#define SW_SPINS 2048
 """
 
 BODY = r"""
@@ -331,33 +329,9 @@ static void sw_tile_reduce(const sw_ctx* sw, long base, long s0, long s1, SW_T* 
   *gu = pu;
 }
 
-static inline int sw_flag_get(int* p) {
-#if defined(__GNUC__)
-  return __atomic_load_n(p, __ATOMIC_ACQUIRE);
-#else
-  int v;
-#pragma omp atomic read
-  v = *p;
-#pragma omp flush
-  return v;
-#endif
-}
-
-static inline void sw_flag_set(int* p) {
-#if defined(__GNUC__)
-  __atomic_store_n(p, 1, __ATOMIC_RELEASE);
-#else
-#pragma omp flush
-#pragma omp atomic write
-  *p = 1;
-#endif
-}
-
 /* The carry into a tile, once the tile before has published it. */
 static SW_T sw_wait_carry(int* ready, const SW_T* carry) {
-  long spins = 0;
-  while (!sw_flag_get(ready))
-    if (++spins > SW_SPINS) SW_YIELD();
+  sw_flag_wait(ready);
   return *carry;
 }
 

@@ -181,8 +181,6 @@ INLINE = r"""
 """
 
 HELPERS = r"""
-/* Busy polls of a ready flag before the waiting thread yields its core. */
-#define SW_SPINS 2048
 static const sw_v sw_vzero = {0};
 SW_INLINE sw_v sw_vload(const SW_T* p) { sw_v v; memcpy(&v, p, sizeof v); return v; }
 SW_INLINE void sw_vstore(SW_T* p, sw_v v) { memcpy(p, &v, sizeof v); }
@@ -328,26 +326,6 @@ static void sw_dv_replay(const sw_ctx* sw, long lane, long s0, long s1, sw_dv_ti
 """
 
 RUN = r"""
-static inline int sw_flag_get(int* p) {
-#if defined(__GNUC__)
-  return __atomic_load_n(p, __ATOMIC_ACQUIRE);
-#else
-  int v;
-#pragma omp atomic read
-  v = *p;
-  return v;
-#endif
-}
-
-static inline void sw_flag_set(int* p) {
-#if defined(__GNUC__)
-  __atomic_store_n(p, 1, __ATOMIC_RELEASE);
-#else
-#pragma omp atomic write
-  *p = 1;
-#endif
-}
-
 /* A whole lane on one thread: tile by tile, each reduced, given its carry and replayed in cache. */
 static void sw_dv_lane(const sw_ctx* sw, long lane, long tile) {
   sw_dv_tile g;
@@ -394,9 +372,7 @@ static int sw_run(const sw_ctx* sw) {
       for (long k = tid; k < ntiles; k += np) {
         const long s0 = k * tile, s1 = SW_MIN(s0 + tile, sw->L);
         sw_dv_reduce(sw, lane, s0, s1, &g);
-        long spins = 0;
-        while (!sw_flag_get(ready + k))
-          if (++spins > SW_SPINS) SW_YIELD();
+        sw_flag_wait(ready + k);
         SW_T h[SW_K];
         memcpy(h, carry + k * SW_K, sizeof h);
         sw_dv_carries(sw, lane, s0, s1, &g, h);

@@ -58,6 +58,36 @@ PRELUDE = r"""
 #else
 #define SW_YIELD() ((void)0)
 #endif
+/* Ready flags between the threads of a split lane: set once (release), polled (acquire); a waiting
+ * thread yields its core after SW_SPINS polls. */
+#define SW_SPINS 2048
+static inline int sw_flag_get(int* p) {
+#if defined(__GNUC__)
+  return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+#else
+  int v;
+#pragma omp atomic read
+  v = *p;
+#pragma omp flush
+  return v;
+#endif
+}
+
+static inline void sw_flag_set(int* p) {
+#if defined(__GNUC__)
+  __atomic_store_n(p, 1, __ATOMIC_RELEASE);
+#else
+#pragma omp flush
+#pragma omp atomic write
+  *p = 1;
+#endif
+}
+
+static inline void sw_flag_wait(int* p) {
+  long spins = 0;
+  while (!sw_flag_get(p))
+    if (++spins > SW_SPINS) SW_YIELD();
+}
 #ifdef __cplusplus
 #define restrict __restrict
 #endif
