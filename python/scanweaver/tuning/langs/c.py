@@ -73,19 +73,9 @@ class CTarget(KernelTunerTarget):
             cfg = space.split(space.join(sched, {}))[1]
             stages = lower(scan, sched, cfg, be.extra_tunables)
             units[sched] = CRenderer().render(stages, kernel_tuner=True)
-        compiler, options = self.compiler()
-        digest = hashlib.sha256("\0".join([*units.values(), compiler, *options]).encode()).hexdigest()[:12]
-        src = workdir / f"src-{digest}"
-        src.mkdir(parents=True, exist_ok=True)
-        lines = [DISPATCH_HEAD]
-        for i, (sched, text) in enumerate(units.items()):
-            unit = src / f"{sched}.c"
-            if not unit.exists() or unit.read_text() != text:
-                unit.write_text(text)
-            lines.append(f"#{'if' if i == 0 else 'elif'} sw_schedule_index == {i}\n#include \"{unit}\"")
-        lines.append("#else\n#error unknown sw_schedule_index\n#endif\n")
-        dispatch = src / "dispatch.c"
-        dispatch.write_text("\n".join(lines))
+        dispatch, digest, compiler, options = self._dispatcher(
+            workdir / "src-", {f"{sched}.c": text for sched, text in units.items()}, "sw_schedule_index",
+            list(range(len(units))))
         order = list(units)
         return KernelSpec(
             lang=self.lang, kernel_name="sw_scan_timed", kernel_source=str(dispatch), problem_size=problem.lanes,
@@ -93,6 +83,28 @@ class CTarget(KernelTunerTarget):
             defines={"sw_schedule_index": lambda p: order.index(space.schedule_of(p))},
             compiler=compiler, compiler_options=options, fingerprint=digest,
         )
+
+    def _dispatcher(self, prefix: Path, units: dict[str, str], macro: str, values: list):
+        """Writes the C ``units`` (file name -> text) into a folder named by ``prefix`` and their digest, and a
+        ``dispatch.c`` including the unit whose value of ``macro`` (a Kernel Tuner tunable) is in ``values``.
+
+        Returns:
+            ``(dispatch.c, digest, compiler, options)``.
+        """
+        compiler, options = self.compiler()
+        digest = hashlib.sha256("\0".join([*units.values(), compiler, *options]).encode()).hexdigest()[:12]
+        src = prefix.with_name(prefix.name + digest)
+        src.mkdir(parents=True, exist_ok=True)
+        lines = [DISPATCH_HEAD]
+        for i, ((name, text), value) in enumerate(zip(units.items(), values, strict=True)):
+            unit = src / name
+            if not unit.exists() or unit.read_text() != text:
+                unit.write_text(text)
+            lines.append(f"#{'if' if i == 0 else 'elif'} {macro} == {value}\n#include \"{unit}\"")
+        lines.append(f"#else\n#error unknown {macro}\n#endif\n")
+        dispatch = src / "dispatch.c"
+        dispatch.write_text("\n".join(lines))
+        return dispatch, digest, compiler, options
 
     def fused_kernel(self, problem, space: SearchSpace, inputs: dict[str, np.ndarray], workdir: Path) -> KernelSpec:
         """A fused operation's forward (:mod:`scanweaver.tuning.fused`): one C unit per ``width`` (it shapes the
@@ -106,19 +118,9 @@ class CTarget(KernelTunerTarget):
         for width in space.params["width"]:
             cfg = {**space.pinned, "width": width}
             units[width] = kernel.render(None, op.call("forward", problem.features, cfg), kernel_tuner=True)
-        compiler, options = self.compiler()
-        digest = hashlib.sha256("\0".join([*units.values(), compiler, *options]).encode()).hexdigest()[:12]
-        src = workdir / f"src-{problem.op}-{digest}"
-        src.mkdir(parents=True, exist_ok=True)
-        lines = [DISPATCH_HEAD]
-        for i, (width, text) in enumerate(units.items()):
-            unit = src / f"width{width}.c"
-            if not unit.exists() or unit.read_text() != text:
-                unit.write_text(text)
-            lines.append(f"#{'if' if i == 0 else 'elif'} width == {width}\n#include \"{unit}\"")
-        lines.append("#else\n#error unknown width\n#endif\n")
-        dispatch = src / "dispatch.c"
-        dispatch.write_text("\n".join(lines))
+        dispatch, digest, compiler, options = self._dispatcher(
+            workdir / f"src-{problem.op}-", {f"width{width}.c": text for width, text in units.items()}, "width",
+            list(units))
         args, out = fused_arguments(problem, inputs)
         return KernelSpec(lang=self.lang, kernel_name=f"{kernel.entry('forward')}_timed", kernel_source=str(dispatch),
                           problem_size=problem.lanes, arguments=args, output=out, compiler=compiler,
