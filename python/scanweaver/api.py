@@ -163,6 +163,11 @@ class Recurrence:
             bfloat16 operands accumulate in float32; ``y`` comes back in their dtype,
             ``h_last`` stays float32 so that it can be passed back as ``h0`` losslessly.
         """
+        return self._run(args, kwargs, h0, reset, reverse, return_state, backend, schedule, config, cu_seqlens, out)
+
+    def _run(self, args: tuple, kwargs: dict, h0, reset, reverse, return_state, backend, schedule, config,
+             cu_seqlens, out):
+        """A call: from this signature's plan when there is one, else the full path (which keeps a plan)."""
         key = None
         if cu_seqlens is None and len(args) == len(self.inputs):
             flags = fastpath.flags(reverse, return_state, backend, schedule, config, kwargs)
@@ -365,15 +370,8 @@ def selective_scan(a, b, x, c=None, *, h0=None, reset=None, reverse: bool = Fals
         [[1.0, 1.5, 1.75, 1.875]]
     """
     rec = SELECTIVE_NO_C if c is None else SELECTIVE
-    operands = (a, b, x) if c is None else (a, b, x, c)
-    key = None
-    if cu_seqlens is None:
-        flags = fastpath.flags(reverse, return_state, backend, schedule, config, tunables)
-        result, key = rec._fast(operands, h0, reset, out, flags)
-        if result is not fastpath.MISS:
-            return result
-    return rec._call(operands, tunables, key, h0, reset, bool(reverse), bool(return_state), backend, schedule,
-                     config, cu_seqlens, out)
+    return rec._run((a, b, x) if c is None else (a, b, x, c), tunables, h0, reset, reverse, return_state, backend,
+                    schedule, config, cu_seqlens, out)
 
 
 #: The recurrence :func:`selective_scan` runs (with ``c``), for APIs that take either.
