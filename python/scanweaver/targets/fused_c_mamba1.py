@@ -33,6 +33,7 @@ returning 0, or 1 when scratch memory could not be allocated; the backward
 from __future__ import annotations
 
 from ..fused.mamba1 import Mamba1, Mamba1Features
+from .c_source import NOW
 from .cvec import vector_prelude
 from .fused import KERNELS, FusedKernel
 from .mamba1_c_backward import BACKWARD
@@ -457,19 +458,6 @@ def timed(call) -> str:
     return (NOW + f"float {entry}_timed({', '.join(decl)}) {{\n  const double t0 = sw_now();\n"
             f"  const int rc = {entry}({', '.join(names)});\n  const double t1 = sw_now();\n"
             "  return rc == SW_OK ? (float)((t1 - t0) * 1e3) : -1.0f;\n}")
-
-
-NOW = r"""
-static double sw_now(void) {
-#ifdef _OPENMP
-  return omp_get_wtime();
-#else
-  struct timespec ts;
-  timespec_get(&ts, TIME_UTC);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-#endif
-}
-"""
 
 
 KERNELS.register(FusedKernel(Mamba1.name, "c", ("forward", "backward"), render,
