@@ -246,7 +246,10 @@ def _cupy_device(value) -> int:
 def _current_cupy_stream(value, device: int) -> int:
     import cupy
 
-    return int(cupy.cuda.get_current_stream(device).ptr)
+    try:
+        return int(cupy.cuda.get_current_stream(device).ptr)
+    except TypeError:  # a CuPy whose get_current_stream takes no device: the current device's
+        return int(cupy.cuda.get_current_stream().ptr)
 
 
 def _cupy_empty(shape: tuple, dtype: np.dtype, device: int, stream):

@@ -180,6 +180,7 @@ class DevicePlan:
             and one-element stand-ins for an absent ``h0``/``reset``.
         zero_wsi: ``wsi`` is zeroed (on the stream) before every call.
         from_store, store_stamp: as for :class:`scanweaver.fastpath.Plan`.
+        order: per kernel operand (the lowered stages' order), its position among the call's operands.
     """
 
     names: tuple[str, ...]
@@ -200,6 +201,7 @@ class DevicePlan:
     from_store: bool = False
     store_stamp: object = None
     stamp_of: Callable[[], object] | None = None
+    order: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         self.lanes = int(np.prod(self.shape[:-1], dtype=np.int64))
@@ -243,7 +245,7 @@ class DevicePlan:
         h_ptr = interface(hl)[0] if hl is not None else self._ptr["hlast"]  # type: ignore[index]
         h0, reset = views[n], views[n + 1]
         ptr = np.uint64
-        args = (*(ptr(v[0]) for v in views[:n]), ptr(y_ptr), ptr(h0[0] if h0 is not None else self._ptr["h0"]),
+        args = (*(ptr(views[i][0]) for i in (self.order or range(n))), ptr(y_ptr), ptr(h0[0] if h0 is not None else self._ptr["h0"]),
                 ptr(h_ptr), ptr(reset[0] if reset is not None else self._ptr["reset"]), np.int64(self.lanes),
                 np.int64(self.L), ptr(self._ptr["ws"]), ptr(self._ptr["wsi"]))
         zeros = ((self._ptr["wsi"], self._wsi_bytes),) if self.zero_wsi else ()
@@ -293,4 +295,5 @@ def build(rec, backend, stages: Stages, arrays, info, values: tuple, key_views: 
                       state_shape=tuple(state), has_h0=key_views[n] is not None,
                       has_reset=key_views[n + 1] is not None, return_state=return_state, info=info,
                       backend=backend, family=fam, device=device, stream=stream, kernels=kernels, scratch=scratch,
-                      zero_wsi=plan.zero_wsi, from_store=from_store, store_stamp=store_stamp, stamp_of=stamp_of)
+                      zero_wsi=plan.zero_wsi, from_store=from_store, store_stamp=store_stamp, stamp_of=stamp_of,
+                      order=tuple(rec.inputs.index(name) for name in stages.affine.inputs))
