@@ -245,9 +245,11 @@ class DevicePlan:
         h_ptr = interface(hl)[0] if hl is not None else self._ptr["hlast"]  # type: ignore[index]
         h0, reset = views[n], views[n + 1]
         ptr = np.uint64
-        args = (*(ptr(views[i][0]) for i in (self.order or range(n))), ptr(y_ptr), ptr(h0[0] if h0 is not None else self._ptr["h0"]),
-                ptr(h_ptr), ptr(reset[0] if reset is not None else self._ptr["reset"]), np.int64(self.lanes),
-                np.int64(self.L), ptr(self._ptr["ws"]), ptr(self._ptr["wsi"]))
+        ins = (ptr(views[i][0]) for i in (self.order or range(n)))
+        h0_ptr = h0[0] if h0 is not None else self._ptr["h0"]
+        reset_ptr = reset[0] if reset is not None else self._ptr["reset"]
+        args = (*ins, ptr(y_ptr), ptr(h0_ptr), ptr(h_ptr), ptr(reset_ptr), np.int64(self.lanes), np.int64(self.L),
+                ptr(self._ptr["ws"]), ptr(self._ptr["wsi"]))
         zeros = ((self._ptr["wsi"], self._wsi_bytes),) if self.zero_wsi else ()
         self.backend.launch_planned(self.kernels, args, self.stream, zeros)
         return (y, hl) if self.return_state else y
