@@ -181,6 +181,7 @@ class DevicePlan:
         zero_wsi: ``wsi`` is zeroed (on the stream) before every call.
         from_store, store_stamp: as for :class:`scanweaver.fastpath.Plan`.
         order: per kernel operand (the lowered stages' order), its position among the call's operands.
+        itemsizes: the element size of each of the call's arrays (operands, h0, reset, out; fixed by the key).
     """
 
     names: tuple[str, ...]
@@ -202,6 +203,7 @@ class DevicePlan:
     store_stamp: object = None
     stamp_of: Callable[[], object] | None = None
     order: tuple[int, ...] = ()
+    itemsizes: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         self.lanes = int(np.prod(self.shape[:-1], dtype=np.int64))
@@ -216,11 +218,8 @@ class DevicePlan:
     def _checked(self, views: tuple) -> None:
         """The trampoline's checks on the call's interfaces (shapes, strides and dtypes matched by the key)."""
         n = len(self.names)
-        for i, view in enumerate(views):
-            if view is None:
-                continue
-            itemsize = np.dtype(view[4]).itemsize
-            if view[0] % itemsize:
+        for i, (view, itemsize) in enumerate(zip(views, self.itemsizes or (1,) * len(views), strict=True)):
+            if view is not None and view[0] % itemsize:
                 raise PlanMismatch(f"buffer {i} is not aligned to {itemsize} bytes")
         out = views[n + 2]
         if out is not None:
@@ -298,4 +297,5 @@ def build(rec, backend, stages: Stages, arrays, info, values: tuple, key_views: 
                       has_reset=key_views[n + 1] is not None, return_state=return_state, info=info,
                       backend=backend, family=fam, device=device, stream=stream, kernels=kernels, scratch=scratch,
                       zero_wsi=plan.zero_wsi, from_store=from_store, store_stamp=store_stamp, stamp_of=stamp_of,
-                      order=tuple(rec.inputs.index(name) for name in stages.affine.inputs))
+                      order=tuple(rec.inputs.index(name) for name in stages.affine.inputs),
+                      itemsizes=tuple(1 if v is None else np.dtype(v[4]).itemsize for v in key_views))
