@@ -31,13 +31,15 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="small timed shapes")
     ap.add_argument("--repeats", type=int, default=10)
     args = ap.parse_args(argv)
-    results = models.run(quick=args.quick, repeats=args.repeats, budget_s=args.budget,
-                         log=lambda line: print(line, file=sys.stderr, flush=True))
     args.out.mkdir(parents=True, exist_ok=True)
-    text = models.markdown(results)
-    (args.out / "gpu_models.md").write_text(text)
-    (args.out / "gpu_models.json").write_text(json.dumps([asdict(r) for r in results], indent=2, default=str))
-    print(text)
+
+    def write(results: list) -> None:  # after every entry: a time limit keeps what was measured
+        (args.out / "gpu_models.md").write_text(models.markdown(results))
+        (args.out / "gpu_models.json").write_text(json.dumps([asdict(r) for r in results], indent=2, default=str))
+
+    results = models.run(quick=args.quick, repeats=args.repeats, budget_s=args.budget, on_result=write,
+                         log=lambda line: print(line, file=sys.stderr, flush=True))
+    print(models.markdown(results))
     return 1 if models.failed_ours(results) else 0
 
 

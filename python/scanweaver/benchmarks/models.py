@@ -242,9 +242,11 @@ def run_entry(entry: ModelEntry, quick: bool = False, repeats: int = 10) -> Mode
 
 
 def run(quick: bool = False, repeats: int = 10, log: Callable[[str], None] | None = None,
-        budget_s: float = float("inf")) -> list[ModelResult]:
+        budget_s: float = float("inf"),
+        on_result: Callable[[list[ModelResult]], None] | None = None) -> list[ModelResult]:
     """Every entry of :data:`ENTRIES`, in order; entries not started within ``budget_s`` seconds are skipped
-    with that reason (a Triton peer may compile and autotune for a minute)."""
+    with that reason (a Triton peer may compile and autotune for a minute).  ``on_result`` gets the results
+    so far after each entry (to write them before a time limit cuts the run)."""
     out = []
     start = time.perf_counter()
     for entry in ENTRIES:
@@ -258,6 +260,8 @@ def run(quick: bool = False, repeats: int = 10, log: Callable[[str], None] | Non
         if log is not None:
             log(f"models: {r.entry} {r.status} {r.reason}".rstrip())
         out.append(r)
+        if on_result is not None:
+            on_result(out)
     return out
 
 
