@@ -145,3 +145,47 @@ def test_every_schedule_on_device(rng, cp, schedule, dtype):
     tol = TOL if dtype == np.float32 else {"rtol": 1e-9, "atol": 1e-9}
     np.testing.assert_allclose(y.get(), ey, **tol)
     np.testing.assert_allclose(h.get(), eh, **tol)
+
+
+def test_repeated_calls_launch_the_plan_on_the_callers_stream(rng, cp):
+    from scanweaver.api import SELECTIVE
+    from scanweaver.runtime.device_plan import DevicePlan
+
+    be = get_backend("cuda")
+    be.timing = False
+    SELECTIVE._plans.clear()
+    with cp.cuda.Stream(non_blocking=True) as stream:
+        for schedule in ("hybrid", "reduce_then_scan", "lookback"):
+            for _ in range(3):  # the first call plans, the later ones launch the plan
+                ops = make_operands(rng, (4, 3001), np.float32)
+                dev = [cp.asarray(v) for v in ops.values()]
+                out = cp.empty((4, 3001), cp.float32)
+                y, h = scanweaver.selective_scan(*dev, schedule=schedule, return_state=True)
+                assert scanweaver.selective_scan(*dev, schedule=schedule, out=out) is out
+                stream.synchronize()
+                ey, eh = loop_reference(**ops)
+                np.testing.assert_allclose(y.get(), ey, **TOL)
+                np.testing.assert_allclose(h.get(), eh, **TOL)
+                np.testing.assert_allclose(out.get(), ey, **TOL)
+    plans = [p for p in SELECTIVE._plans.values() if isinstance(p, DevicePlan)]
+    assert len(plans) == 6 and all(p.stream is None for p in plans)
+    with pytest.raises(scanweaver.ScanInputError, match="out overlaps a"):
+        scanweaver.selective_scan(*dev, schedule="hybrid", out=dev[0])
+
+
+def test_repeated_torch_calls_use_the_plan_on_torchs_stream(rng):
+    torch = _torch_cuda()
+    from scanweaver.api import SELECTIVE
+    from scanweaver.runtime.device_plan import DevicePlan
+
+    SELECTIVE._plans.clear()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            ops = make_operands(rng, (2, 32, 700), np.float32)
+            y = scanweaver.selective_scan(*(torch.from_numpy(v).cuda() for v in ops.values()))
+            assert isinstance(y, torch.Tensor) and y.is_cuda
+            stream.synchronize()
+            np.testing.assert_allclose(y.cpu().numpy(), loop_reference(**ops)[0], **TOL)
+    plans = [p for p in SELECTIVE._plans.values() if isinstance(p, DevicePlan)]
+    assert len(plans) == 1 and plans[0].stream is not None

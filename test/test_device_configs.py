@@ -44,3 +44,32 @@ def test_the_users_tuning_wins(device_dir):
     store.record(store.Entry(backend="cpu", device="AMD Test CPU 9000 (2 threads)", signature="sig",
                              dtype="float32", lanes=4096, L=4096, schedule="sequential", config={}, time_ms=1.0))
     assert _lookup() == ("sequential", {})
+
+
+def test_a_device_file_steers_the_default_path_of_a_call(tmp_path, monkeypatch, rng):
+    import numpy as np
+
+    import scanweaver
+    from scanweaver.runtime import get_backend
+
+    device = get_backend("cpu").availability().device
+    doc = {"format": devices.FORMAT, "version": devices.VERSION, "backend": "cpu", "device": device,
+           "match": device, "entries": [{"dtype": "float64", "lanes": 8, "L": 2048, "schedule": "sequential",
+                                         "config": {}}]}
+    (tmp_path / "synthetic.json").write_text(json.dumps(doc))
+    monkeypatch.setenv(devices.ENV_DIR, str(tmp_path))
+    monkeypatch.setenv("SCANWEAVER_CACHE_DIR", str(tmp_path / "cache"))
+    devices._load.cache_clear()
+    try:
+        a = rng.uniform(0.5, 1.0, (8, 2000))
+        y = scanweaver.selective_scan(a, a, a, backend="cpu")
+        assert scanweaver.api.SELECTIVE_NO_C.last.schedule == "sequential"
+        assert scanweaver.api.SELECTIVE_NO_C.last.source == "tuned"
+        np.testing.assert_allclose(y, scanweaver.selective_scan(a, a, a, backend="numpy"), rtol=1e-12)
+        monkeypatch.setenv(devices.ENV_DIR, str(tmp_path / "none"))
+        devices._load.cache_clear()
+        b = a[:, :1999].copy()  # another signature: no plan from the call above
+        scanweaver.selective_scan(b, b, b, backend="cpu")
+        assert scanweaver.api.SELECTIVE_NO_C.last.source == "default"
+    finally:
+        devices._load.cache_clear()

@@ -68,7 +68,7 @@ class Recurrence:
         self.scan_ir = functools.lru_cache(maxsize=64)(self._trace)
         self.signature = functools.lru_cache(maxsize=16)(self._signature)
         self._lowered = functools.lru_cache(maxsize=256)(self._lower_emit)
-        self._plans: dict[tuple, fastpath.Plan] = {}
+        self._plans: dict[tuple, fastpath.Plan | fastpath.DevicePlan] = {}
         functools.update_wrapper(self, step)
         self._token = uuid.uuid4().hex
         _RESTORED[self._token] = self
@@ -180,12 +180,18 @@ class Recurrence:
     def _fast(self, args: tuple, h0, reset, out, flags: tuple | None):
         """``(result, key)`` from this signature's plan, or ``(fastpath.MISS, key)`` when the full path must run."""
         key = fastpath.call_key(args, h0, reset, out, flags)
+        views: tuple = ()
         if key is None:
-            return fastpath.MISS, None
+            key, views = fastpath.device_call_key(args, h0, reset, out, flags)
+            if key is None:
+                return fastpath.MISS, None
         plan = self._plans.get(key)
         if plan is not None and plan.fresh():
             try:
-                result = plan.run(args, h0, reset, out)
+                if isinstance(plan, fastpath.DevicePlan):
+                    result = plan.run(views, out)
+                else:
+                    result = plan.run(args, h0, reset, out)
             except fastpath.PlanMismatch:
                 return fastpath.MISS, key  # e.g. misaligned memory: the full path copies it
             self.last = plan.info
@@ -229,6 +235,9 @@ class Recurrence:
         else:
             y, h_last = be.run(stages, arrays)
         if device_arrays.on_device(arrays):
+            if key is not None and key[1] == "cuda":
+                self._keep(key, fastpath.build_device(self, be, stages, arrays, self.last, (*args, h0, reset, out),
+                                                      return_state, from_store=config == "auto" and not tunables))
             return device_arrays.finish(arrays, y, h_last, shape, state, bool(return_state))
         y = np.asarray(y).reshape(shape).astype(arrays.out_dtype or arrays.dtype, copy=False)
         if out is not None:
@@ -236,15 +245,18 @@ class Recurrence:
                 out[...] = y
             y = out
         if key is not None:
-            plan = fastpath.build(self, be, stages, arrays, self.last, operands, h0, reset, out, return_state,
-                                  from_store=config == "auto" and not tunables)
-            if plan is not None:
-                if len(self._plans) >= fastpath.MAX_PLANS:
-                    self._plans.pop(next(iter(self._plans)))
-                self._plans[key] = plan
+            self._keep(key, fastpath.build(self, be, stages, arrays, self.last, operands, h0, reset, out,
+                                           return_state, from_store=config == "auto" and not tunables))
         if return_state:
             return y, np.asarray(h_last).reshape(state)
         return y
+
+    def _keep(self, key: tuple, plan) -> None:
+        """Keeps ``plan`` (unless ``None``) under ``key``, dropping the oldest beyond ``fastpath.MAX_PLANS``."""
+        if plan is not None:
+            if len(self._plans) >= fastpath.MAX_PLANS:
+                self._plans.pop(next(iter(self._plans)))
+            self._plans[key] = plan
 
     def _bind(self, args: tuple, kwargs: dict):
         if len(args) > len(self.inputs):

@@ -10,6 +10,10 @@ compiled kernel.  On the ``cpu`` backend the kernel is called through the
 checked trampoline of :mod:`scanweaver.runtime.fastcall`, which verifies every
 buffer's size, alignment and writability in C before the call.  A call whose
 arrays do not match a plan simply takes the full path, with its clear errors.
+Calls on CUDA device arrays keep a
+:class:`~scanweaver.runtime.device_plan.DevicePlan` the same way, keyed also by
+the device and the caller's stream: a repeated call checks the pointers and
+launches the cached kernels on that stream without waiting.
 
 A plan that used the tuned-configuration store records the store file's
 stamp; when another process writes the store, the next call sees the change
@@ -36,6 +40,8 @@ import numpy as np
 
 from .errors import ScanInputError
 from .ir import Stages
+from .runtime import device_plan
+from .runtime.device_plan import DevicePlan, PlanMismatch
 from .runtime.host_pool import POOL, output
 from .tuning import store
 
@@ -60,10 +66,6 @@ def flags(reverse, return_state, backend, schedule, config, tunables: dict) -> t
     except TypeError:
         return None
     return flags
-
-
-class PlanMismatch(Exception):
-    """Arrays with the plan's key that its kernel cannot take as they are (e.g. misaligned memory)."""
 
 
 def signature(values: tuple, flags: tuple | None) -> tuple | None:
@@ -96,6 +98,26 @@ def call_key(args: tuple, h0: object, reset: object, out: object, flags: tuple |
     if any(v is None for v in args):
         return None
     return signature((*args, h0, reset, out), flags)
+
+
+def device_call_key(args: tuple, h0: object, reset: object, out: object, flags: tuple | None
+                    ) -> tuple[tuple | None, tuple]:
+    """The plan key of a call on CUDA device arrays and their interfaces, or ``(None, ())`` (see
+    :func:`scanweaver.runtime.device_plan.call_key`)."""
+    if any(v is None for v in args):
+        return None, ()
+    return device_plan.call_key((*args, h0, reset, out), flags)
+
+
+def build_device(rec, backend, stages: Stages, arrays, info, values: tuple, return_state: bool,
+                 from_store: bool) -> DevicePlan | None:
+    """A :class:`~scanweaver.runtime.device_plan.DevicePlan` for a device call that just ran the full path,
+    or ``None`` when it does not qualify."""
+    _, views = device_plan.call_key(values, ())
+    if not views:
+        return None
+    return device_plan.build(rec, backend, stages, arrays, info, values, views, return_state, from_store,
+                             store_stamp=_store_stamp() if from_store else None, stamp_of=_store_stamp)
 
 
 def _store_stamp() -> object:

@@ -64,7 +64,7 @@ def plan(recurrence, shape, dtype="float32", *, with_c: bool = True, h0: bool = 
     key = fastpath.call_key(tuple(operands), h, r, None,
                             fastpath.flags(reverse, return_state, backend, schedule, config, tunables))
     found = recurrence._plans.get(key) if key is not None else None
-    if found is None:
+    if not isinstance(found, fastpath.Plan):
         raise ScanInputError(f"plan: calls of {recurrence.name} with these arguments cannot be planned (they need "
                              "conversions each call); call the recurrence directly")
     return found

@@ -17,7 +17,8 @@ def add_bench_arguments(p: argparse.ArgumentParser, suite: str = "all") -> None:
     """The flags shared by ``scanweaver bench`` and the ``bench/*.py`` scripts."""
     p.add_argument("--suite", choices=("paper", "peers", "all", "gpu"), default=suite,
                    help=f"paper (latency against L), peers (side by side), all, or gpu (the GPU scoreboard: "
-                        f"operands made and checked on the GPU) (default {suite})")
+                        f"operands made and checked on the GPU, then the Mamba-1, Mamba-2 and GLA model scans beside "
+                        f"mamba-ssm and flash-linear-attention) (default {suite})")
     p.add_argument("--backend", default=None,
                    help="time ScanWeaver on this backend only (numpy, cpu, opencl, cuda, julia); default: all")
     p.add_argument("--quick", action="store_true", help="tiny shapes and few repeats: finishes in seconds")
@@ -27,6 +28,9 @@ def add_bench_arguments(p: argparse.ArgumentParser, suite: str = "all") -> None:
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="operand dtype")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--models-budget", type=float, default=240.0, metavar="SECONDS",
+                   help="gpu suite: seconds for the model scans (Mamba-1, Mamba-2, GLA); entries not started "
+                        "by then are skipped with that reason; 0 skips them (default 240)")
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -50,10 +54,32 @@ def run_bench(args: argparse.Namespace) -> int:
         print(report.markdown(run))
     for m in msgs:
         print(m, file=sys.stderr)
-    errored = [r for r in run.results if r.status == "error" and r.kind == "ours"]
+    errored = [r for r in run.results if r.status in ("error", "failed") and r.kind == "ours"]
     for r in errored:
-        print(f"scanweaver bench: {r.label} on {r.case} raised: {r.reason}", file=sys.stderr)
+        print(f"scanweaver bench: {r.label} on {r.case} {'raised' if r.status == 'error' else 'failed'}: "
+              f"{r.reason}", file=sys.stderr)
+    if args.suite == "gpu":
+        errored += _models(args, stderr_log)
     return 1 if errored else 0
+
+
+def _models(args: argparse.Namespace, log) -> list:
+    """The GPU suite's model scans (Mamba-1, Mamba-2, GLA): table printed, gpu_models.json/.md written;
+    returns our entries that failed their check or raised."""
+    from dataclasses import asdict
+
+    from ..benchmarks import models
+
+    results = models.run(quick=args.quick, log=log, budget_s=args.models_budget)
+    text = models.markdown(results)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "gpu_models.md").write_text(text)
+    (args.out / "gpu_models.json").write_text(json.dumps([asdict(r) for r in results], indent=2, default=str))
+    print(text)
+    bad = models.failed_ours(results)
+    for r in bad:
+        print(f"scanweaver bench: {r.label} ({r.model}) {r.status}: {r.reason}", file=sys.stderr)
+    return bad
 
 
 @command("bench", help="benchmark against the paper and peer libraries (table, JSON, Markdown, PNG)")

@@ -119,7 +119,8 @@ class FusedOp(ABC):
                   api: str) -> list:
         """The kernel arguments of ``part`` in ABI order, every array checked against the ABI.
 
-        Arrays are NumPy arrays (``None`` for NULL); ``int`` parameters come from ``sizes``.
+        Arrays are NumPy arrays (``None`` for NULL), or for a GPU backend its own device arrays
+        (``__cuda_array_interface__``: checked by their attributes); ``int`` parameters come from ``sizes``.
         Checked before any kernel sees a pointer: the dtype (``features.dtype``, or the
         parameter's own), the shape from :meth:`shapes`, C-contiguity and alignment, and that
         every input a feature switches on is given.
@@ -144,6 +145,10 @@ class FusedOp(ABC):
             if type(arr) is np.ndarray and arr.dtype == want and arr.shape == shape and arr.flags.c_contiguous \
                     and arr.flags.aligned and (p.kind == "in" or arr.flags.writeable):
                 out.append(arr)  # the common case, checked at once
+                continue
+            if not isinstance(arr, np.ndarray) and hasattr(arr, "__cuda_array_interface__"):
+                _check_device(api, p, arr, shape, want)  # a GPU backend's own device array, used in place
+                out.append(arr)
                 continue
             if not isinstance(arr, np.ndarray):
                 raise ScanInputError(f"{api}: {p.name} must be a NumPy array, got {type(arr).__name__}")
@@ -224,3 +229,13 @@ def register(cls: type[FusedOp]) -> type[FusedOp]:
 def fused_for(target: str) -> tuple[str, ...]:
     """Names of the fused operations ``target`` renders (any part), sorted."""
     return tuple(n for n, op in REGISTRY.items() if op.runs_on(target))
+
+
+def _check_device(api: str, p: Any, arr: Any, shape: tuple, want: np.dtype) -> None:
+    """The checks of :meth:`FusedOp.arguments` on a device array (dtype, shape, C order), by its attributes."""
+    if np.dtype(arr.dtype) != want:
+        raise ScanInputError(f"{api}: {p.name} has dtype {arr.dtype}; the kernel was built for {want}")
+    if tuple(arr.shape) != tuple(shape):
+        raise ScanInputError(f"{api}: {p.name} has shape {tuple(arr.shape)}; it needs {shape}")
+    if not arr.flags.c_contiguous:
+        raise ScanInputError(f"{api}: {p.name} must be a C-contiguous device array")

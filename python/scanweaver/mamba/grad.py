@@ -11,10 +11,13 @@ backward kernel recomputes the states from per-chunk checkpoints.
 Inputs, in order: ``u, delta, A, B, C, D, z, delta_bias, h0`` (``None`` for
 absent optional ones).  Outputs: ``y`` (``u``'s dtype) and ``h_last``
 (the accumulation dtype).  Options: ``delta_softplus``, ``cu_seqlens``,
-``backend``, ``tunables``.  Device arrays (CuPy, from CUDA tensors) go
-through host arrays (the GPU backends upload them again), and a backend
-without the fused backward (``julia``) is differentiated on the best one with
-it (:func:`~.kernels.backward_backend`).
+``backend``, ``tunables``.  Device arrays (CuPy, from CUDA tensors) stay on
+the device when the backend is ``cuda`` (``auto`` picks it where it runs): the
+operands are checked and converted there, the fused CUDA kernels run on the
+current stream (PyTorch's, made CuPy's by the front end) and the results are
+CuPy arrays handed back through DLPack; with another backend they go through
+host arrays.  A backend without the fused backward (``julia``) is
+differentiated on the best one with it (:func:`~.kernels.backward_backend`).
 
 Example:
     >>> import numpy as np
@@ -36,7 +39,7 @@ import numpy as np
 from ..arrays import compute_dtype
 from ..differentiable import PAIRS, KernelPair
 from ..errors import ScanInputError
-from .kernels import backward, backward_backend, forward
+from .kernels import backward, backward_backend, forward, fused_backend
 from .operands import prepare
 
 #: Input names of the pair, in order.
@@ -46,48 +49,67 @@ GRADS = ("du", "ddelta", "dA", "dB", "dC", "dD", "dz", "ddelta_bias", "dh0")
 API = "mamba_selective_scan"
 
 
+def _cupy(values: list):
+    """CuPy when some value is a CuPy array (inputs from CUDA tensors), else ``None``."""
+    if any(v is not None and type(v).__module__.split(".")[0] == "cupy" for v in values):
+        import cupy
+
+        return cupy
+    return None
+
+
+def _device(values: list, options: dict, part: str):
+    """CuPy when the call stays on the device: CuPy inputs and a ``backend`` (``auto``: the best) that is
+    ``cuda`` with the fused ``part``; else ``None`` (host arrays: the host path)."""
+    xp = _cupy(values)
+    if xp is None:
+        return None
+    wide = compute_dtype([v.dtype for v in values if v is not None])
+    be = fused_backend(options.get("backend", "auto"), wide, part)
+    return xp if be is not None and be.name == "cuda" else None
+
+
 def _host(values: list) -> tuple[list, object]:
     """The inputs as NumPy arrays, and the device array module to return results in (``None``: NumPy)."""
-    xp = None
-    out = []
-    for v in values:
-        if v is not None and not isinstance(v, np.ndarray) and type(v).__module__.split(".")[0] == "cupy":
-            import cupy
-
-            xp = cupy
-            v = cupy.asnumpy(v)
-        out.append(v)
-    return out, xp
+    xp = _cupy(values)
+    return ([xp.asnumpy(v) if v is not None and isinstance(v, xp.ndarray) else v for v in values] if xp is not None
+            else list(values)), xp
 
 
-def _prepared(inputs: list, options: dict):
+def _prepared(inputs: list, options: dict, xp=None):
     return prepare(*inputs[:5], *inputs[5:8], options.get("delta_softplus", False), inputs[8],
-                   options.get("cu_seqlens"), api=API)
+                   options.get("cu_seqlens"), api=API, xp=xp)
 
 
 def _forward(inputs: list, options: dict) -> list:
-    host, xp = _host(inputs)
-    ops = _prepared(host, options)
-    y, h = forward(ops, backend=options.get("backend", "auto"), return_state=True, api=API,
-                   **options.get("tunables", {}))
+    dev = _device(list(inputs), options, "forward")
+    host, xp = (list(inputs), None) if dev is not None else _host(inputs)
+    ops = _prepared(host, options, dev)
+    y, h = forward(ops, backend="cuda" if dev is not None else options.get("backend", "auto"), return_state=True,
+                   api=API, **options.get("tunables", {}))
     results = [y.astype(ops.out_dtype, copy=False), h]
     return results if xp is None else [xp.asarray(r) for r in results]
 
 
 def _backward(inputs: list, residuals: list, cotangents: list, needs: list, options: dict) -> list:
-    host, xp = _host(inputs)
-    (dy, dh), _ = _host(list(cotangents))
-    ops = _prepared(host, options)
+    dev = _device([*inputs, *cotangents], options, "backward")
+    if dev is not None:
+        host, xp, (dy, dh) = list(inputs), None, list(cotangents)
+    else:
+        host, xp = _host(inputs)
+        (dy, dh), _ = _host(list(cotangents))
+    mod = dev if dev is not None else np
+    ops = _prepared(host, options, dev)
     if dy is None:
-        dy = np.zeros(ops.u.shape, ops.dtype)
-    be = backward_backend(options.get("backend", "auto"), ops.dtype)
+        dy = mod.zeros(ops.u.shape, ops.dtype)
+    be = "cuda" if dev is not None else backward_backend(options.get("backend", "auto"), ops.dtype)
     tunables = options.get("tunables", {}) if be == options.get("backend", "auto") else {}
     grads = backward(ops, dy, dh, backend=be, api=API, **tunables)
     out = []
     for x, key, need in zip(host, GRADS, needs, strict=True):
         if need:
             g = grads[key]
-            g = np.zeros(np.shape(x), ops.dtype) if g is None else g.reshape(np.shape(x))
+            g = mod.zeros(np.shape(x), ops.dtype) if g is None else g.reshape(np.shape(x))
             out.append(g.astype(x.dtype, copy=False))
     return out if xp is None else [xp.asarray(g) for g in out]
 

@@ -118,15 +118,17 @@ class ForwardPlan:
 
         return self.stamp == store.stamp()
 
-    def run(self, arrays: dict, return_state: bool) -> tuple[np.ndarray, np.ndarray | None]:
-        """``(y, h_last)`` for input ``arrays`` (parameter name -> array or ``None``) of this signature."""
+    def run(self, arrays: dict, return_state: bool, xp=None) -> tuple[np.ndarray, np.ndarray | None]:
+        """``(y, h_last)`` for input ``arrays`` (parameter name -> array or ``None``) of this signature; with
+        ``xp`` (CuPy) the arrays are device arrays and so are the results (nothing leaves the device)."""
         global last
-        y = np.empty(self.y_shape, self.dtype)
-        hlast = np.empty(self.h_shape, self.dtype) if return_state else None
+        mod = np if xp is None else xp
+        y = mod.empty(self.y_shape, self.dtype)
+        hlast = mod.empty(self.h_shape, self.dtype) if return_state else None
         if self.y_shape[2] == 0 and hlast is not None:  # no step: the state is h0
             h0 = arrays.get("h0")
             hlast[...] = 0 if h0 is None else h0
-        if self.invoke is not None and self.y_shape[2] > 0:
+        if self.invoke is not None and self.y_shape[2] > 0 and xp is None:
             outs = {"y": y, "hlast": hlast}
             buffers = tuple(outs[n] if n in outs else arrays.get(n) for n in self.names)
             rc = self.invoke(buffers, *self.sizes.values())
@@ -167,7 +169,16 @@ def forward(ops: MambaOperands, *, backend: str = "auto", return_state: bool = T
     Raises:
         BackendUnavailable: the backend has no fused rendering (use the scan path).
     """
-    return plan_forward(ops, backend=backend, api=api, **tunables).run(ops.arrays(), return_state)
+    return plan_forward(ops, backend=backend, api=api, **tunables).run(ops.arrays(), return_state, _xp(ops.u))
+
+
+def _xp(u):
+    """CuPy for a CuPy array (the device path), else ``None``."""
+    if type(u).__module__.split(".")[0] == "cupy":
+        import cupy
+
+        return cupy
+    return None
 
 
 def backward(ops: MambaOperands, dout: np.ndarray, dhlast: np.ndarray | None = None, *, backend: str = "auto",
@@ -181,14 +192,15 @@ def backward(ops: MambaOperands, dout: np.ndarray, dhlast: np.ndarray | None = N
     be = _require(backend, ops.dtype, "backward", api)
     feats = ops.features(has_dhlast=dhlast is not None)
     cfg, source = _config(be, feats, ops.sizes, tunables, api)
-    dout = np.ascontiguousarray(dout, dtype=ops.dtype)
-    dh = None if dhlast is None else np.ascontiguousarray(dhlast, dtype=ops.dtype)
-    out = {"du": np.empty_like(ops.u), "ddelta": np.empty_like(ops.u), "dA": np.empty_like(ops.A),
-           "dB": np.empty_like(ops.B), "dC": np.empty_like(ops.C),
-           "dD": None if ops.D is None else np.empty_like(ops.D),
-           "dz": None if ops.z is None else np.empty_like(ops.u),
-           "ddelta_bias": None if ops.delta_bias is None else np.empty_like(ops.delta_bias),
-           "dh0": None if ops.h0 is None else np.empty_like(ops.h0)}
+    mod = _xp(ops.u) or np  # device operands: gradients made and written on the device
+    dout = mod.ascontiguousarray(dout, dtype=ops.dtype)
+    dh = None if dhlast is None else mod.ascontiguousarray(dhlast, dtype=ops.dtype)
+    out = {"du": mod.empty_like(ops.u), "ddelta": mod.empty_like(ops.u), "dA": mod.empty_like(ops.A),
+           "dB": mod.empty_like(ops.B), "dC": mod.empty_like(ops.C),
+           "dD": None if ops.D is None else mod.empty_like(ops.D),
+           "dz": None if ops.z is None else mod.empty_like(ops.u),
+           "ddelta_bias": None if ops.delta_bias is None else mod.empty_like(ops.delta_bias),
+           "dh0": None if ops.h0 is None else mod.empty_like(ops.h0)}
     be.run_fused(FUSED.get(OP).call("backward", feats, cfg), {**ops.arrays(), "dout": dout, "dhlast": dh, **out},
                  ops.sizes)
     if ops.u.shape[2] == 0:  # no step: only the state's gradient passes through

@@ -86,22 +86,36 @@ class MambaOperands:
                 "delta_bias": self.delta_bias, "h0": self.h0, "reset": self.reset}
 
 
+def _device(xp):
+    """``as_array`` for device arrays of array module ``xp`` (CuPy): kept where they are, dtype checked."""
+    def check(api: str, name: str, value):
+        if not isinstance(value, xp.ndarray):
+            raise ScanInputError(f"{api}: {name} is a {type(value).__name__}; with device operands every array "
+                                 "must be on the same device")
+        if np.dtype(value.dtype).kind not in "fc":
+            raise ScanInputError(f"{api}: {name} has dtype {value.dtype}; it needs a float dtype")
+        return value
+    return check
+
+
 def prepare(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus: bool = False, h0=None,
-            cu_seqlens=None, api: str = API) -> MambaOperands:
+            cu_seqlens=None, api: str = API, xp=None) -> MambaOperands:
     """Checks shapes and dtypes (errors name the argument) and returns :class:`MambaOperands`.
 
     float16/bfloat16 widen to float32; mixed dtypes promote; complex A/B/C give a complex dtype
-    (which only the scan path runs).
+    (which only the scan path runs).  With ``xp`` (CuPy) every array is a device array of it and
+    stays on the device (conversions and contiguous copies happen there).
     """
-    u = as_array(api, "u", u)
+    as_array_ = as_array if xp is None else _device(xp)
+    u = as_array_(api, "u", u)
     if u.ndim != 3:
         raise _shape_error("u", u, "(batch, D, L)", api)
     batch, Dm, L = u.shape
-    A = as_array(api, "A", A)
+    A = as_array_(api, "A", A)
     if A.ndim != 2 or A.shape[0] != Dm or A.shape[1] < 1:
         raise _shape_error("A", A, f"(D, N) with D = {Dm} and N >= 1", api)
     N = A.shape[1]
-    B, C = as_array(api, "B", B), as_array(api, "C", C)
+    B, C = as_array_(api, "B", B), as_array_(api, "C", C)
     gb, gc = _groups("B", B, batch, Dm, N, L, api), _groups("C", C, batch, Dm, N, L, api)
     named = {"delta": (delta, u.shape, "u's shape (batch, D, L)"), "D": (D, (Dm,), "(D,)"),
              "z": (z, u.shape, "u's shape (batch, D, L)"), "delta_bias": (delta_bias, (Dm,), "(D,)"),
@@ -112,7 +126,7 @@ def prepare(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus: 
             if k == "delta":
                 raise ScanInputError(f"{api}: delta is required, shape {u.shape}")
             continue
-        arr = as_array(api, k, v)
+        arr = as_array_(api, k, v)
         if arr.shape != shape:
             raise _shape_error(k, arr, f"{need} = {shape}", api)
         got[k] = arr
@@ -120,12 +134,14 @@ def prepare(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus: 
     out_dtype = u.dtype if wide.kind != "c" else wide
 
     def conv(x):
-        return None if x is None else aligned(np.ascontiguousarray(x, dtype=wide))
+        if x is None:
+            return None
+        return aligned(np.ascontiguousarray(x, dtype=wide)) if xp is None else xp.ascontiguousarray(x, dtype=wide)
 
     reset = None
     if cu_seqlens is not None:
         mask = seqlens_reset(api, cu_seqlens, L)
-        reset = mask.astype(np.uint8) if mask.any() else None
+        reset = (mask.astype(np.uint8) if xp is None else xp.asarray(mask.astype(np.uint8))) if mask.any() else None
     Bk = B if gb == 0 else B.reshape(batch, gb, N, L)
     Ck = C if gc == 0 else C.reshape(batch, gc, N, L)
     return MambaOperands(conv(u), conv(got["delta"]), conv(A), conv(Bk), conv(Ck), conv(got.get("D")),

@@ -26,12 +26,15 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from ..errors import CompileError, ScanInputError
 from ..targets.gpu import Plan
 from ..targets.launch_limits import DeviceLimits, KernelResources, why_not_launchable
 from .base import Availability, DeviceCall, register
+from .device_plan import FAMILIES, Family
 from .gpu_base import GPUBackend
 
 #: Largest grid (workgroups) of a 1-D CUDA launch.
@@ -182,24 +185,28 @@ class CUDABackend(GPUBackend):
     def to_host(self, value) -> np.ndarray:
         return value.get()
 
+    def planned_kernel(self, source: str, step, stages=None):
+        """The compiled kernel of launch ``step``, checked once against the device's limits before its first
+        launch (a configuration that cannot launch is refused with the reason)."""
+        import cupy
+
+        if step.groups > MAX_GRID_X:
+            raise ScanInputError(f"cuda: {step.kernel} needs {step.groups} blocks, more than CUDA's "
+                                 f"{MAX_GRID_X}; raise items_per_thread or workgroup_size")
+        kernel, res = self.function(source, step.kernel)
+        key = (cupy.cuda.Device().id, source, step.kernel, step.block)
+        if key not in self._checked and stages is not None:
+            sched = stages.schedule
+            why = why_not_launchable(sched.schedule, sched.config, stages.affine.dtype, res, self.device_limits())
+            if why:
+                raise ScanInputError(f"cuda: cannot launch {step.kernel}: {why}")
+            self._checked.add(key)
+        return kernel
+
     def launch(self, source: str, plan: Plan, args: list, stages=None) -> float | None:
         import cupy
 
-        kernels = []
-        for step in plan.launches:
-            if step.groups > MAX_GRID_X:
-                raise ScanInputError(f"cuda: {step.kernel} needs {step.groups} blocks, more than CUDA's "
-                                     f"{MAX_GRID_X}; raise items_per_thread or workgroup_size")
-            kernel, res = self.function(source, step.kernel)
-            key = (cupy.cuda.Device().id, source, step.kernel, step.block)
-            if key not in self._checked and stages is not None:
-                sched = stages.schedule
-                why = why_not_launchable(sched.schedule, sched.config, stages.affine.dtype, res,
-                                         self.device_limits())
-                if why:
-                    raise ScanInputError(f"cuda: cannot launch {step.kernel}: {why}")
-                self._checked.add(key)
-            kernels.append(kernel)
+        kernels = [self.planned_kernel(source, step, stages) for step in plan.launches]
         start = end = None
         if self.timing:
             start, end = cupy.cuda.Event(), cupy.cuda.Event()
@@ -211,3 +218,69 @@ class CUDABackend(GPUBackend):
         end.record()
         end.synchronize()
         return cupy.cuda.get_elapsed_time(start, end)
+
+    # ---- planned calls (scanweaver.runtime.device_plan) ------------------------------------------------
+
+    def plan_scratch(self, sizes: dict[str, tuple[int, np.dtype]], stream) -> dict[str, object]:
+        """A device plan's own buffers (``name -> (elements, dtype)``), allocated on its launch stream."""
+        with stream if stream is not None else contextlib.nullcontext():
+            return {k: self.empty(n, dtype) for k, (n, dtype) in sizes.items()}
+
+    def launch_planned(self, kernels, args: tuple, stream, zeros: tuple = ()) -> None:
+        """Launches a device plan's kernels on ``stream`` (``None``: CuPy's current one), after zeroing the
+        ``(pointer, bytes)`` ranges of ``zeros`` there; nothing waits for them."""
+        import cupy
+
+        with stream if stream is not None else contextlib.nullcontext():
+            handle = cupy.cuda.get_current_stream().ptr
+            for ptr, nbytes in zeros:
+                cupy.cuda.runtime.memsetAsync(ptr, 0, nbytes, handle)
+            for kernel, groups, block in kernels:
+                kernel((groups,), (block,), args)
+
+
+def _cupy_device(value) -> int:
+    return int(value.device.id)
+
+
+def _current_cupy_stream(value, device: int) -> int:
+    import cupy
+
+    try:
+        return int(cupy.cuda.get_current_stream(device).ptr)
+    except TypeError:  # a CuPy whose get_current_stream takes no device: the current device's
+        return int(cupy.cuda.get_current_stream().ptr)
+
+
+def _cupy_empty(shape: tuple, dtype: np.dtype, device: int, stream):
+    import cupy
+
+    with cupy.cuda.Device(device), stream if stream is not None else contextlib.nullcontext():
+        return cupy.empty(shape, dtype)
+
+
+def _torch_device(value) -> int:
+    return int(value.get_device())
+
+
+def _torch_stream(value, device: int) -> int:
+    import torch
+
+    return int(torch.cuda.current_stream(device).cuda_stream)
+
+
+def _torch_empty(shape: tuple, dtype: np.dtype, device: int, stream):
+    import torch
+
+    return torch.empty(shape, dtype=torch.float32 if dtype == np.float32 else torch.float64, device=f"cuda:{device}")
+
+
+def _current_device(value) -> int:
+    import cupy
+
+    return int(cupy.cuda.Device().id)
+
+
+FAMILIES["cupy"] = Family(_cupy_device, _current_cupy_stream, lambda value, device: None, _cupy_empty)
+FAMILIES["torch"] = Family(_torch_device, _torch_stream, lambda value, device: _cuda_stream_of(value), _torch_empty)
+FAMILIES[""] = Family(_current_device, _current_cupy_stream, lambda value, device: None, _cupy_empty)

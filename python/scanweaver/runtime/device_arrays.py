@@ -27,6 +27,7 @@ import numpy as np
 
 from ..errors import ScanInputError
 from .base import REGISTRY, ScanArrays
+from .device_plan import interface, overlapping
 
 def owners() -> dict[str, str]:
     """Top-level module of a device array's type -> the backend that takes it without copies
@@ -144,6 +145,13 @@ def check_out(api: str, out: object, shape: tuple, arrays: ScanArrays) -> Any:
     if tuple(view.shape) != shape or np.dtype(view.dtype) != arrays.dtype:
         raise ScanInputError(f"{api}: out has shape {tuple(view.shape)} and dtype {view.dtype}; it needs shape "
                              f"{shape} and dtype {arrays.dtype}")
+    written = interface(view)
+    if written is not None:
+        others = [*arrays.inputs.items(), ("h0", arrays.h0), ("reset", arrays.reset)]
+        hit = overlapping(written, [None if v is None else interface(v) for _, v in others])
+        if hit is not None:
+            raise ScanInputError(f"{api}: out overlaps {others[hit][0]} in device memory; pass a separate output "
+                                 "buffer")
     arrays.device.out = out
     return view.reshape(arrays.lanes, arrays.L)
 

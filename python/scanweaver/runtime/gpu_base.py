@@ -151,7 +151,8 @@ class GPUBackend(Backend):
         return {"workgroup_size": wg, "items_per_thread": 8}
 
     def run_fused(self, call: FusedCall, arrays: dict[str, object], sizes: dict[str, int]) -> None:
-        """Runs the GPU rendering of ``call`` on checked NumPy arrays (outputs copied back in place).
+        """Runs the GPU rendering of ``call`` on checked arrays: NumPy ones (outputs copied back in place), or
+        this backend's device arrays (inputs and outputs used in place, on the current stream, nothing waited for).
 
         Arrays a call does not use are passed as one-element buffers (kernels never read them); outputs the
         caller did not ask for get a full-size buffer that is discarded; outputs start at zero; a plan's
@@ -175,6 +176,10 @@ class GPUBackend(Backend):
                 args.append(self.empty(max(1, int(np.prod(shapes[p.name]))), np.dtype(p.dtype or dtype)))
             elif a is None:
                 args.append(self.empty(1, np.dtype(p.dtype or dtype)))
+            elif p.kind == "out" and self.is_device_array(a):  # the caller's device output, written in place
+                if a.size:
+                    a.fill(0)  # zeroed: kernels may add into their outputs (sums over workgroups)
+                args.append(a if a.size else self.empty(1, a.dtype))
             elif p.kind == "out":  # zeroed: kernels may add into their outputs (sums over workgroups)
                 dev = self.empty(max(a.size, 1), a.dtype, zero=True)
                 args.append(dev)

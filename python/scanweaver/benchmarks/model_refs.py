@@ -1,0 +1,125 @@
+"""Float64 host references of the model scans the GPU model scoreboard checks (PyTorch on the CPU, autograd).
+
+Each is the plainest recurrent loop over time with the semantics of the peer
+it checks, run in float64 on the host, so that an entry's forward output and
+every gradient are compared with numbers that carry no float32 or chunking
+error of their own:
+
+* :func:`mamba1` -- ``selective_scan_ref`` (mamba-ssm): u, delta ``(b, D, L)``, A ``(D, N)``, B, C
+  ``(b, N, L)``, D ``(D,)``, delta_bias ``(D,)``, softplus on delta.
+* :func:`mamba2` -- ``mamba_chunk_scan_combined`` (mamba-ssm): x ``(b, L, H, P)``, dt ``(b, L, H)``, A ``(H,)``,
+  B, C ``(b, L, G, N)``, D ``(H,)``, dt_bias ``(H,)``, softplus on dt: per head
+  ``S_t = exp(dt_t A) S_{t-1} + dt_t x_t B_t^T``, ``y_t = S_t C_t + D x_t``.
+* :func:`gla` -- ``chunk_gla`` (flash-linear-attention): q, k, g ``(B, T, H, K)``, v ``(B, T, H, V)``,
+  ``S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T``, ``o_t = scale * q_t^T S_t`` (scale ``K**-0.5``).
+
+Example:
+    >>> import torch
+    >>> from scanweaver.benchmarks import model_refs
+    >>> ins = model_refs.inputs("gla", (1, 5, 1, 2, 3), torch.float64)
+    >>> model_refs.gla(**ins).shape
+    torch.Size([1, 5, 1, 3])
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: Gate ranges: decays that keep the past (the bounded setting of the scan cases).
+DT_LOW, DT_HIGH = 0.05, 0.5
+
+
+def mamba1(u, delta, A, B, C, D, delta_bias):
+    """``y`` of Mamba-1's selective scan (delta_softplus on), one step per t."""
+    import torch
+
+    dt = torch.nn.functional.softplus(delta + delta_bias[:, None])
+    h = u.new_zeros(u.shape[0], u.shape[1], A.shape[1])
+    ys = []
+    for t in range(u.shape[2]):
+        h = torch.exp(dt[:, :, t, None] * A) * h + (dt[:, :, t] * u[:, :, t])[..., None] * B[:, None, :, t]
+        ys.append((h * C[:, None, :, t]).sum(-1))
+    return torch.stack(ys, -1) + D[:, None] * u
+
+
+def mamba2(x, dt, A, B, C, D, dt_bias):
+    """``y`` of Mamba-2's SSD scan (dt_softplus on), one step per t; heads share B and C within a group."""
+    import torch
+
+    H, G = x.shape[2], B.shape[2]
+    dts = torch.nn.functional.softplus(dt + dt_bias)
+    Bh, Ch = B.repeat_interleave(H // G, dim=2), C.repeat_interleave(H // G, dim=2)
+    S = x.new_zeros(x.shape[0], H, x.shape[3], B.shape[3])
+    ys = []
+    for t in range(x.shape[1]):
+        decay = torch.exp(dts[:, t] * A)[:, :, None, None]
+        S = decay * S + (dts[:, t, :, None] * x[:, t])[..., None] * Bh[:, t, :, None, :]
+        ys.append((S * Ch[:, t, :, None, :]).sum(-1))
+    return torch.stack(ys, 1) + D[:, None] * x
+
+
+def gla(q, k, v, g):
+    """``o`` of gated linear attention with a per-key decay ``exp(g)``, one step per t."""
+    import torch
+
+    scale = q.shape[-1] ** -0.5
+    S = q.new_zeros(q.shape[0], q.shape[2], q.shape[3], v.shape[3])
+    os = []
+    for t in range(q.shape[1]):
+        S = torch.exp(g[:, t])[..., None] * S + k[:, t, :, :, None] * v[:, t, :, None, :]
+        os.append(scale * (q[:, t, :, :, None] * S).sum(-2))
+    return torch.stack(os, 1)
+
+
+#: Model name -> (reference, input names in the call order).
+REFERENCES = {"mamba1": (mamba1, ("u", "delta", "A", "B", "C", "D", "delta_bias")),
+              "mamba2": (mamba2, ("x", "dt", "A", "B", "C", "D", "dt_bias")),
+              "gla": (gla, ("q", "k", "v", "g"))}
+
+
+def inputs(model: str, shape: tuple[int, ...], dtype: Any, device: str = "cpu", seed: int = 0) -> dict:
+    """Random inputs of ``model`` (non-uniform, decays in a range that keeps the past).
+
+    Args:
+        model: ``mamba1`` (shape ``(batch, D, N, L)``), ``mamba2`` (``(batch, L, H, P, N)``, one group)
+            or ``gla`` (``(B, T, H, K, V)``).
+        shape: the sizes, as named above.
+        dtype: a torch dtype.
+        device: where the tensors are made.
+        seed: generator seed.
+    """
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+
+    def rnd(*s, low=None, high=None):
+        t = torch.rand(s, generator=gen, dtype=torch.float64) if low is not None else \
+            torch.randn(s, generator=gen, dtype=torch.float64)
+        if low is not None:
+            t = low + (high - low) * t
+        return t.to(dtype=dtype, device=device)
+
+    if model == "mamba1":
+        b, D, N, L = shape
+        return {"u": rnd(b, D, L), "delta": rnd(b, D, L, low=-3.0, high=-0.5), "A": -rnd(D, N, low=0.5, high=2.0),
+                "B": rnd(b, N, L), "C": rnd(b, N, L), "D": rnd(D), "delta_bias": rnd(D, low=-1.0, high=0.0)}
+    if model == "mamba2":
+        b, L, H, P, N = shape
+        return {"x": rnd(b, L, H, P), "dt": rnd(b, L, H, low=-3.0, high=-0.5), "A": -rnd(H, low=0.5, high=2.0),
+                "B": rnd(b, L, 1, N), "C": rnd(b, L, 1, N), "D": rnd(H), "dt_bias": rnd(H, low=-1.0, high=0.0)}
+    if model == "gla":
+        B, T, H, K, V = shape
+        return {"q": rnd(B, T, H, K), "k": rnd(B, T, H, K) * K ** -0.5, "v": rnd(B, T, H, V),
+                "g": torch.log(rnd(B, T, H, K, low=0.9, high=0.999).double()).to(dtype)}
+    raise ValueError(f"model_refs.inputs: unknown model {model!r}; choose one of {', '.join(REFERENCES)}")
+
+
+def reference(model: str, ins: dict, weight) -> tuple[Any, dict]:
+    """The float64 host output of ``model`` on ``ins`` and the gradients of ``sum(y * weight)`` for every input."""
+    import torch
+
+    fn, names = REFERENCES[model]
+    wide = {k: v.detach().to("cpu", torch.float64).requires_grad_(True) for k, v in ins.items()}
+    y = fn(*(wide[n] for n in names))
+    (y * weight.detach().to("cpu", torch.float64)).sum().backward()
+    return y.detach(), {k: v.grad for k, v in wide.items()}
