@@ -151,3 +151,25 @@ def test_readme_matrix_example_runs():
     want, _ = scanweaver.linear_attention(ns["q"], ns["k"], ns["v"], g=ns["g"], scale=1.0)
     np.testing.assert_allclose(ns["o2"], want, rtol=1e-12)
     assert ns["h"].shape == (2, 4, 8, 16) and ns["y1"].shape == (2, 4, 8)
+
+
+def test_matrix_steps_on_tensors_have_gradients():
+    """The step's gates are computed by PyTorch (so they differentiate), the scan by the named operations."""
+    torch = pytest.importorskip("torch")
+
+    @scanweaver.recurrence(state_shape=("K", "V"))
+    def gated(S, q, k, v, a):
+        S = np.exp(-np.exp(a))[:, None] * S + k[:, None] * v[None, :]
+        return S, q @ S
+
+    def t(*shape):
+        return torch.randn(*shape, dtype=torch.float64, requires_grad=True)
+
+    q, k, a, v, h0 = t(1, 5, 2, 3), t(1, 5, 2, 3), t(1, 5, 2, 3), t(1, 5, 2, 4), t(1, 2, 3, 4)
+    assert torch.autograd.gradcheck(lambda *x: gated(*x[:4], h0=x[4], return_state=True), (q, k, v, a, h0))
+    x, dt, A, B, C = t(1, 5, 2, 3), torch.rand(1, 5, 2, dtype=torch.float64, requires_grad=True), t(2), \
+        t(1, 5, 2, 4), t(1, 5, 2, 4)
+    assert torch.autograd.gradcheck(lambda *z: ssd(*z, return_state=True), (x, dt, A, B, C))
+    r, w, u = t(1, 5, 2, 3), t(1, 5, 2, 3), t(2, 3)
+    assert torch.autograd.gradcheck(lambda *z: rwkv(*z[:3], -torch.exp(z[3]), z[4], return_state=True),
+                                    (r, k, v, w, u))

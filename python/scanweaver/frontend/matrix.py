@@ -187,8 +187,15 @@ def _lift(f, *xs: M):
         vals = [x.fn(env) for x in xs]
         vals = [v[..., None] if r == 0 and max(ranks) == 1 and np.ndim(v) else v for v, r in zip(vals, ranks,
                                                                                                    strict=True)]
-        return f(*vals)
+        return ufunc_of(f, env)(*vals)
     return fn
+
+
+def ufunc_of(f, env: dict):
+    """``f``, or for a NumPy ufunc the function of that name in ``env["__xp__"]`` (PyTorch, JAX), so that a
+    step's gates are computed, and differentiated, by the caller's framework."""
+    xp = env.get("__xp__")
+    return getattr(xp, f.__name__) if xp is not None and isinstance(f, np.ufunc) else f
 
 
 def _m(v) -> M:

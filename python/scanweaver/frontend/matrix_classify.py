@@ -129,7 +129,9 @@ def _lower(kind, factor, const, inp, read, read_of, bonus) -> tuple[str, dict]:
 def _log(fn):
     import numpy as np
 
-    return None if fn is None else (lambda env: np.log(fn(env)))
+    from .matrix import ufunc_of
+
+    return None if fn is None else (lambda env: ufunc_of(np.log, env)(fn(env)))
 
 
 def trace_matrix(step: Callable, state_shape: tuple[str, str], name: str | None = None,
