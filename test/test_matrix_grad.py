@@ -191,3 +191,43 @@ def test_jax_mamba2_grad_under_jit():
     want = jax.jit(jax.grad(ref, argnums=tuple(range(8))))(*args)
     for a, b_ in zip(got, want, strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b_), rtol=2e-4, atol=2e-4)
+
+
+def test_float32_gradients_at_2048_against_autograd_through_the_peers():
+    """L = 2048, float32: our gradients against autograd through fla's naive_recurrent_gla and mamba-ssm's
+    ssd_minimal_discrete; the largest error relative to each gradient's largest entry is printed and bounded."""
+    import matrix_peers as peers
+
+    gla, ref = peers.fla("gla/naive"), peers.mamba_ref()
+    if gla is None:
+        pytest.skip(peers.FLA_WHY)
+    T, H, K, V = 2048, 2, 8, 8
+    rng = np.random.default_rng(3)
+
+    def f32(shape, scale=1.0, req=True):
+        return torch.tensor(rng.normal(size=shape) * scale, dtype=torch.float32, requires_grad=req)
+
+    q, k, v = f32((1, T, H, K)), f32((1, T, H, K)), f32((1, T, H, V))
+    g = (-torch.rand(1, T, H, K) * 0.2).requires_grad_()
+    w = torch.randn(1, T, H, V)
+    errors = {}
+
+    def compare(name, ours, theirs, inputs):
+        got = torch.autograd.grad((ours * w).sum(), inputs)
+        want = torch.autograd.grad((theirs * w).sum(), inputs)
+        for i, (a, b) in enumerate(zip(got, want, strict=True)):
+            errors[f"{name}.{i}"] = float((a - b).abs().max() / b.abs().max())
+
+    compare("gla", swt.linear_attention(q, k, v, g=g)[0], gla.naive_recurrent_gla(q, k, v, g)[0], (q, k, v, g))
+    if ref is not None:
+        P, N = V, K
+        x, B, C = f32((1, T, H, P)), f32((1, T, H, N), 0.3), f32((1, T, H, N), 0.3)
+        dt = (torch.rand(1, T, H) * 0.1 + 0.01).requires_grad_()
+        A = (-torch.rand(H) - 0.5).requires_grad_()
+        Bg, Cg = B[:, :, :1], C[:, :, :1]
+        ours = swt.mamba2_scan(x, dt, A, Bg, Cg)
+        theirs = ref["ssd_minimal_discrete"](x * dt[..., None], A * dt, Bg.expand(-1, -1, H, -1),
+                                             Cg.expand(-1, -1, H, -1), 64)[0]
+        compare("mamba2", ours, theirs, (x, dt, A, Bg, Cg))
+    print("relative gradient errors at L = 2048:", {k: f"{v:.1e}" for k, v in errors.items()})
+    assert max(errors.values()) < 1e-5, errors
