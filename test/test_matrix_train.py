@@ -83,12 +83,12 @@ print(json.dumps({"extra": extra, "io": sum(a.nbytes for a in (q, k, v, g, o, h)
 
 
 def test_large_call_runs_within_its_inputs_memory(tmp_path):
-    """(2, 2048, 16, 64, 64) float32: the per-step states would need 2.1 GB; the call's peak extra memory
+    """(2, 4096, 16, 64, 64) float32: the per-step states would need 2.1 GB; the call's peak extra memory
     stays within 1.5x its inputs plus outputs."""
     if not scanweaver.matrix.runs_matrix_state("cpu", "forward"):
         pytest.skip("the cpu backend does not render matrix_state yet (its C kernels are not in this tree); "
                     "the numpy reference is a per-step loop, not a memory-bounded kernel")
-    shape = (2, 2048, 16, 64, 64)
+    shape = (2, 4096, 16, 64, 64)
     assert np.prod(shape) * 4 > 2 * 10**9
     script = tmp_path / "mem.py"
     script.write_text(MEMORY_SCRIPT)
