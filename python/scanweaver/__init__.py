@@ -19,6 +19,7 @@ from .frontend import sigmoid, silu, softplus
 from .tuning import tune
 from .logspace import log_scan
 from .mamba import mamba_selective_scan
+from .matrix import linear_attention, linear_attention_step, mamba2_scan, mamba2_step, rwkv6, rwkv6_step
 
 __version__ = "0.1.0"
 
@@ -30,10 +31,16 @@ __all__ = [
     "ScanInputError",
     "ScanWeaverError",
     "VerificationError",
+    "linear_attention",
+    "linear_attention_step",
     "log_scan",
+    "mamba2_scan",
+    "mamba2_step",
     "mamba_selective_scan",
     "plan",
     "recurrence",
+    "rwkv6",
+    "rwkv6_step",
     "selective_scan",
     "sigmoid",
     "silu",

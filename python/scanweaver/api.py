@@ -300,7 +300,7 @@ def _restore(step: Callable, name: str, broadcast: bool, state_size: int, token:
 
 @api_boundary
 def recurrence(step: Callable | None = None, *, name: str | None = None, broadcast: bool = True,
-               state_size: int = 1):
+               state_size: int = 1, state_shape: tuple[str, str] | None = None):
     """Compiles a step function ``step(h, *operands)`` into a :class:`Recurrence`.
 
     The step is traced with symbolic values and proved affine in ``h``
@@ -315,6 +315,10 @@ def recurrence(step: Callable | None = None, *, name: str | None = None, broadca
         state_size: k > 1 makes ``h`` a vector of k components (dense k x k
             transitions such as second-order filters); ``h0`` and the returned
             state then have shape ``(..., k)``.
+        state_shape: two axis names such as ``("K", "V")`` make the state a matrix per head
+            (Mamba-2, GLA, RetNet, RWKV-6): ``step(S, *operands)`` returns ``(S_new, readout)``,
+            and the result is a :class:`scanweaver.matrix.recurrence.MatrixRecurrence` that runs
+            on the fused ``matrix_state`` operation (see the README's matrix-state section).
 
     Raises:
         NotAffineError: quoting the sub-expression that is not affine in ``h``.
@@ -327,6 +331,12 @@ def recurrence(step: Callable | None = None, *, name: str | None = None, broadca
         >>> ema(np.full(4, 0.5), np.ones(4), backend="numpy").tolist()
         [0.5, 0.75, 0.875, 0.9375]
     """
+    if state_shape is not None:
+        from .matrix.recurrence import MatrixRecurrence
+
+        if step is None:
+            return lambda fn: MatrixRecurrence(fn, state_shape, name)
+        return MatrixRecurrence(step, state_shape, name)
     if step is None:
         return lambda fn: Recurrence(fn, name=name, broadcast=broadcast, state_size=state_size)
     return Recurrence(step, name=name, broadcast=broadcast, state_size=state_size)

@@ -168,4 +168,44 @@ def mamba_selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, del
     return (y, h_last) if return_state else y
 
 
-__all__ = ["apply", "call", "mamba_selective_scan", "selective_scan"]
+def linear_attention(q, k, v, *, g=None, g_head=None, decay=None, scale=None, initial_state=None,
+                     output_final_state: bool = False, cu_seqlens=None, reverse: bool = False, backend: str = "auto",
+                     **tunables):
+    """:func:`scanweaver.linear_attention` on JAX arrays, differentiable under ``jax.grad`` and ``jax.jit``
+    (``cu_seqlens`` concrete).
+
+    Example:
+        >>> import jax, jax.numpy as jnp, scanweaver.jax as swj
+        >>> q, k, v = jax.random.normal(jax.random.PRNGKey(0), (3, 1, 8, 2, 4))
+        >>> g = jax.nn.log_sigmoid(jax.random.normal(jax.random.PRNGKey(1), (1, 8, 2, 4)))
+        >>> jax.jit(jax.grad(lambda g: swj.linear_attention(q, k, v, g=g)[0].sum()))(g).shape
+        (1, 8, 2, 4)
+    """
+    from .matrix.grad import la_options
+
+    opts = la_options(scale, reverse, cu_seqlens, backend, **tunables)
+    o, h = call("linear_attention", [q, k, v, g, g_head, decay, initial_state], opts)
+    return o, (h if output_final_state else None)
+
+
+def rwkv6(r, k, v, w, u, *, scale=None, initial_state=None, output_final_state: bool = False, cu_seqlens=None,
+          backend: str = "auto", **tunables):
+    """:func:`scanweaver.rwkv6` on JAX arrays, differentiable under ``jax.grad`` and ``jax.jit``."""
+    from .matrix.grad import rwkv6_options
+
+    o, h = call("rwkv6", [r, k, v, w, u, initial_state], rwkv6_options(scale, cu_seqlens, backend, **tunables))
+    return o, (h if output_final_state else None)
+
+
+def mamba2_scan(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus: bool = False,
+                dt_limit=(0.0, float("inf")), initial_states=None, return_final_states: bool = False,
+                cu_seqlens=None, chunk_size=None, backend: str = "auto", **tunables):
+    """:func:`scanweaver.mamba2_scan` on JAX arrays, differentiable under ``jax.grad`` and ``jax.jit``."""
+    from .matrix.grad import mamba2_options
+
+    opts = mamba2_options(dt_softplus, dt_limit, cu_seqlens, chunk_size, backend, **tunables)
+    out, h = call("mamba2", [x, dt, A, B, C, D, z, dt_bias, initial_states], opts)
+    return (out, h) if return_final_states else out
+
+
+__all__ = ["apply", "call", "linear_attention", "mamba2_scan", "mamba_selective_scan", "rwkv6", "selective_scan"]

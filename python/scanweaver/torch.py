@@ -260,4 +260,69 @@ def mamba_selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, del
     return (y, h_last) if return_state else y
 
 
-__all__ = ["apply", "call", "differentiable", "from_array", "mamba_selective_scan", "selective_scan", "to_array"]
+@torch.compiler.assume_constant_result
+def _matrix_options(kind: str, args: tuple, tunables: tuple) -> str:
+    """The options of the matrix-state pair ``kind`` as text; a constant for ``torch.compile``."""
+    from .matrix import grad
+
+    make = {"linear_attention": grad.la_options, "rwkv6": grad.rwkv6_options, "mamba2": grad.mamba2_options}[kind]
+    return repr(make(*args, **dict(tunables)))
+
+
+def _float32(tensors: list) -> tuple[list, bool]:
+    """bfloat16 tensors as float32 (NumPy has no bfloat16); True when the first one was bfloat16."""
+    bf16 = tensors[0] is not None and tensors[0].dtype == torch.bfloat16
+    return [t.float() if t is not None and t.dtype == torch.bfloat16 else t for t in tensors], bf16
+
+
+def _seqlens(cu_seqlens):
+    if isinstance(cu_seqlens, torch.Tensor):
+        cu_seqlens = cu_seqlens.tolist()
+    return None if cu_seqlens is None else tuple(int(c) for c in cu_seqlens)
+
+
+def linear_attention(q, k, v, *, g=None, g_head=None, decay=None, scale=None, initial_state=None,
+                     output_final_state: bool = False, cu_seqlens=None, reverse: bool = False, backend: str = "auto",
+                     **tunables):
+    """:func:`scanweaver.linear_attention` on tensors, with gradients for q, k, v, the decay given (g, g_head
+    or decay), initial_state and through the final state.
+
+    Example:
+        >>> import torch, scanweaver.torch as swt
+        >>> q, k, v = torch.randn(3, 1, 8, 2, 4).unbind(0)
+        >>> g = torch.nn.functional.logsigmoid(torch.randn(1, 8, 2, 4)).requires_grad_()
+        >>> o, _ = swt.linear_attention(q, k, v, g=g)
+        >>> o.sum().backward(); g.grad.shape
+        torch.Size([1, 8, 2, 4])
+    """
+    opts = _matrix_options("linear_attention", (scale, bool(reverse), _seqlens(cu_seqlens), backend),
+                           tuple(sorted(tunables.items())))
+    ins, bf16 = _float32([q, k, v, g, g_head, decay, initial_state])
+    o, h = call("linear_attention", ins, opts)
+    return (o.to(torch.bfloat16) if bf16 else o), (h if output_final_state else None)
+
+
+def rwkv6(r, k, v, w, u, *, scale=None, initial_state=None, output_final_state: bool = False, cu_seqlens=None,
+          backend: str = "auto", **tunables):
+    """:func:`scanweaver.rwkv6` on tensors, with gradients for r, k, v, w, u, initial_state and the final state."""
+    opts = _matrix_options("rwkv6", (scale, _seqlens(cu_seqlens), backend), tuple(sorted(tunables.items())))
+    ins, bf16 = _float32([r, k, v, w, u, initial_state])
+    o, h = call("rwkv6", ins, opts)
+    return (o.to(torch.bfloat16) if bf16 else o), (h if output_final_state else None)
+
+
+def mamba2_scan(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus: bool = False,
+                dt_limit=(0.0, float("inf")), initial_states=None, return_final_states: bool = False,
+                cu_seqlens=None, chunk_size=None, backend: str = "auto", **tunables):
+    """:func:`scanweaver.mamba2_scan` on tensors, with gradients for x, dt, A, B, C, D, z, dt_bias (through the
+    softplus and the dt_limit clamp), initial_states and through the final states."""
+    opts = _matrix_options("mamba2", (bool(dt_softplus), tuple(float(v) for v in dt_limit), _seqlens(cu_seqlens),
+                                      chunk_size, backend), tuple(sorted(tunables.items())))
+    ins, bf16 = _float32([x, dt, A, B, C, D, z, dt_bias, initial_states])
+    out, h = call("mamba2", ins, opts)
+    out = out.to(torch.bfloat16) if bf16 else out
+    return (out, h) if return_final_states else out
+
+
+__all__ = ["apply", "call", "differentiable", "from_array", "linear_attention", "mamba2_scan", "mamba_selective_scan",
+           "rwkv6", "selective_scan", "to_array"]

@@ -1,0 +1,316 @@
+"""The matrix-state operations against float64 loops of their defining recurrences and the peers' references.
+
+linear_attention (GLA, simple GLA, RetNet), rwkv6 and mamba2_scan: initial and final
+states, packed sequences, reverse, odd lengths, groups, D of both shapes, z,
+dt_softplus with dt_limit, strong and weak decays; the decode steps; the errors.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import scanweaver
+from scanweaver import ScanInputError
+
+import matrix_peers as peers
+
+RNG = np.random.default_rng(22)
+
+
+def _segs(batch, T, cu):
+    return [(b, b, 0, T) for b in range(batch)] if cu is None else \
+        [(i, 0, cu[i], cu[i + 1]) for i in range(len(cu) - 1)]
+
+
+def la_loop(q, k, v, gk, scale, h0=None, cu=None, reverse=False, bonus=None):
+    """float64 loop: S_t = exp(gk_t)[:, None] S + k v^T; o = scale * S^T q (bonus: RWKV-6's readout)."""
+    batch, T, Hq, K = q.shape
+    H, V = v.shape[2:]
+    grp = H // Hq
+    segs = _segs(batch, T, cu)
+    o = np.zeros(v.shape)
+    hl = np.zeros((len(segs), H, K, V))
+    for row, b, s, e in segs:
+        for h in range(H):
+            S = np.zeros((K, V)) if h0 is None else np.array(h0[row, h], float)
+            for t in (range(e - 1, s - 1, -1) if reverse else range(s, e)):
+                qt, kt, vt = q[b, t, h // grp], k[b, t, h // grp], v[b, t, h]
+                kv = np.outer(kt, vt)
+                if bonus is None:
+                    S = np.exp(gk[b, t, h])[:, None] * S + kv
+                    o[b, t, h] = scale * qt @ S
+                else:
+                    o[b, t, h] = scale * qt @ (S + bonus[h][:, None] * kv)
+                    S = np.exp(gk[b, t, h])[:, None] * S + kv
+            hl[row, h] = S
+    return o, hl
+
+
+def mamba2_loop(x, dt, A, B, C, D=None, z=None, dt_bias=None, softplus=False, limit=(0.0, math.inf), h0=None, cu=None):
+    """float64 loop of Mamba-2 in mamba-ssm's layout (state (P, N))."""
+    batch, L, H, P = x.shape
+    G, N = B.shape[2:]
+    dt = dt + (0 if dt_bias is None else dt_bias)
+    if softplus:
+        dt = np.where(dt > 20, dt, np.log1p(np.exp(np.minimum(dt, 20))))
+    if limit != (0.0, math.inf):
+        dt = np.clip(dt, *limit)
+    segs = _segs(batch, L, cu)
+    y = np.zeros(x.shape)
+    hl = np.zeros((len(segs), H, P, N))
+    for row, b, s, e in segs:
+        for h in range(H):
+            S = np.zeros((P, N)) if h0 is None else np.array(h0[row, h], float)
+            for t in range(s, e):
+                S = np.exp(dt[b, t, h] * A[h]) * S + np.outer(dt[b, t, h] * x[b, t, h], B[b, t, h // (H // G)])
+                y[b, t, h] = S @ C[b, t, h // (H // G)]
+            hl[row, h] = S
+    if D is not None:
+        y = y + (D[:, None] if D.ndim == 1 else D) * x
+    if z is not None:
+        y = y * z / (1 + np.exp(-z))
+    return y, hl
+
+
+def _close(a, b, tol=1e-10):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=tol, atol=tol)
+
+
+def _logdecay(shape, lo=-20.0, hi=-1e-4):
+    """Log decays spread log-uniformly over [lo, hi] (strong and weak)."""
+    return -np.exp(RNG.uniform(np.log(-hi), np.log(-lo), shape))
+
+
+@pytest.mark.parametrize("T", [1, 7, 33])
+@pytest.mark.parametrize("kind", ["g", "g_head", "decay", "none"])
+def test_linear_attention_against_loop(T, kind):
+    batch, H, K, V = 2, 3, 4, 5
+    q, k = RNG.normal(size=(2, batch, T, H, K))
+    v = RNG.normal(size=(batch, T, H, V))
+    h0 = RNG.normal(size=(batch, H, K, V))
+    args = {"g": _logdecay((batch, T, H, K)), "g_head": _logdecay((batch, T, H)), "decay": _logdecay((H,), -2, -1e-3)}
+    gk = {"g": lambda a: a, "g_head": lambda a: np.repeat(a[..., None], K, -1),
+          "decay": lambda a: np.broadcast_to(a[None, None, :, None], (batch, T, H, K)),
+          "none": lambda a: np.zeros((batch, T, H, K))}[kind](args.get(kind))
+    kw = {} if kind == "none" else {kind: args[kind]}
+    o, h = scanweaver.linear_attention(q, k, v, initial_state=h0, output_final_state=True, scale=0.7, **kw)
+    want_o, want_h = la_loop(q, k, v, gk, 0.7, h0)
+    _close(o, want_o)
+    _close(h, want_h)
+    assert scanweaver.matrix.last.backend == "numpy" or scanweaver.matrix.runs_matrix_state(
+        scanweaver.matrix.last.backend)
+
+
+def test_linear_attention_packed_reverse_groups_float32():
+    H, Hq, K, V, cu = 4, 2, 3, 6, [0, 5, 6, 13]
+    T = cu[-1]
+    q, k = RNG.normal(size=(2, 1, T, Hq, K)).astype(np.float32)
+    v = RNG.normal(size=(1, T, H, V)).astype(np.float32)
+    g = _logdecay((1, T, H, K)).astype(np.float32)
+    h0 = RNG.normal(size=(3, H, K, V)).astype(np.float32)
+    for reverse in (False, True):
+        o, h = scanweaver.linear_attention(q, k, v, g=g, initial_state=h0, output_final_state=True,
+                                           cu_seqlens=np.array(cu), reverse=reverse)
+        want_o, want_h = la_loop(q, k, v, g, K ** -0.5, h0, cu, reverse)
+        assert o.dtype == np.float32 and h.shape == (3, H, K, V)
+        _close(o, want_o, 2e-5)
+        _close(h, want_h, 2e-5)
+    o, h = scanweaver.linear_attention(q, k, v, g=g)
+    assert h is None
+
+
+def test_rwkv6_against_loop():
+    batch, T, H, K, V = 2, 9, 2, 4, 3
+    r, k, w = RNG.normal(size=(3, batch, T, H, K))
+    w = _logdecay((batch, T, H, K))
+    v, u = RNG.normal(size=(batch, T, H, V)), RNG.normal(size=(H, K))
+    h0 = RNG.normal(size=(batch, H, K, V))
+    o, h = scanweaver.rwkv6(r, k, v, w, u, initial_state=h0, output_final_state=True)
+    want_o, want_h = la_loop(r, k, v, w, K ** -0.5, h0, bonus=u)
+    _close(o, want_o)
+    _close(h, want_h)
+
+
+MAMBA_CASES = [dict(), dict(D="H", z=True), dict(D="HP", dt_bias=True, softplus=True),
+               dict(softplus=True, limit=(0.05, 0.3), dt_bias=True, h0=True), dict(h0=True, cu=[0, 4, 11])]
+
+
+@pytest.mark.parametrize("case", range(len(MAMBA_CASES)))
+def test_mamba2_against_loop(case):
+    c = MAMBA_CASES[case]
+    cu = c.get("cu")
+    batch, L, H, P, G, N = (1, cu[-1], 4, 3, 2, 5) if cu else (2, 13, 4, 3, 2, 5)
+    x, z = RNG.normal(size=(2, batch, L, H, P))
+    dt = RNG.uniform(-1, 1, (batch, L, H)) if c.get("softplus") else RNG.uniform(0.01, 1, (batch, L, H))
+    A = -np.exp(RNG.uniform(-2, 1, H))
+    B, C = RNG.normal(size=(2, batch, L, G, N))
+    D = {"H": RNG.normal(size=H), "HP": RNG.normal(size=(H, P))}.get(c.get("D"))
+    kw = dict(D=D, z=z if c.get("z") else None, dt_bias=RNG.normal(size=H) if c.get("dt_bias") else None,
+              dt_softplus=c.get("softplus", False), dt_limit=c.get("limit", (0.0, math.inf)),
+              initial_states=RNG.normal(size=(len(cu) - 1 if cu else batch, H, P, N)) if c.get("h0") else None)
+    out, h = scanweaver.mamba2_scan(x, dt, A, B, C, return_final_states=True, cu_seqlens=cu, **kw)
+    want, want_h = mamba2_loop(x, dt, A, B, C, kw["D"], kw["z"], kw["dt_bias"], kw["dt_softplus"], kw["dt_limit"],
+                               kw["initial_states"], cu)
+    _close(out, want)
+    _close(h, want_h)
+
+
+def test_decode_steps_match_the_scans():
+    batch, H, K, V = 2, 2, 3, 4
+    q, k = RNG.normal(size=(2, batch, 1, H, K))
+    v, g = RNG.normal(size=(batch, 1, H, V)), _logdecay((batch, 1, H, K))
+    S0 = RNG.normal(size=(batch, H, K, V))
+    o, S = scanweaver.linear_attention_step(S0, q[:, 0], k[:, 0], v[:, 0], g=g[:, 0])
+    o2, S2 = scanweaver.linear_attention(q, k, v, g=g, initial_state=S0, output_final_state=True)
+    _close(o, o2[:, 0])
+    _close(S, S2)
+    u = RNG.normal(size=(H, K))
+    o, S = scanweaver.rwkv6_step(S0, q[:, 0], k[:, 0], v[:, 0], g[:, 0], u)
+    o2, S2 = scanweaver.rwkv6(q, k, v, g, u, initial_state=S0, output_final_state=True)
+    _close(o, o2[:, 0])
+    _close(S, S2)
+    P, N, G = 3, 4, 1
+    x, z = RNG.normal(size=(2, batch, 1, H, P))
+    dt, A = RNG.normal(size=(batch, 1, H)), -RNG.uniform(0.5, 2, H)
+    B, C = RNG.normal(size=(2, batch, 1, G, N))
+    h0, D, bias = RNG.normal(size=(batch, H, P, N)), RNG.normal(size=(H, P)), RNG.normal(size=H)
+    kw = dict(D=D, z=z[:, 0], dt_bias=bias, dt_softplus=True, dt_limit=(0.1, 0.9))
+    y, S = scanweaver.mamba2_step(h0, x[:, 0], dt[:, 0], A, B[:, 0], C[:, 0], **kw)
+    y2, S2 = scanweaver.mamba2_scan(x, dt, A, B, C, initial_states=h0, return_final_states=True,
+                                    **{**kw, "z": z})
+    _close(y, y2[:, 0])
+    _close(S, S2)
+
+
+def test_float16_storage():
+    q, k, v = RNG.normal(size=(3, 1, 6, 2, 4)).astype(np.float16)
+    g = _logdecay((1, 6, 2, 4), -3, -0.01).astype(np.float16)
+    o, h = scanweaver.linear_attention(q, k, v, g=g, output_final_state=True)
+    assert o.dtype == np.float16 and h.dtype == np.float32
+    want, _ = la_loop(*(a.astype(np.float64) for a in (q, k, v, g)), 0.5)
+    np.testing.assert_allclose(o.astype(np.float64), want, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: scanweaver.linear_attention(np.ones((1, 4, 2, 3)), np.ones((1, 4, 2, 2)), np.ones((1, 4, 2, 5))),
+     r"linear_attention: k has shape \(1, 4, 2, 2\)"),
+    (lambda: scanweaver.linear_attention(np.ones((1, 4, 2, 3)), np.ones((1, 4, 2, 3)), np.ones((1, 4, 3, 5))),
+     "heads of q/k must divide those of v"),
+    (lambda: scanweaver.linear_attention(np.ones((1, 4, 2, 3)), np.ones((1, 4, 2, 3)), np.ones((1, 4, 2, 5)),
+                                         g=np.ones((1, 4, 2)), decay=np.ones(2)), "at most one of g"),
+    (lambda: scanweaver.linear_attention(np.ones((1, 4, 2, 3)), np.ones((1, 4, 2, 3)), np.ones((1, 4, 2, 5)),
+                                         g=np.ones((1, 4, 2))), r"g has shape \(1, 4, 2\); it needs"),
+    (lambda: scanweaver.linear_attention(np.ones((2, 4, 2, 3)), np.ones((2, 4, 2, 3)), np.ones((2, 4, 2, 5)),
+                                         cu_seqlens=[0, 4]), "needs batch 1"),
+    (lambda: scanweaver.linear_attention(np.ones((1, 4, 2, 3)), np.ones((1, 4, 2, 3)), np.ones((1, 4, 2, 5)),
+                                         cu_seqlens=[0, 3]), "end at T = 4"),
+    (lambda: scanweaver.linear_attention(np.ones((1, 4, 2, 3)), np.ones((1, 4, 2, 3)), np.ones((1, 4, 2, 5)),
+                                         initial_state=np.ones((1, 2, 5, 3))), r"initial_state has shape"),
+    (lambda: scanweaver.linear_attention(np.ones((1, 4, 2, 3)), np.ones((1, 4, 2, 3)), np.ones((1, 4, 2, 5)),
+                                         backend="nosuch"), "nosuch"),
+    (lambda: scanweaver.rwkv6(np.ones((1, 4, 2, 3)), np.ones((1, 4, 2, 3)), np.ones((1, 4, 2, 5)),
+                              np.ones((1, 4, 2, 3)), np.ones((3, 2))), r"rwkv6: u has shape \(3, 2\)"),
+    (lambda: scanweaver.mamba2_scan(np.ones((1, 4, 2, 3)), np.ones((1, 4, 2)), np.ones(3), np.ones((1, 4, 1, 5)),
+                                    np.ones((1, 4, 1, 5))), r"mamba2_scan: A has shape \(3,\)"),
+    (lambda: scanweaver.mamba2_scan(np.ones((1, 4, 4, 3)), np.ones((1, 4, 4)), np.ones(4), np.ones((1, 4, 3, 5)),
+                                    np.ones((1, 4, 3, 5))), "G dividing H = 4"),
+    (lambda: scanweaver.mamba2_scan(np.ones((1, 4, 2, 3)), np.ones((1, 4, 2)), np.ones(2), np.ones((1, 4, 1, 5)),
+                                    np.ones((1, 4, 1, 5)), D=np.ones(3)), r"D has shape \(3,\)"),
+    (lambda: scanweaver.mamba2_scan(np.ones((1, 4, 2, 3)), np.ones((1, 4, 2)), np.ones(2), np.ones((1, 4, 1, 5)),
+                                    np.ones((1, 4, 1, 5)), dt_limit=(1.0, 0.5)), "min <= max"),
+    (lambda: scanweaver.mamba2_scan(np.ones((1, 4, 2, 3)), np.ones((1, 4, 2)), np.ones(2), np.ones((1, 4, 1, 5)),
+                                    np.ones((1, 4, 1, 5)), initial_states=np.ones((1, 2, 5, 3))),
+     r"initial_states has shape \(1, 2, 5, 3\)"),
+    (lambda: scanweaver.mamba2_scan(np.ones((1, 4, 2, 3)), np.ones((1, 4, 2)), np.ones(2), np.ones((1, 4, 1, 5)),
+                                    np.ones((1, 4, 1, 5)), chunk_size=0), "chunk_size must be a positive"),
+    (lambda: scanweaver.linear_attention_step(np.ones((1, 2, 3, 4)), np.ones((1, 2, 3)), np.ones((1, 2, 3)),
+                                              np.ones((1, 2, 5))), r"linear_attention_step: v has shape"),
+    (lambda: scanweaver.mamba2_step(np.ones((1, 2, 3, 4)), np.ones((1, 2, 3)), np.ones((1, 2)), np.ones(2),
+                                    np.ones((1, 1, 5)), np.ones((1, 1, 4))), r"mamba2_step: B has shape"),
+])
+def test_errors_name_the_argument(call, match):
+    with pytest.raises((ScanInputError, scanweaver.BackendUnavailable), match=match):
+        call()
+
+
+# --- the peers' references (float32) ---------------------------------------------------------------------------
+
+def _torch():
+    return pytest.importorskip("torch")
+
+
+@pytest.mark.parametrize("strength", ["strong", "weak"])
+def test_gla_and_simple_gla_against_fla(strength):
+    torch = _torch()
+    gla, sgla = peers.fla("gla/naive"), peers.fla("simple_gla/naive")
+    if gla is None or sgla is None:
+        pytest.skip(peers.FLA_WHY)
+    B, T, H, K, V = 2, 37, 3, 8, 6
+    lo, hi = (-20.0, -1.0) if strength == "strong" else (-0.1, -1e-4)
+    q, k = RNG.normal(size=(2, B, T, H, K)).astype(np.float32)
+    v = RNG.normal(size=(B, T, H, V)).astype(np.float32)
+    g, gh = _logdecay((B, T, H, K), lo, hi).astype(np.float32), _logdecay((B, T, H), lo, hi).astype(np.float32)
+    h0 = RNG.normal(size=(B, H, K, V)).astype(np.float32)
+    t = [torch.from_numpy(a) for a in (q, k, v, g, gh, h0)]
+    ref_o, ref_h = gla.naive_recurrent_gla(t[0], t[1], t[2], t[3], initial_state=t[5], output_final_state=True)
+    o, h = scanweaver.linear_attention(q, k, v, g=g, initial_state=h0, output_final_state=True)
+    np.testing.assert_allclose(o, ref_o.numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(h, ref_h.numpy(), rtol=1e-4, atol=1e-4)
+    ref_o, ref_h = sgla.naive_recurrent_simple_gla(t[0], t[1], t[2], t[4], scale=0.3, initial_state=t[5],
+                                                   output_final_state=True)
+    o, h = scanweaver.linear_attention(q, k, v, g_head=gh, scale=0.3, initial_state=h0, output_final_state=True)
+    np.testing.assert_allclose(o, ref_o.numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(h, ref_h.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_rwkv6_against_fla():
+    torch = _torch()
+    mod = peers.fla("rwkv6/recurrent_naive")
+    if mod is None:
+        pytest.skip(peers.FLA_WHY)
+    B, T, H, K, V = 2, 29, 2, 8, 4
+    r, k = RNG.normal(size=(2, B, T, H, K)).astype(np.float32)
+    v = RNG.normal(size=(B, T, H, V)).astype(np.float32)
+    w = _logdecay((B, T, H, K)).astype(np.float32)
+    u, h0 = RNG.normal(size=(H, K)).astype(np.float32), RNG.normal(size=(B, H, K, V)).astype(np.float32)
+    head_first = [torch.from_numpy(a).transpose(1, 2) for a in (r, k, v, w)]  # naive_recurrent_rwkv6: (B, H, T, .)
+    ref_o, ref_h = mod.naive_recurrent_rwkv6(*head_first, torch.from_numpy(u), initial_state=torch.from_numpy(h0),
+                                             output_final_state=True)
+    o, h = scanweaver.rwkv6(r, k, v, w, u, initial_state=h0, output_final_state=True)
+    np.testing.assert_allclose(o, ref_o.transpose(1, 2).numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(h, ref_h.numpy(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("D_shape", ["H", "HP"])
+def test_mamba2_against_mamba_ssm(D_shape):
+    torch = _torch()
+    ref = peers.mamba_ref()
+    if ref is None:
+        pytest.skip(peers.MAMBA_WHY)
+    b, L, H, P, G, N = 2, 48, 4, 8, 2, 6  # the combined reference needs L a multiple of its chunk
+    x, z = RNG.normal(size=(2, b, L, H, P)).astype(np.float32)
+    dt = RNG.normal(size=(b, L, H)).astype(np.float32) - 1
+    A = -np.exp(RNG.uniform(-1, 1.5, H)).astype(np.float32)
+    B, C = RNG.normal(size=(2, b, L, G, N)).astype(np.float32)
+    D = (RNG.normal(size=H) if D_shape == "H" else RNG.normal(size=(H, P))).astype(np.float32)
+    bias = RNG.normal(size=H).astype(np.float32)
+    T = {n: torch.from_numpy(a) for n, a in dict(x=x, z=z, dt=dt, A=A, B=B, C=C, D=D, bias=bias).items()}
+    want = ref["ssd_chunk_scan_combined_ref"](T["x"], T["dt"], T["A"], T["B"], T["C"], 16, D=T["D"], z=T["z"],
+                                              dt_bias=T["bias"], dt_softplus=True)
+    got = scanweaver.mamba2_scan(x, dt, A, B, C, D=D, z=z, dt_bias=bias, dt_softplus=True, chunk_size=16)
+    np.testing.assert_allclose(got, want.numpy(), rtol=2e-4, atol=2e-4)
+    # ssd_minimal_discrete: X = x*dt, A = A*dt, one group per head; L a multiple of its block
+    L2 = 32
+    dts = np.log1p(np.exp(dt[:, :L2] + bias))
+    Bh, Ch = (np.repeat(M[:, :L2], H // G, axis=2) for M in (B, C))
+    h0 = RNG.normal(size=(b, H, P, N)).astype(np.float32)
+    Y, final = ref["ssd_minimal_discrete"](torch.from_numpy(x[:, :L2] * dts[..., None]),
+                                           torch.from_numpy(A * dts), torch.from_numpy(Bh), torch.from_numpy(Ch),
+                                           8, initial_states=torch.from_numpy(h0)[:, None])
+    got, h = scanweaver.mamba2_scan(x[:, :L2], dt[:, :L2], A, B[:, :L2], C[:, :L2], dt_bias=bias, dt_softplus=True,
+                                    initial_states=h0, return_final_states=True)
+    np.testing.assert_allclose(got, Y.numpy(), rtol=2e-4, atol=2e-4)
+    np.testing.assert_allclose(h, final.numpy(), rtol=2e-4, atol=2e-4)
