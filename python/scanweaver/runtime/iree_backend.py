@@ -198,7 +198,8 @@ class IreeBackend(Backend):
             raise ScanInputError("iree backend: the module reads h0 and reset as its features say; one is missing")
         args = [self._argument(ctx, arrays.inputs[n], dtype, host) for n in aff.inputs]
         if feats.has_h0:
-            args.append(self._argument(ctx, np.ascontiguousarray(arrays.h0, dtype), dtype, host))
+            # a copy: the module's carried state starts in h0's buffer, and IREE updates it in place
+            args.append(self._argument(ctx, np.array(arrays.h0, dtype, order="C"), dtype, host))
         if feats.has_reset:
             args.append(self._argument(ctx, np.ascontiguousarray(arrays.reset).view(np.int8), np.dtype(np.int8), host))
         y, h_last = fn(*args)  # type: ignore[operator]
