@@ -57,7 +57,7 @@ def _level(low: Lowering, lines: list[str], pa: str, pu: str, d: int, block: int
     else:
         new = {"r": _compose(low, lines, f"{tag}c", right, left, ts)}
     out = []
-    for i, (part, v) in enumerate((("a", pa), ("u", pu))):
+    for i, part in enumerate(("a", "u")):
         cur = f"%{tag}_{part}4"
         for side, pair in new.items():
             nxt = f"%{tag}_{part}{side}4n"
