@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import BackendUnavailable, ScanInputError
+from ..errors import BackendUnavailable, CompileError, ScanInputError
 from ..ir import Stages
 from ..schedules import Tunable
 from ..targets.mlir_target import ENTRY, MLIRRenderer
@@ -65,6 +65,7 @@ def compile_module(source: str, device: str = "llvm-cpu", cache: Path | None = N
     Raises:
         BackendUnavailable: IREE is not installed.
         ScanInputError: ``device`` is unknown.
+        CompileError: ``iree-compile`` rejected the module (its first diagnostic, with a hint where one is known).
     """
     if device not in DEVICES:
         raise ScanInputError(f"iree backend: device={device!r} is unknown; known: {', '.join(DEVICES)}")
@@ -80,7 +81,14 @@ def compile_module(source: str, device: str = "llvm-cpu", cache: Path | None = N
     path = directory / f"{key}-{device}.vmfb"
     if path.exists():
         return path.read_bytes()
-    vmfb = ic.compile_str(source, extra_args=list(flags))
+    try:
+        vmfb = ic.compile_str(source, extra_args=list(flags))
+    except ic.CompilerToolError as exc:
+        text = str(exc)
+        hint = ("; IREE's llvm-cpu links no float64 sin or cos: use float32 or backend='cpu'"
+                if "undefined symbol: sin" in text or "undefined symbol: cos" in text else "")
+        diag = next((ln.strip() for ln in text.splitlines() if "error" in ln), text.splitlines()[0])
+        raise CompileError(f"iree backend: iree-compile failed for device={device}: {diag}{hint}") from None
     directory.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_bytes(vmfb)

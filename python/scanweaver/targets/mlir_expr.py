@@ -127,6 +127,8 @@ class Body:
     def _call(self, fn: str, args: list[str]) -> str:
         if fn not in FUNCTIONS:
             raise ValueError(f"mlir target: no lowering for function {fn!r}")
+        if fn == "tanh" and self.ty == "f64":
+            return _tanh64(self, args[0])
         if fn in _UNARY:
             return self.op(f"{_UNARY[fn]} {args[0]} : {self.ty}")
         if fn in _BINARY_CALLS:
@@ -144,6 +146,16 @@ def _softplus(b: Body, x: str) -> str:
     e = b.op(f"math.exp {b.op(f'arith.negf {ax} : {b.ty}')} : {b.ty}")
     tail = b.op(f"math.log1p {e} : {b.ty}")
     return b.binary("arith.addf", b.binary("arith.maximumf", x, b.const(0.0)), tail)
+
+
+def _tanh64(b: Body, x: str) -> str:
+    """float64 tanh as ``e / (e + 2)``, ``e = expm1(2x)`` (IREE's llvm-cpu has no float64 ``tanh`` to link).
+
+    ``x`` is clamped to [-20, 20], where tanh is +-1 to float64 precision, so ``e`` stays finite.
+    """
+    clamped = b.binary("arith.minimumf", b.binary("arith.maximumf", x, b.const(-20.0)), b.const(20.0))
+    e = b.op(f"math.expm1 {b.binary('arith.mulf', clamped, b.const(2.0))} : {b.ty}")
+    return b.binary("arith.divf", e, b.binary("arith.addf", e, b.const(2.0)))
 
 
 def _silu(b: Body, x: str) -> str:
