@@ -57,7 +57,7 @@ DEVICES: dict[str, IreeDevice] = {d.name: d for d in (
                "PTX for sm_80, JIT-compiled by the driver on newer GPUs (IREE 3.13 rejects sm_90: "
                "'missing GPU target')"),
     IreeDevice("rocm", "hip", ("--iree-hal-target-device=hip",), "SCANWEAVER_IREE_ROCM_TARGET",
-               "--iree-hip-target", "gfx942", "MI300"),
+               "--iree-rocm-target", "gfx942", "MI300"),
     IreeDevice("vulkan", "vulkan", ("--iree-hal-target-device=vulkan",), "SCANWEAVER_IREE_VULKAN_TARGET",
                "--iree-vulkan-target", "", "IREE's baseline SPIR-V target unless an architecture is named"),
     IreeDevice("metal", "metal", ("--iree-hal-target-device=metal",)),
