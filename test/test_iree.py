@@ -122,7 +122,7 @@ GPU_SCHEDULES = ("sequential", "chunked")
 
 
 @pytest.mark.skipif(not os.environ.get("SCANWEAVER_IREE_GPU_COMPILE"),
-                    reason="the GPU compiles take 10-60 s each; CI runs them (.ci/run sets SCANWEAVER_IREE_GPU_COMPILE=1)")
+                    reason="GPU compiles take 10-60 s each; CI runs them (.ci/run sets SCANWEAVER_IREE_GPU_COMPILE=1)")
 @pytest.mark.parametrize("device", GPU_DEVICES)
 def test_the_gpu_schedules_compile_for_every_gpu_target(device):
     from scanweaver.runtime.iree_backend import compile_module
