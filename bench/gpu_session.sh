@@ -4,7 +4,10 @@
 #   2. bench/gpu_check.py --json (correctness of every schedule, default path against the roofline);
 #   3. bench/gpu_defaults.py (this GPU's per-size-class defaults, as a device file);
 #   4. bench/gpu_scoreboard.sh (ScanWeaver beside every GPU peer, with that device file in use);
-#   5. bench/gpu_training.py when at least 2 minutes are left (forward + backward beside the GPU peers).
+#   5. bench/gpu_training.py when at least 2 minutes are left (forward + backward beside the GPU peers);
+#   6. the iree backend's cuda modules (bench/mlir_gpu.py --run), when .deps/iree holds them and IREE's runtime
+#      imports (prepare with bench/mlir_gpu.py --prepare .deps/iree and pip install --target .deps/site
+#      iree-base-runtime); skipped otherwise.
 # Everything lands in $OUT (or ./gpu-session): tests.log, gpu_check.json, h200.json, gpu.json, gpu.md,
 # one PNG, gpu_training.json, session.log. Prepare .deps once beforehand with bench/gpu_deps.sh and carry it.
 set -uo pipefail
@@ -62,6 +65,13 @@ if [ "$left" -ge 120 ]; then
   echo "gpu_training: exit $?"
 else
   echo "gpu_training: skipped, ${left} s left (run it alone: python3 bench/gpu_training.py --out FILE)"
+fi
+echo "== 6. MLIR: the iree backend's cuda modules, if prepared"
+if [ -f .deps/iree/manifest.json ] && python3 -c "import iree.runtime as r; r.Config('cuda')" 2>/dev/null; then
+  timeout 120 python3 bench/mlir_gpu.py --run .deps/iree --json > "$OUTDIR/mlir_gpu.json"
+  echo "mlir_gpu: exit $?"; head -c 2000 "$OUTDIR/mlir_gpu.json"
+else
+  echo "mlir_gpu: skipped (no .deps/iree modules, or IREE's runtime finds no cuda device)"
 fi
 echo "== done in $(( $(date +%s) - start )) s; files: $(ls "$OUTDIR" | tr '\n' ' ')"
 [ -f "$OUTDIR/gpu.md" ] && sed -n '1,60p' "$OUTDIR/gpu.md"
