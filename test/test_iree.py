@@ -133,3 +133,15 @@ def test_the_gpu_schedules_compile_for_every_gpu_target(device):
         stages = lower(scanweaver.api.SELECTIVE.scan_ir("float32", feats), schedule, CONFIGS[schedule], ())
         vmfb = compile_module(MLIRRenderer().render(stages), device)  # cached: a rerun compiles nothing
         assert len(vmfb) > 1000, (device, schedule, compile_flags(device))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("kernel_tuner") is None, reason="Kernel Tuner is not installed")
+def test_kernel_tuner_times_real_iree_modules(tmp_path, monkeypatch):
+    from scanweaver.tuning import tune
+
+    monkeypatch.chdir(tmp_path)
+    report = tune("selective_scan", backend="iree", shape=(2, 70), schedule=("chunked", "sequential"),
+                  values={"chunk": [256]}, record=False, progress=False)
+    assert report.best is not None and report.backend == "iree"
+    assert {e.schedule for e in report.ok} == {"chunked", "sequential"}  # both ran and verified
+    assert all(e.time_ms > 0 for e in report.ok)

@@ -244,7 +244,7 @@ def test_every_kind_of_plug_in_goes_through_a_registry():
         assert reg.failures == {}, reg.failures
     assert set(BACKENDS.names()) >= {"numpy", "cpu", "opencl", "cuda", "julia", "iree"}
     assert set(TARGETS.names()) == {"numpy", "c", "opencl", "cuda", "julia", "mlir"}
-    assert set(TUNING.names()) == {"cpu", "opencl", "cuda", "julia"}
+    assert set(TUNING.names()) == {"cpu", "opencl", "cuda", "julia", "iree"}
 
 
 def test_device_array_owners_come_from_the_backends_declarations():
