@@ -187,8 +187,8 @@ class IreeBackend(Backend):
             return hit
         import iree.runtime as rt
 
+        cfg = self._config(DEVICES[device].driver)  # no device for the driver: say so before compiling
         vmfb = compile_module(stages.kernel, device)
-        cfg = self._config(DEVICES[device].driver)
         ctx = rt.SystemContext(config=cfg)  # one context per module: every module is named ``module``
         ctx.add_vm_module(rt.VmModule.copy_buffer(ctx.instance, vmfb))
         hit = (ctx.modules.module[ENTRY], ctx, DEVICES[device].driver.startswith("local"))
