@@ -8,7 +8,10 @@
 #   3. bench/gpu_defaults.py (this GPU's per-size-class defaults, as a device file);
 #   4. bench/gpu_scoreboard.sh (ScanWeaver beside every GPU scan peer, with that device file in use);
 #   5. bench/gpu_models.py (Mamba-1, Mamba-2, GLA beside mamba-ssm and flash-linear-attention);
-#   6. bench/gpu_training.py (forward + backward beside the GPU peers).
+#   6. bench/gpu_training.py (forward + backward beside the GPU peers);
+#   7. the iree backend's cuda modules (bench/mlir_gpu.py --run), when .deps/iree holds them and IREE's runtime
+#      imports (prepare with bench/mlir_gpu.py --prepare .deps/iree and pip install --target .deps/site
+#      iree-base-runtime); skipped otherwise.
 # Everything lands in $OUT (or ./gpu-session): tests.log, gpu_check.json, h200.json, gpu.json, gpu.md,
 # one PNG, gpu_models.json/.md, gpu_training.json, summary.txt, session.log. Prepare .deps once beforehand
 # with bench/gpu_deps.sh and carry it. STEPS="models training" (names as in the summary) runs only those,
@@ -18,7 +21,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUTDIR="${OUT:-$PWD/gpu-session}"
 DEADLINE_S="${DEADLINE_S:-465}"
-STEPS="${STEPS:-tests gpu_check defaults scoreboard models training}"
+STEPS="${STEPS:-tests gpu_check defaults scoreboard models training mlir}"
 mkdir -p "$OUTDIR"
 export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
 [ -d .deps/site ] && export PYTHONPATH="$PYTHONPATH:$PWD/.deps/site"
@@ -93,6 +96,10 @@ rm -rf "$OUTDIR/scoreboard" "$OUTDIR/devices"
 step models 60 200 1 -- bash -c 'python3 bench/gpu_models.py --out "$0" --budget $(( STEP_LIMIT - 45 ))' "$OUTDIR"
 
 step training 90 150 "" -- python3 bench/gpu_training.py --out "$OUTDIR/gpu_training.json"
+
+step mlir 30 120 "" -- bash -c 'if [ -f .deps/iree/manifest.json ] && python3 -c "import iree.runtime as r; r.Config(\"cuda\")" 2>/dev/null; then
+  python3 bench/mlir_gpu.py --run .deps/iree --json > "$0/mlir_gpu.json"; else
+  echo "mlir_gpu: skipped (no .deps/iree modules, or IREE runtime finds no cuda device)"; fi' "$OUTDIR"
 
 echo "== done in $(( $(date +%s) - start )) s; files: $(ls "$OUTDIR" | tr '\n' ' ')"
 [ -f "$OUTDIR/gpu.md" ] && sed -n '1,60p' "$OUTDIR/gpu.md"

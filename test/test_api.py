@@ -130,7 +130,7 @@ def test_last_call_is_observable(rng):
 
 
 def test_import_loads_no_optional_dependency():
-    heavy = ["kernel_tuner", "pyopencl", "cupy", "juliacall", "torch", "jax", "matplotlib", "scipy"]
+    heavy = ["kernel_tuner", "pyopencl", "cupy", "juliacall", "torch", "jax", "matplotlib", "scipy", "iree"]
     code = ("import sys, scanweaver; import numpy as np; "
             "scanweaver.selective_scan(np.ones((1, 4)), np.ones((1, 4)), np.ones((1, 4)), backend='numpy'); "
             f"print([m for m in {heavy!r} if m in sys.modules])")

@@ -234,15 +234,17 @@ def test_names_collide_loudly_and_registration_is_idempotent():
 def test_every_kind_of_plug_in_goes_through_a_registry():
     from scanweaver.targets.c_source import C_SCHEDULES
     from scanweaver.targets.gpu import SCHEDULES as GPU_SCHEDULES
+    from scanweaver.targets.mlir_target import MLIR_SCHEDULES
     from scanweaver.targets.reference import OPS
     from scanweaver.tuning.langs import TARGETS as TUNING
 
-    for reg in (SCHEDULES, BACKENDS, TARGETS, C_SCHEDULES, GPU_SCHEDULES, OPS, TUNING, FUSED, FUSED_KERNELS):
+    for reg in (SCHEDULES, BACKENDS, TARGETS, C_SCHEDULES, GPU_SCHEDULES, MLIR_SCHEDULES, OPS, TUNING, FUSED,
+                FUSED_KERNELS):
         assert isinstance(reg, Registry)
         assert reg.failures == {}, reg.failures
-    assert set(BACKENDS.names()) >= {"numpy", "cpu", "opencl", "cuda", "julia"}
-    assert set(TARGETS.names()) == {"numpy", "c", "opencl", "cuda", "julia"}
-    assert set(TUNING.names()) == {"cpu", "opencl", "cuda", "julia"}
+    assert set(BACKENDS.names()) >= {"numpy", "cpu", "opencl", "cuda", "julia", "iree"}
+    assert set(TARGETS.names()) == {"numpy", "c", "opencl", "cuda", "julia", "mlir"}
+    assert set(TUNING.names()) == {"cpu", "opencl", "cuda", "julia", "iree"}
 
 
 def test_device_array_owners_come_from_the_backends_declarations():

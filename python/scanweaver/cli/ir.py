@@ -52,12 +52,12 @@ def target_backend(target: str) -> str:
     raise argparse.ArgumentTypeError(f"--target {target!r} is unknown; known targets: {', '.join(known)}")
 
 
-@command("ir", help="print the stages scan -> affine_scan -> assoc_scan -> schedule -> kernel")
+@command("ir", help="print the stages scan -> affine_scan -> assoc_scan -> schedule -> kernel (or mlir)")
 class IR:
     @staticmethod
     def add_arguments(p: argparse.ArgumentParser) -> None:
         p.add_argument("--schedule", default="auto", help="schedule name (default: the target's default)")
-        p.add_argument("--target", default="c", help="numpy, c, opencl or cuda (default c)")
+        p.add_argument("--target", default="c", help="numpy, c, opencl, cuda or mlir (default c)")
         p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
         p.add_argument("--recurrence", choices=RECURRENCES + MATRIX, default="selective",
                        help="selective: y = c*h; selective_h: y = h; gla, mamba2, rwkv6: matrix-state steps "
@@ -65,11 +65,16 @@ class IR:
         p.add_argument("--param", type=_param, action="append", default=[],
                        help="a tunable as name=value, e.g. --param chunk=1024 (repeatable)")
         p.add_argument("--stage", default=None, help="print only this stage")
+        p.add_argument("--mlir", action="store_true",
+                       help="print only the MLIR module (stage mlir of the iree backend; same as --target mlir "
+                            "--stage mlir)")
 
     @staticmethod
     def run(args: argparse.Namespace) -> int:
         from ..api import SELECTIVE, SELECTIVE_NO_C
 
+        if args.mlir:
+            args.target, args.stage = "mlir", "mlir"
         try:
             backend = target_backend(args.target)
         except argparse.ArgumentTypeError as exc:

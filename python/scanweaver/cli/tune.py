@@ -94,7 +94,7 @@ def import_(path: str, as_json: bool) -> int:
 class Tune:
     @staticmethod
     def add_arguments(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--backend", default="cpu", help="cpu, opencl, cuda or julia (default: cpu)")
+        p.add_argument("--backend", default="cpu", help="cpu, opencl, cuda, julia or iree (default: cpu)")
         p.add_argument("--shape", type=parse_shape, default=(8, 512, 4096),
                        help="operand shape B,D,L (any leading sizes; last is L), default 8,512,4096")
         p.add_argument("--dtype", default="float32", choices=("float32", "float64"))

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from .printer import print_affine, print_assoc, print_scan, print_schedule
 from .stages import AffineScanIR, AssocScanIR, ScanIR, ScheduleIR
 
-STAGE_NAMES = ("scan", "affine_scan", "assoc_scan", "schedule", "kernel")
+STAGE_NAMES = ("scan", "affine_scan", "assoc_scan", "schedule", "kernel", "mlir")
 
 
 @dataclass(frozen=True)
@@ -20,7 +20,8 @@ class Stages:
 
     Attributes:
         scan, affine, assoc, schedule: the IR objects.
-        kernel: target source text, or ``None`` for the NumPy interpreter.
+        kernel: target source text, or ``None`` for the NumPy interpreter; for the ``mlir``
+            target it is printed as stage ``mlir`` (an MLIR module) instead of ``kernel``.
         target: the kernel's target name (``c``, ``opencl``, ``cuda``, ``numpy``).
     """
 
@@ -42,7 +43,7 @@ class Stages:
         if self.schedule is not None:
             out["schedule"] = print_schedule(self.schedule)
         if self.kernel is not None:
-            out["kernel"] = self.kernel
+            out["mlir" if self.target == "mlir" else "kernel"] = self.kernel
         return out
 
     def __str__(self) -> str:

@@ -26,7 +26,7 @@ class Blelloch(Schedule):
 
     name = "blelloch"
     description = "Blelloch up-sweep/root/down-sweep over affine pairs in blocks of 2*workgroup_size"
-    implementations = {"numpy": BOTH, "opencl": DIAGONAL, "cuda": DIAGONAL, "julia": DIAGONAL}
+    implementations = {"numpy": BOTH, "opencl": DIAGONAL, "cuda": DIAGONAL, "julia": DIAGONAL, "mlir": DIAGONAL}
     tunables = (
         dataclasses.replace(WORKGROUP_SIZE, values=(32, 64, 128, 256, 512, 1024), rule=_wg_rule,
                             doc="work-items per workgroup; a block holds 2*workgroup_size elements"),

@@ -20,7 +20,7 @@ class Chunked(Schedule):
 
     name = "chunked"
     description = "split L into chunks: local reduce, scan of chunk aggregates, carry fix-up"
-    implementations = {"numpy": BOTH, "c": BOTH, "julia": DIAGONAL}
+    implementations = {"numpy": BOTH, "c": BOTH, "julia": DIAGONAL, "mlir": DIAGONAL}
     tunables = (
         Tunable("chunk", 2048, (256, 512, 1024, 2048, 4096, 8192, 16384),
                 "elements of L per chunk", positive),

@@ -13,7 +13,7 @@ class Sequential(Schedule):
     name = "sequential"
     description = "one loop over L per lane (the naive baseline); lanes in parallel"
     tunables = ()
-    implementations = {"numpy": BOTH, "c": BOTH, "opencl": BOTH, "cuda": BOTH, "julia": DIAGONAL}
+    implementations = {"numpy": BOTH, "c": BOTH, "opencl": BOTH, "cuda": BOTH, "julia": DIAGONAL, "mlir": DIAGONAL}
 
     def ops(self, config):
         return (ScheduleOp("sequential.scan"),)
