@@ -19,6 +19,7 @@ from .frontend import sigmoid, silu, softplus
 from .tuning import tune
 from .logspace import log_scan
 from .mamba import mamba_selective_scan
+from .matrix.delta_rule import delta_rule
 
 __version__ = "0.1.0"
 
@@ -30,6 +31,7 @@ __all__ = [
     "ScanInputError",
     "ScanWeaverError",
     "VerificationError",
+    "delta_rule",
     "log_scan",
     "mamba_selective_scan",
     "plan",
