@@ -1,7 +1,11 @@
-"""``scanweaver.delta_rule`` (DeltaNet) against a float64 loop of its defining recurrence, and the fused
-operation's NumPy backward against finite differences."""
+"""``scanweaver.delta_rule`` (DeltaNet) against a float64 loop of its defining recurrence, the fused
+operation's NumPy backward against finite differences, and its GPU rendering: run on OpenCL (PoCL here)
+against the NumPy definition, its CUDA text compiled for sm_90 with nvcc."""
 
 from __future__ import annotations
+
+import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -10,7 +14,9 @@ import scanweaver
 from scanweaver import BackendUnavailable, ScanInputError
 from scanweaver.fused import REGISTRY as FUSED
 from scanweaver.fused.delta_rule import DeltaRuleFeatures, backward_reference, forward_reference
-from scanweaver.runtime import get_backend
+from scanweaver.runtime import REGISTRY, get_backend
+from scanweaver.targets import TARGETS
+from scanweaver.targets.fused import kernel_for
 
 
 def loop(q, k, v, beta, scale, h0=None, cu=None):
@@ -40,23 +46,32 @@ def operands(rng, batch=2, T=9, H=3, K=4, V=5, dtype=np.float64):
     return tuple(a.astype(dtype) for a in (q, k, v, beta))
 
 
-@pytest.mark.parametrize("packed", [False, True])
-def test_delta_rule_matches_the_float64_loop(rng, packed):
+def backend_or_skip(name: str) -> str:
+    """``name`` when that backend can run here, else a skip saying why."""
+    cls = REGISTRY.get(name)
+    if not cls.availability().ok:
+        pytest.skip(f"backend {name!r} unavailable: {cls.availability().reason}")
+    return name
+
+
+@pytest.mark.parametrize("backend, packed", [("numpy", False), ("numpy", True), ("opencl", True)])
+def test_delta_rule_matches_the_float64_loop(rng, backend, packed):
     q, k, v, beta = operands(rng, batch=1 if packed else 2, T=11)
     cu = np.array([0, 4, 4, 11]) if packed else None
     h0 = rng.normal(size=(3 if packed else 2, 3, 4, 5))
-    o, h = scanweaver.delta_rule(q, k, v, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu)
+    o, h = scanweaver.delta_rule(q, k, v, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu,
+                                 backend=backend_or_skip(backend))
     want, want_h = loop(q, k, v, beta, 4 ** -0.5, h0, cu)
     np.testing.assert_allclose(o, want, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(h, want_h, rtol=1e-12, atol=1e-12)
-    o2, none = scanweaver.delta_rule(q, k, v, beta, scale=0.3, cu_seqlens=cu, backend="numpy")
+    o2, none = scanweaver.delta_rule(q, k, v, beta, scale=0.3, cu_seqlens=cu, backend=backend)
     assert none is None
     np.testing.assert_allclose(o2, loop(q, k, v, beta, 0.3, None, cu)[0], rtol=1e-12, atol=1e-12)
 
 
 def test_float32_inputs_compute_in_float32(rng):
     q, k, v, beta = operands(rng, dtype=np.float32)
-    o, h = scanweaver.delta_rule(q, k, v, beta, output_final_state=True)
+    o, h = scanweaver.delta_rule(q, k, v, beta, output_final_state=True, backend="numpy")
     assert o.dtype == np.float32 and h.dtype == np.float32
     np.testing.assert_allclose(o, loop(q, k, v, beta, 0.5)[0], rtol=1e-4, atol=1e-5)
 
@@ -115,3 +130,65 @@ def test_bad_input_names_the_argument(rng):
         scanweaver.delta_rule(q.astype(complex), k, v, beta)
     with pytest.raises(BackendUnavailable, match="no delta_rule forward kernel"):
         scanweaver.delta_rule(q, k, v, beta, backend="cpu")
+
+
+#: (dtype, packed, has_h0, has_dhlast, K, V, config): V split over workgroups, tiles that do not divide T.
+GPU_CASES = [("float64", False, True, True, 4, 6, {"workgroup_size": 8, "time_tile": 4}),
+             ("float32", True, False, False, 5, 19, {"workgroup_size": 8, "time_tile": 3})]
+
+
+def gpu_problem(rng, dtype, packed, has_h0, has_dhlast, K, V):
+    batch, T, H = (1 if packed else 2), 13, 3
+    cu = np.array([0, 4, 4, 9, T], np.int64) if packed else None
+    nseq = 4 if packed else batch
+    q, k, v, beta = operands(rng, batch=batch, T=T, H=H, K=K, V=V, dtype=dtype)
+    state = (nseq, H, K, V)
+    arrays = {"q": q, "k": k, "v": v, "beta": beta, "cu_seqlens": cu, "do": rng.normal(size=v.shape).astype(dtype),
+              "h0": rng.normal(size=state).astype(dtype) if has_h0 else None,
+              "dhlast": rng.normal(size=state).astype(dtype) if has_dhlast else None}
+    return DeltaRuleFeatures(dtype, K, V, has_h0, packed, has_dhlast), {"batch": batch, "T": T, "H": H,
+                                                                          "nseq": nseq}, arrays
+
+
+@pytest.mark.parametrize("case", GPU_CASES, ids=[c[0] for c in GPU_CASES])
+def test_opencl_forward_and_backward_match_the_definition(rng, case):
+    be = get_backend(backend_or_skip("opencl"))
+    *spec, config = case
+    features, sizes, a = gpu_problem(rng, *spec)
+    op = FUSED.get("delta_rule")
+    ins = [a[n] for n in ("q", "k", "v", "beta")]
+    o, hlast = forward_reference(*ins, h0=a["h0"], cu_seqlens=a["cu_seqlens"])
+    out = {"o": np.full_like(o, np.nan), "hlast": np.full_like(hlast, np.nan)}
+    be.run_fused(op.call("forward", features, config), {**a, **out}, sizes)
+    tol = {"float32": 2e-5, "float64": 1e-12}[features.dtype]
+    np.testing.assert_allclose(out["o"], o, rtol=tol, atol=tol)
+    np.testing.assert_allclose(out["hlast"], hlast, rtol=tol, atol=tol)
+    want = backward_reference(*ins, h0=a["h0"], cu_seqlens=a["cu_seqlens"], do=a["do"], dhlast=a["dhlast"])
+    grads = {n: np.full_like(w, np.nan) for n, w in want.items() if op.enabled(n, features)}
+    be.run_fused(op.call("backward", features, config), {**a, **grads}, sizes)
+    assert set(grads) >= {"dq", "dk", "dv", "dbeta"}
+    for name, got in grads.items():
+        np.testing.assert_allclose(got, want[name], rtol=tol, atol=tol * max(1.0, float(np.abs(want[name]).max())),
+                                   err_msg=name)
+
+
+NVCC = shutil.which("nvcc")
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH (CUDA toolkit not installed)")
+@pytest.mark.parametrize("case", GPU_CASES, ids=[c[0] for c in GPU_CASES])
+def test_cuda_kernels_compile_to_ptx_and_sm90(tmp_path, rng, case):
+    """Nothing CUDA runs here: the kernels that ran on OpenCL compile for sm_90."""
+    *spec, config = case
+    features, _, _ = gpu_problem(rng, *spec)
+    for part, entries in (("forward", ["forward"]), ("backward", ["bwd_deltas", "bwd_values", "bwd_keys"])):
+        source = kernel_for("cuda", "delta_rule").render(TARGETS.get("cuda")(), FUSED.get("delta_rule").call(
+            part, features, config))
+        cu, ptx = tmp_path / f"{part}.cu", tmp_path / f"{part}.ptx"
+        cu.write_text(source)
+        for args in (["-ptx", "-o", str(ptx), str(cu)], ["-cubin", "-arch=sm_90", "-o", str(tmp_path / "k.cubin"),
+                                                          str(ptx)]):
+            proc = subprocess.run([NVCC, *args], capture_output=True, text=True, timeout=300)
+            assert proc.returncode == 0 and "warning" not in proc.stderr.lower(), proc.stderr
+        text = ptx.read_text()
+        assert all(f".entry sw_delta_rule_{e}(" in text for e in entries)

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .base import PARTS, FusedOp, Param, register
-from .matrix_state import _segments
+from .matrix_state import GPU_TUNABLES, _segments
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,8 @@ class DeltaRule(FusedOp):
     name = "delta_rule"
     description = "delta rule S_t = (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T read by q_t (DeltaNet)"
     parts = PARTS
-    implementations = {"numpy": PARTS}
+    tunables = {"gpu": GPU_TUNABLES}
+    implementations = {"numpy": PARTS, "opencl": PARTS, "cuda": PARTS}
 
     def params(self, part: str) -> tuple[Param, ...]:
         return _params(part)

@@ -203,14 +203,19 @@ def defaults(features: MatrixStateFeatures, sizes: dict) -> dict[str, int]:
     """``workgroup_size``: V rounded up to a power of two (8 to 128), halved down to 32 while the GPU would
     have fewer than :data:`BUSY_GROUPS` workgroups; ``time_tile``: 16, halved until local memory fits
     :data:`LOCAL_BUDGET`."""
-    wg = min(128, max(8, 1 << max(0, features.V - 1).bit_length()))
-    heads = sizes.get("nseq", 1) * sizes.get("H", 1)
-    while wg > 32 and heads * -(-features.V // wg) < BUSY_GROUPS:
-        wg //= 2
     tt = 16
     while tt > 1 and local_bytes("backward", features, tt) > LOCAL_BUDGET:
         tt //= 2
-    return {"workgroup_size": wg, "time_tile": tt}
+    return {"workgroup_size": columns_per_group(features.V, sizes), "time_tile": tt}
+
+
+def columns_per_group(V: int, sizes: dict) -> int:
+    """The default ``workgroup_size`` of column kernels (see :func:`defaults`)."""
+    wg = min(128, max(8, 1 << max(0, V - 1).bit_length()))
+    heads = sizes.get("nseq", 1) * sizes.get("H", 1)
+    while wg > 32 and heads * -(-V // wg) < BUSY_GROUPS:
+        wg //= 2
+    return wg
 
 
 KERNELS.register(FusedKernel("matrix_state", "gpu", ("forward", "backward"), render,
