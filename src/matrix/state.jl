@@ -158,14 +158,27 @@ function check_matrix_size(api, name, A, want, layout)
 end
 
 """
-    check_matrix_state(api, o, hlast, q, k, v, g, u, h0, cu_seqlens, decay) -> nseq
+    check_matrix_state(api, outs, states, q, k, v, g, u, cu_seqlens, decay) -> nseq
 
 Shapes, real float element types and one device for the matrix-state scan;
 throws `DimensionMismatch` or `ArgumentError` naming the argument, what it got
-and what it needs. Returns the number of sequences (rows of the states).
+and what it needs. `outs` are named arrays of `v`'s size (`(; o)`, `(; dout)`),
+`states` named `(V, K, H, nseq)` arrays (`(; h0, hlast)`). Returns the number
+of sequences (rows of the states).
 """
-function check_matrix_state(api::Symbol, o, hlast, q, k, v, g, u, h0, cu_seqlens, decay)
-    named = (; o, hlast, q, k, v, g, u, h0)
+function check_matrix_state(
+    api::Symbol,
+    outs::NamedTuple,
+    states::NamedTuple,
+    q,
+    k,
+    v,
+    g,
+    u,
+    cu_seqlens,
+    decay,
+)
+    named = (; outs..., states..., q, k, v, g, u)
     for (name, X) in pairs(named)
         X === nothing && continue
         if !(X isa AbstractArray) || !(eltype(X) <: AbstractFloat)
@@ -189,7 +202,9 @@ function check_matrix_state(api::Symbol, o, hlast, q, k, v, g, u, h0, cu_seqlens
     end
     check_matrix_size(api, :q, q, (nk, Hq, T, batch), "(K, Hq, T, batch)")
     check_matrix_size(api, :k, k, (nk, Hq, T, batch), "q's size (K, Hq, T, batch)")
-    check_matrix_size(api, :o, o, size(v), "v's size (V, H, T, batch)")
+    for (name, X) in pairs(outs)
+        check_matrix_size(api, name, X, size(v), "v's size (V, H, T, batch)")
+    end
     decay in MATRIX_DECAYS ||
         throw(ArgumentError(
             "$api: decay = $(repr(decay)) must be one of $(join(MATRIX_DECAYS, ", "))",
@@ -222,7 +237,7 @@ function check_matrix_state(api::Symbol, o, hlast, q, k, v, g, u, h0, cu_seqlens
         end
         nseq = length(offsets) - 1
     end
-    for (name, X) in pairs((; h0, hlast))
+    for (name, X) in pairs(states)
         check_matrix_size(api, name, X, (nv, nk, H, nseq), "(V, K, H, nseq)")
     end
     check_backends(api, array_backend(v), named)
@@ -252,7 +267,7 @@ function matrix_state_scan!(
     workgroupsize = nothing,
 )
     api = :matrix_state_scan!
-    nseq = check_matrix_state(api, o, hlast, q, k, v, g, u, h0, cu_seqlens, decay)
+    nseq = check_matrix_state(api, (; o), (; h0, hlast), q, k, v, g, u, cu_seqlens, decay)
     check_tunables(api, (; workgroupsize))
     backend = array_backend(v)
     wg = something(
