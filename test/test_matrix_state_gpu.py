@@ -108,6 +108,15 @@ def test_opencl_defaults_run_and_a_call_without_sequences_writes_nothing(rng):
     be.run_fused(OP.call("forward", f0, cfg), empty, {"batch": 1, "T": 0, "H": 2, "Hq": 2, "nseq": 0})
 
 
+def test_offsets_outside_the_sequence_are_refused_before_any_kernel(rng):
+    be = opencl()
+    features, sizes, a = problem(rng, "scalar", "after", False, False, True, False, "float32", 2, 2, 4, 8)
+    a["cu_seqlens"] = np.array([0, 4, 40, 9, 13], np.int64)
+    with pytest.raises(ScanInputError, match=r"cu_seqlens = \[0, 4, 40, 9, 13\] must rise from 0 to T = 13"):
+        be.run_fused(OP.call("forward", features, {"workgroup_size": 8, "time_tile": 4}),
+                     {**a, "o": np.zeros_like(a["v"])}, sizes)
+
+
 def test_bad_tunables_and_oversized_tiles_are_refused():
     with pytest.raises(ScanInputError, match="workgroup_size"):
         OP.resolve("gpu", {"workgroup_size": 48}, {}, "test")

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .base import PARTS, FusedOp, Param, register
-from .matrix_state import GPU_TUNABLES, _segments
+from .matrix_state import GPU_TUNABLES, _segments, check_offsets
 
 
 @dataclass(frozen=True)
@@ -100,6 +100,12 @@ class DeltaRule(FusedOp):
     def enabled(self, name: str, features: DeltaRuleFeatures) -> bool:
         flag = _SWITCH.get(name)
         return flag is None or bool(getattr(features, flag))
+
+    def arguments(self, part, features, arrays, sizes, api):
+        out = super().arguments(part, features, arrays, sizes, api)
+        if features.has_seqlens:
+            check_offsets(api, arrays["cu_seqlens"], sizes["T"])
+        return out
 
     def reference(self, part, features: DeltaRuleFeatures, arrays, sizes) -> None:
         cu = arrays.get("cu_seqlens") if features.has_seqlens else None

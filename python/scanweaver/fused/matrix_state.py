@@ -155,6 +155,12 @@ class MatrixState(FusedOp):
         flag = _SWITCH.get(name)
         return flag is None or bool(getattr(features, flag))
 
+    def arguments(self, part, features, arrays, sizes, api):
+        out = super().arguments(part, features, arrays, sizes, api)
+        if features.has_seqlens:
+            check_offsets(api, arrays["cu_seqlens"], sizes["T"])
+        return out
+
     def reference(self, part, features: MatrixStateFeatures, arrays, sizes) -> None:
         kw = {n: arrays.get(n) for n in _OPT_IN}
         kw["cu_seqlens"] = kw["cu_seqlens"] if features.has_seqlens else None
@@ -184,6 +190,18 @@ def _params(part: str) -> tuple[Param, ...]:
     outs = [Param("dq", "out"), Param("dk", "out"), Param("dv", "out"),
             *(Param(n, "out", True) for n in ("dg", "du", "dh0"))]
     return (*ins, Param("do", "in"), Param("dhlast", "in", True), *outs, *sizes)
+
+
+def check_offsets(api: str, cu_seqlens: np.ndarray, T: int) -> None:
+    """Kernels index with ``cu_seqlens``: it must rise from 0 to T.
+
+    Raises:
+        ScanInputError: naming the offsets and what they need.
+    """
+    cu = np.asarray(cu_seqlens)
+    if cu.size and (cu[0] != 0 or cu[-1] != T or np.any(cu[1:] < cu[:-1])):
+        shown = cu.tolist() if cu.size <= 16 else f"{cu[:8].tolist()} ... {cu[-8:].tolist()}"
+        raise ScanInputError(f"{api}: cu_seqlens = {shown} must rise from 0 to T = {T}")
 
 
 def _segments(T: int, batch: int, cu_seqlens) -> list[tuple[int, int, int, int]]:
