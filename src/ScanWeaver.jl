@@ -10,6 +10,7 @@ export selective_scan, selective_scan!, SCHEDULES
 export ScanSchedule, Sequential, Blelloch, Hybrid, ReduceThenScan
 export elapsed_ms, time_scan, tune_scan
 export mamba_selective_scan, mamba_selective_scan!
+export matrix_state_scan, matrix_state_scan!, matrix_state_backward
 
 include("pairs.jl")
 include("operands.jl")
@@ -30,5 +31,7 @@ include("mamba/elements.jl")
 include("mamba/kernels.jl")
 include("mamba/api.jl")
 include("mamba/host.jl")
+include("matrix/state.jl")
+include("matrix/backward.jl")
 
 end

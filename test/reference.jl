@@ -92,3 +92,55 @@ function mamba_reference(
     end
     return y, h_last
 end
+
+"""
+    matrix_reference(q, k, v; g, u, h0, cu_seqlens, reverse) -> (o, hlast)
+
+The matrix-state scan as a plain double-precision loop over (sequence, head,
+t, i, j), in Julia layout (`src/matrix/state.jl`), written from the
+definition `S_t = exp(g_t) * S_{t-1} + k_t v_t'`, `o_t = S_t' q_t` (with `u`:
+`o_t = S_{t-1}' q_t + (q_t . (u .* k_t)) v_t`).
+"""
+function matrix_reference(
+    q,
+    k,
+    v;
+    g = nothing,
+    u = nothing,
+    h0 = nothing,
+    cu_seqlens = nothing,
+    reverse = false,
+)
+    nv, H, T, batch = size(v)
+    nk, Hq = size(q, 1), size(q, 2)
+    segs = cu_seqlens === nothing ?
+        [(b, b, 1, T) for b in 1:batch] :
+        [
+            (n, 1, cu_seqlens[n] + 1, cu_seqlens[n + 1] - cu_seqlens[n])
+            for n in 1:(length(cu_seqlens) - 1)
+        ]
+    o = zeros(Float64, size(v))
+    hlast = zeros(Float64, nv, nk, H, length(segs))
+    for (n, b, start, len) in segs, h in 1:H
+        hq = (h - 1) ÷ (H ÷ Hq) + 1
+        S = h0 === nothing ? zeros(nk, nv) : Float64.(permutedims(h0[:, :, h, n]))
+        steps = reverse ? ((start + len - 1):-1:start) : (start:(start + len - 1))
+        for t in steps
+            d = g === nothing ?
+                ones(nk) :
+                ndims(g) == 4 ?
+                    exp.(Float64.(g[:, h, t, b])) :
+                    fill(exp(Float64(g[h, t, b])), nk)
+            qt, kt, vt = Float64.(q[:, hq, t, b]),
+                Float64.(k[:, hq, t, b]),
+                Float64.(v[:, h, t, b])
+            prev = S
+            S = d .* S .+ kt * vt'
+            o[:, h, t, b] = u === nothing ?
+                S' * qt :
+                prev' * qt .+ sum(qt .* Float64.(u[:, h]) .* kt) .* vt
+        end
+        hlast[:, :, h, n] = permutedims(S)
+    end
+    return o, hlast
+end

@@ -586,6 +586,130 @@ function run_testsuite(name::AbstractString, AT)
             @test_throws ArgumentError mamba_selective_scan(u, u, A, B, B; chunk = 0)
         end
 
+        @testset "matrix-state scan: decays, readouts, groups, packing against a loop" begin
+            T = device_eltype(backend, Float64)
+            nk, nv, H, Hq, L = 5, 7, 4, 2, 11
+            dev(::Nothing) = nothing
+            dev(A) = AT(A)
+            for decay in (:none, :scalar, :key), bonus in (false, true), reverse in (
+                    false,
+                    true,
+                )
+                packed = decay !== :scalar
+                batch = packed ? 1 : 2
+                cu_seqlens = packed ? [0, 3, 3, 8, L] : nothing
+                nseq = packed ? 4 : batch
+                q, k = randn(rng, T, nk, Hq, L, batch), randn(rng, T, nk, Hq, L, batch)
+                v = randn(rng, T, nv, H, L, batch)
+                g = decay === :none ?
+                    nothing :
+                    T.(-2 .* rand(rng, (decay === :key ? (nk,) : ())..., H, L, batch))
+                u = bonus ? randn(rng, T, nk, H) : nothing
+                h0 = randn(rng, T, nv, nk, H, nseq)
+                want, want_h = matrix_reference(q, k, v; g, u, h0, cu_seqlens, reverse)
+                for workgroupsize in (nothing, 3)
+                    o, h = matrix_state_scan(
+                        AT(q),
+                        AT(k),
+                        AT(v);
+                        g = dev(g),
+                        u = dev(u),
+                        h0 = AT(h0),
+                        cu_seqlens,
+                        reverse,
+                        workgroupsize,
+                        return_state = true,
+                    )
+                    @test matches(o, want; rtol = tolerance(T))
+                    @test matches(h, want_h; rtol = tolerance(T))
+                end
+            end
+            q = AT(rand(Float32, 4, 3, 6, 1))
+            v = AT(rand(Float32, 5, 4, 6, 1))
+            err = try
+                matrix_state_scan(q, q, v)
+            catch e
+                e
+            end
+            @test err isa DimensionMismatch && occursin("q has 3 heads", err.msg)
+            q2 = AT(rand(Float32, 4, 2, 6, 1))
+            @test_throws DimensionMismatch matrix_state_scan(
+                q2,
+                q2,
+                v;
+                g = AT(rand(Float32, 4, 5, 1)),
+            )
+            @test_throws ArgumentError matrix_state_scan(q2, q2, v; cu_seqlens = [0, 2, 9])
+            @test_throws ArgumentError matrix_state_scan(q2, q2, v; workgroupsize = 0)
+        end
+
+        @testset "matrix-state backward against central differences of the loop" begin
+            T = device_eltype(backend, Float64)
+            nk, nv, H, Hq, L = 3, 4, 4, 2, 9
+            dev(::Nothing) = nothing
+            dev(A) = AT(T.(A))
+            for decay in (:none, :scalar, :key), bonus in (false, true), reverse in (
+                    false,
+                    true,
+                )
+                packed = decay === :key
+                batch = packed ? 1 : 2
+                cu_seqlens = packed ? [0, 4, 4, L] : nothing
+                nseq = packed ? 3 : batch
+                args = (
+                    q = randn(rng, nk, Hq, L, batch),
+                    k = randn(rng, nk, Hq, L, batch),
+                    v = randn(rng, nv, H, L, batch),
+                    g = decay === :none ?
+                        nothing :
+                        -rand(rng, (decay === :key ? (nk,) : ())..., H, L, batch),
+                    u = bonus ? randn(rng, nk, H) : nothing,
+                    h0 = randn(rng, nv, nk, H, nseq),
+                )
+                W, Vh = randn(rng, nv, H, L, batch), randn(rng, nv, nk, H, nseq)
+                loss(a) = begin
+                    o, h = matrix_reference(
+                        a.q,
+                        a.k,
+                        a.v;
+                        a.g,
+                        a.u,
+                        a.h0,
+                        cu_seqlens,
+                        reverse,
+                    )
+                    sum(W .* o) + sum(Vh .* h)
+                end
+                d = matrix_state_backward(
+                    dev(args.q),
+                    dev(args.k),
+                    dev(args.v),
+                    dev(W);
+                    g = dev(args.g),
+                    u = dev(args.u),
+                    h0 = dev(args.h0),
+                    dhlast = dev(Vh),
+                    cu_seqlens,
+                    reverse,
+                    workgroupsize = 2,
+                )
+                for name in keys(args)
+                    A = args[name]
+                    grad = getfield(d, Symbol(:d, name))
+                    A === nothing && (@test grad === nothing; continue)
+                    D = randn(rng, size(A))
+                    moved(s) = merge(args, NamedTuple{(name,)}((A .+ s .* D,)))
+                    fd = (loss(moved(1.0e-6)) - loss(moved(-1.0e-6))) / 2.0e-6
+                    @test isapprox(
+                        sum(Float64.(Array(grad)) .* D),
+                        fd;
+                        rtol = 100 * tolerance(T),
+                        atol = 1.0e-6,
+                    )
+                end
+            end
+        end
+
         @testset "reduce_then_scan reuses its chunk buffers" begin
             a, b, x = (AT(rand(rng, Float32, 300, 3)) for _ in 1:3)
             y = similar(a)

@@ -20,6 +20,7 @@ from .tuning import tune
 from .logspace import log_scan
 from .mamba import mamba_selective_scan
 from .matrix import linear_attention, linear_attention_step, mamba2_scan, mamba2_step, rwkv6, rwkv6_step
+from .matrix.delta_rule import delta_rule
 
 __version__ = "0.1.0"
 
@@ -31,6 +32,7 @@ __all__ = [
     "ScanInputError",
     "ScanWeaverError",
     "VerificationError",
+    "delta_rule",
     "linear_attention",
     "linear_attention_step",
     "log_scan",

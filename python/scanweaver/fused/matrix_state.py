@@ -58,11 +58,29 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ScanInputError
+from ..schedules.base import Tunable, positive, power_of_two
 from .base import PARTS, FusedOp, Param, register
 
 #: The decay forms and the readouts of :class:`MatrixStateFeatures`.
 DECAYS = ("none", "scalar", "key")
 READOUTS = ("after", "bonus")
+
+
+def _columns_rule(value) -> str | None:
+    return power_of_two(value) or (None if 8 <= value <= 1024 else "it must be between 8 and 1024")
+
+
+def _time_tile_rule(value) -> str | None:
+    return positive(value) or (None if value <= 64 else "it must be between 1 and 64 (steps staged in local memory)")
+
+
+#: The GPU (OpenCL, CUDA) kernels' tunables (:mod:`scanweaver.targets.fused_gpu_matrix_state`).
+GPU_TUNABLES = (
+    Tunable("workgroup_size", 64, (8, 16, 32, 64, 128, 256), "state columns (V) per workgroup, one per work-item",
+            _columns_rule),
+    Tunable("time_tile", 16, (4, 8, 16, 32, 64), "time steps of q, k, g (v, do) staged in local memory at once",
+            _time_tile_rule),
+)
 
 
 @dataclass(frozen=True)
@@ -112,8 +130,8 @@ class MatrixState(FusedOp):
     name = "matrix_state"
     description = "matrix-state scan S_t = exp(g_t)*S_{t-1} + k_t v_t^T read by q_t (Mamba-2, GLA, RetNet, RWKV-6)"
     parts = PARTS
-    tunables: dict = {}
-    implementations = {"numpy": PARTS}
+    tunables = {"gpu": GPU_TUNABLES}
+    implementations = {"numpy": PARTS, "opencl": PARTS, "cuda": PARTS}
 
     def params(self, part: str) -> tuple[Param, ...]:
         return _params(part)
@@ -136,6 +154,12 @@ class MatrixState(FusedOp):
             return features.readout == "bonus"
         flag = _SWITCH.get(name)
         return flag is None or bool(getattr(features, flag))
+
+    def arguments(self, part, features, arrays, sizes, api):
+        out = super().arguments(part, features, arrays, sizes, api)
+        if features.has_seqlens:
+            check_offsets(api, arrays["cu_seqlens"], sizes["T"])
+        return out
 
     def reference(self, part, features: MatrixStateFeatures, arrays, sizes) -> None:
         kw = {n: arrays.get(n) for n in _OPT_IN}
@@ -168,7 +192,19 @@ def _params(part: str) -> tuple[Param, ...]:
     return (*ins, Param("do", "in"), Param("dhlast", "in", True), *outs, *sizes)
 
 
-def _segments(T: int, batch: int, cu_seqlens) -> list[tuple[int, int, int]]:
+def check_offsets(api: str, cu_seqlens: np.ndarray, T: int) -> None:
+    """Kernels index with ``cu_seqlens``: it must rise from 0 to T.
+
+    Raises:
+        ScanInputError: naming the offsets and what they need.
+    """
+    cu = np.asarray(cu_seqlens)
+    if cu.size and (cu[0] != 0 or cu[-1] != T or np.any(cu[1:] < cu[:-1])):
+        shown = cu.tolist() if cu.size <= 16 else f"{cu[:8].tolist()} ... {cu[-8:].tolist()}"
+        raise ScanInputError(f"{api}: cu_seqlens = {shown} must rise from 0 to T = {T}")
+
+
+def _segments(T: int, batch: int, cu_seqlens) -> list[tuple[int, int, int, int]]:
     """``(row of h0/hlast, batch index, start, stop)`` per sequence."""
     if cu_seqlens is None:
         return [(b, b, 0, T) for b in range(batch)]
@@ -261,7 +297,7 @@ def backward_reference(q, k, v, g=None, *, decay="scalar", readout="after", u=No
                     du += qt * kt * w[:, None]
                 dkh[b, t] += np.einsum("hkv,hv->hk", G, vt)
                 dv[b, t] += np.einsum("hkv,hk->hv", G, kt)
-                if decay != "none":
+                if dg is not None:
                     rows = (Dt * G * prev).sum(-1)
                     dg[b, t] = rows.sum(-1) if decay == "scalar" else rows
                 G = Dt * G

@@ -123,9 +123,24 @@ MAMBA = JuliaSchedule(
 )
 
 
+#: ScanWeaver.jl's matrix-state kernels (``src/matrix/``: ``matrix_state_scan``, ``matrix_state_backward``);
+#: not yet a Kernel Tuner problem.
+_MATRIX_FLAGS = ("decay", "bonus", "reversed", "workgroupsize")
+MATRIX_STATE_KERNELS = (
+    KernelSignature("matrix_state_kernel!", ("o", "hlast", "q", "k", "v", "g", "u", "h0", "cu_seqlens"),
+                    ("nk", *_MATRIX_FLAGS)),
+    KernelSignature("matrix_values_kernel!", ("dv", "dh0", "q", "k", "g", "u", "dout", "dhlast", "cu_seqlens",
+                                              "nseq"), ("nk", *_MATRIX_FLAGS)),
+    KernelSignature("matrix_keys_kernel!", ("dq", "dk", "rows", "du_rows", "q", "k", "v", "g", "u", "h0", "dout",
+                                            "dhlast", "cu_seqlens", "nseq"), ("nv", *_MATRIX_FLAGS)),
+)
+
+
 def all_kernels() -> dict[str, KernelSignature]:
-    """Every ``@kernel`` of ScanWeaver.jl by name: the schedules' and the fused Mamba scan's."""
-    return {k.name: k for s in (*SCHEDULES.values(), MAMBA) for k in s.kernels}
+    """Every ``@kernel`` of ScanWeaver.jl by name: the schedules', the fused Mamba scan's and the matrix-state
+    kernels'."""
+    kernels = {k.name: k for s in (*SCHEDULES.values(), MAMBA) for k in s.kernels}
+    return {**kernels, **{k.name: k for k in MATRIX_STATE_KERNELS}}
 
 
 DTYPES = {"float32": np.float32, "float64": np.float64, "complex64": np.complex64, "complex128": np.complex128}

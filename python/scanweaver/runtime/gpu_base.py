@@ -146,7 +146,11 @@ class GPUBackend(Backend):
     # ---- fused operations ---------------------------------------------------------------------------
 
     def fused_defaults(self, op: str, features, sizes: dict[str, int]) -> dict[str, object]:
-        """Enough work-items per channel to cover L in one chunk of 8 items each, 32 to 128."""
+        """The rendering's defaults by shape where it has them; else (Mamba-1) enough work-items per channel
+        to cover L in one chunk of 8 items each, 32 to 128."""
+        kernel = kernel_for(self.target, op)
+        if kernel is not None and kernel.defaults is not None:
+            return kernel.defaults(features, sizes)
         wg = min(FUSED_MAX_WORKGROUP, max(FUSED_MIN_WORKGROUP, next_pow2(-(-sizes.get("L", 1) // 8))))
         return {"workgroup_size": wg, "items_per_thread": 8}
 
@@ -189,9 +193,10 @@ class GPUBackend(Backend):
         if any(v <= 0 for k, v in sizes.items() if k in ("batch", "dim", "L")):
             return  # nothing to compute: the caller fills what an empty call leaves
         plan = kernel.plan(call, sizes)
+        plan = dataclasses.replace(plan, launches=tuple(x for x in plan.launches if x.groups > 0))
         if plan.ws:
             args.append(self.empty(plan.ws, dtype))
-        ms = self.launch(source, plan, args)
+        ms = self.launch(source, plan, args) if plan.launches else 0.0  # no workgroups: the outputs stay zero
         self.last_ms = float("nan") if ms is None else ms
         for host, dev in outs:
             if host.size:

@@ -36,6 +36,8 @@ class FusedKernel:
             (``None`` for ``numpy``, which runs the operation's reference).
         entry: ``entry(part)`` -> the entry point's name in that source.
         plan: (GPU) ``plan(call, sizes)`` -> :class:`~.gpu.Plan` of the launches, else ``None``.
+        defaults: ``defaults(features, sizes)`` -> tunable defaults by shape for this family, or ``None``
+            (the backend's own defaults apply).
     """
 
     op: str
@@ -44,6 +46,7 @@ class FusedKernel:
     render: Callable[[Any, Any], str] | None = None
     entry: Callable[[str], str] | None = None
     plan: Callable[[Any, dict], Any] | None = None
+    defaults: Callable[[Any, dict], dict] | None = None
 
     @property
     def key(self) -> str:

@@ -105,17 +105,26 @@ SW_KERNEL void sw_mamba1_forward(@PARAMS@) {
 """
 
 
+#: ABI names that are C keywords, and the identifiers kernels use for them (matrix_state's ``do``).
+C_NAMES = {"do": "do_"}
+
+
 def params(r, call) -> str:
-    """The kernel's parameter list in the operation's ABI order, in the target's spelling."""
+    """The kernel's parameter list in the operation's ABI order, in the target's spelling.
+
+    Integer arrays (``int64`` offsets) take the target's index type; names that are C keywords
+    are spelled as :data:`C_NAMES` says.
+    """
     T, g = r.ctype(call.features.dtype), r.global_prefix
     out = []
     for p in FUSED.get(call.op).params(call.part):
+        name = C_NAMES.get(p.name, p.name)
         if p.kind == "int":
-            out.append(f"const {r.index_type} {p.name}")
+            out.append(f"const {r.index_type} {name}")
         else:
-            ctype = r.byte_type if p.dtype == "uint8" else T
+            ctype = {"uint8": r.byte_type, "int64": r.index_type}.get(p.dtype, T)
             const = "const " if p.kind == "in" else ""
-            out.append(f"{g}{const}{ctype}* restrict {p.name}")
+            out.append(f"{g}{const}{ctype}* restrict {name}")
     return ", ".join(out)
 
 

@@ -21,7 +21,9 @@ then ``ws`` (``batch * dim * chunks * N`` values of scratch).
 
 from __future__ import annotations
 
-PRELUDE = r"""
+#: ``sw_atomic_add(p, v)`` on a global SW_T (a compare-and-swap loop on OpenCL, ``atomicAdd`` on CUDA) and
+#: ``SW_GLOBAL_BARRIER()``; needs ``SW_DOUBLE``.
+ATOMIC_ADD = r"""
 #ifdef __OPENCL_VERSION__
 #define SW_GLOBAL_BARRIER() barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE)
 #if SW_DOUBLE
@@ -42,7 +44,9 @@ inline void sw_atomic_add(volatile __global float* p, float v) {
 #define SW_GLOBAL_BARRIER() __syncthreads()
 #define sw_atomic_add(p, v) atomicAdd((p), (v))
 #endif
+"""
 
+PRELUDE = ATOMIC_ADD + r"""
 /* Inclusive scan of the workgroup's pairs in rank order (any rank permutation: the reverse scan passes
  * SW_TPL-1-lid) in local memory; excl/total as sw_group_scan gives them. */
 SW_DEVICE void sw_rank_scan(sw_pair agg, const int rank, sw_pair* excl, sw_pair* total, SW_LOCAL_PTR sw_pair* sm) {
