@@ -111,6 +111,28 @@ end
 
 unval(::Val{v}) where {v} = v
 
+"""
+    launch_flag(api, name, flag) -> Bool
+
+A flag argument of a Kernel Tuner launcher as a `Bool`. Kernel Tuner's Julia
+backend turns every scalar argument into a NumPy scalar, which reaches Julia
+as a 0-dimensional array (`Array{Bool, 0}`), so that is accepted too;
+anything else is an `ArgumentError` naming the argument.
+
+# Examples
+```julia-repl
+julia> ScanWeaver.launch_flag(:demo, :reversed, fill(true))
+true
+```
+"""
+launch_flag(api, name, flag::Bool) = flag
+launch_flag(api, name, flag::AbstractArray{Bool, 0}) = flag[]
+function launch_flag(api, name, flag)
+    throw(ArgumentError(
+        "$api: $name must be a Bool (or a 0-dimensional array of one), got $(typeof(flag))",
+    ))
+end
+
 function (launch::ScheduleLauncher{T})(
     y,
     h_last,
@@ -131,24 +153,12 @@ function (launch::ScheduleLauncher{T})(
                 "Val($(schedule.workgroupsize)); pass the same value to both",
         ))
     end
+    api = Symbol(nameof(T), " launcher")
+    flag = launch_flag(api, :reversed, reversed)
     ops = ScanOperands(a, b, x, c, h0, reset)
     P = pair_type(ops)
-    check_config(
-        Symbol(nameof(T), " launcher"),
-        schedule,
-        launch.backend,
-        P,
-        fieldtype(P, :U),
-    )
-    launch!(
-        schedule,
-        launch.backend,
-        y,
-        h_last,
-        ops,
-        reversed;
-        workspace = launch.workspace,
-    )
+    check_config(api, schedule, launch.backend, P, fieldtype(P, :U))
+    launch!(schedule, launch.backend, y, h_last, ops, flag; workspace = launch.workspace)
     return nothing
 end
 

@@ -148,7 +148,7 @@ function (launch::MambaLauncher)(
         delta_bias,
         h0,
         reset,
-        Bool(delta_softplus),
+        launch_flag(:mamba_scan!, :delta_softplus, delta_softplus),
     )
     s = MambaChunks(workgroupsize, chunk)
     check_mamba_chunks(:mamba_scan!, s, launch.backend)

@@ -1,0 +1,45 @@
+"""Kernel Tuner's Julia backend (``lang="julia"``) driven by ScanWeaver: the inputs checked against Kernel
+Tuner's own conversion code without Julia, a real tune on the KernelAbstractions CPU backend with it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from scanweaver.julia.kernels import kernel_tuner_arguments, kernel_tuner_problem
+from scanweaver.tuning.session import kernel_tuner_inputs
+
+kernel_tuner = pytest.importorskip("kernel_tuner", reason="Kernel Tuner is not installed (scanweaver[tune])")
+
+#: ``tune_kernel`` raises this for a non-dict ``objectives`` after it has converted every Julia input, so a
+#: call that reaches it shows those conversions accepted what ScanWeaver passes (nothing is compiled or run).
+PAST_THE_CONVERSIONS = "objectives should be a dict"
+
+
+def _tune_kernel_inputs(tune_params, strategy_options):
+    kt = kernel_tuner_problem("blelloch", "float32", "cpu", lanes=4)
+    args = kernel_tuner_arguments(*(np.ones((4, 100), np.float32),) * 3, reverse=True)
+    with pytest.raises(ValueError) as err:
+        kernel_tuner.tune_kernel(kt["kernel_name"], kt["kernel_source"], kt["problem_size"], args, tune_params,
+                                 lang="julia", block_size_names=kt["block_size_names"], grid_div_x=kt["grid_div_x"],
+                                 compiler_options=kt["compiler_options"], strategy="random_sample",
+                                 strategy_options=strategy_options, objectives="time")
+    return str(err.value)
+
+
+def test_kernel_tuner_converts_the_julia_tunables_and_strategy_options():
+    params, options = kernel_tuner_inputs("julia", {"workgroup_size": [32, 64]}, {"max_fevals": 3, "time_limit": 9})
+    assert params == [("workgroup_size", [32, 64])] and options == [("max_fevals", 3), ("time_limit", 9)]
+    assert PAST_THE_CONVERSIONS in _tune_kernel_inputs(params, options)
+
+
+def test_the_dicts_kernel_tuner_refuses_for_julia():
+    assert "should not be a Julia dict" in _tune_kernel_inputs({"workgroup_size": [32, 64]}, None)
+    pairs, _ = kernel_tuner_inputs("julia", {"workgroup_size": [32, 64]}, None)
+    assert "too many values to unpack" in _tune_kernel_inputs(pairs, {"max_fevals": 3})
+
+
+def test_other_languages_keep_their_dicts():
+    params, options = {"chunk": [512]}, {"max_fevals": 3}
+    assert kernel_tuner_inputs("C", params, options) == (params, options)
+    assert kernel_tuner_inputs("cupy", params, None) == (params, None)
