@@ -43,3 +43,56 @@ def test_other_languages_keep_their_dicts():
     params, options = {"chunk": [512]}, {"max_fevals": 3}
     assert kernel_tuner_inputs("C", params, options) == (params, options)
     assert kernel_tuner_inputs("cupy", params, None) == (params, None)
+
+
+def test_the_device_is_chosen_where_there_is_a_choice():
+    from scanweaver.errors import ScanInputError
+    from scanweaver.tuning import tune
+    from scanweaver.tuning.langs import get_target
+
+    with pytest.raises(ScanInputError, match="backend 'cpu' has no device choice"):
+        tune(backend="cpu", shape=(2, 64), device="cuda")
+    target = get_target("julia")
+    with pytest.raises(ScanInputError, match="unknown julia device 'tpu'"):
+        target.select_device("tpu")
+    target.select_device("cpu")
+    assert target.tuned_device() == "cpu"
+    values, fixed = target.fused_values({})
+    assert fixed == {"device": "cpu"} and values["chunk"] and min(values["chunk"]) > 0
+
+
+def _julia_tunable():
+    from scanweaver.tuning.langs import get_target
+
+    why = get_target("julia").unavailable()
+    if why:
+        pytest.skip(f"julia cannot be tuned here: {why}")
+
+
+@pytest.mark.parametrize("strategy", ["brute_force", "random_sample"])
+def test_cli_tunes_julia_on_the_cpu_and_the_next_scan_uses_it(tmp_path, monkeypatch, strategy):
+    import io
+    import json
+    from contextlib import redirect_stdout
+
+    import scanweaver
+    from scanweaver.api import SELECTIVE
+    from scanweaver.cli import main
+
+    _julia_tunable()
+    monkeypatch.setenv("SCANWEAVER_CACHE_DIR", str(tmp_path))
+    out = io.StringIO()
+    with redirect_stdout(out):
+        rc = main(["tune", "--backend", "julia", "--device", "cpu", "--shape", "4,1500", "--strategy", strategy,
+                   "--max-fevals", "3", "--values", "workgroup_size=32,64,128", "--json"])
+    assert rc == 0
+    rep = json.loads(out.getvalue())
+    assert rep["backend"] == "julia" and rep["strategy"] == strategy and rep["skipped"] == 0
+    assert rep["evaluated"] >= 2 and 0 < rep["best_ms"] <= rep["median_ms"]
+    rng = np.random.default_rng(1)
+    a = rng.uniform(0.5, 0.99, (4, 1500)).astype(np.float32)
+    b, x, c = (rng.standard_normal((4, 1500)).astype(np.float32) for _ in range(3))
+    y = scanweaver.selective_scan(a, b, x, c, backend="julia")
+    assert SELECTIVE.last.source == "tuned"
+    assert SELECTIVE.last.config["workgroup_size"] == rep["best_config"]["workgroup_size"]
+    np.testing.assert_allclose(y, scanweaver.selective_scan(a, b, x, c, backend="numpy"), rtol=1e-4, atol=1e-4)
