@@ -281,3 +281,17 @@ def test_boxed_closure_check_reports_the_planted_defect():
     assert problems[0].startswith("planted.jl: @kernel replay!: the closure") and "captures h," in problems[0]
     fixed = PLANTED_BOXED_CLOSURE.replace("ntuple(n -> apply_pair(p[n], h[n]), Val(nstate))", "map(apply_pair, p, h)")
     assert check_boxed_closures({"fixed.jl": fixed}) == []
+
+
+def test_the_gpu_test_environment_holds_the_test_targets_and_every_gpu_package():
+    project = tomllib.loads((ROOT / "Project.toml").read_text())
+    gpu = tomllib.loads((ROOT / "test" / "gpu" / "Project.toml").read_text())
+    uuids = {**project["deps"], **project["weakdeps"], **project["extras"]}
+    wanted = set(project["targets"]["test"]) | set(project["deps"]) | set(project["extensions"].values())
+    assert wanted <= set(gpu["deps"]), sorted(wanted - set(gpu["deps"]))
+    for name, uuid in gpu["deps"].items():
+        assert uuids.get(name) == uuid, name
+    for name in project["weakdeps"]:
+        assert gpu["compat"].get(name, project["compat"][name]) == project["compat"][name], name
+    runtests = (ROOT / "test" / "runtests.jl").read_text()
+    assert "julia --project=test/gpu test/runtests.jl" in runtests
