@@ -94,7 +94,8 @@ and one `Val` per tunable in the order of `T`'s fields. It bundles the operands
 in a [`ScanOperands`](@ref), refuses a configuration [`config_problem`](@ref)
 objects to (a `:blelloch` workgroup that is not a power of two would scan
 wrongly, without an error) with an `ArgumentError`, which Kernel Tuner records
-as a failed configuration, and calls [`launch!`](@ref); buffers persist in its
+as a failed configuration, checks the arrays as `selective_scan!` does (the
+kernels index with `@inbounds`), and calls [`launch!`](@ref); buffers persist in its
 [`ScanWorkspace`](@ref), so Kernel Tuner's timing loop allocates nothing. The
 `ndrange` keyword is accepted and ignored (each schedule sizes its launches).
 """
@@ -155,6 +156,10 @@ function (launch::ScheduleLauncher{T})(
     end
     api = Symbol(nameof(T), " launcher")
     flag = launch_flag(api, :reversed, reversed)
+    # The kernels index with @inbounds: arrays of other sizes than `a`'s would be
+    # written out of bounds (heap corruption), so they are refused here as in
+    # `selective_scan!`.
+    check_arguments(api, y, h_last, a, b, x, c, h0, reset)
     ops = ScanOperands(a, b, x, c, h0, reset)
     P = pair_type(ops)
     check_config(api, schedule, launch.backend, P, fieldtype(P, :U))
