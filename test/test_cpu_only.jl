@@ -183,3 +183,23 @@ end
     @test err isa DimensionMismatch && occursin("y", err.msg)
     @test_throws ArgumentError launch(y, h, a, b, x, c, h0, reset, 1.5, Val(64))
 end
+
+@testset "the CPU's threaded scan matches the KernelAbstractions kernel (CPU)" begin
+    rng = Xoshiro(14)
+    for (L, lanes) in ((3 * ScanWeaver.CPU_CHUNK_MIN + 5, 1), (700, 5)), reverse in (
+            false,
+            true,
+        )
+        a = 0.5 .+ 0.49 .* rand(rng, L, lanes)
+        b, x, c = (randn(rng, L, lanes) for _ in 1:3)
+        h0, reset = randn(rng, lanes), rand(rng, L, lanes) .< 0.01
+        ops = ScanWeaver.ScanOperands(a, b, x, c, h0, reset)
+        y, h = similar(a), similar(h0)
+        ScanWeaver.cpu_scan!(y, h, ops, reverse)
+        y_ka, h_ka = similar(a), similar(h0)
+        kernel! = ScanWeaver.sequential_scan_kernel!(CPU(), 64)
+        kernel!(y_ka, h_ka, ops, reverse, Val(64); ndrange = lanes)
+        KernelAbstractions.synchronize(CPU())
+        @test matches(y, y_ka; rtol = 1.0e-9) && matches(h, h_ka; rtol = 1.0e-9)
+    end
+end
