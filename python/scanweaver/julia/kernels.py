@@ -240,7 +240,7 @@ def mamba_kernel_tuner_arguments(shape: tuple[int, int, int, int], inputs: dict,
         >>> from scanweaver.julia.kernels import mamba_kernel_tuner_arguments
         >>> ins = {k: np.ones(s, np.float32) for k, s in {"u": (1, 2, 5), "delta": (1, 2, 5), "A": (2, 3),
         ...     "B": (1, 1, 3, 5), "C": (1, 1, 3, 5), "D": (2,), "z": (1, 2, 5), "delta_bias": (2,)}.items()}
-        >>> [a.shape for a in mamba_kernel_tuner_arguments((1, 2, 3, 5), ins)][:4]
+        >>> [a.shape for a in mamba_kernel_tuner_arguments((1, 2, 3, 5), ins)[:4]]
         [(5, 2, 1), (3, 2, 1), (5, 2, 1), (5, 2, 1)]
     """
     batch, dim, N, L = shape
