@@ -5,7 +5,7 @@ beforehand and travel with the working tree, beside IREE's runtime (15 MB)::
 
     python bench/mlir_gpu.py --prepare .deps/iree          # here: cuda modules + manifest.json
     pip install --target .deps/site iree-base-runtime      # the runtime for the GPU machine's Python
-    python bench/mlir_gpu.py --run .deps/iree [--json]     # there (bench/gpu_session.sh step 6)
+    python bench/mlir_gpu.py --run .deps/iree [--json]     # there (bench/gpu_session.sh step 7)
 
 ``--run`` loads each module with ``iree.runtime`` on the ``cuda`` driver, uploads the operands
 once, and times the module on device-resident arrays (wall time per call; IREE's synchronous

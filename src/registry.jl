@@ -94,7 +94,8 @@ and one `Val` per tunable in the order of `T`'s fields. It bundles the operands
 in a [`ScanOperands`](@ref), refuses a configuration [`config_problem`](@ref)
 objects to (a `:blelloch` workgroup that is not a power of two would scan
 wrongly, without an error) with an `ArgumentError`, which Kernel Tuner records
-as a failed configuration, and calls [`launch!`](@ref); buffers persist in its
+as a failed configuration, checks the arrays as `selective_scan!` does (the
+kernels index with `@inbounds`), and calls [`launch!`](@ref); buffers persist in its
 [`ScanWorkspace`](@ref), so Kernel Tuner's timing loop allocates nothing. The
 `ndrange` keyword is accepted and ignored (each schedule sizes its launches).
 """
@@ -110,6 +111,28 @@ function ScheduleLauncher{T}(backend::B, workgroupsize) where {T <: ScanSchedule
 end
 
 unval(::Val{v}) where {v} = v
+
+"""
+    launch_flag(api, name, flag) -> Bool
+
+A flag argument of a Kernel Tuner launcher as a `Bool`. Kernel Tuner's Julia
+backend turns every scalar argument into a NumPy scalar, which reaches Julia
+as a 0-dimensional array (`Array{Bool, 0}`), so that is accepted too;
+anything else is an `ArgumentError` naming the argument.
+
+# Examples
+```julia-repl
+julia> ScanWeaver.launch_flag(:demo, :reversed, fill(true))
+true
+```
+"""
+launch_flag(api, name, flag::Bool) = flag
+launch_flag(api, name, flag::AbstractArray{Bool, 0}) = flag[]
+function launch_flag(api, name, flag)
+    throw(ArgumentError(
+        "$api: $name must be a Bool (or a 0-dimensional array of one), got $(typeof(flag))",
+    ))
+end
 
 function (launch::ScheduleLauncher{T})(
     y,
@@ -131,24 +154,16 @@ function (launch::ScheduleLauncher{T})(
                 "Val($(schedule.workgroupsize)); pass the same value to both",
         ))
     end
+    api = Symbol(nameof(T), " launcher")
+    flag = launch_flag(api, :reversed, reversed)
+    # The kernels index with @inbounds: arrays of other sizes than `a`'s would be
+    # written out of bounds (heap corruption), so they are refused here as in
+    # `selective_scan!`.
+    check_arguments(api, y, h_last, a, b, x, c, h0, reset)
     ops = ScanOperands(a, b, x, c, h0, reset)
     P = pair_type(ops)
-    check_config(
-        Symbol(nameof(T), " launcher"),
-        schedule,
-        launch.backend,
-        P,
-        fieldtype(P, :U),
-    )
-    launch!(
-        schedule,
-        launch.backend,
-        y,
-        h_last,
-        ops,
-        reversed;
-        workspace = launch.workspace,
-    )
+    check_config(api, schedule, launch.backend, P, fieldtype(P, :U))
+    launch!(schedule, launch.backend, y, h_last, ops, flag; workspace = launch.workspace)
     return nothing
 end
 

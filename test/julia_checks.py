@@ -1,8 +1,9 @@
-"""Static checks of ScanWeaver.jl that need no Julia: ambiguities, local memory, device dtypes, validated launches.
+"""Static checks of ScanWeaver.jl that need no Julia: ambiguities, local memory, device dtypes, validated
+launches, boxed closures.
 
 Julia cannot run on the machines that test this repository, so these checks
 read the Julia source through ``fatou parse --to sexpr`` (JuliaSyntax's
-s-expression form, from a real parser) and look for four classes of defect
+s-expression form, from a real parser) and look for five classes of defect
 that ``fatou lint`` cannot see. Each is deliberately simple; each docstring
 says what it cannot see. ``test/test_julia_static.py`` runs them on the package
 and on small planted defects.
@@ -685,6 +686,74 @@ def check_validated_launches(sources: dict[str, str]) -> list[str]:
             if launched and not calls & set(VALIDATORS):
                 problems.append(f"{source}: {name} calls {', '.join(launched)} without "
                                 f"{' / '.join(VALIDATORS)}")
+    return problems
+
+
+# --- (e) boxed closures -------------------------------------------------------------------------
+
+_CLOSURES = ("->", "do")
+
+
+def _is_name(atom) -> bool:
+    return isinstance(atom, str) and not isinstance(atom, Str) and (atom[:1].isalpha() or atom[:1] == "_") \
+        and atom.replace("_", "a").replace("!", "a").isalnum()
+
+
+def _targets(lhs) -> list[str]:
+    if _is_name(lhs):
+        return [lhs]
+    if head(lhs) == "tuple":
+        return [n for part in lhs[1:] for n in _targets(part)]
+    return []
+
+
+def _assignments(node, counts: dict[str, int]) -> None:
+    """Counts the places that assign each local of a kernel body (``x += 1`` counts twice: it reads
+    and writes); closures' own bodies are skipped, their assignments are their own locals. A variable
+    assigned once inside a loop body is a fresh binding each iteration and counts once."""
+    if not isinstance(node, list) or head(node) in _CLOSURES:
+        return
+    h = head(node)
+    if h in ("=", "op=") and len(node) > 2:
+        for name in _targets(node[1]):
+            counts[name] = counts.get(name, 0) + (2 if h == "op=" else 1)
+    for child in node[1:]:
+        _assignments(child, counts)
+
+
+def _captures(closure) -> set[str]:
+    """Names a closure (``->`` or ``do``) reads that are not its parameters."""
+    params = set(_targets(closure[1])) if len(closure) > 1 else set()
+    return {n for n in walk(closure[2]) if _is_name(n)} - params if len(closure) > 2 else set()
+
+
+def check_boxed_closures(sources: dict[str, str]) -> list[str]:
+    """No ``@kernel`` body has a closure that captures a variable the body assigns more than once.
+
+    Julia keeps such a variable in a ``Core.Box`` (it may change after the closure is made), so
+    every use of it is a dynamic call: on a CPU the kernel slows down many times, and GPU compilers
+    reject the kernel (``InvalidIRError``). ``h = ntuple(n -> apply_pair(p[n], h[n]), Val(N))`` in
+    a loop is the classic case; ``map(apply_pair, p, h)`` has no closure. Cannot see: closures in the
+    functions a kernel calls, boxes the compiler adds for other reasons (a variable assigned in two
+    branches of an ``if``, captured once: rare in kernels), or a loop written as recursion;
+    ``test/runtests.jl`` checks the typed code of every kernel for ``Core.Box`` where Julia runs.
+    """
+    problems = []
+    for source, text in sources.items():
+        for node in walk(parse_julia(text)):
+            if head(node) != "macrocall" or node[1] != "@kernel" or head(node[2]) != "function":
+                continue
+            sig = node[2][1]
+            while head(sig) == "where":
+                sig = sig[1]
+            counts: dict[str, int] = {}
+            _assignments(node[2][2], counts)
+            reassigned = {n for n, k in counts.items() if k > 1}
+            for closure in (n for n in walk(node[2][2]) if head(n) in _CLOSURES):
+                boxed = sorted(_captures(closure) & reassigned)
+                if boxed:
+                    problems.append(f"{source}: @kernel {_fname(sig[1])}: the closure {render(closure)} captures "
+                                    f"{', '.join(boxed)}, which the kernel assigns more than once (a Core.Box)")
     return problems
 
 

@@ -2,6 +2,33 @@
 # machine has: the CPU always, and CUDA, AMDGPU, oneAPI and Metal when their
 # package is in the environment and functional. Expected values come from the
 # golden files the Python oracle writes (test/golden/*.toml).
+#
+# `] test ScanWeaver` runs it on the CPU (the GPU packages are weak
+# dependencies, not test targets); `test/gpu/Project.toml` is the environment
+# that holds them too:
+#     julia --project=test/gpu -e 'import Pkg; Pkg.develop(path="."); Pkg.instantiate()'
+#     julia --project=test/gpu test/runtests.jl
+
+"Packages the suite loads beyond ScanWeaver and the standard library."
+const TEST_PACKAGES = (
+    "Adapt",
+    "BFloat16s",
+    "ChainRulesCore",
+    "KernelAbstractions",
+    "StaticArrays",
+)
+
+let missing = [p for p in TEST_PACKAGES if Base.find_package(p) === nothing]
+    if !isempty(missing)
+        error(
+            "ScanWeaver tests: $(join(missing, ", ")) not in the active environment; run " *
+                "`] test ScanWeaver`, or the suite in an environment that holds the test " *
+                "dependencies: `julia --project=test/gpu test/runtests.jl` after " *
+                "`julia --project=test/gpu -e 'import Pkg; Pkg.develop(path=\".\"); Pkg.instantiate()'`",
+        )
+    end
+end
+
 using ScanWeaver
 using Adapt: Adapt
 using KernelAbstractions
@@ -29,7 +56,14 @@ for (pkg, array_type) in pairs(GPU_PACKAGES)
         @info "ScanWeaver tests: skipping $pkg (not in the environment; `import Pkg; Pkg.add(\"$pkg\")`)"
         continue
     end
-    @eval using $pkg
+    loaded = try
+        @eval using $pkg
+        true
+    catch err
+        @info "ScanWeaver tests: skipping $pkg (it does not load here: $(sprint(showerror, err)))"
+        false
+    end
+    loaded || continue
     gpu = getfield(@__MODULE__, pkg)
     if Base.invokelatest(gpu.functional)
         push!(BACKENDS, (String(pkg), getfield(gpu, array_type)))

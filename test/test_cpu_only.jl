@@ -70,3 +70,136 @@ end
     @test !admits("KernelAbstractions", v"0.9.0")
     @test pkgversion(KernelAbstractions) >= v"0.9.1"
 end
+
+"Whether the typed code of `kernel` (the CPU backend's) for `args` holds a `Core.Box`."
+function boxes_a_variable(kernel, args, ndrange)
+    types = Tuple{map(typeof, args)...}
+    typed = KernelAbstractions.ka_code_typed(kernel, types; ndrange)
+    return occursin("Core.Box", sprint(show, typed))
+end
+
+# The fused Mamba reduce loop as it was: the closure captures `acc`, which the
+# loop reassigns, so Julia keeps `acc` in a `Core.Box`.
+@kernel function boxed_reduce_kernel!(out, @Const(a), ::Val{n}) where {n}
+    g = @index(Global, Linear)
+    acc = ntuple(_ -> zero(eltype(out)), Val(n))
+    for t in axes(a, 1)
+        acc = ntuple(k -> acc[k] + a[t, k], Val(n))
+    end
+    @inbounds out[g] = sum(acc)
+end
+
+@testset "no kernel body keeps a variable in a Core.Box (CPU typed code)" begin
+    @test boxes_a_variable(
+        boxed_reduce_kernel!(CPU(), 4),
+        (zeros(4), ones(5, 2), Val(2)),
+        4,
+    )
+    L, lanes, wg, chunk = 300, 3, 32, 150
+    a, b, x, c = (rand(Float32, L, lanes) for _ in 1:4)
+    y, h = similar(a), zeros(Float32, lanes)
+    ops = ScanWeaver.ScanOperands(a, b, x, c, nothing, nothing)
+    P = ScanWeaver.pair_type(ops)
+    agg, carry = Matrix{P}(undef, 2, lanes), zeros(Float32, 2, lanes)
+    scans = [
+        (ScanWeaver.sequential_scan_kernel!, (y, h, ops, false, Val(wg)), lanes),
+        (ScanWeaver.blelloch_scan_kernel!, (y, h, ops, false, Val(wg)), lanes * wg),
+        (ScanWeaver.hybrid_scan_kernel!, (y, h, ops, false, Val(wg), Val(4)), lanes * wg),
+        (
+            ScanWeaver.chunk_reduce_kernel!,
+            (agg, ops, false, Val(wg), Val(chunk)),
+            2 * lanes,
+        ),
+        (ScanWeaver.carry_scan_kernel!, (carry, h, agg, ops, Val(wg), Val(chunk)), lanes),
+        (
+            ScanWeaver.chunk_propagate_kernel!,
+            (y, ops, carry, false, Val(wg), Val(chunk)),
+            2 * lanes,
+        ),
+    ]
+    N, D, batch = 4, 3, 2
+    u, delta, z = (rand(Float32, L, D, batch) for _ in 1:3)
+    A = -rand(Float32, N, D)
+    B, C = rand(Float32, L, N, batch), rand(Float32, L, N, batch)
+    mops = ScanWeaver.MambaOperands(
+        u,
+        delta,
+        A,
+        B,
+        C,
+        ones(Float32, D),
+        z,
+        zeros(Float32, D),
+        nothing,
+        nothing,
+        true,
+    )
+    my, mh = similar(u), zeros(Float32, N, D, batch)
+    magg = Array{AffinePair{Float32, Float32}}(undef, N, 2, D, batch)
+    mcarry = zeros(Float32, N, 2, D, batch)
+    vals = (Val(N), Val(wg), Val(chunk))
+    mamba = [
+        (ScanWeaver.mamba_replay_kernel!, (my, mh, mops, nothing, vals...), 2 * D * batch),
+        (
+            ScanWeaver.mamba_replay_kernel!,
+            (my, nothing, mops, mcarry, vals...),
+            2 * D * batch,
+        ),
+        (ScanWeaver.mamba_reduce_kernel!, (magg, mops, vals...), 2 * D * batch),
+        (ScanWeaver.mamba_carry_kernel!, (mcarry, mh, magg, mops, vals...), N * D * batch),
+    ]
+    for (kernel, args, n) in [scans; mamba]
+        @test !boxes_a_variable(kernel(CPU(), wg), args, n)
+    end
+end
+
+@testset "Kernel Tuner launchers take its 0-dimensional flags and check sizes (CPU)" begin
+    rng = Xoshiro(13)
+    L, lanes = 120, 2
+    a = 0.5f0 .+ 0.4f0 .* rand(rng, Float32, L, lanes)
+    b, x, c = (randn(rng, Float32, L, lanes) for _ in 1:3)
+    h0, reset = zeros(Float32, lanes), zeros(UInt8, L, lanes)
+    want = selective_scan(a, b, x, c; reverse = true)
+    y, h = similar(a), similar(h0)
+    launch = ScanWeaver.sequential_scan!(CPU(), 64)
+    launch(
+        y,
+        h,
+        a,
+        b,
+        x,
+        c,
+        h0,
+        reset,
+        fill(true),
+        Val(64),
+    ) # as Kernel Tuner passes `reversed`
+    @test matches(y, want; rtol = 1.0e-5)
+    err = try
+        launch(zeros(Float32, L - 1, lanes), h, a, b, x, c, h0, reset, true, Val(64))
+    catch e
+        e
+    end
+    @test err isa DimensionMismatch && occursin("y", err.msg)
+    @test_throws ArgumentError launch(y, h, a, b, x, c, h0, reset, 1.5, Val(64))
+end
+
+@testset "the CPU's threaded scan matches the KernelAbstractions kernel (CPU)" begin
+    rng = Xoshiro(14)
+    for (L, lanes) in ((3 * ScanWeaver.CPU_CHUNK_MIN + 5, 1), (700, 5)), reverse in (
+            false,
+            true,
+        )
+        a = 0.5 .+ 0.49 .* rand(rng, L, lanes)
+        b, x, c = (randn(rng, L, lanes) for _ in 1:3)
+        h0, reset = randn(rng, lanes), rand(rng, L, lanes) .< 0.01
+        ops = ScanWeaver.ScanOperands(a, b, x, c, h0, reset)
+        y, h = similar(a), similar(h0)
+        ScanWeaver.cpu_scan!(y, h, ops, reverse)
+        y_ka, h_ka = similar(a), similar(h0)
+        kernel! = ScanWeaver.sequential_scan_kernel!(CPU(), 64)
+        kernel!(y_ka, h_ka, ops, reverse, Val(64); ndrange = lanes)
+        KernelAbstractions.synchronize(CPU())
+        @test matches(y, y_ka; rtol = 1.0e-9) && matches(h, h_ka; rtol = 1.0e-9)
+    end
+end

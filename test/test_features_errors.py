@@ -111,8 +111,10 @@ def test_complex_where_unsupported(rng, backend):
     ops = make_operands(rng, (2, 10), np.float32)
     ops["a"] = ops["a"] * np.complex64(1j)
     with pytest.raises(ScanInputError, match=f"^selective_scan: backend '{backend}' does not support dtype complex64 "
-                                             r"\(it runs .*\); use backend='numpy'"):
+                                             r"\(it runs .*\); use backend='(\w+)'") as err:
         scanweaver.selective_scan(**ops, backend=backend)
+    suggested = re.search(r"use backend='(\w+)'", str(err.value)).group(1)
+    assert "complex64" in REGISTRY[suggested].dtypes and REGISTRY[suggested].availability().ok, str(err.value)
 
 
 def test_complex_h0_needs_complex_operands(rng):

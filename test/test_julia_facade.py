@@ -23,9 +23,15 @@ PKG = ROOT / "python" / "scanweaver"
 SRC = ROOT / "src"
 
 
+#: juliacall's own variables: when set they win over juliapkg's, so tests of juliapkg's path clear them.
+NO_JULIACALL_ENV = {"PYTHON_JULIACALL_EXE": None, "PYTHON_JULIACALL_PROJECT": None}
+
+
 def _run(code: str, env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    """``code`` in a fresh interpreter with ``env`` over this one's (a ``None`` value removes the variable)."""
+    merged = {**os.environ, **(env or {})}
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+                          env={k: v for k, v in merged.items() if v is not None})
 
 
 def test_juliapkg_json_points_at_the_julia_package():
@@ -80,7 +86,8 @@ def test_missing_julia_fails_fast_and_clearly():
             "    scanweaver.selective_scan(np.ones((2, 5)), np.ones((2, 5)), np.ones((2, 5)), backend='julia')\n"
             "except scanweaver.BackendUnavailable:\n"
             "    print(f'{time.perf_counter() - t:.3f}')\n")
-    env = {"PATH": "/usr/bin:/bin", "PYTHON_JULIAPKG_EXE": "", "PYTHON_JULIAPKG_PROJECT": "/nonexistent/env"}
+    env = {"PATH": "/usr/bin:/bin", "PYTHON_JULIAPKG_EXE": "", "PYTHON_JULIAPKG_PROJECT": "/nonexistent/env",
+           **NO_JULIACALL_ENV}
     started = time.perf_counter()
     proc = _run(code, env=env, timeout=30)
     wall = time.perf_counter() - started
@@ -98,12 +105,74 @@ def test_failed_start_becomes_one_backend_unavailable():
             "    t = time.perf_counter()\n"
             "    try:\n        session.main(check=False)\n"
             "    except BackendUnavailable as exc:\n        print(f'{time.perf_counter() - t:.3f}', '|', exc)\n")
-    env = {"PYTHON_JULIAPKG_EXE": "/nonexistent/julia", "PYTHON_JULIAPKG_OFFLINE": "yes"}
+    env = {"PYTHON_JULIAPKG_EXE": "/nonexistent/julia", "PYTHON_JULIAPKG_OFFLINE": "yes", **NO_JULIACALL_ENV}
     proc = _run(code, env=env, timeout=60)
     assert proc.returncode == 0, proc.stderr
     first, second = [line for line in proc.stdout.splitlines() if " | " in line]
     assert float(first.split("|")[0]) < 5 and float(second.split("|")[0]) < 0.1
     assert "juliapkg.resolve()" in first and "/nonexistent/julia" in first
+
+
+def _find_julia(env: dict) -> list[str]:
+    code = "from scanweaver.julia.session import find_julia\nprint(*find_julia(), sep='|')"
+    proc = _run(code, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip().split("|")
+
+
+def test_juliacall_variables_win_over_juliapkgs(tmp_path):
+    env = {"PYTHON_JULIAPKG_EXE": "/nonexistent/julia", "PYTHON_JULIACALL_EXE": sys.executable,
+           "PYTHON_JULIACALL_PROJECT": str(tmp_path)}
+    exe, origin = _find_julia(env)
+    assert exe == shutil.which(sys.executable) and origin.startswith(f"PYTHON_JULIACALL_EXE={sys.executable}")
+    exe, origin = _find_julia({**env, **NO_JULIACALL_ENV})
+    assert exe == "None" and origin == "PYTHON_JULIAPKG_EXE=/nonexistent/julia"
+
+
+def test_juliacall_variables_come_as_a_pair(tmp_path):
+    exe, origin = _find_julia({"PYTHON_JULIACALL_EXE": sys.executable, "PYTHON_JULIACALL_PROJECT": None})
+    assert exe == "None" and "without PYTHON_JULIACALL_PROJECT (juliacall needs both)" in origin
+    exe, origin = _find_julia({"PYTHON_JULIACALL_EXE": None, "PYTHON_JULIACALL_PROJECT": str(tmp_path)})
+    assert exe == "None" and "without PYTHON_JULIACALL_EXE" in origin
+    exe, origin = _find_julia({"PYTHON_JULIACALL_EXE": sys.executable,
+                               "PYTHON_JULIACALL_PROJECT": str(tmp_path / "missing")})
+    assert exe == "None" and origin.endswith("missing does not exist")
+
+
+def _existing_environment() -> tuple[str, str] | None:
+    """The Julia executable and environment this session's variables point at, when both are named."""
+    for exe_key, project_key in (("PYTHON_JULIACALL_EXE", "PYTHON_JULIACALL_PROJECT"),
+                                 ("PYTHON_JULIAPKG_EXE", "PYTHON_JULIAPKG_PROJECT")):
+        exe, project = os.environ.get(exe_key), os.environ.get(project_key)
+        if exe and project and shutil.which(exe) and os.path.isdir(project):
+            return shutil.which(exe), project
+    return None
+
+
+SCAN_CHECK = ("import numpy as np, scanweaver\n"
+              "rng = np.random.default_rng(0)\n"
+              "a, b, x, c = (rng.random((3, 200), dtype=np.float32) for _ in range(4))\n"
+              "y = scanweaver.selective_scan(a, b, x, c, backend='julia')\n"
+              "want = scanweaver.selective_scan(a, b, x, c, backend='numpy')\n"
+              "print(float(np.abs(y - want).max()))\n")
+
+
+@pytest.mark.parametrize("family", ["juliacall", "juliapkg"])
+def test_an_existing_julia_and_environment_run_offline(family):
+    found = _existing_environment()
+    if importlib.util.find_spec("juliacall") is None or found is None:
+        pytest.skip("needs juliacall and a Julia with an environment holding PythonCall and ScanWeaver, named by "
+                    "PYTHON_JULIACALL_EXE/PROJECT or PYTHON_JULIAPKG_EXE/PROJECT (see the README's Julia section)")
+    exe, project = found
+    if family == "juliacall":
+        env = {"PYTHON_JULIACALL_EXE": exe, "PYTHON_JULIACALL_PROJECT": project, "PYTHON_JULIAPKG_EXE": None,
+               "PYTHON_JULIAPKG_PROJECT": None}
+    else:
+        env = {"PYTHON_JULIAPKG_EXE": exe, "PYTHON_JULIAPKG_PROJECT": project, "PYTHON_JULIAPKG_OFFLINE": "yes",
+               **NO_JULIACALL_ENV}
+    proc = _run(SCAN_CHECK, env={**env, "JULIA_PKG_OFFLINE": "true"}, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert float(proc.stdout.strip().splitlines()[-1]) < 1e-5
 
 
 def test_julia_devices_lists_every_device_with_a_reason():

@@ -1,8 +1,9 @@
 """ScanWeaver.jl checked without Julia: ``fatou lint`` and ``fatou format --check`` on every file, then
 the defect classes a linter cannot see (``test/julia_checks.py``): ambiguous methods, local memory beyond
 its declared budget, a Python device table that disagrees with the Julia backends, ``[compat]``
-bounds that exclude today's GPU packages, and entry points that launch kernels without validating
-the configuration. Each check also runs on a planted defect, to show it fails."""
+bounds that exclude today's GPU packages (or admit ones without the backend an extension uses), entry
+points that launch kernels without validating the configuration, and kernels whose closures capture a
+variable they reassign (a ``Core.Box``). Each check also runs on a planted defect, to show it fails."""
 
 from __future__ import annotations
 
@@ -242,3 +243,55 @@ def test_compat_admits_todays_packages_and_excludes_too_old_ones():
     assert compat_admits(compat["CUDA"], "5.11.3") and compat_admits(compat["AMDGPU"], "1.3.6")
     assert not compat_admits(compat["KernelAbstractions"], "0.9.0"), "KernelAbstractions 0.9.0 lacks supports_float64"
     assert not compat_admits("5", "6.3.0") and compat_admits("0.9", "0.9.0")
+    assert not compat_admits(compat["oneAPI"], "1.1.0"), "oneAPI.jl 1.0-1.1 have no oneAPIBackend (from 1.2)"
+    assert compat_admits(compat["oneAPI"], "1.2.0")
+
+
+@pytest.mark.usefixtures("fatou")
+def test_no_kernel_closure_captures_a_reassigned_variable():
+    from julia_checks import check_boxed_closures
+
+    assert check_boxed_closures(_sources()) == []
+
+
+#: The fused Mamba replay loop as it was: the closure captured ``h``, which the loop reassigns.
+PLANTED_BOXED_CLOSURE = """
+@kernel function replay!(y, @Const(ops), ::Val{nstate}) where {nstate}
+    t0 = @index(Global, Linear)
+    h = initial_states(ops, Val(nstate))
+    acc = ntuple(_ -> identity_pair(Float32), Val(nstate))
+    for t in 1:size(y, 1)
+        p = pairs_at(ops, t)
+        h = ntuple(n -> apply_pair(p[n], h[n]), Val(nstate))
+        y[t, t0] = sum(h)
+    end
+    map(acc) do q
+        q + t0
+    end
+end
+"""
+
+
+@pytest.mark.usefixtures("fatou")
+def test_boxed_closure_check_reports_the_planted_defect():
+    from julia_checks import check_boxed_closures
+
+    problems = check_boxed_closures({"planted.jl": PLANTED_BOXED_CLOSURE})
+    assert len(problems) == 1, problems
+    assert problems[0].startswith("planted.jl: @kernel replay!: the closure") and "captures h," in problems[0]
+    fixed = PLANTED_BOXED_CLOSURE.replace("ntuple(n -> apply_pair(p[n], h[n]), Val(nstate))", "map(apply_pair, p, h)")
+    assert check_boxed_closures({"fixed.jl": fixed}) == []
+
+
+def test_the_gpu_test_environment_holds_the_test_targets_and_every_gpu_package():
+    project = tomllib.loads((ROOT / "Project.toml").read_text())
+    gpu = tomllib.loads((ROOT / "test" / "gpu" / "Project.toml").read_text())
+    uuids = {**project["deps"], **project["weakdeps"], **project["extras"]}
+    wanted = set(project["targets"]["test"]) | set(project["deps"]) | set(project["extensions"].values())
+    assert wanted <= set(gpu["deps"]), sorted(wanted - set(gpu["deps"]))
+    for name, uuid in gpu["deps"].items():
+        assert uuids.get(name) == uuid, name
+    for name in project["weakdeps"]:
+        assert gpu["compat"].get(name, project["compat"][name]) == project["compat"][name], name
+    runtests = (ROOT / "test" / "runtests.jl").read_text()
+    assert "julia --project=test/gpu test/runtests.jl" in runtests

@@ -137,19 +137,10 @@ function (launch::MambaLauncher)(
                 "Val($workgroupsize); pass the same value to both",
         ))
     end
-    ops = MambaOperands(
-        u,
-        delta,
-        A,
-        B,
-        C,
-        D,
-        z,
-        delta_bias,
-        h0,
-        reset,
-        Bool(delta_softplus),
-    )
+    softplus = launch_flag(:mamba_scan!, :delta_softplus, delta_softplus)
+    # As in `mamba_selective_scan!`: the kernels index with @inbounds.
+    check_mamba(:mamba_scan!, y, h_last, u, delta, A, B, C, D, z, delta_bias, h0, reset)
+    ops = MambaOperands(u, delta, A, B, C, D, z, delta_bias, h0, reset, softplus)
     s = MambaChunks(workgroupsize, chunk)
     check_mamba_chunks(:mamba_scan!, s, launch.backend)
     launch_mamba!(

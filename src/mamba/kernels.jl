@@ -66,7 +66,7 @@ only) also the final states.
         end
         for t in chunk_range(j, chunk, L)
             p = mamba_pairs(ops, ch, t, d, b)
-            h = ntuple(n -> apply_pair(p[n], h[n]), Val(nstate))
+            h = map(apply_pair, p, h)
             @inbounds y[t, d, b] = convert(eltype(y), mamba_output(ops, ch, h, t, d, b))
         end
         store_tuple!(h_last, h, d, b)
@@ -100,7 +100,7 @@ channel `d` of batch element `b`.
         acc = ntuple(_ -> identity_pair(AffinePair{T, T}), Val(nstate))
         for t in chunk_range(j, chunk, L)
             p = mamba_pairs(ops, ch, t, d, b)
-            acc = ntuple(n -> compose(p[n], acc[n]), Val(nstate))
+            acc = map(compose, p, acc)
         end
         store_tuple!(agg, acc, j, d, b)
     end

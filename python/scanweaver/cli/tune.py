@@ -7,6 +7,7 @@
     scanweaver tune --backend cpu --shape 8,512,4096
     scanweaver tune --backend opencl --shape 4,1024 --strategy random_sample --max-fevals 20 --json
     scanweaver tune --op mamba1 --backend cpu --shape 2,768,16,2048    # the fused Mamba-1 kernel
+    scanweaver tune --backend julia --device cpu --shape 8,4096 --strategy random_sample --max-fevals 4
     scanweaver tune --backend cuda --parallel 8 --ray-address auto   # one shard per GPU of a Ray cluster
     scanweaver tune --show
     scanweaver tune --export tuned-gpu-nodes.json
@@ -95,6 +96,8 @@ class Tune:
     @staticmethod
     def add_arguments(p: argparse.ArgumentParser) -> None:
         p.add_argument("--backend", default="cpu", help="cpu, opencl, cuda, julia or iree (default: cpu)")
+        p.add_argument("--device", help="the julia backend's KernelAbstractions device: cpu, cuda, amdgpu, oneapi "
+                                        "or metal (default: $SCANWEAVER_JULIA_DEVICE, else cuda)")
         p.add_argument("--shape", type=parse_shape, default=(8, 512, 4096),
                        help="operand shape B,D,L (any leading sizes; last is L), default 8,512,4096")
         p.add_argument("--dtype", default="float32", choices=("float32", "float64"))
@@ -138,7 +141,8 @@ class Tune:
 
         common = dict(backend=args.backend, shape=args.shape, dtype=args.dtype, strategy=args.strategy,
                       max_fevals=args.max_fevals, time_limit=args.time_limit, values=dict(args.values or []),
-                      fresh=args.fresh, record=not args.no_store, progress=not args.json, out=args.out)
+                      fresh=args.fresh, record=not args.no_store, progress=not args.json, out=args.out,
+                      device=args.device)
         if args.op:
             from ..tuning.fused import tune_fused
 

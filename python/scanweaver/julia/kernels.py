@@ -240,6 +240,38 @@ def kernel_tuner_arguments(a, b, x, c=None, h0=None, reset=None, reverse: bool =
             operand("x", x, 1), operand("c", c, 1), state, mask, bool(reverse)]
 
 
+def mamba_kernel_tuner_arguments(shape: tuple[int, int, int, int], inputs: dict, dtype: str = "float32",
+                                 softplus: bool = True) -> list:
+    """The fused Mamba-1 launcher's arguments (order :data:`MAMBA_ARGS`) in Julia layouts, for Kernel Tuner.
+
+    ``inputs`` holds the forward ABI's C-order arrays (``u``, ``delta``, ``z`` ``(batch, D, L)``, ``A``
+    ``(D, N)``, ``B``/``C`` ``(batch, G, N, L)``, ``D``, ``delta_bias`` ``(D,)``); each is passed as its
+    transpose, which is the Julia array of the same memory.  Kernel Tuner cannot pass ``nothing``, so an
+    absent ``h0`` is zeros, an absent ``reset`` no flags, and absent ``D``, ``z`` or ``delta_bias`` a
+    :class:`~scanweaver.errors.ScanInputError`.
+
+    Example:
+        >>> import numpy as np
+        >>> from scanweaver.julia.kernels import mamba_kernel_tuner_arguments
+        >>> ins = {k: np.ones(s, np.float32) for k, s in {"u": (1, 2, 5), "delta": (1, 2, 5), "A": (2, 3),
+        ...     "B": (1, 1, 3, 5), "C": (1, 1, 3, 5), "D": (2,), "z": (1, 2, 5), "delta_bias": (2,)}.items()}
+        >>> [a.shape for a in mamba_kernel_tuner_arguments((1, 2, 3, 5), ins)[:4]]
+        [(5, 2, 1), (3, 2, 1), (5, 2, 1), (5, 2, 1)]
+    """
+    batch, dim, N, L = shape
+    t = DTYPES[dtype]
+    missing = [n for n in ("u", "delta", "A", "B", "C", "D", "z", "delta_bias") if n not in inputs]
+    if missing:
+        raise ScanInputError(f"mamba_kernel_tuner_arguments: inputs lack {', '.join(missing)}")
+
+    def julia(name):
+        return np.ascontiguousarray(inputs[name], dtype=t).T
+
+    return [np.zeros((L, dim, batch), t, order="F"), np.zeros((N, dim, batch), t, order="F"), julia("u"),
+            julia("delta"), julia("A"), julia("B"), julia("C"), julia("D"), julia("z"), julia("delta_bias"),
+            np.zeros((N, dim, batch), t, order="F"), np.zeros(L, np.uint8), bool(softplus)]
+
+
 def render_call(schedule: str, config: dict[str, int]) -> str:
     """The Julia call that launches ``schedule`` with ``config`` (the ``kernel`` stage text)."""
     sched = SCHEDULES[schedule]

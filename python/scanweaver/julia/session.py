@@ -8,8 +8,8 @@ a missing GPU package).  This module:
   that lets Julia's threads and GC coexist with Python, one Julia thread per
   core), leaving any value the user set alone;
 * answers :func:`probe` quickly without starting Julia or downloading anything:
-  it only looks for ``juliacall`` and a Julia executable (``PYTHON_JULIAPKG_EXE``,
-  ``julia`` or ``juliaup`` on ``PATH``, or one juliapkg installed before);
+  it only looks for ``juliacall`` and a Julia executable, where juliacall itself
+  would take it from (:func:`find_julia`);
 * starts Julia once, in :func:`main`, and turns every failure into one
   :class:`~scanweaver.errors.BackendUnavailable` that says what is missing and
   the command that fixes it; a failure is remembered, so later calls fail fast
@@ -42,7 +42,13 @@ VERSION_TIMEOUT_S = 20.0
 
 INSTALL_JULIACALL = "pip install 'scanweaver[julia]'"
 INSTALL_JULIA = ("install Julia >= 1.10 (https://julialang.org/install: "
-                 "`curl -fsSL https://install.julialang.org | sh`) or point PYTHON_JULIAPKG_EXE at one")
+                 "`curl -fsSL https://install.julialang.org | sh`) or point PYTHON_JULIAPKG_EXE at one "
+                 "(or PYTHON_JULIACALL_EXE and PYTHON_JULIACALL_PROJECT at a Julia and an environment "
+                 "that holds PythonCall and ScanWeaver)")
+
+#: juliacall's own variables: set together, juliacall uses that Julia and environment as they are
+#: (no juliapkg resolve, nothing downloaded).
+JULIACALL_ENV = ("PYTHON_JULIACALL_EXE", "PYTHON_JULIACALL_PROJECT")
 
 _lock = threading.Lock()
 _main: Any = None
@@ -50,7 +56,29 @@ _failure: BackendUnavailable | None = None
 
 
 def find_julia() -> tuple[str | None, str]:
-    """A Julia executable juliacall would use, found without downloading, and where it came from."""
+    """A Julia executable juliacall would use, found without downloading, and where it came from.
+
+    In juliacall's order: ``PYTHON_JULIACALL_EXE`` with ``PYTHON_JULIACALL_PROJECT`` (juliacall then
+    skips juliapkg; one without the other is an error of juliacall's, reported here instead), then
+    juliapkg's ``PYTHON_JULIAPKG_EXE``, ``julia`` or ``juliaup`` on ``PATH``, and a Julia that juliapkg
+    installed before.
+
+    Example:
+        >>> import os
+        >>> from scanweaver.julia.session import find_julia
+        >>> os.environ["PYTHON_JULIACALL_EXE"] = "/nonexistent/julia"
+        >>> find_julia()[1]
+        'PYTHON_JULIACALL_EXE=/nonexistent/julia without PYTHON_JULIACALL_PROJECT (juliacall needs both)'
+        >>> del os.environ["PYTHON_JULIACALL_EXE"]
+    """
+    exe, project = (os.environ.get(k) for k in JULIACALL_ENV)
+    if exe is not None or project is not None:
+        if exe is None or project is None:
+            given, missing = ("PYTHON_JULIACALL_EXE", "PYTHON_JULIACALL_PROJECT")[:: 1 if exe is not None else -1]
+            return None, f"{given}={exe if exe is not None else project} without {missing} (juliacall needs both)"
+        if not os.path.exists(project):
+            return None, f"PYTHON_JULIACALL_PROJECT={project} does not exist"
+        return shutil.which(exe), f"PYTHON_JULIACALL_EXE={exe}, PYTHON_JULIACALL_PROJECT={project}"
     exe = os.environ.get("PYTHON_JULIAPKG_EXE")
     if exe:
         return (exe if shutil.which(exe) else None), f"PYTHON_JULIAPKG_EXE={exe}"
@@ -109,6 +137,19 @@ def probe() -> tuple[bool, str]:
     return True, f"Julia {shown} ({exe}, {origin})"
 
 
+def _start_advice() -> str:
+    """What to check when Julia did not start, for the way juliacall was pointed at it."""
+    project = os.environ.get("PYTHON_JULIACALL_PROJECT")
+    if project and os.environ.get("PYTHON_JULIACALL_EXE"):
+        return (f"juliacall used PYTHON_JULIACALL_PROJECT={project} as it is: that environment must hold "
+                "PythonCall (the version of juliacall), KernelAbstractions and ScanWeaver "
+                f"(`julia --project={project} -e 'import Pkg; Pkg.develop(path=\"<scanweaver checkout>\")'`)")
+    return ("Check that Julia >= 1.10 and the packages in scanweaver/juliapkg.json can be installed: "
+            "`python -c \"import juliapkg; juliapkg.resolve()\"` shows the full log "
+            "(needs network access the first time, or PYTHON_JULIAPKG_OFFLINE=yes with PYTHON_JULIAPKG_PROJECT "
+            "naming an environment that holds them)")
+
+
 def _start() -> Any:
     for key, value in JULIACALL_DEFAULTS.items():
         os.environ.setdefault(key, value)
@@ -147,9 +188,7 @@ def main(check: bool = True) -> Any:
                 raise
             _failure = BackendUnavailable(
                 f"julia backend: starting Julia with ScanWeaver failed ({type(exc).__name__}: {exc}). "
-                "Check that Julia >= 1.10 and the packages in scanweaver/juliapkg.json can be installed: "
-                "`python -c \"import juliapkg; juliapkg.resolve()\"` shows the full log "
-                f"(needs network access the first time); without Julia: {INSTALL_JULIA}"
+                f"{_start_advice()}; without Julia: {INSTALL_JULIA}"
             )
             raise _failure from exc
         return _main

@@ -53,12 +53,14 @@ class FusedSpace(SearchSpace):
 
 
 def build_fused_space(op: str, backend: str, family: str, limits: Limits,
-                      values: dict[str, tuple] | None = None) -> FusedSpace:
+                      values: dict[str, tuple] | None = None, fixed: dict[str, object] | None = None) -> FusedSpace:
     """The space of ``op``'s tunables for target ``family`` on ``backend`` (values filtered by their rules
-    and the limits, or ``values`` where given)."""
+    and the limits, or ``values`` where given); tunables in ``fixed`` are not searched."""
     params, owners, pinned = {}, {}, {}
     name = PREFIX + op
     for t in FUSED.get(op).tunables_for(family):
+        if t.name in (fixed or {}):
+            continue
         cand = _candidates(t, limits, (values or {}).get(t.name))
         params[t.name], owners[t.name], pinned[t.name] = cand, {name: frozenset(cand)}, t.default
     if not params:
@@ -156,7 +158,8 @@ def fused_arguments(problem: FusedProblem, inputs: dict[str, np.ndarray]) -> tup
 def tune_fused(op: str = "mamba1", *, backend: str = "cpu", shape=(2, 768, 16, 2048), dtype: str = "float32",
                strategy: str = "brute_force", max_fevals: int | None = None, time_limit: float | None = None,
                seed: int = 0, record: bool = True, progress: bool = True, out: str | Path | None = None,
-               iterations: int = 7, fresh: bool = False, values: dict[str, tuple] | None = None) -> TuneReport:
+               iterations: int = 7, fresh: bool = False, values: dict[str, tuple] | None = None,
+               device: str | None = None) -> TuneReport:
     """Tunes the forward kernel of fused operation ``op`` on ``backend`` for one ``(batch, D, N, L)``.
 
     Args are those of :func:`scanweaver.tuning.kt.tune` (``shape`` is ``(batch, D, N, L)``).
@@ -176,6 +179,7 @@ def tune_fused(op: str = "mamba1", *, backend: str = "cpu", shape=(2, 768, 16, 2
                              f"got {tuple(shape)}")
     problem = FusedProblem(op, backend, tuple(int(s) for s in shape), dtype, seed)
     target = get_target(backend)
+    target.select_device(device)
     why = target.unavailable()
     if why:
         raise BackendUnavailable(f"tune: backend {backend!r} cannot be tuned here: {why}")
@@ -189,7 +193,8 @@ def tune_fused(op: str = "mamba1", *, backend: str = "cpu", shape=(2, 768, 16, 2
         raise ScanInputError(f"tune: unknown strategy {strategy!r}; Kernel Tuner has {', '.join(sorted(strategy_map))}")
     device = be.availability().device
     family = family_of(be.target)
-    space = build_fused_space(op, backend, family, target.limits(problem), values)
+    narrowed, fixed = target.fused_values(dict(values or {}))
+    space = build_fused_space(op, backend, family, target.limits(problem), narrowed, fixed)
     inputs = problem.inputs()
     answer = problem.oracle(inputs)
     workdir = store.cache_dir() / "kernel_tuner" / backend
@@ -201,11 +206,14 @@ def tune_fused(op: str = "mamba1", *, backend: str = "cpu", shape=(2, 768, 16, 2
                           f"{hashlib.sha256(blob.encode()).hexdigest()[:12]}.json"
     if fresh and cachefile.exists():
         cachefile.unlink()
-    session = KernelTunerSession(spec, space, cachefile, check=lambda y: problem.check(y, answer), progress=progress,
-                                 iterations=iterations, answer=answer.astype(dtype).ravel())
+    session = KernelTunerSession(spec, space, cachefile,
+                                 check=lambda y: problem.check(target.fused_result(y, answer.shape), answer),
+                                 progress=progress, iterations=iterations,
+                                 answer=target.fused_answer(answer.astype(dtype)))
     total = min(space.size, max_fevals) if max_fevals else space.size
     results = session.run(strategy=strategy, max_fevals=max_fevals, time_limit=time_limit, seed=seed, total=total)
     default_cfg = FUSED.get(op).resolve(family, {}, be.fused_defaults(op, problem.features, problem.sizes), "tune")
+    default_cfg = {k: v for k, v in default_cfg.items() if k not in fixed}
     default = space.join(space.schedules[0], default_cfg) if space.contains(space.join(space.schedules[0],
                                                                                      default_cfg)) else None
     extra = []

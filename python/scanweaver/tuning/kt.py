@@ -126,7 +126,7 @@ class Prepared:
 
 def prepare(problem: TuneProblem, *, schedule: str | tuple | None = None, strategy: str = "brute_force",
             values: dict[str, tuple] | None = None, progress: bool = False, iterations: int = 7,
-            fresh: bool = False, cache_suffix: str = "") -> Prepared:
+            fresh: bool = False, cache_suffix: str = "", device: str | None = None) -> Prepared:
     """Checks the problem here and builds its space, kernel and session (see :func:`tune`).
 
     Raises:
@@ -135,6 +135,7 @@ def prepare(problem: TuneProblem, *, schedule: str | tuple | None = None, strate
         ScanInputError: a bad schedule, strategy or an empty space.
     """
     target = get_target(problem.backend)
+    target.select_device(device)
     why = target.unavailable()
     if why:
         raise BackendUnavailable(f"tune: backend {problem.backend!r} cannot be tuned here: {why}")
@@ -181,7 +182,7 @@ def tune(recurrence=None, *, backend: str = "cpu", shape=(8, 512, 4096), dtype: 
          time_limit: float | None = None, features: Features = Features(), seed: int = 0, record: bool = True,
          progress: bool = True, out: str | Path | None = None, iterations: int = 7, fresh: bool = False,
          values: dict[str, tuple] | None = None, confirm: int = 0, parallel: int | None = None,
-         ray_address: str | None = None) -> TuneReport:
+         ray_address: str | None = None, device: str | None = None) -> TuneReport:
     """Tunes ``recurrence`` on ``backend`` for one problem shape and stores the best configuration.
 
     After this, every scan call of that recurrence on this device (and the
@@ -215,6 +216,8 @@ def tune(recurrence=None, *, backend: str = "cpu", shape=(8, 512, 4096), dtype: 
             one device (:mod:`scanweaver.tuning.cluster`; ``pip install scanweaver[cluster]``).
         ray_address: the Ray cluster to use (default: ``$RAY_ADDRESS``, an already
             initialised Ray, or a new local instance).
+        device: the device to tune on, for backends with a device choice (``julia``: ``cpu``,
+            ``cuda``, ``amdgpu``, ``oneapi`` or ``metal``; default ``$SCANWEAVER_JULIA_DEVICE``, else ``cuda``).
 
     Returns:
         a :class:`~scanweaver.tuning.report.TuneReport`.
@@ -241,12 +244,14 @@ def tune(recurrence=None, *, backend: str = "cpu", shape=(8, 512, 4096), dtype: 
 
         if confirm:
             raise ScanInputError("tune: confirm= re-measures on one device; run it without parallel=")
+        if device is not None:
+            raise ScanInputError("tune: device= tunes on one device; run it without parallel=")
         report, who = tune_parallel(problem, parallel=parallel, ray_address=ray_address, schedule=schedule,
                                     strategy=strategy, max_fevals=max_fevals, time_limit=time_limit, seed=seed,
                                     iterations=iterations, fresh=fresh, values=values)
         return _finish(report, problem, None, strategy, record, out, t0, who)
     prep = prepare(problem, schedule=schedule, strategy=strategy, values=values, progress=progress,
-                   iterations=iterations, fresh=fresh)
+                   iterations=iterations, fresh=fresh, device=device)
     session, space, default = prep.session, prep.space, prep.default
     total = min(space.size, max_fevals) if max_fevals else space.size
     results = session.run(strategy=strategy, max_fevals=max_fevals, time_limit=time_limit, seed=seed, total=total)

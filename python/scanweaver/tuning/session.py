@@ -98,6 +98,24 @@ def kt_restriction(space: SearchSpace):
     return restriction
 
 
+def kernel_tuner_inputs(lang: str, tune_params: dict, strategy_options: dict | None) -> tuple:
+    """``tune_params`` and ``strategy_options`` in the form Kernel Tuner wants for ``lang``.
+
+    For ``lang="julia"`` Kernel Tuner's ``tune_kernel`` refuses a dict of
+    tunables (it converts a list of ``(name, values)`` pairs, whose order is the
+    kernels' ``Val`` order) and unpacks ``strategy_options`` as pairs too; every
+    other language takes the dicts as they are.
+
+    Example:
+        >>> kernel_tuner_inputs("julia", {"workgroup_size": [32, 64]}, {"max_fevals": 4})
+        ([('workgroup_size', [32, 64])], [('max_fevals', 4)])
+    """
+    if lang.upper() != "JULIA":
+        return tune_params, strategy_options
+    options = None if strategy_options is None else list(strategy_options.items())
+    return list(tune_params.items()), options
+
+
 def read_cached(cachefile: Path) -> list[dict]:
     """Every configuration in a Kernel Tuner cache file."""
     from kernel_tuner import util
@@ -258,16 +276,17 @@ class KernelTunerSession:
         answer[spec.output] = self.answer if self.answer is not None else spec.arguments[spec.output]
         self.cachefile.parent.mkdir(parents=True, exist_ok=True)
         scratch = Path(tempfile.mkdtemp(prefix="run-", dir=self.cachefile.parent))
+        params, options = kernel_tuner_inputs(spec.lang, tune_params, opts or None)
         with working_directory(scratch), seeded(seed), warnings.catch_warnings(), \
                 contextlib.redirect_stdout(self.output), _removed(scratch):
             warnings.simplefilter("ignore")
             results, _env = kernel_tuner.tune_kernel(
-                spec.kernel_name, spec.kernel_source, spec.problem_size, spec.arguments, tune_params,
+                spec.kernel_name, spec.kernel_source, spec.problem_size, spec.arguments, params,
                 grid_div_x=spec.grid_div_x, grid_div_y=spec.grid_div_y, restrictions=restriction,
                 answer=answer if self.check else None, verify=self._verify if self.check else None,
                 lang=spec.lang, compiler=spec.compiler, compiler_options=spec.compiler_options,
                 defines=self._defines(), block_size_names=spec.block_size_names, iterations=self.iterations,
-                strategy=strategy if only is None else "brute_force", strategy_options=opts or None,
+                strategy=strategy if only is None else "brute_force", strategy_options=options,
                 cache=str(self.cachefile), quiet=True, verbose=False, **spec.device_options,
             )
         return results

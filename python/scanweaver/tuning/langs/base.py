@@ -120,6 +120,25 @@ class KernelTunerTarget(ABC):
         """Extra ``tune_kernel`` keywords that select the runtime's device (``platform=``, ``device=``)."""
         return {}
 
+    def select_device(self, device: str | None) -> None:
+        """Tunes on ``device`` (``scanweaver tune --device``); backends without a device choice refuse one."""
+        if device is not None:
+            raise ScanInputError(f"tune: backend {self.backend!r} has no device choice (got device={device!r}); "
+                                 "--device selects the julia backend's KernelAbstractions device")
+
+    def fused_values(self, given: dict[str, tuple]) -> tuple[dict[str, tuple], dict[str, object]]:
+        """A fused operation's candidate values this target narrows (``given`` wins), and tunables it fixes
+        itself instead of searching them (name -> value)."""
+        return given, {}
+
+    def fused_answer(self, answer: np.ndarray) -> np.ndarray:
+        """The oracle ``y`` of a fused operation laid out like the kernel's ``y`` argument."""
+        return answer.ravel()
+
+    def fused_result(self, y, shape: tuple[int, ...]) -> np.ndarray:
+        """The kernel's ``y`` argument as read back, in the oracle's ``shape``."""
+        return np.asarray(y).reshape(shape)
+
     @abstractmethod
     def kernel(self, problem: TuneProblem, space: SearchSpace, inputs: dict[str, np.ndarray],
                workdir: Path) -> KernelSpec:

@@ -1,0 +1,134 @@
+# ScanWeaver.jl on the CPU, in one process (run with 2 threads):
+#
+#     julia --project=<env with ScanWeaver> -t 2 bench/julia.jl [out.json]
+#
+# Float32, (L, lanes) = (4096, 4096) and one lane of 2^24: the default path
+# (`schedule = :auto`), each schedule, a plain Julia loop (one lane at a time,
+# one thread) and a broadcast with the scan's traffic (4 reads, 1 write) as the
+# roofline, timed round-robin after a warm-up call; every scan is checked
+# against the plain loop first. Then the time to the first scan in a fresh
+# process after `using ScanWeaver`. Targets: the default at least 0.7 of the
+# roofline, at least 3x the plain loop on the long lane, the first scan under
+# 5 s. The juliacall overhead per call is `bench/julia_overhead.py`.
+using ScanWeaver
+using Statistics: median
+
+function plain_loop!(y, a, b, x, c)
+    L, lanes = size(a)
+    @inbounds for l in 1:lanes
+        h = zero(eltype(y))
+        for t in 1:L
+            h = a[t, l] * h + b[t, l] * x[t, l]
+            y[t, l] = c[t, l] * h
+        end
+    end
+    return y
+end
+
+function roofline!(y, a, b, x, c)
+    Threads.@threads for l in axes(a, 2)
+        @inbounds @simd for t in axes(a, 1)
+            y[t, l] = a[t, l] * b[t, l] + x[t, l] * c[t, l]
+        end
+    end
+    return y
+end
+
+scan!(schedule) = (y, a, b, x, c) -> selective_scan!(y, a, b, x, c; schedule)
+
+function entries()
+    return [
+        "default" => scan!(:auto),
+        "sequential" => scan!(:sequential),
+        "blelloch" => scan!(:blelloch),
+        "hybrid" => scan!(:hybrid),
+        "reduce_then_scan" => scan!(:reduce_then_scan),
+        "plain_loop" => plain_loop!,
+        "roofline" => roofline!,
+    ]
+end
+
+function measure(L, lanes; rounds = 7)
+    a = 0.5f0 .+ 0.49f0 .* rand(Float32, L, lanes)
+    b, x, c = (randn(Float32, L, lanes) for _ in 1:3)
+    want = plain_loop!(similar(a), a, b, x, c)
+    scale = maximum(abs, want)
+    times = Dict{String, Vector{Float64}}()
+    status = Dict{String, String}()
+    y = similar(a)
+    for (name, f) in entries()
+        f(y, a, b, x, c) # compiles
+        ok = name == "roofline" || maximum(abs, y .- want) <= 1.0f-3 * scale
+        status[name] = ok ? "ok" : "failed"
+        times[name] = Float64[]
+    end
+    for _ in 1:rounds, (name, f) in entries()
+        status[name] == "ok" || continue
+        push!(times[name], @elapsed f(y, a, b, x, c))
+    end
+    ns = Dict(n => 1.0e9 * median(t) / (L * lanes) for (n, t) in times if !isempty(t))
+    return (
+        L = L,
+        lanes = lanes,
+        ns_per_element = ns,
+        status = status,
+        roofline_fraction = ns["roofline"] / ns["default"],
+        speedup_vs_plain_loop = ns["plain_loop"] / ns["default"],
+    )
+end
+
+function first_scan_seconds()
+    project = Base.active_project()
+    code = "t = time(); using ScanWeaver; selective_scan(rand(Float32, 64, 4), rand(Float32, 64, 4), " *
+        "rand(Float32, 64, 4)); print(time() - t)"
+    out = read(`$(Base.julia_cmd()) --project=$project -t 2 -e $code`, String)
+    return parse(Float64, strip(out))
+end
+
+function main(out = nothing)
+    results = [measure(4096, 4096), measure(2^24, 1)]
+    first = first_scan_seconds()
+    for r in results
+        println("(L, lanes) = ($(r.L), $(r.lanes)):")
+        for (name, v) in sort(collect(r.ns_per_element); by = last)
+            println(rpad("  $name", 22), round(v; digits = 3), " ns/element")
+        end
+        println(
+            "  default / roofline: ",
+            round(r.roofline_fraction; digits = 2),
+            " (target >= 0.7)",
+        )
+        println(
+            "  default vs plain loop: ",
+            round(r.speedup_vs_plain_loop; digits = 2),
+            "x",
+        )
+    end
+    println(
+        "first scan after `using ScanWeaver`: ",
+        round(first; digits = 2),
+        " s (target < 5)",
+    )
+    if out !== nothing
+        open(out, "w") do io
+            print(
+                io,
+                "{\"threads\": $(Threads.nthreads()), \"first_scan_s\": $first, \"shapes\": [",
+            )
+            for (i, r) in enumerate(results)
+                i > 1 && print(io, ", ")
+                ns = join(("\"$k\": $v" for (k, v) in r.ns_per_element), ", ")
+                print(
+                    io,
+                    "{\"L\": $(r.L), \"lanes\": $(r.lanes), \"ns_per_element\": {$ns}, ",
+                )
+                print(io, "\"roofline_fraction\": $(r.roofline_fraction), ")
+                print(io, "\"speedup_vs_plain_loop\": $(r.speedup_vs_plain_loop)}")
+            end
+            println(io, "]}")
+        end
+    end
+    return nothing
+end
+
+main(isempty(ARGS) ? nothing : ARGS[1])
