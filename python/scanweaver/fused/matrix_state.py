@@ -58,6 +58,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ScanInputError
+from ..schedules.base import Tunable, non_negative, power_of_two
 from .base import PARTS, FusedOp, Param, register
 
 #: The decay forms and the readouts of :class:`MatrixStateFeatures`.
@@ -97,6 +98,32 @@ class MatrixStateFeatures:
             raise ScanInputError(f"matrix_state: readout={self.readout!r}; it must be one of {', '.join(READOUTS)}")
 
 
+def _between(value, lo: int, hi: int) -> str | None:
+    return None if lo <= value <= hi else f"it must be between {lo} and {hi}"
+
+
+#: The algorithms of the CPU forward: the fused recurrence, or the chunked (matmul) form.
+ALGORITHMS = ("recurrent", "chunked")
+#: Shortest sequences (in chunks) and smallest K and V for which the default picks the chunked form: its
+#: products need rows and columns to fill the vector registers and amortise the per-chunk decay factors.
+CHUNKED_MIN_CHUNKS, CHUNKED_MIN_DIM = 2, 32
+
+#: The CPU (C) kernels' tunables.
+C_TUNABLES = (
+    Tunable("algorithm", "recurrent", ALGORITHMS, "forward algorithm: the fused recurrence or the chunked matmul "
+            "form; the default picks by shape", lambda v: None if v in ALGORITHMS else
+            f"it must be one of {', '.join(ALGORITHMS)}"),
+    Tunable("chunk", 64, (16, 32, 64, 128), "time steps per chunk of the chunked form",
+            lambda v: None if isinstance(v, int) and v % 8 == 0 and 8 <= v <= 256 else
+            "it must be a multiple of 8 between 8 and 256"),
+    Tunable("cols", 32, (16, 32, 64, 128), "value columns of the state per block (work item) of the recurrent form",
+            lambda v: power_of_two(v) or _between(v, 4, 512)),
+    Tunable("width", 8, (4, 8, 16), "lanes per vector; the default follows the CPU's vectors",
+            lambda v: power_of_two(v) or _between(v, 4, 16)),
+    Tunable("threads", 0, (0, 1, 2, 4, 8, 16), "OpenMP threads; 0 uses every core",
+            lambda v: non_negative(v) or _between(v, 0, 1024)),
+)
+
 _IN = ("q", "k", "v")
 _OPT_IN = ("g", "u", "h0", "cu_seqlens")
 #: batch, T, H (heads of v/o), Hq (heads of q/k), nseq (rows of h0/hlast: batch, or the packed sequences).
@@ -112,8 +139,21 @@ class MatrixState(FusedOp):
     name = "matrix_state"
     description = "matrix-state scan S_t = exp(g_t)*S_{t-1} + k_t v_t^T read by q_t (Mamba-2, GLA, RetNet, RWKV-6)"
     parts = PARTS
-    tunables: dict = {}
-    implementations = {"numpy": PARTS}
+    tunables = {"c": C_TUNABLES}
+    implementations = {"numpy": PARTS, "c": PARTS}
+
+    def work(self, features: MatrixStateFeatures, sizes: dict[str, int]) -> int:
+        """``batch * T * H * K * V`` state elements per forward call."""
+        return sizes.get("batch", 1) * sizes.get("T", 1) * sizes.get("H", 1) * features.K * features.V
+
+    def defaults(self, family: str, features: MatrixStateFeatures, sizes: dict[str, int]) -> dict[str, object]:
+        """``algorithm`` by shape on ``c``: chunked for long sequences and K, V of at least
+        :data:`CHUNKED_MIN_DIM`, else recurrent."""
+        if family != "c":
+            return {}
+        T = sizes.get("T", 1) // max(1, sizes.get("nseq", 1) // max(1, sizes.get("batch", 1)))
+        big = min(features.K, features.V) >= CHUNKED_MIN_DIM and T >= CHUNKED_MIN_CHUNKS * 64
+        return {"algorithm": "chunked" if big else "recurrent"}
 
     def params(self, part: str) -> tuple[Param, ...]:
         return _params(part)
@@ -168,7 +208,7 @@ def _params(part: str) -> tuple[Param, ...]:
     return (*ins, Param("do", "in"), Param("dhlast", "in", True), *outs, *sizes)
 
 
-def _segments(T: int, batch: int, cu_seqlens) -> list[tuple[int, int, int]]:
+def _segments(T: int, batch: int, cu_seqlens) -> list[tuple[int, int, int, int]]:
     """``(row of h0/hlast, batch index, start, stop)`` per sequence."""
     if cu_seqlens is None:
         return [(b, b, 0, T) for b in range(batch)]
@@ -261,7 +301,7 @@ def backward_reference(q, k, v, g=None, *, decay="scalar", readout="after", u=No
                     du += qt * kt * w[:, None]
                 dkh[b, t] += np.einsum("hkv,hv->hk", G, vt)
                 dv[b, t] += np.einsum("hkv,hk->hv", G, kt)
-                if decay != "none":
+                if dg is not None:
                     rows = (Dt * G * prev).sum(-1)
                     dg[b, t] = rows.sum(-1) if decay == "scalar" else rows
                 G = Dt * G
