@@ -198,24 +198,34 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=5, help="timed calls per entry (median)")
     args = ap.parse_args(argv)
     threads = os.cpu_count() or 1
+    root = Path(__file__).resolve().parent
+    path = root / "out" / "linear_rnn_quick.json" if args.quick else root / "results" / "linear_rnn.json"
     bnd = bounds(args.repeats)
-    rows = [bench_shape(*s, bnd, args.repeats, threads) for s in (QUICK if args.quick else SHAPES)]
-    dec = [bench_decode(*s, bnd, args.repeats) for s in (QUICK_DECODE if args.quick else DECODE)]
-    report = {"bounds": bnd, "shapes": rows, "decode": dec, "threads": threads}
-    for r in rows:
+    report: dict = {"bounds": bnd, "shapes": [], "decode": [], "threads": threads}
+
+    def save() -> None:  # after every entry, so that a long run leaves what it measured
+        if args.json:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(report, indent=1, default=float))
+    print(f"bounds: sgemm {bnd['sgemm_flops'] / 1e9:.1f} GFLOP/s, memory {bnd['bandwidth_bytes_s'] / 1e9:.1f} GB/s",
+          flush=True)
+    for s in QUICK_DECODE if args.quick else DECODE:
+        d = bench_decode(*s, bnd, args.repeats)
+        report["decode"].append(d)
+        save()
+        print(f"{d['shape']}: {d['s'] * 1e6:.1f} us, {d['ratio_to_memory_time']:.2f}x the state's memory time",
+              flush=True)
+    for s in QUICK if args.quick else SHAPES:
+        r = bench_shape(*s, bnd, args.repeats, threads)
+        report["shapes"].append(r)
+        save()
         peers_txt = ", ".join(f"{n} {p['s'] * 1e3:.1f} ms" if "s" in p else f"{n}: {next(iter(p.values()))}"
                               for n, p in r["peers"].items())
         print(f"{r['shape']}: ours fwd {r['ours fwd'] * 1e3:.1f} ms ({r['algorithm']}), recurrent "
               f"{r['ours recurrent'] * 1e3:.1f}, chunked {r['ours chunked'] * 1e3:.1f}, fwd+bwd "
               f"{r['ours fwd+bwd'] * 1e3:.1f}; chunked/matmul {r['chunked_matmul_fraction']:.2f}; peak extra "
-              f"{r['peak_extra_over_io']:.2f}x io; peers: {peers_txt}")
-    for d in dec:
-        print(f"{d['shape']}: {d['s'] * 1e6:.1f} us, {d['ratio_to_memory_time']:.2f}x the state's memory time")
+              f"{r['peak_extra_over_io']:.2f}x io; peers: {peers_txt}", flush=True)
     if args.json:
-        root = Path(__file__).resolve().parent
-        path = root / "out" / "linear_rnn_quick.json" if args.quick else root / "results" / "linear_rnn.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(report, indent=1, default=float))
         print(f"wrote {path}")
     return 0
 

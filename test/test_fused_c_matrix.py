@@ -74,7 +74,7 @@ def test_forward_and_backward_match_the_definition_in_float64(cpu, decay, readou
     a, sizes = problem(rng, f, 1 if seq else 2, 53, 4, 2, seqlens=[20, 0, 33] if seq else None)
     ro, rh = reference_forward(f, a)
     for alg, chunk in (("recurrent", 64), ("chunked", 16)):
-        o, h = forward(cpu, f, a, sizes, algorithm=alg, chunk=chunk, cols=16)
+        o, h = forward(cpu, f, a, sizes, algorithm=alg, chunk=chunk, block_v=16)
         np.testing.assert_allclose(o, ro, rtol=1e-10, atol=1e-10, err_msg=alg)
         np.testing.assert_allclose(h, rh, rtol=1e-10, atol=1e-10, err_msg=alg)
     do = rng.normal(size=ro.shape)
@@ -128,7 +128,7 @@ def test_long_sequence_split_over_threads_and_column_blocks(cpu):
         a, sizes = problem(rng, f, 1, 1001, 1, 1, -0.3, -1e-3)
         ro, rh = reference_forward(f, a)
         for cols in (8, 16, 64):
-            o, h = forward(cpu, f, a, sizes, algorithm="recurrent", cols=cols, threads=2)
+            o, h = forward(cpu, f, a, sizes, algorithm="recurrent", block_v=cols, threads=2)
             np.testing.assert_allclose(o, ro, rtol=1e-10, atol=1e-10)
             np.testing.assert_allclose(h, rh, rtol=1e-10, atol=1e-10)
 
@@ -151,6 +151,6 @@ def test_bad_offsets_and_tunables_are_clear_errors(cpu):
     a["cu_seqlens"] = np.array([0, 7, 5], np.int64)
     with pytest.raises(ScanInputError, match="cu_seqlens"):
         forward(cpu, f, a, sizes)
-    for bad in ({"chunk": 12}, {"cols": 3}, {"algorithm": "fast"}, {"threads": 5000}, {"width": 32}):
+    for bad in ({"chunk": 12}, {"block_v": 3}, {"algorithm": "fast"}, {"threads": 5000}, {"width": 32}):
         with pytest.raises(ScanInputError, match=next(iter(bad))):
             OP.resolve("c", bad, {}, "test")

@@ -116,7 +116,7 @@ C_TUNABLES = (
     Tunable("chunk", 64, (16, 32, 64, 128), "time steps per chunk of the chunked form",
             lambda v: None if isinstance(v, int) and v % 8 == 0 and 8 <= v <= 256 else
             "it must be a multiple of 8 between 8 and 256"),
-    Tunable("cols", 32, (16, 32, 64, 128), "value columns of the state per block (work item) of the recurrent form",
+    Tunable("block_v", 32, (16, 32, 64, 128), "value columns of the state per block (work item) of the recurrent form",
             lambda v: power_of_two(v) or _between(v, 4, 512)),
     Tunable("width", 8, (4, 8, 16), "lanes per vector; the default follows the CPU's vectors",
             lambda v: power_of_two(v) or _between(v, 4, 16)),

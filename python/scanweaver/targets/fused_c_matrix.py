@@ -11,7 +11,7 @@ Two algorithms for the forward, chosen by the tunable ``algorithm``:
 
 The backward (:mod:`.matrix_c_backward`) is the fused recurrent reverse sweep.
 Sizes K and V and every feature are compile-time constants; the tunables
-``chunk``, ``cols`` and ``threads`` are ``#define`` s (Kernel Tuner's bare
+``chunk``, ``block_v`` and ``threads`` are ``#define`` s (Kernel Tuner's bare
 names win in its units), ``width`` and ``algorithm`` shape the text.
 
 Entry points (ABI order of :meth:`~scanweaver.fused.matrix_state.MatrixState.params`)::
@@ -62,9 +62,14 @@ def defines(features: MatrixStateFeatures, config: dict, kernel_tuner: bool = Fa
     f = features
     flags = {"SW_K": f.K, "SW_V": f.V, "SW_DECAY": DECAY_CODE[f.decay], "SW_BONUS": int(f.readout == "bonus"),
              "SW_REVERSE": int(f.reverse), "SW_HAS_H0": int(f.has_h0), "SW_HAS_SEQLENS": int(f.has_seqlens),
-             "SW_HAS_DHLAST": int(f.has_dhlast), "SW_CHUNKED": int(config.get("algorithm") == "chunked")}
+             "SW_HAS_DHLAST": int(f.has_dhlast)}
     lines = [f"#define {k} {v}" for k, v in flags.items()]
-    for name in ("chunk", "cols", "threads"):
+    chunked = int(config.get("algorithm") == "chunked")
+    # Kernel Tuner defines ``algorithm`` as a bare token (recurrent or chunked): both name a number here
+    tuned = ["#define recurrent 0", "#define chunked 1", "#ifdef algorithm", "#define SW_CHUNKED (algorithm)",
+             "#else", f"#define SW_CHUNKED {chunked}", "#endif"]
+    lines += tuned if kernel_tuner else [f"#define SW_CHUNKED {chunked}"]
+    for name in ("chunk", "block_v", "threads"):
         macro = f"SW_{name.upper()}"
         lines += [f"#ifndef {macro}"]
         lines += ([f"#ifdef {name}", f"#define {macro} ({name})", "#else", f"#define {macro} {config[name]}",
@@ -74,12 +79,16 @@ def defines(features: MatrixStateFeatures, config: dict, kernel_tuner: bool = Fa
 
 
 def render(renderer, call, kernel_tuner: bool = False) -> str:
-    """The C unit of ``call`` (a :class:`~scanweaver.fused.FusedCall` of ``matrix_state``)."""
+    """The C unit of ``call`` (a :class:`~scanweaver.fused.FusedCall` of ``matrix_state``).
+
+    With ``kernel_tuner``, ``chunk``, ``block_v``, ``threads`` and ``algorithm`` read Kernel Tuner's bare-name
+    defines (one unit holds both algorithms); ``width`` shapes the text, so it is one unit per value.
+    """
     f, cfg = call.features, call.params
     title = (f"/* scanweaver fused C kernel: matrix_state {call.part}, {f.dtype}, K={f.K}, V={f.V}, "
              f"decay {f.decay}, readout {f.readout}, {cfg['algorithm']}, width {cfg['width']} */")
-    body = ([RECURRENT, CHUNKED if cfg["algorithm"] == "chunked" else "", FORWARD] if call.part == "forward"
-            else [BACKWARD])
+    both = kernel_tuner or cfg["algorithm"] == "chunked"  # Kernel Tuner picks the algorithm by its define
+    body = [RECURRENT, CHUNKED if both else "", FORWARD] if call.part == "forward" else [BACKWARD]
     parts = [title, defines(f, cfg, kernel_tuner), HEAD, vector_prelude(f.dtype, cfg["width"]), COMMON, *body]
     if kernel_tuner:
         parts.append(timed(call))

@@ -1,8 +1,8 @@
 """C source of the fused recurrent matrix-state forward (assembled by :mod:`.fused_c_matrix`).
 
-Per (sequence, head, block of ``cols`` value columns) the ``K x cols`` tile of
+Per (sequence, head, block of ``block_v`` value columns) the ``K x block_v`` tile of
 the state lives in the thread's scratch (L1 for the default blocks), a row of
-``cols / W`` vectors per key: a step reads q_t, k_t, g_t and the block of v_t
+``block_v / W`` vectors per key: a step reads q_t, k_t, g_t and the block of v_t
 once, updates every row with one multiply-add per vector (``S[k] = d_k S[k] +
 k_t[k] v_t``) and accumulates ``o_t += q_t[k] S[k]`` in registers, so the
 outputs are written once and no horizontal sum is needed.  Value columns are
@@ -24,8 +24,8 @@ Entry point (ABI order of :meth:`~scanweaver.fused.matrix_state.MatrixState.para
 from __future__ import annotations
 
 RECURRENT = r"""
-/* Value columns per block: SW_COLS rounded up to whole vectors, at most V's padded width. */
-#define SW_CB0 (((SW_COLS) + SW_W - 1) / SW_W * SW_W)
+/* Value columns per block: SW_BLOCK_V rounded up to whole vectors, at most V's padded width. */
+#define SW_CB0 (((SW_BLOCK_V) + SW_W - 1) / SW_W * SW_W)
 #define SW_CB (SW_CB0 < SW_VP ? SW_CB0 : SW_VP)
 #define SW_NCB ((SW_V + SW_CB - 1) / SW_CB)
 #define SW_NVEC (SW_CB / SW_W)

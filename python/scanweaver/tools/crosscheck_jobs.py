@@ -310,7 +310,7 @@ def _matrix_jobs(rng: np.random.Generator) -> list[Job]:
     if kernel is None:
         return []
     packed = dict(has_h0=True, has_seqlens=True)
-    cases = (("forward", F("float64", 5, 6, "key", "bonus", True, **packed), {"width": 4, "cols": 4}),
+    cases = (("forward", F("float64", 5, 6, "key", "bonus", True, **packed), {"width": 4, "block_v": 4}),
              ("forward", F("float32", 8, 12, "scalar", "after", has_h0=True),
               {"width": 8, "algorithm": "chunked", "chunk": 16}),
              ("forward", F("float64", 6, 5, "key", "after", **packed), {"width": 4, "algorithm": "chunked",
