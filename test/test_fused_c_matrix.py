@@ -133,15 +133,11 @@ def test_long_sequence_split_over_threads_and_column_blocks(cpu):
             np.testing.assert_allclose(h, rh, rtol=1e-10, atol=1e-10)
 
 
-def test_default_algorithm_follows_the_shape(cpu):
+def test_the_default_algorithm_comes_from_the_op_and_the_tuner_sees_both(cpu):
     big = MatrixStateFeatures("float32", 64, 64)
-    assert cpu.fused_defaults(OP.name, big, {"batch": 2, "T": 2048, "H": 8, "Hq": 8, "nseq": 2})["algorithm"] == \
-        "chunked"
-    assert cpu.fused_defaults(OP.name, big, {"batch": 16, "T": 1, "H": 8, "Hq": 8, "nseq": 16})["algorithm"] == \
-        "recurrent"
-    small = MatrixStateFeatures("float32", 8, 8)
-    assert cpu.fused_defaults(OP.name, small, {"batch": 1, "T": 4096, "H": 2, "Hq": 2, "nseq": 1})["algorithm"] \
-        == "recurrent"
+    sizes = {"batch": 2, "T": 2048, "H": 8, "Hq": 8, "nseq": 2}
+    assert cpu.fused_defaults(OP.name, big, sizes)["algorithm"] == "recurrent"
+    assert [t for t in OP.tunables_for("c") if t.name == "algorithm"][0].values == ("recurrent", "chunked")
 
 
 def test_bad_offsets_and_tunables_are_clear_errors(cpu):
