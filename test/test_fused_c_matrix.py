@@ -123,8 +123,8 @@ def test_float32_at_realistic_sizes_and_strong_and_weak_decays(cpu, K, V, decay,
 def test_long_sequence_split_over_threads_and_column_blocks(cpu):
     """One (sequence, head) item and two threads: parts of T through the affine carry; and blocks of V."""
     rng = np.random.default_rng(5)
-    for decay in ("scalar", "key"):
-        f = MatrixStateFeatures("float64", 8, 40, decay, "after", has_h0=True)
+    for decay, readout, reverse in (("scalar", "after", False), ("key", "bonus", True)):
+        f = MatrixStateFeatures("float64", 8, 40, decay, readout, reverse, has_h0=True)
         a, sizes = problem(rng, f, 1, 1001, 1, 1, -0.3, -1e-3)
         ro, rh = reference_forward(f, a)
         for cols in (8, 16, 64):
