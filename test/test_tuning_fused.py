@@ -88,3 +88,17 @@ def test_the_cli_tunes_the_fused_kernel_and_the_next_call_uses_it(isolated_store
     ops = layer(rng, 1, 24, 4, 70)
     scanweaver.mamba_selective_scan(**ops, backend="cpu")
     assert mamba.last.source == "tuned" and mamba.last.config["chunk"] in (16, 32)
+
+
+def test_a_real_tune_of_the_matrix_state_kernel_covers_both_algorithms(isolated_store):
+    if not REGISTRY["cpu"].availability().ok:
+        pytest.skip(f"cpu backend unavailable: {REGISTRY['cpu'].availability().reason}")
+    values = {"algorithm": ("recurrent", "chunked"), "chunk": (16, 32), "block_v": (16,), "width": (8,),
+              "threads": (1,)}
+    report = tune_fused("matrix_state", backend="cpu", shape=(1, 70, 2, 16, 24), values=values, progress=False,
+                        iterations=3)
+    assert len(report.evaluations) == 4 and all(e.reason is None for e in report.evaluations)
+    assert {e.config["algorithm"] for e in report.evaluations} == {"recurrent", "chunked"}
+    assert report.best is not None and report.best.schedule == "fused:matrix_state"
+    with pytest.raises(ScanInputError, match=r"\(batch, T, H, K, V\)"):
+        tune_fused("matrix_state", shape=(1, 70, 2, 16))

@@ -185,9 +185,9 @@ class CpuBackend(Backend):
         """``width``: the CPU's vector (16 float32 with AVX-512, 8 with AVX2); one thread for small problems."""
         item = np.dtype(features.dtype).itemsize
         cfg: dict[str, object] = {"width": max(4, min(16, simd_bytes() // item))}
-        work = sizes.get("batch", 1) * sizes.get("dim", 1) * sizes.get("L", 1) * getattr(features, "N", 1)
-        if calibrate.one_thread(work):
+        if calibrate.one_thread(FUSED.get(op).work(features, sizes)):
             cfg["threads"] = 1
+        cfg.update(FUSED.get(op).defaults("c", features, sizes))
         return cfg
 
     def fused_function(self, call: FusedCall):
@@ -240,6 +240,9 @@ class CpuBackend(Backend):
             if isinstance(a, np.ndarray) and a.size > limit // 64:
                 raise ScanInputError(f"cpu backend: an array of {a.size} elements exceeds the C long index range")
         rc = fn(*(a.ctypes.data if isinstance(a, np.ndarray) else a for a in args))
+        if rc == 2:
+            raise ScanInputError(f"cpu backend: the fused {call.op} kernel rejected its sizes {sizes} (or the "
+                                 "offsets of cu_seqlens: 0, non-decreasing, ending at T)")
         if rc != 0:
             raise MemoryError(f"cpu backend: the fused {call.op} kernel could not allocate its scratch memory "
                               f"(status {rc})")

@@ -295,6 +295,58 @@ def _fused_jobs(rng: np.random.Generator) -> list[Job]:
         out.append(Job(f"fused mamba1 {part} {feats.dtype} N={feats.N} width {config['width']}",
                        kernel.render(CRenderer(), call), kernel.entry(part), args, expected,
                        1e-9 if feats.dtype == "float64" else 1e-4))
+    return out + _matrix_jobs(rng)
+
+
+def _matrix_jobs(rng: np.random.Generator) -> list[Job]:
+    """The matrix_state kernels: both forward algorithms and the backward, every decay and readout, packed
+    sequences, reverse, groups (Hq < H), vector widths 4 and 8 with V not a multiple of them."""
+    from ..fused import REGISTRY as FUSED
+    from ..fused.matrix_state import MatrixStateFeatures as F
+    from ..targets.c_target import CRenderer
+    from ..targets.fused import kernel_for
+
+    op, kernel = FUSED.get("matrix_state"), kernel_for("c", "matrix_state")
+    if kernel is None:
+        return []
+    packed = dict(has_h0=True, has_seqlens=True)
+    cases = (("forward", F("float64", 5, 6, "key", "bonus", True, **packed), {"width": 4, "block_v": 4}),
+             ("forward", F("float32", 8, 12, "scalar", "after", has_h0=True),
+              {"width": 8, "algorithm": "chunked", "chunk": 16}),
+             ("forward", F("float64", 6, 5, "key", "after", **packed), {"width": 4, "algorithm": "chunked",
+                                                                         "chunk": 8}),
+             ("backward", F("float64", 5, 6, "key", "after", True, **packed, has_dhlast=True), {"width": 4}),
+             ("backward", F("float32", 8, 12, "scalar", "bonus", has_h0=True), {"width": 8}))
+    out = []
+    for part, feats, config in cases:
+        sizes = {"batch": 1 if feats.has_seqlens else 2, "T": 37, "H": 4, "Hq": 2,
+                 "nseq": 2}
+        shapes = op.shapes(part, feats, sizes)
+        arrays, args, expected = {}, [], {}
+        for p in op.params(part):
+            if p.name == "cu_seqlens" and feats.has_seqlens:
+                arrays[p.name] = np.array([0, 15, 37], np.int64)
+            elif p.kind == "in" and op.enabled(p.name, feats):
+                lo, hi = (-1.0, -0.05) if p.name == "g" else (-1.0, 1.0)
+                arrays[p.name] = golden.grid(rng, lo, hi, shapes[p.name])
+            elif p.kind == "out" and op.enabled(p.name, feats):
+                arrays[p.name] = np.empty(shapes[p.name])
+        op.reference(part, dataclasses.replace(feats, dtype="float64"), arrays, sizes)
+        for p in op.params(part):
+            if p.kind == "int":
+                args.append(Arg.long(sizes[p.name]))
+            elif p.name not in arrays:
+                args.append(Arg.null())
+            elif p.kind == "in":
+                args.append(Arg.input(arrays[p.name], p.dtype or feats.dtype))
+            else:
+                expected[len(args)] = arrays[p.name]
+                args.append(Arg.output(shapes[p.name], feats.dtype))
+        call = op.call(part, feats, op.resolve("c", {**config, "threads": 2}, {}, "crosscheck"))
+        out.append(Job(f"fused matrix_state {part} {feats.dtype} K={feats.K} V={feats.V} {feats.decay} "
+                       f"{feats.readout} {call.params['algorithm']} width {config['width']}",
+                       kernel.render(CRenderer(), call), kernel.entry(part), args, expected,
+                       1e-9 if feats.dtype == "float64" else 1e-4))
     return out
 
 

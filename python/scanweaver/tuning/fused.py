@@ -24,12 +24,15 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 
 from ..errors import BackendUnavailable, ScanInputError, api_boundary
 from ..fused import REGISTRY as FUSED
 from ..fused.mamba1 import Mamba1Features, forward_reference
+from ..fused.matrix_state import MatrixStateFeatures
+from ..fused.matrix_state import forward_reference as matrix_reference
 from ..schedules import Tunable
 from . import store
 from .langs import get_target
@@ -87,9 +90,12 @@ class FusedProblem:
 
     op: str
     backend: str
-    shape: tuple[int, int, int, int]
+    shape: tuple[int, ...]
     dtype: str = "float32"
     seed: int = 0
+    #: The shape's sizes, and the output the tune checks.
+    dims: ClassVar[tuple[str, ...]] = ("batch", "D", "N", "L")
+    output: ClassVar[str] = "y"
 
     @property
     def lanes(self) -> int:
@@ -133,6 +139,47 @@ class FusedProblem:
         return None if worst <= atol else f"wrong result: max error {worst:.3g} > atol {atol:.3g}"
 
 
+@dataclass(frozen=True)
+class MatrixProblem(FusedProblem):
+    """One tuning problem of the matrix-state forward: shape ``(batch, T, H, K, V)``, GLA's features (a log
+    decay per key in (log 0.9, log 0.999), readout after), seeded non-uniform data; ``lanes = batch*H``."""
+
+    dims: ClassVar[tuple[str, ...]] = ("batch", "T", "H", "K", "V")
+    output: ClassVar[str] = "o"
+
+    @property
+    def lanes(self) -> int:
+        return self.shape[0] * self.shape[2]
+
+    @property
+    def L(self) -> int:
+        return self.shape[1]
+
+    @property
+    def features(self) -> MatrixStateFeatures:  # type: ignore[override]
+        return MatrixStateFeatures(self.dtype, self.shape[3], self.shape[4], "key")
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        batch, T, H, _, _ = self.shape
+        return {"batch": batch, "T": T, "H": H, "Hq": H, "nseq": batch}
+
+    def inputs(self) -> dict[str, np.ndarray]:
+        batch, T, H, K, V = self.shape
+        rng = np.random.default_rng(self.seed)
+        raw = {"q": rng.standard_normal((batch, T, H, K)), "k": rng.standard_normal((batch, T, H, K)) / np.sqrt(K),
+               "v": rng.standard_normal((batch, T, H, V)), "g": np.log(rng.uniform(0.9, 0.999, (batch, T, H, K)))}
+        return {k: np.ascontiguousarray(v, dtype=self.dtype) for k, v in raw.items()}
+
+    def oracle(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        w = {k: v.astype(np.float64) for k, v in inputs.items()}
+        return matrix_reference(w["q"], w["k"], w["v"], w["g"], decay="key")[0]
+
+
+#: Fused operation -> its tuning problem.
+PROBLEMS: dict[str, type[FusedProblem]] = {"mamba1": FusedProblem, "matrix_state": MatrixProblem}
+
+
 def fused_arguments(problem: FusedProblem, inputs: dict[str, np.ndarray]) -> tuple[list, int]:
     """The forward kernel's arguments in ABI order for Kernel Tuner, and the index of ``y``.
 
@@ -147,7 +194,7 @@ def fused_arguments(problem: FusedProblem, inputs: dict[str, np.ndarray]) -> tup
         elif p.name in inputs:
             args.append(inputs[p.name].ravel())
         elif p.kind == "out":
-            out = len(args) if p.name == "y" else out
+            out = len(args) if p.name == problem.output else out
             args.append(np.zeros(math.prod(shapes[p.name]), problem.dtype))
         else:
             args.append(np.zeros(1, np.uint8 if p.dtype == "uint8" else problem.dtype))
@@ -160,9 +207,10 @@ def tune_fused(op: str = "mamba1", *, backend: str = "cpu", shape=(2, 768, 16, 2
                seed: int = 0, record: bool = True, progress: bool = True, out: str | Path | None = None,
                iterations: int = 7, fresh: bool = False, values: dict[str, tuple] | None = None,
                device: str | None = None) -> TuneReport:
-    """Tunes the forward kernel of fused operation ``op`` on ``backend`` for one ``(batch, D, N, L)``.
+    """Tunes the forward kernel of fused operation ``op`` on ``backend`` for one shape.
 
-    Args are those of :func:`scanweaver.tuning.kt.tune` (``shape`` is ``(batch, D, N, L)``).
+    Args are those of :func:`scanweaver.tuning.kt.tune` (``shape`` is ``(batch, D, N, L)`` for ``mamba1``,
+    ``(batch, T, H, K, V)`` for ``matrix_state``: see :data:`PROBLEMS`).
 
     Raises:
         ScanWeaverError: Kernel Tuner is not installed (``pip install scanweaver[tune]``).
@@ -174,10 +222,13 @@ def tune_fused(op: str = "mamba1", *, backend: str = "cpu", shape=(2, 768, 16, 2
     t0 = time.monotonic()
     if op not in FUSED:
         raise ScanInputError(f"tune: unknown fused operation {op!r}; known: {', '.join(FUSED.names())}")
-    if len(tuple(shape)) != 4 or any(int(s) < 1 for s in shape):
-        raise ScanInputError(f"tune: the fused {op} kernel needs shape (batch, D, N, L) of positive sizes, "
+    kind = PROBLEMS.get(op)
+    if kind is None:
+        raise ScanInputError(f"tune: the fused {op} kernel has no tuning problem; tunable: {', '.join(PROBLEMS)}")
+    if len(tuple(shape)) != len(kind.dims) or any(int(s) < 1 for s in shape):
+        raise ScanInputError(f"tune: the fused {op} kernel needs shape ({', '.join(kind.dims)}) of positive sizes, "
                              f"got {tuple(shape)}")
-    problem = FusedProblem(op, backend, tuple(int(s) for s in shape), dtype, seed)
+    problem = kind(op, backend, tuple(int(s) for s in shape), dtype, seed)
     target = get_target(backend)
     target.select_device(device)
     why = target.unavailable()
@@ -236,4 +287,5 @@ def tune_fused(op: str = "mamba1", *, backend: str = "cpu", shape=(2, 768, 16, 2
     return report
 
 
-__all__ = ["PREFIX", "FusedProblem", "FusedSpace", "build_fused_space", "fused_arguments", "tune_fused"]
+__all__ = ["PREFIX", "PROBLEMS", "FusedProblem", "MatrixProblem", "FusedSpace", "build_fused_space",
+           "fused_arguments", "tune_fused"]

@@ -1,0 +1,118 @@
+"""C (CPU) rendering of the fused matrix-state scan (:mod:`scanweaver.fused.matrix_state`).
+
+Two algorithms for the forward, chosen by the tunable ``algorithm``:
+
+* ``recurrent`` (:mod:`.matrix_c_recurrent`): per (sequence, head, block of
+  value columns) the state tile stays in L1 while time advances, vectorised
+  over V; parts of a long sequence run on several threads through the affine
+  carry when items are few;
+* ``chunked`` (:mod:`.matrix_c_chunked`): the matmul form on chunks of
+  ``chunk`` steps, register-blocked products, only chunk-end states carried.
+
+The backward (:mod:`.matrix_c_backward`) is the fused recurrent reverse sweep.
+Sizes K and V and every feature are compile-time constants; the tunables
+``chunk``, ``block_v`` and ``threads`` are ``#define`` s (Kernel Tuner's bare
+names win in its units), ``width`` and ``algorithm`` shape the text.
+
+Entry points (ABI order of :meth:`~scanweaver.fused.matrix_state.MatrixState.params`)::
+
+    int sw_matrix_state_forward(q, k, v, g, u, h0, cu_seqlens, o, hlast, long batch, long T, long H, long Hq,
+                                long nseq);
+    int sw_matrix_state_backward(q, k, v, g, u, h0, cu_seqlens, do, dhlast, dq, dk, dv, dg, du, dh0,
+                                 long batch, long T, long H, long Hq, long nseq);
+
+returning 0, 1 (scratch memory short) or 2 (sizes or ``cu_seqlens`` inconsistent).
+"""
+
+from __future__ import annotations
+
+from ..fused.matrix_state import MatrixState, MatrixStateFeatures
+from .c_source import NOW
+from .cvec import vector_prelude
+from .fused import KERNELS, FusedKernel
+from .fused_c_mamba1 import HEAD, TAIL
+from .matrix_c_backward import BACKWARD
+from .matrix_c_chunked import CHUNKED
+from .matrix_c_common import COMMON
+from .matrix_c_recurrent import RECURRENT
+
+#: ``decay`` -> the value of ``SW_DECAY`` in C.
+DECAY_CODE = {"none": 0, "scalar": 1, "key": 2}
+
+FORWARD = r"""
+int sw_matrix_state_forward(const SW_T* q, const SW_T* k, const SW_T* v, const SW_T* g, const SW_T* u,
+                            const SW_T* h0, const int64_t* cu_seqlens, SW_T* o, SW_T* hlast,
+                            long batch, long T, long H, long Hq, long nseq) {
+  const sw_ms m = {q, k, v, g, u, h0, cu_seqlens, batch, T, H, Hq, nseq};
+  if (batch <= 0 || H <= 0 || nseq <= 0) return SW_OK;
+  const int bad = sw_check(&m);
+  if (bad) return bad;
+#if SW_CHUNKED
+  return sw_forward_chunked(&m, o, hlast);
+#else
+  return sw_forward_recurrent(&m, o, hlast);
+#endif
+}
+"""
+
+
+def defines(features: MatrixStateFeatures, config: dict, kernel_tuner: bool = False) -> str:
+    """``#define`` lines of the features and tunables (tunables under ``#ifndef`` guards; with
+    ``kernel_tuner``, Kernel Tuner's bare-name defines win)."""
+    f = features
+    flags = {"SW_K": f.K, "SW_V": f.V, "SW_DECAY": DECAY_CODE[f.decay], "SW_BONUS": int(f.readout == "bonus"),
+             "SW_REVERSE": int(f.reverse), "SW_HAS_H0": int(f.has_h0), "SW_HAS_SEQLENS": int(f.has_seqlens),
+             "SW_HAS_DHLAST": int(f.has_dhlast)}
+    lines = [f"#define {k} {v}" for k, v in flags.items()]
+    chunked = int(config.get("algorithm") == "chunked")
+    # Kernel Tuner defines ``algorithm`` as a bare token (recurrent or chunked): both name a number here
+    tuned = ["#define recurrent 0", "#define chunked 1", "#ifdef algorithm", "#define SW_CHUNKED (algorithm)",
+             "#else", f"#define SW_CHUNKED {chunked}", "#endif"]
+    lines += tuned if kernel_tuner else [f"#define SW_CHUNKED {chunked}"]
+    for name in ("chunk", "block_v", "threads"):
+        macro = f"SW_{name.upper()}"
+        lines += [f"#ifndef {macro}"]
+        lines += ([f"#ifdef {name}", f"#define {macro} ({name})", "#else", f"#define {macro} {config[name]}",
+                   "#endif"] if kernel_tuner else [f"#define {macro} {config[name]}"])
+        lines += ["#endif"]
+    return "\n".join(lines)
+
+
+def render(renderer, call, kernel_tuner: bool = False) -> str:
+    """The C unit of ``call`` (a :class:`~scanweaver.fused.FusedCall` of ``matrix_state``).
+
+    With ``kernel_tuner``, ``chunk``, ``block_v``, ``threads`` and ``algorithm`` read Kernel Tuner's bare-name
+    defines (one unit holds both algorithms); ``width`` shapes the text, so it is one unit per value.
+    """
+    f, cfg = call.features, call.params
+    title = (f"/* scanweaver fused C kernel: matrix_state {call.part}, {f.dtype}, K={f.K}, V={f.V}, "
+             f"decay {f.decay}, readout {f.readout}, {cfg['algorithm']}, width {cfg['width']} */")
+    both = kernel_tuner or cfg["algorithm"] == "chunked"  # Kernel Tuner picks the algorithm by its define
+    body = [RECURRENT, CHUNKED if both else "", FORWARD] if call.part == "forward" else [BACKWARD]
+    parts = [title, defines(f, cfg, kernel_tuner), HEAD, vector_prelude(f.dtype, cfg["width"]), COMMON, *body]
+    if kernel_tuner:
+        parts.append(timed(call))
+    return "\n".join([*parts, TAIL])
+
+
+def timed(call) -> str:
+    """``float sw_matrix_state_<part>_timed(<the entry's parameters>)``: runs the entry and returns its time
+    in ms (-1 on failure), the Kernel Tuner ``lang="C"`` convention (``do`` is ``dout`` in C)."""
+    T = "double" if call.features.dtype == "float64" else "float"
+    decl, names = [], []
+    for p in MatrixState().params(call.part):
+        name = "dout" if p.name == "do" else p.name
+        names.append(name)
+        if p.kind == "int":
+            decl.append(f"long {name}")
+        else:
+            ctype = "int64_t" if p.dtype == "int64" else T
+            decl.append(f"{'const ' if p.kind == 'in' else ''}{ctype}* {name}")
+    entry = f"sw_matrix_state_{call.part}"
+    return (NOW + f"float {entry}_timed({', '.join(decl)}) {{\n  const double t0 = sw_now();\n"
+            f"  const int rc = {entry}({', '.join(names)});\n  const double t1 = sw_now();\n"
+            "  return rc == SW_OK ? (float)((t1 - t0) * 1e3) : -1.0f;\n}")
+
+
+KERNELS.register(FusedKernel(MatrixState.name, "c", ("forward", "backward"), render,
+                             lambda part: f"sw_matrix_state_{part}"))

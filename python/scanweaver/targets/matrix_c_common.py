@@ -1,0 +1,131 @@
+"""C source shared by the matrix-state kernels (:mod:`.fused_c_matrix`): operands, sequences, decays, GEMM.
+
+Assembled after the vector prelude (:func:`~.cvec.vector_prelude`).  Sizes are
+compile-time (``SW_K``, ``SW_V``); rows of value columns are padded to whole
+vectors (``SW_VP``) in scratch, never in the caller's arrays.  ``sw_gemm`` is
+the register-blocked product ``C (+)= A B`` of the chunked form: ``SW_MR`` rows
+of A by ``SW_NR`` vectors of B's columns in registers, a broadcast of one
+element of A and ``SW_NR`` fused multiply-adds per step of the inner dimension.
+"""
+
+from __future__ import annotations
+
+COMMON = r"""
+#define SW_EINPUT 2
+/* Rows of K and of V padded to whole vectors (scratch layouts). */
+#define SW_KP (((SW_K) + SW_W - 1) / SW_W * SW_W)
+#define SW_VP (((SW_V) + SW_W - 1) / SW_W * SW_W)
+/* Register block of sw_gemm: SW_MR rows x SW_NR vectors of accumulators (plus SW_NR loads and one broadcast,
+ * within the 16 vector registers of AVX2 or NEON). */
+#define SW_MR 4
+#define SW_NR 2
+
+typedef struct {
+  const SW_T *q, *k, *v, *g, *u, *h0;
+  const int64_t* cu;
+  long batch, T, H, Hq, nseq;
+} sw_ms;
+
+static int sw_threads(void) {
+#ifdef _OPENMP
+  return SW_THREADS > 0 ? SW_THREADS : omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+
+/* Scratch aligned for whole vectors. */
+static void* sw_alloc(size_t bytes, void** raw) {
+  *raw = malloc(bytes + 64);
+  if (!*raw) return NULL;
+  return (void*)(((uintptr_t)*raw + 63) & ~(uintptr_t)63);
+}
+
+/* Checks the sizes and the packed-sequence offsets (0, non-decreasing, ending at T). */
+static int sw_check(const sw_ms* m) {
+  if (m->Hq <= 0 || m->H % m->Hq != 0) return SW_EINPUT;
+  if (SW_HAS_SEQLENS) {
+    if (m->batch != 1 || m->cu[0] != 0 || m->cu[m->nseq] != m->T) return SW_EINPUT;
+    for (long i = 0; i < m->nseq; ++i)
+      if (m->cu[i + 1] < m->cu[i]) return SW_EINPUT;
+  } else if (m->nseq != m->batch) {
+    return SW_EINPUT;
+  }
+  return SW_OK;
+}
+
+/* Sequence i: its batch index and time range [start, stop). */
+static void sw_seq(const sw_ms* m, long i, long* b, long* start, long* stop) {
+  if (SW_HAS_SEQLENS) {
+    *b = 0;
+    *start = (long)m->cu[i];
+    *stop = (long)m->cu[i + 1];
+  } else {
+    *b = i;
+    *start = 0;
+    *stop = m->T;
+  }
+}
+
+/* Time index of scan position s (0 = first step in scan order) of the sequence [start, stop). */
+#define SW_AT(start, stop, s) (SW_REVERSE ? (stop) - 1 - (s) : (start) + (s))
+/* Offsets of step t of batch b: q/k rows (head hq), v/o rows (head h), g (head h). */
+#define SW_QK(m, b, t, hq) ((((b) * (m)->T + (t)) * (m)->Hq + (hq)) * SW_K)
+#define SW_VO(m, b, t, h) ((((b) * (m)->T + (t)) * (m)->H + (h)) * SW_V)
+#define SW_G(m, b, t, h) ((((b) * (m)->T + (t)) * (m)->H + (h)) * (SW_DECAY == 2 ? SW_K : 1))
+
+/* n elements of src into dst, zeros up to padded (whole vectors). */
+SW_INLINE void sw_copy_pad(SW_T* restrict dst, const SW_T* restrict src, int n, int padded) {
+  memcpy(dst, src, sizeof(SW_T) * (size_t)n);
+  for (int j = n; j < padded; ++j) dst[j] = 0;
+}
+
+/* The decays of one step: d[k] = exp(g[k]) for "key" (SW_KP, vectorised), d[0] = exp(g) for "scalar". */
+SW_INLINE void sw_decays(const SW_T* gp, SW_T* restrict d) {
+#if SW_DECAY == 2
+  SW_T tmp[SW_KP] __attribute__((aligned(64)));
+  sw_copy_pad(tmp, gp, SW_K, SW_KP);
+  for (int k0 = 0; k0 < SW_KP; k0 += SW_W) sw_vstore(d + k0, sw_vexp(sw_vload(tmp + k0)));
+#elif SW_DECAY == 1
+  d[0] = (SW_T)exp((double)gp[0]);
+#else
+  (void)gp; (void)d;
+#endif
+}
+
+/* One register block of C (+)= A B: mr rows of A (lda apart) times nr vectors of columns of B (ldb apart). */
+SW_INLINE void sw_mk(int mr, int nr, int kd, const SW_T* restrict A, long lda, const SW_T* restrict B, long ldb,
+                     SW_T* restrict C, long ldc, int acc) {
+  sw_v c[SW_MR][SW_NR];
+  for (int r = 0; r < mr; ++r)
+    for (int j = 0; j < nr; ++j) c[r][j] = acc ? sw_vload(C + r * ldc + j * SW_W) : sw_vzero;
+  for (int p = 0; p < kd; ++p) {
+    sw_v b[SW_NR];
+    for (int j = 0; j < nr; ++j) b[j] = sw_vload(B + p * ldb + j * SW_W);
+    for (int r = 0; r < mr; ++r) {
+      const SW_T a = A[r * lda + p];
+      for (int j = 0; j < nr; ++j) c[r][j] += a * b[j];
+    }
+  }
+  for (int r = 0; r < mr; ++r)
+    for (int j = 0; j < nr; ++j) sw_vstore(C + r * ldc + j * SW_W, c[r][j]);
+}
+
+/* C[M x N] = A[M x kd] B[kd x N] (acc: +=), N a multiple of SW_W, row-major with leading dimensions. */
+static void sw_gemm(int M, int N, int kd, const SW_T* A, long lda, const SW_T* B, long ldb, SW_T* C, long ldc,
+                    int acc) {
+  int i = 0;
+  for (; i + SW_MR <= M; i += SW_MR) {
+    int j = 0;
+    for (; j + SW_NR * SW_W <= N; j += SW_NR * SW_W)
+      sw_mk(SW_MR, SW_NR, kd, A + i * lda, lda, B + j, ldb, C + i * ldc + j, ldc, acc);
+    for (; j < N; j += SW_W) sw_mk(SW_MR, 1, kd, A + i * lda, lda, B + j, ldb, C + i * ldc + j, ldc, acc);
+  }
+  for (; i < M; ++i) {
+    int j = 0;
+    for (; j + SW_NR * SW_W <= N; j += SW_NR * SW_W)
+      sw_mk(1, SW_NR, kd, A + i * lda, lda, B + j, ldb, C + i * ldc + j, ldc, acc);
+    for (; j < N; j += SW_W) sw_mk(1, 1, kd, A + i * lda, lda, B + j, ldb, C + i * ldc + j, ldc, acc);
+  }
+}
+"""
