@@ -179,10 +179,6 @@ class FusedOp(ABC):
         ``batch * dim * L * N`` for a per-channel state; operations with other shapes override it."""
         return sizes.get("batch", 1) * sizes.get("dim", 1) * sizes.get("L", 1) * getattr(features, "N", 1)
 
-    def defaults(self, family: str, features: Any, sizes: dict[str, int]) -> dict[str, object]:
-        """Tunables picked by shape for a target family (below a tuned store's and the caller's); none here."""
-        return {}
-
     def runs_on(self, target: str, part: str | None = None) -> bool:
         """True when ``target`` renders this operation (its ``part``, if given)."""
         parts = self.implementations.get(target)

@@ -123,8 +123,8 @@ def _between(value, lo: int, hi: int) -> str | None:
 ALGORITHMS = ("recurrent", "chunked")
 #: The CPU (C) kernels' tunables.
 C_TUNABLES = (
-    Tunable("algorithm", "recurrent", ALGORITHMS, "forward algorithm: the fused recurrence or the chunked matmul "
-            "form; the default picks by shape", lambda v: None if v in ALGORITHMS else
+    Tunable("algorithm", "recurrent", ALGORITHMS, "forward algorithm: the fused recurrence (the default: faster or level at "
+            "every shape measured, bench/linear_rnn.py) or the chunked matmul form", lambda v: None if v in ALGORITHMS else
             f"it must be one of {', '.join(ALGORITHMS)}"),
     Tunable("chunk", 64, (16, 32, 64, 128), "time steps per chunk of the chunked form",
             lambda v: None if isinstance(v, int) and v % 8 == 0 and 8 <= v <= 256 else
@@ -158,12 +158,6 @@ class MatrixState(FusedOp):
     def work(self, features: MatrixStateFeatures, sizes: dict[str, int]) -> int:
         """``batch * T * H * K * V`` state elements per forward call."""
         return sizes.get("batch", 1) * sizes.get("T", 1) * sizes.get("H", 1) * features.K * features.V
-
-    def defaults(self, family: str, features: MatrixStateFeatures, sizes: dict[str, int]) -> dict[str, object]:
-        """``algorithm`` on ``c``: the recurrent form at every shape measured so far (one thread, this 2-core
-        AVX2 machine: GLA K = V = 64 0.21 ns per state element against 0.52 chunked; Mamba-2 K = 128, V = 64
-        0.22 against 0.26, ``bench/linear_rnn.py``); the tuner picks ``chunked`` where it is faster."""
-        return {"algorithm": "recurrent"} if family == "c" else {}
 
     def params(self, part: str) -> tuple[Param, ...]:
         return _params(part)

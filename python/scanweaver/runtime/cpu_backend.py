@@ -182,12 +182,15 @@ class CpuBackend(Backend):
         return y, h_last
 
     def fused_defaults(self, op: str, features, sizes: dict[str, int]) -> dict[str, object]:
-        """``width``: the CPU's vector (16 float32 with AVX-512, 8 with AVX2); one thread for small problems."""
+        """``width``: the CPU's vector (16 float32 with AVX-512, 8 with AVX2); one thread for small problems;
+        then the rendering's own defaults by shape, where it has them."""
         item = np.dtype(features.dtype).itemsize
         cfg: dict[str, object] = {"width": max(4, min(16, simd_bytes() // item))}
         if calibrate.one_thread(FUSED.get(op).work(features, sizes)):
             cfg["threads"] = 1
-        cfg.update(FUSED.get(op).defaults("c", features, sizes))
+        kernel = kernel_for(self.target, op)
+        if kernel is not None and kernel.defaults is not None:
+            cfg.update(kernel.defaults(features, sizes))
         return cfg
 
     def fused_function(self, call: FusedCall):
