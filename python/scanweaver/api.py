@@ -68,7 +68,7 @@ class Recurrence:
         self.scan_ir = functools.lru_cache(maxsize=64)(self._trace)
         self.signature = functools.lru_cache(maxsize=16)(self._signature)
         self._lowered = functools.lru_cache(maxsize=256)(self._lower_emit)
-        self._plans: dict[tuple, fastpath.Plan] = {}
+        self._plans = fastpath.PlanCache()
         functools.update_wrapper(self, step)
         self._token = uuid.uuid4().hex
         _RESTORED[self._token] = self
@@ -239,9 +239,7 @@ class Recurrence:
             plan = fastpath.build(self, be, stages, arrays, self.last, operands, h0, reset, out, return_state,
                                   from_store=config == "auto" and not tunables)
             if plan is not None:
-                if len(self._plans) >= fastpath.MAX_PLANS:
-                    self._plans.pop(next(iter(self._plans)))
-                self._plans[key] = plan
+                self._plans.put(key, plan)
         if return_state:
             return y, np.asarray(h_last).reshape(state)
         return y

@@ -28,6 +28,7 @@ Example:
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +46,26 @@ MAX_PLANS = 64
 #: arrays of earlier calls that nothing refers to any more are reused, instead of fresh pages that the
 #: kernel would fault in (3.5 ms of 13 for a 64 MiB ``y``, measured); smaller ones are plain ``np.empty``.
 POOL_MIN_BYTES = 1 << 18
+
+
+class PlanCache(dict):
+    """Plans by call key, at most :data:`MAX_PLANS` of them (the oldest inserted is dropped first).
+
+    Lookups are plain ``dict.get`` (atomic under the GIL); :meth:`put` holds a lock, so that threads
+    inserting past the cap never evict the same plan twice nor iterate a dict another thread grows.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._lock = threading.Lock()
+
+    def put(self, key: tuple, plan: object) -> None:
+        """Keeps ``plan`` under ``key``, dropping the oldest plans beyond :data:`MAX_PLANS`."""
+        with self._lock:
+            self.pop(key, None)
+            while len(self) >= MAX_PLANS:
+                del self[next(iter(self))]
+            self[key] = plan
 
 
 #: "No result from the fast path": the full path runs.
