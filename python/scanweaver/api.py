@@ -17,6 +17,7 @@ from . import fastpath, frameworks
 from .arrays import prepare
 from .errors import api_boundary, ScanInputError
 from .frontend import RECURRENCES, trace
+from .frontend.trace import recurrence_name
 from .ir.printer import print_affine
 from .ir.stages import Features, ScanIR
 from .passes import lower
@@ -54,7 +55,7 @@ class Recurrence:
 
     def __init__(self, step: Callable, name: str | None = None, broadcast: bool = True, state_size: int = 1):
         self.step = step
-        self.name = name or getattr(step, "__name__", "recurrence").replace("<lambda>", "lambda")
+        self.name = recurrence_name(step, name)
         self.broadcast = broadcast
         if isinstance(state_size, bool) or not isinstance(state_size, int) or not 1 <= state_size <= MAX_STATE:
             raise ScanInputError(f"recurrence: state_size must be an int from 1 to {MAX_STATE}, got {state_size!r}")
@@ -205,7 +206,8 @@ class Recurrence:
                          reverse=bool(reverse), state_size=self.state_size, keep_broadcast=True)
         dtype = arrays.dtype.name
         if out is not None:
-            arrays.out = check_out(self.name, out, (*arrays.batch_shape, arrays.L), arrays)
+            arrays.out = check_out(self.name, out, (*arrays.batch_shape, arrays.L), arrays,
+                                   {**{f"operand {n}": v for n, v in operands.items()}, "h0": h0, "reset": reset})
         backend = device_arrays.backend_for(self.name, arrays, backend)
         be = pick_backend(backend, dtype, self.kind)
         check_dtype(self.name, be, dtype)

@@ -182,6 +182,11 @@ class Plan:
         if self.layouts:
             operands = self._small(operands)
         if out is not None:
+            if self.invoke is None:  # (the cpu trampoline checks overlaps itself, in C)
+                try:
+                    self.check_out_overlap(operands, h0, reset, out)
+                except ScanInputError as exc:
+                    raise PlanMismatch(str(exc)) from None
             y = out
         elif self.pooled:
             y = output(self.shape, self.dtype, operands[self.first_full].ctypes.data, POOL)
@@ -217,6 +222,18 @@ class Plan:
             h_last[...] = np.asarray(kh).reshape(self.state_shape)
         return (y, h_last) if self.return_state else y
 
+    def check_out_overlap(self, operands: tuple, h0, reset, out) -> None:
+        """The full path's ``out=`` checks beyond shape and dtype: :class:`ScanInputError` when ``out`` is
+        read-only or misaligned, or shares memory with an operand, ``h0`` or ``reset``."""
+        from .arrays import check_overlap
+
+        api = f"plan({self.info.stages.affine.name})"
+        if not (out.flags.writeable and out.flags.aligned):
+            raise ScanInputError(f"{api}: out must be writeable and aligned")
+        check_overlap(api, out,
+                      {**{f"operand {n}": v for n, v in zip(self.names, operands, strict=True)}, "h0": h0,
+                       "reset": reset})
+
     def check(self, operands: tuple, h0, reset, out) -> None:
         """Raises :class:`ScanInputError` naming the first argument that does not match the plan."""
         api = f"plan({self.info.stages.affine.name})"
@@ -242,6 +259,8 @@ class Plan:
                     f"{api}: {name} has shape {v.shape}, dtype {v.dtype}"
                     f"{'' if v.flags.c_contiguous else ', not C-contiguous'}; this plan takes C-contiguous "
                     f"{dtype} arrays of shape {shape} (build another plan, or call the recurrence)")
+        if out is not None:
+            self.check_out_overlap(operands, h0, reset, out)
 
     def __call__(self, *operands, h0=None, reset=None, out=None):
         """Runs the planned scan on ``operands`` (checked against the plan first).
