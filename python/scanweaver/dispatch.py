@@ -134,4 +134,18 @@ def resolve(rec, be: Backend, schedule: str, config, tunables: dict, dtype: str,
     if source == "default" or source == "explicit":
         cfg = {**be.default_config(schedule, lanes, L, dtype), **cfg, **tunables}
     cfg.pop("schedule", None)
+    bad = next((k for k, v in cfg.items() if not _hashable(v)), None)
+    if bad is not None:  # e.g. chunk=[64]: the tunable's own rule explains, else say what a tunable is
+        from .passes.materialize_schedule import resolve_config
+
+        resolve_config(schedule, cfg, rec.name, be.extra_tunables)
+        raise ScanInputError(f"{rec.name}: tunable {bad}={cfg[bad]!r} must be a number, a boolean or a string")
     return schedule, cfg, source
+
+
+def _hashable(value: object) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
