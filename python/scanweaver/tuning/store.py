@@ -57,6 +57,7 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ..errors import ScanWeaverError
 from . import atomic
 from .store_check import entry_problem
 
@@ -199,7 +200,7 @@ class Entry:
         return cls(**{k: v for k, v in d.items() if k in names})
 
 
-class StoreFormatError(ValueError):
+class StoreFormatError(ScanWeaverError, ValueError):
     """The store file is not a ScanWeaver store (corrupt or foreign)."""
 
 
