@@ -27,6 +27,7 @@ Example:
 from __future__ import annotations
 
 import collections
+import heapq
 import math
 import os
 import threading
@@ -83,12 +84,15 @@ class HostPool:
 
     def __init__(self, max_bytes: int):
         self.max_bytes = max_bytes
-        self._idle: dict[tuple, list[np.ndarray]] = {}
+        #: per key, a heap of (serial, buffer): the oldest free buffer is handed out first, so a loop that
+        #: asks for the same arrays in the same order gets the same buffers back each time
+        self._idle: dict[tuple, list[tuple[int, np.ndarray]]] = {}
+        self._serial = 0
         #: buffers whose last user died, as ``(key, buffer)``; appended by finalizers (from any thread, at any
         #: point of the interpreter), so it is a deque that needs no lock, drained under the lock
-        self._returned: collections.deque[tuple[tuple, np.ndarray]] = collections.deque()
-        #: id of the weak reference -> (the reference, key, buffer) of every array in use
-        self._leases: dict[int, tuple[weakref.ref, tuple, np.ndarray]] = {}
+        self._returned: collections.deque[tuple[tuple, tuple[int, np.ndarray]]] = collections.deque()
+        #: id of the weak reference -> (the reference, key, (serial, buffer)) of every array in use
+        self._leases: dict[int, tuple[weakref.ref, tuple, tuple[int, np.ndarray]]] = {}
         self._bytes = 0
         self._lock = threading.Lock()
 
@@ -104,34 +108,35 @@ class HostPool:
             self._drain()
             idle = self._idle.get(key)
             if idle:
-                raw = idle.pop()
+                item = heapq.heappop(idle)
             elif self._bytes + nbytes <= self.max_bytes:
-                raw = np.empty(nbytes, np.uint8)
+                item = (self._serial, np.empty(nbytes, np.uint8))
+                self._serial += 1
                 self._bytes += nbytes
             else:
                 return np.empty(shape, dtype)
-        lease = np.frombuffer(memoryview(raw), dtype)
+        lease = np.frombuffer(memoryview(item[1]), dtype)
         ref = weakref.ref(lease, self._release)
-        self._leases[id(ref)] = (ref, key, raw)
+        self._leases[id(ref)] = (ref, key, item)
         return lease.reshape(shape)
 
     def _release(self, ref: weakref.ref) -> None:
         """The weak reference's callback: the last user of a buffer is gone (atomic dict and deque steps)."""
-        _, key, raw = self._leases.pop(id(ref))
-        self._returned.append((key, raw))
+        _, key, item = self._leases.pop(id(ref))
+        self._returned.append((key, item))
 
     def _drain(self) -> None:
         """Moves returned buffers to the idle lists (the caller holds the lock)."""
         while self._returned:
-            key, raw = self._returned.popleft()
-            self._idle.setdefault(key, []).append(raw)
+            key, item = self._returned.popleft()
+            heapq.heappush(self._idle.setdefault(key, []), item)
 
     def clear(self) -> None:
         """Forgets every idle array (arrays in use stay with their users)."""
         with self._lock:
             self._drain()
-            for arrays in self._idle.values():
-                self._bytes -= sum(a.nbytes for a in arrays)
+            for items in self._idle.values():
+                self._bytes -= sum(raw.nbytes for _, raw in items)
             self._idle.clear()
 
     @property
