@@ -92,7 +92,7 @@ def test_changed_arrays_take_the_full_path_with_its_errors(rng):
         scanweaver.selective_scan(a, b, x, c, h0=np.zeros(3, np.float32))
     with pytest.raises(ScanInputError, match="out has shape"):
         scanweaver.selective_scan(a, b, x, c, out=np.empty((4, 99), np.float32))
-    with pytest.raises(ScanInputError, match="out overlaps an operand"):
+    with pytest.raises(ScanInputError, match="out overlaps operand x"):
         scanweaver.selective_scan(a, b, x, c, out=x)
     # a strided view and a float64 operand are converted by the full path and still right
     big = np.ascontiguousarray(np.repeat(x, 2, axis=1))

@@ -17,6 +17,7 @@ from . import fastpath, frameworks
 from .arrays import prepare
 from .errors import api_boundary, ScanInputError
 from .frontend import RECURRENCES, trace
+from .frontend.trace import recurrence_name
 from .ir.printer import print_affine
 from .ir.stages import Features, ScanIR
 from .passes import lower
@@ -54,7 +55,7 @@ class Recurrence:
 
     def __init__(self, step: Callable, name: str | None = None, broadcast: bool = True, state_size: int = 1):
         self.step = step
-        self.name = name or getattr(step, "__name__", "recurrence").replace("<lambda>", "lambda")
+        self.name = recurrence_name(step, name)
         self.broadcast = broadcast
         if isinstance(state_size, bool) or not isinstance(state_size, int) or not 1 <= state_size <= MAX_STATE:
             raise ScanInputError(f"recurrence: state_size must be an int from 1 to {MAX_STATE}, got {state_size!r}")
@@ -68,7 +69,7 @@ class Recurrence:
         self.scan_ir = functools.lru_cache(maxsize=64)(self._trace)
         self.signature = functools.lru_cache(maxsize=16)(self._signature)
         self._lowered = functools.lru_cache(maxsize=256)(self._lower_emit)
-        self._plans: dict[tuple, fastpath.Plan | fastpath.DevicePlan] = {}
+        self._plans = fastpath.PlanCache()
         functools.update_wrapper(self, step)
         self._token = uuid.uuid4().hex
         _RESTORED[self._token] = self
@@ -211,7 +212,8 @@ class Recurrence:
                          reverse=bool(reverse), state_size=self.state_size, keep_broadcast=True)
         dtype = arrays.dtype.name
         if out is not None:
-            arrays.out = check_out(self.name, out, (*arrays.batch_shape, arrays.L), arrays)
+            arrays.out = check_out(self.name, out, (*arrays.batch_shape, arrays.L), arrays,
+                                   {**{f"operand {n}": v for n, v in operands.items()}, "h0": h0, "reset": reset})
         backend = device_arrays.backend_for(self.name, arrays, backend)
         be = pick_backend(backend, dtype, self.kind)
         check_dtype(self.name, be, dtype)
@@ -252,11 +254,9 @@ class Recurrence:
         return y
 
     def _keep(self, key: tuple, plan) -> None:
-        """Keeps ``plan`` (unless ``None``) under ``key``, dropping the oldest beyond ``fastpath.MAX_PLANS``."""
+        """Keeps ``plan`` (unless ``None``) under ``key`` (the cache evicts under its lock)."""
         if plan is not None:
-            if len(self._plans) >= fastpath.MAX_PLANS:
-                self._plans.pop(next(iter(self._plans)))
-            self._plans[key] = plan
+            self._plans.put(key, plan)
 
     def _bind(self, args: tuple, kwargs: dict):
         if len(args) > len(self.inputs):

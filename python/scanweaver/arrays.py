@@ -8,6 +8,9 @@ Dtype policy (one place, used by every entry point):
   which accumulates in float32, and ``y`` comes back in the input dtype.
 * ``complex64`` and ``complex128`` transitions are passed through; only
   backends that list them in ``Backend.dtypes`` accept them.
+* Arrays of these dtypes in non-native byte order (big-endian on x86-64 and
+  AArch64) are converted to native order once; Python ints are numbers like
+  Python floats.
 
 Mixed operands promote as NumPy does after widening the half types, so
 ``float16`` with ``float32`` computes and returns float32.
@@ -46,15 +49,56 @@ def as_array(api: str, name: str, value: object) -> np.ndarray:
             "or use backend='cuda', which accepts CuPy arrays"
         )
     try:
-        arr = np.asarray(value)
+        # A Python int is a number like a Python float (NumPy would make it int64)
+        arr = np.asarray(float(value)) if type(value) is int else np.asarray(value)
     except Exception as exc:
         raise ScanInputError(f"{api}: {name} cannot be read as an array: {exc}") from exc
     if arr.dtype in SUPPORTED or arr.dtype in COMPLEX or is_half(arr.dtype):
         return arr
+    native = arr.dtype.newbyteorder("=") if arr.dtype.byteorder not in ("=", "|") else None
+    if native is not None and (native in SUPPORTED or native in COMPLEX or is_half(native)):
+        return arr.astype(native)  # non-native byte order (e.g. big-endian data read from a file)
     raise ScanInputError(
         f"{api}: {name} has dtype {arr.dtype}; supported dtypes are {ACCEPTED} "
         f"(convert with {name}.astype(np.float32))"
     )
+
+
+def memory_span(value: object) -> tuple[int, int] | None:
+    """``[lo, hi)`` byte addresses of a host or device array (NumPy, or any object with the CUDA array
+    interface), or ``None`` for anything else (numbers, empty arrays)."""
+    if isinstance(value, np.ndarray):
+        if value.size == 0:
+            return None
+        lo, hi = np.byte_bounds(value) if hasattr(np, "byte_bounds") else np.lib.array_utils.byte_bounds(value)
+        return int(lo), int(hi)
+    face = getattr(value, "__cuda_array_interface__", None)
+    if not isinstance(face, dict) or not face.get("shape") or 0 in face["shape"]:
+        return None
+    itemsize = np.dtype(face["typestr"]).itemsize
+    shape = face["shape"]
+    strides = face.get("strides") or tuple(itemsize * int(np.prod(shape[i + 1:], dtype=np.int64))
+                                           for i in range(len(shape)))
+    lo = hi = int(face["data"][0])
+    for n, st in zip(shape, strides, strict=True):
+        (lo, hi) = (lo + (n - 1) * st, hi) if st < 0 else (lo, hi + (n - 1) * st)
+    return lo, hi + itemsize
+
+
+def check_overlap(api: str, out: object, others: dict[str, object]) -> None:
+    """Raises :class:`ScanInputError` when ``out`` shares memory with any of ``others`` (name -> value):
+    the kernel would overwrite an input it still reads."""
+    span = memory_span(out)
+    if span is None:
+        return
+    for name, value in others.items():
+        other = memory_span(value)
+        if other is None or other[1] <= span[0] or span[1] <= other[0]:
+            continue
+        if isinstance(value, np.ndarray) and isinstance(out, np.ndarray) and not np.shares_memory(out, value):
+            continue  # interleaved, not overlapping
+        raise ScanInputError(f"{api}: out overlaps {name} (the scan would overwrite an input it still reads); "
+                             "pass a separate buffer as out")
 
 
 def aligned(arr: np.ndarray) -> np.ndarray:

@@ -17,6 +17,7 @@ import warnings
 
 import numpy as np
 
+from .arrays import check_overlap
 from .errors import BackendUnavailable, ScanInputError
 from .runtime import REGISTRY, Backend, device_arrays, get_backend
 from .schedules import get_schedule
@@ -62,9 +63,15 @@ def check_dtype(api: str, be: Backend, dtype: str) -> None:
     )
 
 
-def check_out(api: str, out: object, shape: tuple[int, ...], arrays) -> np.ndarray | None:
+def check_out(api: str, out: object, shape: tuple[int, ...], arrays, given: dict[str, object] | None = None) \
+        -> np.ndarray | None:
     """Validates ``out=``; returns the ``(lanes, L)`` view a backend may write into, or ``None``
-    when ``y`` must be computed aside and copied in (half-precision results, an unaligned ``out``)."""
+    when ``y`` must be computed aside and copied in (half-precision results, an unaligned ``out``).
+
+    ``given`` names the caller's own arguments (operands, ``h0``, ``reset``): ``out`` must overlap none
+    of them, nor the prepared arrays."""
+    if given:
+        check_overlap(api, out, given)
     if device_arrays.on_device(arrays):
         return device_arrays.check_out(api, out, shape, arrays)
     want = np.dtype(arrays.out_dtype or arrays.dtype)
@@ -76,8 +83,8 @@ def check_out(api: str, out: object, shape: tuple[int, ...], arrays) -> np.ndarr
                              f"and dtype {want}")
     if not (out.flags.c_contiguous and out.flags.writeable):
         raise ScanInputError(f"{api}: out must be C-contiguous and writeable")
-    if any(np.shares_memory(out, a) for a in arrays.inputs.values()):
-        raise ScanInputError(f"{api}: out overlaps an operand; pass a separate buffer")
+    check_overlap(api, out, {**{f"operand {n}": a for n, a in arrays.inputs.items()}, "h0": arrays.h0,
+                             "reset": arrays.reset})
     direct = want == arrays.dtype and out.flags.aligned  # else y is computed aside and copied in
     return out.reshape(arrays.lanes, arrays.L) if direct else None
 
@@ -127,4 +134,18 @@ def resolve(rec, be: Backend, schedule: str, config, tunables: dict, dtype: str,
     if source == "default" or source == "explicit":
         cfg = {**be.default_config(schedule, lanes, L, dtype), **cfg, **tunables}
     cfg.pop("schedule", None)
+    bad = next((k for k, v in cfg.items() if not _hashable(v)), None)
+    if bad is not None:  # e.g. chunk=[64]: the tunable's own rule explains, else say what a tunable is
+        from .passes.materialize_schedule import resolve_config
+
+        resolve_config(schedule, cfg, rec.name, be.extra_tunables)
+        raise ScanInputError(f"{rec.name}: tunable {bad}={cfg[bad]!r} must be a number, a boolean or a string")
     return schedule, cfg, source
+
+
+def _hashable(value: object) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True

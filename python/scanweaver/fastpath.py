@@ -32,6 +32,7 @@ Example:
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -51,6 +52,26 @@ MAX_PLANS = 64
 #: arrays of earlier calls that nothing refers to any more are reused, instead of fresh pages that the
 #: kernel would fault in (3.5 ms of 13 for a 64 MiB ``y``, measured); smaller ones are plain ``np.empty``.
 POOL_MIN_BYTES = 1 << 18
+
+
+class PlanCache(dict):
+    """Plans by call key, at most :data:`MAX_PLANS` of them (the oldest inserted is dropped first).
+
+    Lookups are plain ``dict.get`` (atomic under the GIL); :meth:`put` holds a lock, so that threads
+    inserting past the cap never evict the same plan twice nor iterate a dict another thread grows.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._lock = threading.Lock()
+
+    def put(self, key: tuple, plan: object) -> None:
+        """Keeps ``plan`` under ``key``, dropping the oldest plans beyond :data:`MAX_PLANS`."""
+        with self._lock:
+            self.pop(key, None)
+            while len(self) >= MAX_PLANS:
+                del self[next(iter(self))]
+            self[key] = plan
 
 
 #: "No result from the fast path": the full path runs.
@@ -183,6 +204,11 @@ class Plan:
         if self.layouts:
             operands = self._small(operands)
         if out is not None:
+            if self.invoke is None:  # (the cpu trampoline checks overlaps itself, in C)
+                try:
+                    self.check_out_overlap(operands, h0, reset, out)
+                except ScanInputError as exc:
+                    raise PlanMismatch(str(exc)) from None
             y = out
         elif self.pooled:
             y = output(self.shape, self.dtype, operands[self.first_full].ctypes.data, POOL)
@@ -218,6 +244,18 @@ class Plan:
             h_last[...] = np.asarray(kh).reshape(self.state_shape)
         return (y, h_last) if self.return_state else y
 
+    def check_out_overlap(self, operands: tuple, h0, reset, out) -> None:
+        """The full path's ``out=`` checks beyond shape and dtype: :class:`ScanInputError` when ``out`` is
+        read-only or misaligned, or shares memory with an operand, ``h0`` or ``reset``."""
+        from .arrays import check_overlap
+
+        api = f"plan({self.info.stages.affine.name})"
+        if not (out.flags.writeable and out.flags.aligned):
+            raise ScanInputError(f"{api}: out must be writeable and aligned")
+        check_overlap(api, out,
+                      {**{f"operand {n}": v for n, v in zip(self.names, operands, strict=True)}, "h0": h0,
+                       "reset": reset})
+
     def check(self, operands: tuple, h0, reset, out) -> None:
         """Raises :class:`ScanInputError` naming the first argument that does not match the plan."""
         api = f"plan({self.info.stages.affine.name})"
@@ -243,6 +281,8 @@ class Plan:
                     f"{api}: {name} has shape {v.shape}, dtype {v.dtype}"
                     f"{'' if v.flags.c_contiguous else ', not C-contiguous'}; this plan takes C-contiguous "
                     f"{dtype} arrays of shape {shape} (build another plan, or call the recurrence)")
+        if out is not None:
+            self.check_out_overlap(operands, h0, reset, out)
 
     def __call__(self, *operands, h0=None, reset=None, out=None):
         """Runs the planned scan on ``operands`` (checked against the plan first).

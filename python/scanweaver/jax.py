@@ -34,7 +34,7 @@ import numpy as np
 
 from .api import SELECTIVE, SELECTIVE_NO_C, Recurrence
 from .differentiable import PAIRS, parse_options, scan_options
-from .errors import ScanInputError
+from .errors import ScanInputError, ScanWeaverError
 
 
 def _full(values, present: tuple[bool, ...]) -> list:
@@ -60,7 +60,12 @@ def _op(name: str, present: tuple[bool, ...], options: str):
         specs = result_specs(args)
 
         def host(*arrays):
-            results = pair.forward(_full([np.asarray(a) for a in arrays], present), opts)
+            try:
+                results = pair.forward(_full([np.asarray(a) for a in arrays], present), opts)
+            except ScanWeaverError as exc:  # JAX wraps it in its runtime error: :func:`call` raises it again
+                _failures.append(exc)
+                del _failures[:-8]
+                raise
             return tuple(np.asarray(r, dtype=s.dtype) for r, s in zip(results, specs, strict=True))
 
         return jax.pure_callback(host, tuple(specs), *args, vmap_method="broadcast_all")
@@ -103,7 +108,32 @@ def call(name: str, inputs: list, options: dict) -> list:
         options: a dict of Python literals for the pair's kernels.
     """
     present = tuple(v is not None for v in inputs)
-    return list(_op(name, present, repr(options))(*(v for v in inputs if v is not None)))
+    args = [v for v in inputs if v is not None]
+    try:
+        out = list(_op(name, present, repr(options))(*args))
+        if not any(isinstance(v, jax.core.Tracer) for v in args):
+            jax.block_until_ready(out)  # eager: a failed callback raises here, where it can be unwrapped
+        return out
+    except ScanWeaverError:
+        raise
+    except Exception as exc:
+        text = str(exc)
+        cause = next((f for f in reversed(_failures) if str(f).splitlines()[0] in text), None)
+        if cause is None:
+            raise
+        _failures.remove(cause)
+        raise cause.with_traceback(None) from None
+
+
+#: ScanWeaver errors raised inside callbacks lately (JAX reports them as its own runtime error).
+_failures: list[ScanWeaverError] = []
+
+
+def _check_floating(api: str, values: dict) -> None:
+    """Raises :class:`ScanInputError` naming the first array that is not of a floating or complex dtype."""
+    for name, v in values.items():
+        if v is not None and hasattr(v, "dtype") and not _floating(v.dtype):
+            raise ScanInputError(f"scanweaver.jax.{api}: {name} has dtype {v.dtype}; it needs a floating dtype")
 
 
 def apply(rec: Recurrence, *operands, h0=None, reset=None, reverse: bool = False, return_state: bool = False,
@@ -127,6 +157,7 @@ def apply(rec: Recurrence, *operands, h0=None, reset=None, reverse: bool = False
     if len(operands) != len(rec.inputs):
         raise ScanInputError(f"{rec.name}: takes {len(rec.inputs)} operands ({', '.join(rec.inputs)}), "
                              f"got {len(operands)}")
+    _check_floating(rec.name, {**dict(zip(rec.inputs, operands, strict=True)), "h0": h0})
     opts = scan_options(rec, reverse=reverse, cu_seqlens=None if cu_seqlens is None else np.asarray(cu_seqlens),
                         backend=backend, schedule=schedule, config=config, states=states, **tunables)
     y, h_last = call("scan", [*operands, h0, reset], opts)
@@ -163,6 +194,8 @@ def mamba_selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, del
     """
     from .mamba.grad import options
 
+    _check_floating("mamba_selective_scan", {"u": u, "delta": delta, "A": A, "B": B, "C": C, "D": D, "z": z,
+                                             "delta_bias": delta_bias, "h0": h0})
     opts = options(delta_softplus, None if cu_seqlens is None else np.asarray(cu_seqlens), backend, **tunables)
     y, h_last = call("mamba1", [u, delta, A, B, C, D, z, delta_bias, h0], opts)
     return (y, h_last) if return_state else y

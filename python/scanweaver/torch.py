@@ -167,6 +167,15 @@ def call(name: str, inputs: list, options: dict | str) -> list[torch.Tensor]:
     return _forward(name, [t for t in inputs if t is not None], present, text)[:n]
 
 
+def _check_tensors(api: str, required: dict, optional: dict) -> None:
+    """Raises :class:`ScanInputError` naming the first argument that is not a tensor (``None`` allowed for
+    ``optional`` ones)."""
+    for name, t in (*required.items(), *optional.items()):
+        if not isinstance(t, torch.Tensor) and not (t is None and name in optional):
+            raise ScanInputError(f"scanweaver.torch.{api}: {name} must be a torch.Tensor"
+                                 f"{' or None' if name in optional else ''}; got {type(t).__name__}")
+
+
 @torch.compiler.assume_constant_result
 def _scan_options(rec: Recurrence, reverse, cu_seqlens, backend, schedule, config, states, tunables) -> str:
     """The ``scan`` options as text; a constant for ``torch.compile`` (it runs once, when tracing)."""
@@ -194,6 +203,7 @@ def apply(rec: Recurrence, *operands, h0=None, reset=None, reverse: bool = False
     if len(operands) != len(rec.inputs):
         raise ScanInputError(f"{rec.name}: takes {len(rec.inputs)} operands ({', '.join(rec.inputs)}), "
                              f"got {len(operands)}")
+    _check_tensors(rec.name, dict(zip(rec.inputs, operands, strict=True)), {"h0": h0, "reset": reset})
     if isinstance(cu_seqlens, torch.Tensor):
         cu_seqlens = cu_seqlens.tolist()
     opts = _scan_options(rec, reverse, None if cu_seqlens is None else tuple(cu_seqlens), backend, schedule,
@@ -247,6 +257,8 @@ def mamba_selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, del
         >>> y.sum().backward(); u.grad.shape
         torch.Size([1, 4, 16])
     """
+    _check_tensors("mamba_selective_scan", {"u": u, "delta": delta, "A": A, "B": B, "C": C},
+                   {"D": D, "z": z, "delta_bias": delta_bias, "h0": h0})
     if isinstance(cu_seqlens, torch.Tensor):
         cu_seqlens = cu_seqlens.tolist()
     opts = _mamba_options(bool(delta_softplus), None if cu_seqlens is None else tuple(cu_seqlens), backend,

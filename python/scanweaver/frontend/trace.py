@@ -3,15 +3,59 @@
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Callable
 
 import numpy as np
 
-from ..errors import ScanWeaverError
+from ..errors import ScanInputError, ScanWeaverError
 from ..ir import expr as E
 from ..ir.stages import Features, ScanIR
 from ..ir.verifier import verify_scan
 from .symbolic import Sym, to_expr
+
+
+#: What a recurrence name may be: it appears in emitted kernel source (comments) and in file names.
+NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]{0,127}")
+
+
+#: Deepest expression a step may build (passes and emitters recurse over it).
+MAX_DEPTH = 200
+#: Most nodes the step's expressions may expand to with shared sub-expressions written out once per use
+#: (the emitted source's size follows it: ``g = g * g`` repeated n times expands to 2**n nodes).
+MAX_EXPANDED = 5_000
+
+
+def check_budget(roots: tuple, step: Callable) -> None:
+    """Raises :class:`ScanInputError` when the traced expressions are deeper or larger than the budget."""
+    nodes, depth, expanded = E.measure(roots)
+    name = getattr(step, "__name__", "step")
+    if depth > MAX_DEPTH:
+        raise ScanInputError(f"recurrence: the expressions of {name} nest {depth} operations deep; at most "
+                             f"{MAX_DEPTH} are supported (combine long sums or products as a balanced tree, "
+                             "or precompute the h-free part as an operand)")
+    if expanded > MAX_EXPANDED:
+        raise ScanInputError(f"recurrence: the expressions of {name} have {nodes} distinct operations that expand "
+                             f"to {expanded} when shared sub-expressions are written out per use; at most "
+                             f"{MAX_EXPANDED} are supported (precompute the h-free part, e.g. a repeated square, "
+                             "as an operand)")
+
+
+def recurrence_name(step: Callable, name: str | None) -> str:
+    """The recurrence's name: ``name`` when given (it must match :data:`NAME`), else the step's ``__name__``
+    with any character outside :data:`NAME` replaced by ``_``.
+
+    Raises:
+        ScanInputError: a given ``name`` that is not a string matching :data:`NAME`.
+    """
+    if name is not None and name != "":
+        if not isinstance(name, str) or not NAME.fullmatch(name):
+            raise ScanInputError(f"recurrence: name must be an identifier (letters, digits, _ . -, starting with a "
+                                 f"letter or _, at most 128 characters); got {name!r}")
+        return name
+    default = str(getattr(step, "__name__", "recurrence")).replace("<lambda>", "lambda")
+    default = re.sub(r"[^A-Za-z0-9_.\-]", "_", default)[:128]
+    return default if NAME.fullmatch(default) else f"_{default}"[:128]
 
 
 def step_inputs(step: Callable) -> tuple[str, ...]:
@@ -99,13 +143,15 @@ def trace(step: Callable, *, name: str | None = None, dtype: str = "float32",
         h_expr = tuple(to_expr(v) for v in h_next)
         news = [(e, E.new_state(j)) for j, e in enumerate(h_expr)]
     y_expr = None if y is None else to_expr(y)
+    check_budget((*(h_expr if isinstance(h_expr, tuple) else (h_expr,)), *(() if y_expr is None else (y_expr,))),
+                 step)
     for target, repl in news:
         if y_expr is not None and target.op != "state":
             y_expr = _substitute(y_expr, target, repl)
     if y_expr == news[0][1]:
         y_expr = None
     ir = ScanIR(
-        name=name or getattr(step, "__name__", "recurrence").replace("<lambda>", "lambda"),
+        name=recurrence_name(step, name),
         inputs=inputs,
         next_state=h_expr,
         output=y_expr,

@@ -123,9 +123,9 @@ def _between(value, lo: int, hi: int) -> str | None:
 ALGORITHMS = ("recurrent", "chunked")
 #: The CPU (C) kernels' tunables.
 C_TUNABLES = (
-    Tunable("algorithm", "recurrent", ALGORITHMS, "forward algorithm: the fused recurrence (the default: faster or level at "
-            "every shape measured, bench/linear_rnn.py) or the chunked matmul form", lambda v: None if v in ALGORITHMS else
-            f"it must be one of {', '.join(ALGORITHMS)}"),
+    Tunable("algorithm", "recurrent", ALGORITHMS, "forward algorithm: the fused recurrence (the default: faster "
+            "or level at every shape measured, bench/linear_rnn.py) or the chunked matmul form",
+            lambda v: None if v in ALGORITHMS else f"it must be one of {', '.join(ALGORITHMS)}"),
     Tunable("chunk", 64, (16, 32, 64, 128), "time steps per chunk of the chunked form",
             lambda v: None if isinstance(v, int) and v % 8 == 0 and 8 <= v <= 256 else
             "it must be a multiple of 8 between 8 and 256"),

@@ -40,10 +40,12 @@ class Expr:
     value: float = 0.0
 
     def walk(self) -> Iterator[Expr]:
-        """Yields this node and every descendant, parents first."""
-        yield self
-        for arg in self.args:
-            yield from arg.walk()
+        """Yields this node and every descendant, parents first (iteratively: any depth)."""
+        stack = [self]
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(reversed(node.args))
 
     def inputs(self) -> set[str]:
         """Names of the inputs the expression reads."""
@@ -55,6 +57,32 @@ class Expr:
 
     def __str__(self) -> str:
         return format_expr(self)
+
+
+def measure(roots: tuple[Expr, ...]) -> tuple[int, int, int]:
+    """``(distinct nodes, depth, expanded size)`` of the expressions ``roots``, walked iteratively.
+
+    Shared sub-expressions count once as distinct nodes and once per use in the
+    expanded size (what a tree walk visits).  Nodes are told apart by identity,
+    so this never hashes (a deep tree's hash recurses).
+    """
+    depth: dict[int, int] = {}
+    size: dict[int, int] = {}
+    for root in roots:
+        stack: list[tuple[Expr, bool]] = [(root, False)]
+        while stack:
+            node, done = stack.pop()
+            key = id(node)
+            if key in depth:
+                continue
+            if done or not node.args:
+                depth[key] = 1 + max((depth[id(a)] for a in node.args), default=0)
+                size[key] = min(1 + sum(size[id(a)] for a in node.args), 1 << 62)
+                continue
+            stack.append((node, True))
+            stack.extend((a, False) for a in node.args if id(a) not in depth)
+    return (len(depth), max((depth[id(r)] for r in roots), default=0),
+            min(sum(size[id(r)] for r in roots), 1 << 62))
 
 
 def inp(name: str) -> Expr:

@@ -115,9 +115,7 @@ def mamba_selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, del
         plan = plan_forward(ops, backend=backend, **tunables)
         y, h = plan.run(ops.arrays(), return_state)
         if key is not None and _plannable((u, delta, A, B, C, D, z, delta_bias, h0), ops):
-            if len(_plans) >= fastpath.MAX_PLANS:
-                _plans.pop(next(iter(_plans)))
-            _plans[key] = (plan, (ops.B.shape, ops.C.shape))
+            _plans.put(key, (plan, (ops.B.shape, ops.C.shape)))
     else:
         y, h = scan_path(ops, cu_seqlens, log_space, backend, schedule, tunables)
     y = y.astype(ops.out_dtype, copy=False)
@@ -125,7 +123,7 @@ def mamba_selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, del
 
 
 #: Resolved fused forwards per call signature, with the kernel layouts of B and C.
-_plans: dict[tuple, tuple] = {}
+_plans = fastpath.PlanCache()
 
 
 def _flags(softplus, return_state, backend, fused, tunables: dict) -> tuple | None:

@@ -75,9 +75,9 @@ def threads_cutoff() -> int:
     with _lock:
         if key in _cutoff:
             return _cutoff[key]
-        stored = _read().get(key)
-        if stored:
-            _cutoff[key] = int(stored["threads_cutoff"])
+        stored = _stored(key)
+        if stored is not None:
+            _cutoff[key] = stored
         else:
             _cutoff[key] = HIGH  # what lowering the calibration's own kernels sees (their threads are explicit)
             _cutoff[key] = _measure_and_store(key)
@@ -98,8 +98,30 @@ def stored_cutoff() -> int | None:
         key = _key()
     except Exception:
         return None
-    hit = _cutoff.get(key) or (_read().get(key) or {}).get("threads_cutoff")
-    return None if hit is None else int(hit)
+    hit = _cutoff.get(key)
+    return hit if hit is not None else _stored(key)
+
+
+#: Largest cut-off a calibration file may hold (measured values lie between :data:`LOW` and :data:`HIGH`).
+MAX_CUTOFF = 1 << 40
+
+
+def _stored(key: str) -> int | None:
+    """The valid cut-off stored for ``key``, or ``None`` (missing, or of a wrong type or range: then it is
+    measured again, with a warning, and the file's entry replaced)."""
+    entry = _read().get(key)
+    if entry is None:
+        return None
+    value = entry.get("threads_cutoff") if isinstance(entry, dict) else None
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_CUTOFF:
+        return value
+    import warnings
+
+    msg = (f"scanweaver: {_cache_file()} holds an invalid threads_cutoff {value!r:.40} for this machine; "
+           "measuring it again")
+    log.warning(msg)
+    warnings.warn(msg, RuntimeWarning, stacklevel=3)
+    return None
 
 
 def _read() -> dict:

@@ -5,10 +5,11 @@ last step die before the next begins (``zero_grad`` drops the gradients,
 the loss drops ``y``).  Fresh large arrays cost page faults on first touch,
 measured here as much as the backward kernel itself (four 64 MiB gradients
 of an (8, 512, 4096) step); so :meth:`HostPool.empty` hands back an array
-of the same shape and dtype whose only remaining reference is the pool's,
-and allocates otherwise.  An array is reused only when nothing else refers
-to it: a PyTorch tensor over it (``torch.from_numpy``), a NumPy view and a
-JAX callback's argument all hold references.
+of the same shape and dtype that nothing refers to any more, and allocates
+otherwise.  An array is reused only when nothing else refers to it: a
+PyTorch tensor over it (``torch.from_numpy``), a NumPy view and a JAX
+callback's argument all keep it in use (see :class:`HostPool` for how that
+is tracked).
 
 The pool keeps at most ``SCANWEAVER_POOL_MB`` MiB (default 1024) of arrays,
 in use or idle; beyond that requests get plain fresh arrays.  :meth:`clear`
@@ -25,10 +26,12 @@ Example:
 
 from __future__ import annotations
 
+import collections
+import heapq
 import math
 import os
-import sys
 import threading
+import weakref
 
 import numpy as np
 
@@ -66,7 +69,14 @@ def output(shape: tuple[int, ...], dtype, near: int | None = None, pool: HostPoo
 
 
 class HostPool:
-    """Arrays by (shape, dtype), reused once only the pool refers to them.
+    """Arrays by (shape, dtype), reused once nothing refers to them any more.
+
+    Liveness is tracked without reference-count arithmetic (whose counts differ
+    between Python versions): each array handed out is made by
+    :func:`numpy.frombuffer` over a :class:`memoryview` of a pool buffer, so
+    every view, slice or tensor made from it keeps that array alive (NumPy
+    stops collapsing ``base`` chains at the memoryview), and a weak reference
+    to it returns the buffer to the pool when the last of them is gone.
 
     Args:
         max_bytes: the most bytes the pool holds (in use or idle).
@@ -74,33 +84,60 @@ class HostPool:
 
     def __init__(self, max_bytes: int):
         self.max_bytes = max_bytes
-        self._arrays: dict[tuple, list[np.ndarray]] = {}
+        #: per key, a heap of (serial, buffer): the oldest free buffer is handed out first, so a loop that
+        #: asks for the same arrays in the same order gets the same buffers back each time
+        self._idle: dict[tuple, list[tuple[int, np.ndarray]]] = {}
+        self._serial = 0
+        #: buffers whose last user died, as ``(key, buffer)``; appended by finalizers (from any thread, at any
+        #: point of the interpreter), so it is a deque that needs no lock, drained under the lock
+        self._returned: collections.deque[tuple[tuple, tuple[int, np.ndarray]]] = collections.deque()
+        #: id of the weak reference -> (the reference, key, (serial, buffer)) of every array in use
+        self._leases: dict[int, tuple[weakref.ref, tuple, tuple[int, np.ndarray]]] = {}
         self._bytes = 0
         self._lock = threading.Lock()
 
     def empty(self, shape: tuple[int, ...], dtype) -> np.ndarray:
         """An uninitialised C-contiguous array of ``shape`` and ``dtype`` (reused or new)."""
         dtype = np.dtype(dtype)
-        key = (tuple(int(n) for n in shape), dtype.str)
+        shape = tuple(int(n) for n in shape)
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes == 0:
+            return np.empty(shape, dtype)
+        key = (shape, dtype.str)
         with self._lock:
-            arrays = self._arrays.setdefault(key, [])
-            for arr in arrays:
-                # References: the pool's list, this loop's name, getrefcount's argument.
-                if sys.getrefcount(arr) <= 3:
-                    return arr
-            arr = np.empty(key[0], dtype)
-            if self._bytes + arr.nbytes <= self.max_bytes:
-                arrays.append(arr)
-                self._bytes += arr.nbytes
-            return arr
+            self._drain()
+            idle = self._idle.get(key)
+            if idle:
+                item = heapq.heappop(idle)
+            elif self._bytes + nbytes <= self.max_bytes:
+                item = (self._serial, np.empty(nbytes, np.uint8))
+                self._serial += 1
+                self._bytes += nbytes
+            else:
+                return np.empty(shape, dtype)
+        lease = np.frombuffer(memoryview(item[1]), dtype)
+        ref = weakref.ref(lease, self._release)
+        self._leases[id(ref)] = (ref, key, item)
+        return lease.reshape(shape)
+
+    def _release(self, ref: weakref.ref) -> None:
+        """The weak reference's callback: the last user of a buffer is gone (atomic dict and deque steps)."""
+        _, key, item = self._leases.pop(id(ref))
+        self._returned.append((key, item))
+
+    def _drain(self) -> None:
+        """Moves returned buffers to the idle lists (the caller holds the lock)."""
+        while self._returned:
+            key, item = self._returned.popleft()
+            heapq.heappush(self._idle.setdefault(key, []), item)
 
     def clear(self) -> None:
         """Forgets every idle array (arrays in use stay with their users)."""
         with self._lock:
-            for key, arrays in self._arrays.items():
-                keep = [a for a in arrays if sys.getrefcount(a) > 3]
-                self._bytes -= sum(a.nbytes for a in arrays) - sum(a.nbytes for a in keep)
-                self._arrays[key] = keep
+            self._drain()
+            for items in self._idle.values():
+                self._bytes -= sum(raw.nbytes for _, raw in items)
+            self._idle.clear()
 
     @property
     def nbytes(self) -> int:

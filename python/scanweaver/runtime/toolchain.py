@@ -12,10 +12,20 @@ Linux, ``~/Library/Caches/scanweaver`` on macOS) named by a hash of the
 source, the flags and the compiler's identity (path, ``--version``, CPU).
 
 Concurrency and corruption: a build writes to a unique temporary name and
-moves it into place with :func:`os.replace` (atomic), under a per-entry lock
-file when the platform has ``fcntl``; a ``.sha256`` file written last records
+moves it into place with :func:`os.replace` (atomic), under a lock per entry
+(:mod:`.filelock`: between the threads of a process, then between processes)
+that is waited for at most :data:`LOCK_TIMEOUT_S`; past that (a holder that
+was stopped, or a file system without locks) the build goes ahead without
+it, which the atomic replacement makes safe.  Threads loading different
+kernels never wait for each other.  A ``.sha256`` file written last records
 the object's checksum.  An entry whose checksum file is missing or does not
 match (a half-written or damaged object) is rebuilt, never loaded.
+
+Trust: kernels are loaded into the process, so the cache directory must be
+private (:mod:`.private_dir`): it is created with mode 0700, and one owned
+by another user or writable by others is replaced by a private directory of
+this process, with a warning.  Cache files are opened without following
+symbolic links, and only a regular file owned by this user is loaded.
 
 Example:
     >>> from scanweaver.runtime.toolchain import find_toolchain
@@ -30,18 +40,20 @@ import contextlib
 import ctypes
 import functools
 import hashlib
+import logging
 import os
 import shlex
 import shutil
 import subprocess
 import tempfile
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import BackendUnavailable, CompileError
-from . import cflags
+from . import cflags, filelock, private_dir
 from .host import Host, cpu_flags, cpu_model
+
+log = logging.getLogger("scanweaver")
 
 #: Compilers tried, in order, when ``$CC`` is not set (Windows has no ``cc``; MSVC's ``cl`` cannot build kernels).
 CANDIDATES = ("clang", "gcc") if Host.current().windows else ("cc", "gcc", "clang")
@@ -51,6 +63,8 @@ BASE_FLAGS = cflags.base_flags(Host.current())
 LINK_FLAGS = ("-shared", "-dynamiclib", "-fPIC")
 #: Seconds one compilation may take.
 COMPILE_TIMEOUT_S = 120
+#: Seconds a build waits for another thread's or process's build of the same kernel before building it itself.
+LOCK_TIMEOUT_S = COMPILE_TIMEOUT_S + 30.0
 
 
 def cache_dir() -> Path:
@@ -126,27 +140,46 @@ class Toolchain:
         Raises:
             CompileError: with the compiler's log when compilation fails.
         """
-        directory = Path(directory) if directory is not None else cache_dir() / "c"
-        directory.mkdir(parents=True, exist_ok=True)
+        directory = private_dir.private_directory(Path(directory) if directory is not None else cache_dir() / "c")
         key = self.key(source, extra_flags, identity)
         lib = directory / f"sw_{key}{self.suffix}"
         if _verified(lib):
             return lib
-        with _locked(directory / f"sw_{key}.lock"):
-            if _verified(lib):
+        try:
+            with filelock.locked(directory / f"sw_{key}", LOCK_TIMEOUT_S, what="cpu backend: kernel cache"):
+                if not _verified(lib):
+                    self._build_into(source, directory, key, lib, extra_flags, private_source=False)
                 return lib
-            (directory / f"sw_{key}.c").write_text(source)
-            fd, tmp = tempfile.mkstemp(prefix=f"sw_{key}.", suffix=f".tmp{self.suffix}", dir=directory)
-            os.close(fd)
-            try:
-                self._compile(directory / f"sw_{key}.c", Path(tmp), extra_flags)
-                digest = _sha256(Path(tmp))
-                os.replace(tmp, lib)
-                _atomic_write(lib.with_suffix(".sha256"), digest)
-            finally:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
+        except filelock.LockError as exc:
+            log.warning("%s; building the kernel without the lock", exc)
+        self._build_into(source, directory, key, lib, extra_flags, private_source=True)
         return lib
+
+    def _build_into(self, source: str, directory: Path, key: str, lib: Path, extra_flags: tuple[str, ...],
+                    private_source: bool) -> None:
+        """Compiles ``source`` to a temporary object, then moves it to ``lib`` and writes its checksum."""
+        if private_source:  # another build may be writing sw_<key>.c: write a name of our own
+            fd, name = tempfile.mkstemp(prefix=f"sw_{key}.", suffix=".c", dir=directory)
+            os.close(fd)
+            src = Path(name)
+        else:
+            src = directory / f"sw_{key}.c"
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(src)  # a planted link is removed, never written through
+        private_dir.write_text(src, source)
+        fd, tmp = tempfile.mkstemp(prefix=f"sw_{key}.", suffix=f".tmp{self.suffix}", dir=directory)
+        os.close(fd)
+        try:
+            self._compile(src, Path(tmp), extra_flags)
+            digest = _sha256(Path(tmp))
+            os.replace(tmp, lib)
+            _atomic_write(lib.with_suffix(".sha256"), digest)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            if private_source:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(src)
 
     def load(self, source: str) -> ctypes.CDLL:
         """Builds ``source`` (or finds it in the cache) and loads it; cached per process."""
@@ -180,26 +213,29 @@ def _run_preprocessor(command: tuple[str, ...], flags: tuple[str, ...], source: 
 
 
 _loaded: dict[tuple[Toolchain, str], ctypes.CDLL] = {}
-_load_lock = threading.Lock()
 
 
 def _load(tc: Toolchain, source: str) -> ctypes.CDLL:
+    """Loads ``source``'s library once per process; only :meth:`Toolchain.build` serialises (per kernel)."""
     key = (tc, tc.key(source))
-    with _load_lock:
-        if key not in _loaded:
-            _loaded[key] = ctypes.CDLL(str(tc.build(source)))
-        return _loaded[key]
+    lib = _loaded.get(key)
+    if lib is None:
+        lib = _loaded.setdefault(key, ctypes.CDLL(str(tc.build(source))))
+    return lib
 
 
 def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    return hashlib.sha256(private_dir.read_bytes(path)).hexdigest()
 
 
 def _verified(lib: Path) -> bool:
-    """True when ``lib`` exists and matches the checksum written after it."""
+    """True when ``lib`` is a regular file of ours (no link) that matches the checksum written after it."""
+    sha = lib.with_suffix(".sha256")
+    if not (private_dir.regular_file(lib) and private_dir.regular_file(sha)):
+        return False
     try:
-        return lib.with_suffix(".sha256").read_text().strip() == _sha256(lib)
-    except (FileNotFoundError, OSError):
+        return private_dir.read_bytes(sha).decode().strip() == _sha256(lib)
+    except (OSError, UnicodeDecodeError):
         return False
 
 
@@ -208,22 +244,6 @@ def _atomic_write(path: Path, text: str) -> None:
     with os.fdopen(fd, "w") as fh:
         fh.write(text)
     os.replace(tmp, path)
-
-
-@contextlib.contextmanager
-def _locked(path: Path):
-    """An exclusive lock on ``path`` between processes (a no-op without ``fcntl``)."""
-    try:
-        import fcntl
-    except ImportError:
-        yield
-        return
-    with open(path, "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _compiler_command() -> tuple[str, ...] | None:

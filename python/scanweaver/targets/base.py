@@ -18,7 +18,15 @@ Example:
 
 from __future__ import annotations
 
+import re
+
 from ..registry import Discovery, Registry
+
+
+def source_name(name: object) -> str:
+    """``name`` as emitted source may show it (in comments): letters, digits and ``_ . -`` only, anything else
+    becomes ``_``, so no name can close a comment or inject code (names are checked in the front end too)."""
+    return re.sub(r"[^A-Za-z0-9_.\-]", "_", str(name))[:128]
 
 #: Target name -> target class (renderers, the interpreter, ScanWeaver.jl).
 TARGETS: Registry[type] = Registry(

@@ -51,6 +51,7 @@ from __future__ import annotations
 from ..ir import expr as E
 from ..ir.adjoint import AdjointIR
 from . import c_source
+from .base import source_name
 from .c_backward_source import COMMON, ENTRY, GRADS, RUN, SCANS_SCALAR, SCANS_VECTOR
 from .c_chunked import SHUFFLE, block_scan
 from .cstyle import CStyleRenderer
@@ -122,7 +123,7 @@ def render_backward(adj: AdjointIR, *, threads: int = 0, chunk: int = CHUNK) -> 
     grads = GRADS.replace("@UNPACK@", unpack).replace("@LOOPS@", _grad_loops(r, adj, c))
     entry = ENTRY.replace("@PARAMS@", ", ".join(params)).replace(
         "@INIT@", "\n".join(f"  sw.{n} = {n};" for n in names))
-    parts = [f"/* scanweaver C backward kernel: {fwd.name}, {dt}, wrt {', '.join(adj.wrt) or 'none'} */",
+    parts = [f"/* scanweaver C backward kernel: {source_name(fwd.name)}, {dt}, wrt {', '.join(adj.wrt) or 'none'} */",
              "\n".join(defines), c_source.PRELUDE, r.helpers(dt), common, scans, grads, RUN, entry,
              c_source.EPILOGUE]
     return "\n".join(p.strip("\n") for p in parts) + "\n"

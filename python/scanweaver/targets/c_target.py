@@ -45,7 +45,7 @@ from typing import ClassVar
 from ..errors import ScanInputError
 from ..ir import Stages
 from . import c_dense, c_source
-from .base import TARGETS
+from .base import TARGETS, source_name
 from .c_source import C_SCHEDULES
 from .cstyle import CStyleRenderer, DenseMixin
 
@@ -92,7 +92,7 @@ class CRenderer(DenseMixin, CStyleRenderer):
             raise ScanInputError(f"C emitter: a dense state of size {stages.affine.state_size} exceeds "
                              f"{MAX_DENSE_STATE}; use backend='numpy' for larger states")
         parts = [
-            f"/* scanweaver C kernel: {stages.affine.name}, schedule {sched.schedule}, {dtype}"
+            f"/* scanweaver C kernel: {source_name(stages.affine.name)}, schedule {sched.schedule}, {dtype}"
             + (f", dense state {stages.affine.state_size}" if dense else "") + " */",
             self._defines(stages, kernel_tuner),
             c_source.PRELUDE,

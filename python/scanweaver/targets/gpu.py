@@ -46,7 +46,7 @@ from collections.abc import Callable
 from ..errors import ScanInputError
 from ..registry import Discovery, Registry
 from ..ir import Stages
-from .base import TARGETS
+from .base import TARGETS, source_name
 from .cstyle import CStyleRenderer, DenseMixin
 
 
@@ -275,7 +275,7 @@ class GPURenderer(DenseMixin, CStyleRenderer):
             features += f"\n#define SW_K {stages.affine.state_size}"
         parts = [
             f"/* scanweaver {self.target} kernels: schedule {stages.schedule.schedule}, "
-            f"recurrence {stages.affine.name} */",
+            f"recurrence {source_name(stages.affine.name)} */",
             self.preamble_for(stages.affine.dtype),
             features,
             self.guarded_tunable_defines(stages),

@@ -95,9 +95,15 @@ def read(path: str | Path) -> list[store.Entry]:
     except OSError as exc:
         raise ScanInputError(f"tune --import: cannot read {path}: {exc}") from None
     try:
-        return store.parse(text)
+        entries, skipped = store.parse_checked(text)
     except store.StoreFormatError as exc:
         raise ScanInputError(f"tune --import: {path} is not a tuned-configuration file: {exc}") from None
+    if skipped:
+        import warnings
+
+        warnings.warn(f"tune --import: skipped {len(skipped)} invalid entr{'y' if len(skipped) == 1 else 'ies'} of "
+                      f"{path} (first: {skipped[0][1]})", RuntimeWarning, stacklevel=2)
+    return entries
 
 
 def import_file(path: str | Path, into: str | Path | None = None) -> dict[str, int]:

@@ -31,9 +31,18 @@ the file atomically (a temporary file in the same directory, ``fsync``, then
 ``os.replace``), so concurrent writers on many nodes lose nothing and a
 reader sees either the old or the new file, never a half-written one.  A lock
 not obtained within :data:`LOCK_TIMEOUT_S` raises :class:`StoreLockError`
-instead of hanging.  A file that is not valid JSON or not a ScanWeaver store
-is reported with a :class:`RuntimeWarning` and renamed aside
-(``tuned.json.bad-<time>``); scans then run with defaults.
+instead of hanging.
+
+Nothing read from a store is trusted (:mod:`.store_check`): an entry with a
+field of the wrong type or range is skipped, and a file that cannot be read,
+is not valid JSON, is not a ScanWeaver store or was written by another store
+version contributes nothing; each is reported once with a
+:class:`RuntimeWarning`, and scans run with defaults.  Readers never rename a
+file.  A writer (tune, import), under the lock, sets aside
+(``tuned.json.bad-<time>``) only the per-user store and only when it is not
+valid JSON; it refuses (:class:`StoreFormatError`) to replace a shared store
+that is not valid JSON, or any store of another version or format, so that no
+one else's entries are lost.  Skipped entries are written back unchanged.
 """
 
 from __future__ import annotations
@@ -48,7 +57,9 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ..errors import ScanWeaverError
 from . import atomic
+from .store_check import entry_problem
 
 log = logging.getLogger("scanweaver.tuning")
 
@@ -189,7 +200,7 @@ class Entry:
         return cls(**{k: v for k, v in d.items() if k in names})
 
 
-class StoreFormatError(ValueError):
+class StoreFormatError(ScanWeaverError, ValueError):
     """The store file is not a ScanWeaver store (corrupt or foreign)."""
 
 
@@ -197,40 +208,72 @@ class StoreFormatError(ValueError):
 StoreLockError = atomic.LockError
 
 
+class StoreDecodeError(StoreFormatError):
+    """The store file is not valid JSON (half-written by a crashed writer, or damaged)."""
+
+
 def parse(text: str) -> list[Entry]:
-    """Parses store file text; :class:`StoreFormatError` when it is not a store."""
+    """Parses store file text, skipping invalid entries; :class:`StoreFormatError` when it is not a store."""
+    return parse_checked(text)[0]
+
+
+def parse_checked(text: str) -> tuple[list[Entry], list[tuple[object, str]]]:
+    """``(entries, skipped)`` of store file text: ``skipped`` holds each invalid entry with why.
+
+    Raises:
+        StoreDecodeError: not valid JSON.
+        StoreFormatError: valid JSON but not a ScanWeaver store of this version.
+    """
     try:
         data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise StoreFormatError(f"not valid JSON ({exc})") from None
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise StoreDecodeError(f"not valid JSON ({exc})") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise StoreFormatError(f"not a ScanWeaver store (no \"format\": {FORMAT!r})")
     if data.get("version") != VERSION:
         raise StoreFormatError(f"store version {data.get('version')!r}, this ScanWeaver reads {VERSION}")
-    try:
-        return [Entry.from_json(e) for e in data["entries"]]
-    except (KeyError, TypeError) as exc:
-        raise StoreFormatError(f"malformed entry ({type(exc).__name__}: {exc})") from None
+    raw = data.get("entries")
+    if not isinstance(raw, list):
+        raise StoreFormatError(f"\"entries\" is {type(raw).__name__}, not a list")
+    entries, skipped = [], []
+    for d in raw:
+        why = entry_problem(d)
+        if why is None:
+            entries.append(Entry.from_json(d))  # type: ignore[arg-type]
+        else:
+            skipped.append((d, why))
+    return entries, skipped
 
 
-def dump(entries: list[Entry]) -> str:
-    """Store file text for ``entries``."""
-    body = {"format": FORMAT, "version": VERSION, "entries": [e.to_json() for e in entries]}
+def dump(entries: list[Entry], skipped: list | tuple = ()) -> str:
+    """Store file text for ``entries`` (and, unchanged, the invalid entries ``skipped`` that were read)."""
+    body = {"format": FORMAT, "version": VERSION, "entries": [e.to_json() for e in entries] + list(skipped)}
     return json.dumps(body, indent=1, sort_keys=True) + "\n"
 
 
 def set_aside(path: Path, why: str) -> Path | None:
-    """Renames a corrupt or foreign store file out of the way, with a warning."""
+    """Renames an undecodable per-user store file out of the way, with a warning (call under its lock)."""
     dest = path.with_name(f"{path.name}.bad-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
     try:
         os.replace(path, dest)
     except FileNotFoundError:
-        return None  # another process set it aside first
+        return None
     _stamps.clear()
-    msg = f"scanweaver: tuned-config store {path} is unusable ({why}); moved it to {dest}, using defaults"
+    _warn(f"scanweaver: tuned-config store {path} is unusable ({why}); moved it to {dest}")
+    return dest
+
+
+_warned: set[tuple] = set()
+
+
+def _warn(msg: str, once: tuple | None = None) -> None:
+    """Logs and warns ``msg`` (once per ``once`` key when given)."""
+    if once is not None:
+        if once in _warned:
+            return
+        _warned.add(once)
     log.warning(msg)
     warnings.warn(msg, RuntimeWarning, stacklevel=3)
-    return dest
 
 
 #: Seconds a scan call may rely on the last look at the store files: a store written by another
@@ -275,35 +318,73 @@ def _stat_token(path: str) -> tuple[int, int, int] | None:
 
 
 _stamps: dict[tuple, tuple[float, tuple]] = {}
-_parsed: dict[str, tuple[tuple[int, int], list[Entry]]] = {}
+_parsed: dict[str, tuple[tuple[int, int], list[Entry], list]] = {}
 
 
 def load(path: Path | None = None, fresh: bool = False) -> list[Entry]:
-    """Every entry in the store (cached in-process until the file changes).
+    """Every valid entry in the store (cached in-process until the file changes).
 
-    A missing file is an empty store; a corrupt or foreign one is set aside.
+    A missing file is an empty store.  A file that cannot be read or parsed,
+    or is not a store of this version, is an empty store too, reported once
+    with a warning; invalid entries are skipped, reported once per file
+    version.  Nothing is renamed (see :func:`merge` for what writers do).
     ``fresh`` re-reads the file even when its mtime and size look unchanged
     (writers do, under the lock: two replacements can share a timestamp).
     """
-    path = Path(path) if path else store_path()
+    return _load(Path(path) if path else store_path(), fresh)[0]
+
+
+def _load(path: Path, fresh: bool = False) -> tuple[list[Entry], list]:
+    """``(entries, skipped raw entries)`` of ``path``, warning once about problems (never raises)."""
     try:
         st = path.stat()
     except (FileNotFoundError, NotADirectoryError):
-        return []
+        return [], []
+    except OSError as exc:
+        _warn(f"scanweaver: tuned-config store {path} cannot be read ({exc}); using defaults", ("stat", str(path)))
+        return [], []
     stamp = (st.st_mtime_ns, st.st_size)
     hit = _parsed.get(str(path))
     if hit is not None and hit[0] == stamp and not fresh:
-        return hit[1]
+        return hit[1], hit[2]
     try:
-        entries = parse(path.read_text())
-    except StoreFormatError as exc:
-        set_aside(path, str(exc))
-        return []
+        entries, skipped = parse_checked(path.read_text())
+    except (StoreFormatError, OSError, UnicodeDecodeError) as exc:
+        _warn(f"scanweaver: tuned-config store {path} is unusable ({exc}); ignoring it, scans use defaults",
+              (str(path), stamp))
+        return [], []
+    if skipped:
+        _warn(f"scanweaver: tuned-config store {path}: skipped {len(skipped)} invalid entr"
+              f"{'y' if len(skipped) == 1 else 'ies'} (first: {skipped[0][1]})", (str(path), stamp, "entries"))
+    _parsed[str(path)] = (stamp, entries, skipped)
+    return entries, skipped
+
+
+def _load_for_write(path: Path) -> tuple[list[Entry], list]:
+    """``(entries, skipped)`` of ``path`` for a writer holding its lock.
+
+    Raises:
+        StoreFormatError: the file is another version's or format's store, or a shared store
+            that is not valid JSON: replacing it would lose entries that are not ours.
+    """
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return [], []
     except (OSError, UnicodeDecodeError) as exc:
-        set_aside(path, f"{type(exc).__name__}: {exc}")
-        return []
-    _parsed[str(path)] = (stamp, entries)
-    return entries
+        raise StoreFormatError(f"tuned store: cannot read {path} ({exc}); not writing it") from None
+    try:
+        entries, skipped = parse_checked(text)
+    except StoreDecodeError as exc:
+        if path.resolve() != user_store_path().resolve():
+            raise StoreFormatError(f"tuned store: the shared store {path} is {exc}; not replacing it (repair or "
+                                   "move it, then write again)") from None
+        set_aside(path, str(exc))
+        return [], []
+    except StoreFormatError as exc:
+        raise StoreFormatError(f"tuned store: {path} is {exc}; not replacing it (it may belong to another "
+                               "ScanWeaver version: use another store path, or move it)") from None
+    return entries, [d for d, _ in skipped]
 
 
 def _valid(entry: Entry) -> bool:
@@ -319,7 +400,7 @@ def _valid(entry: Entry) -> bool:
         return False
     try:
         resolve_config(entry.schedule, entry.config, "tuned store", extra)
-    except ValueError as exc:
+    except (ValueError, TypeError) as exc:
         log.info("ignoring stored config %s/%s: %s", entry.schedule, entry.config, exc)
         return False
     return True
@@ -339,7 +420,7 @@ def _valid_fused(entry: Entry, backend) -> bool:
         return False
     try:
         op.resolve(family_of(backend.target), entry.config, {}, "tuned store")
-    except ValueError as exc:
+    except (ValueError, TypeError) as exc:
         log.info("ignoring stored config %s/%s: %s", entry.schedule, entry.config, exc)
         return False
     return True
@@ -412,8 +493,8 @@ def locked(path: Path | None = None):
     return atomic.locked(Path(path) if path else store_path(), LOCK_TIMEOUT_S, what="tuned store", hint=LOCK_HINT)
 
 
-def _write(path: Path, entries: list[Entry]) -> None:
-    atomic.replace_text(path, dump(entries))
+def _write(path: Path, entries: list[Entry], skipped: list | tuple = ()) -> None:
+    atomic.replace_text(path, dump(entries, skipped))
     _stamps.clear()  # this process's next scan call looks at the stores again
 
 
@@ -443,7 +524,8 @@ def merge(entries: list[Entry], path: Path | None = None, keep_newer: bool = Tru
     path = Path(path) if path else store_path()
     counts = {"added": 0, "replaced": 0, "kept": 0}
     with locked(path):
-        current = {e.key(): e for e in load(path, fresh=True)}
+        found, skipped = _load_for_write(path)
+        current = {e.key(): e for e in found}
         for e in entries:
             old = current.get(e.key())
             if old is None:
@@ -455,7 +537,7 @@ def merge(entries: list[Entry], path: Path | None = None, keep_newer: bool = Tru
                 counts["replaced"] += 1
             current[e.key()] = e
         if counts["added"] or counts["replaced"]:
-            _write(path, list(current.values()))
+            _write(path, list(current.values()), skipped)
     return counts
 
 
@@ -470,8 +552,8 @@ def remove(*, backend: str | None = None, device: str | None = None, signature: 
     path = Path(path) if path else store_path()
     want = {k: v for k, v in (("backend", backend), ("device", device), ("signature", signature)) if v is not None}
     with locked(path):
-        entries = load(path, fresh=True)
+        entries, skipped = _load_for_write(path)
         keep = [e for e in entries if not all(getattr(e, k) == v for k, v in want.items())]
         if len(keep) != len(entries):
-            _write(path, keep)
+            _write(path, keep, skipped)
     return len(entries) - len(keep)
