@@ -31,7 +31,7 @@ from ..fused import REGISTRY as FUSED
 from ..fused import FusedCall
 from ..ir import Stages
 from ..schedules import Tunable
-from ..schedules.base import non_negative
+from ..schedules.base import MAX_THREADS, threads_rule
 from ..targets.c_target import CRenderer
 from ..targets.fused import kernel_for
 from . import calibrate, fastcall, host_pool, toolchain
@@ -65,7 +65,8 @@ class CpuBackend(Backend):
     kinds = ("diagonal", "dense")
     auto_priority = 10
     extra_tunables = (
-        Tunable("threads", 0, (0, 1, 2, 4, 8, 16), "OpenMP threads; 0 uses every core", non_negative),
+        Tunable("threads", 0, (0, 1, 2, 4, 8, 16), f"OpenMP threads (at most {MAX_THREADS}); 0 uses every core",
+                threads_rule),
         Tunable("interleave", INTERLEAVE, (1, 2, 4),
                 "lanes one thread streams side by side (chunked)", _interleave_rule),
     )

@@ -146,8 +146,13 @@ class GPUBackend(Backend):
     # ---- fused operations ---------------------------------------------------------------------------
 
     def fused_defaults(self, op: str, features, sizes: dict[str, int]) -> dict[str, object]:
-        """Enough work-items per channel to cover L in one chunk of 8 items each, 32 to 128."""
+        """Enough work-items per channel to cover L in one chunk of 8 items each, 32 to 128, and few enough
+        that the backward's private state arrays fit (:meth:`~scanweaver.targets.fused.FusedKernel.misfit`)."""
         wg = min(FUSED_MAX_WORKGROUP, max(FUSED_MIN_WORKGROUP, next_pow2(-(-sizes.get("L", 1) // 8))))
+        kernel = kernel_for(self.target, op)
+        while wg > FUSED_MIN_WORKGROUP and kernel is not None and \
+                kernel.misfit("backward", features, {"workgroup_size": wg}):
+            wg //= 2
         return {"workgroup_size": wg, "items_per_thread": 8}
 
     def run_fused(self, call: FusedCall, arrays: dict[str, object], sizes: dict[str, int]) -> None:

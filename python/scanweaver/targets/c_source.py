@@ -103,10 +103,17 @@ extern "C" {
 #define SW_POS(len, s) (SW_REVERSE ? (len) - 1 - (s) : (s))
 #define SW_MIN(p, q) ((p) < (q) ? (p) : (q))
 
-/* Threads to use: SW_THREADS, or every core when it is 0. */
+/* Threads to use: SW_THREADS, or every core when it is 0; never more than SW_THREADS_PER_CPU per processor
+ * (more only oversubscribes, and an OpenMP runtime that cannot create them ends the process), nor more than
+ * sw_thread_cap when it is set (1 in a process forked after kernels ran: see scanweaver.runtime.forksafe). */
+#define SW_THREADS_PER_CPU 4
+int sw_thread_cap = 0;
 static int sw_threads(void) {
 #ifdef _OPENMP
-  return SW_THREADS > 0 ? SW_THREADS : omp_get_max_threads();
+  const int most = SW_THREADS_PER_CPU * omp_get_num_procs();
+  int n = SW_THREADS > 0 ? SW_MIN(SW_THREADS, most) : omp_get_max_threads();
+  if (sw_thread_cap > 0 && n > sw_thread_cap) n = sw_thread_cap;
+  return n;
 #else
   return 1;
 #endif

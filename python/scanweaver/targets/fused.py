@@ -36,6 +36,9 @@ class FusedKernel:
             (``None`` for ``numpy``, which runs the operation's reference).
         entry: ``entry(part)`` -> the entry point's name in that source.
         plan: (GPU) ``plan(call, sizes)`` -> :class:`~.gpu.Plan` of the launches, else ``None``.
+        fits: ``fits(part, features, config)`` -> why that variant cannot run (a resource it would
+            exceed), else ``None``; ``config=None`` asks about the least demanding configuration.
+            ``None``: every variant runs.
     """
 
     op: str
@@ -44,6 +47,11 @@ class FusedKernel:
     render: Callable[[Any, Any], str] | None = None
     entry: Callable[[str], str] | None = None
     plan: Callable[[Any, dict], Any] | None = None
+    fits: Callable[[str, Any, dict | None], str | None] | None = None
+
+    def misfit(self, part: str, features: Any, config: dict | None = None) -> str | None:
+        """Why ``part`` with ``features`` (and ``config``) cannot run, else ``None`` (see :attr:`fits`)."""
+        return self.fits(part, features, config) if self.fits is not None else None
 
     @property
     def key(self) -> str:
