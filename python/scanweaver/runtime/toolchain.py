@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import BackendUnavailable, CompileError
-from . import cflags
+from . import cflags, forksafe
 from .host import Host, cpu_flags, cpu_model
 
 #: Compilers tried, in order, when ``$CC`` is not set (Windows has no ``cc``; MSVC's ``cl`` cannot build kernels).
@@ -187,7 +187,7 @@ def _load(tc: Toolchain, source: str) -> ctypes.CDLL:
     key = (tc, tc.key(source))
     with _load_lock:
         if key not in _loaded:
-            _loaded[key] = ctypes.CDLL(str(tc.build(source)))
+            _loaded[key] = forksafe.track(ctypes.CDLL(str(tc.build(source))))
         return _loaded[key]
 
 
