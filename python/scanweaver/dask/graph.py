@@ -27,6 +27,7 @@ after a worker dies), and the graph grows linearly with the number of blocks.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import operator
 import sys
@@ -81,6 +82,11 @@ def parallelism() -> int:
     if dask.config.get("scheduler", None) in ("sync", "synchronous", "single-threaded"):
         return 1
     return int(dask.config.get("num_workers", None) or CPU_COUNT)
+
+
+def task_share(concurrent: int) -> int:
+    """Cores one block task may take: the host's cores over the tasks that run at once (at least one)."""
+    return max(1, host_cores() // max(1, min(parallelism(), concurrent)))
 
 
 def choose(method: str, rows: int, blocks: int, workers: int, correctable: bool) -> str:
@@ -196,6 +202,10 @@ def build(kernel: BlockKernel, layout: Layout, *, name: str, token: str, method:
     finals = {}
     # One row chained runs one block at a time on the whole cluster: its blocks take every core of their host.
     chain_task = _scan_all_cores if len(rows) == 1 else _scan
+    # Otherwise the tasks that run at once share the host's cores (the threaded scheduler runs them as threads
+    # of one process: each starting every core would run tasks x cores threads).
+    kernel = copy.copy(kernel)
+    kernel.share = task_share(len(rows) * (1 if method == "chain" else n))
     for row in rows:
         if method == "chain":
             state = h0_ref(row)

@@ -73,7 +73,8 @@ C_TUNABLES = (
             _chunk_rule),
     Tunable("width", 8, (4, 8, 16), "channels per vector (SIMD lanes); the default follows the CPU's vectors",
             _width_rule),
-    Tunable("threads", 0, (0, 1, 2, 4, 8, 16), f"OpenMP threads (at most {MAX_THREADS}); 0 uses every core",
+    Tunable("threads", 0, (0, 1, 2, 4, 8, 16), f"OpenMP threads (at most {MAX_THREADS}); "
+            "0 uses the cores other processes leave free",
             threads_rule),
 )
 #: The GPU (OpenCL, CUDA) kernels' tunables.

@@ -33,7 +33,7 @@ returning 0, or 1 when scratch memory could not be allocated; the backward
 from __future__ import annotations
 
 from ..fused.mamba1 import Mamba1, Mamba1Features
-from .c_source import NOW
+from .c_source import NOW, THREADS
 from .cvec import vector_prelude
 from .fused import KERNELS, FusedKernel
 from .mamba1_c_backward import BACKWARD
@@ -163,21 +163,6 @@ static void sw_gates(sw_v* dt, const sw_v* u, sw_v* dtu, sw_v bias, int nt) {
   }
 }
 
-/* Threads to use: SW_THREADS, or every core when it is 0; never more than SW_THREADS_PER_CPU per processor
- * (more only oversubscribes, and an OpenMP runtime that cannot create them ends the process), nor more than
- * sw_thread_cap when it is set (1 in a process forked after kernels ran: see scanweaver.runtime.forksafe). */
-#define SW_THREADS_PER_CPU 4
-int sw_thread_cap = 0;
-static int sw_threads(void) {
-#ifdef _OPENMP
-  const int most = SW_THREADS_PER_CPU * omp_get_num_procs();
-  int n = SW_THREADS > 0 ? SW_MIN(SW_THREADS, most) : omp_get_max_threads();
-  if (sw_thread_cap > 0 && n > sw_thread_cap) n = sw_thread_cap;
-  return n;
-#else
-  return 1;
-#endif
-}
 
 /* An array of N state vectors of a block: on the stack (kept in registers for small N) while the kernel's
  * arrays of them fit STACK_BUDGET bytes, else the slot at heap of the thread's scratch (a thread's stack
@@ -470,7 +455,8 @@ def render(renderer, call, kernel_tuner: bool = False) -> str:
     title = (f"/* scanweaver fused C kernel: mamba1 {call.part}, {f.dtype}, N={f.N}, width {cfg['width']} */")
     body = FORWARD if call.part == "forward" else BACKWARD
     stack = f"#define SW_STATES_ON_STACK {int(states_on_stack(call))}"
-    parts = [title, defines(f, cfg, kernel_tuner), stack, HEAD, vector_prelude(f.dtype, cfg["width"]), COMMON, body]
+    parts = [title, defines(f, cfg, kernel_tuner), stack, HEAD, THREADS, vector_prelude(f.dtype, cfg["width"]), COMMON,
+             body]
     if kernel_tuner:
         parts.append(timed(call))
     return "\n".join([*parts, TAIL])
