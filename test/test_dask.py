@@ -379,9 +379,9 @@ def test_threaded_scheduler_tasks_share_the_host_cores(monkeypatch):
     monkeypatch.setattr(calibrate, "one_thread", lambda n: False)  # a default call would take every core
     shape, chunks = (4, 800), (2, (400, 400))  # two rows of two blocks: four tasks at once in each pass
     a, b, x, c = data(22, shape=shape)
-    with dask.config.set(num_workers=2):
+    with dask.config.set(scheduler="threads", num_workers=2):
         y = swd.selective_scan(*(dask_of(v, chunks) for v in (a, b, x, c)), method="rescan")
-        got = y.compute(scheduler="threads")
+        got = y.compute()
     last = SELECTIVE.last
     close(got, scanweaver.selective_scan(a, b, x, c))
     assert last.backend == "cpu" and last.config.get("threads") == max(1, host_cores() // 2), last

@@ -79,7 +79,7 @@ class BlockKernel(ABC):
     correctable: bool = False
     #: Cores a block task takes when its call leaves ``threads`` alone (``None``: the backend's default, every
     #: core).  The graph builder sets it to the host's cores shared by the tasks that run at once, so the
-    #: threaded scheduler's worker threads do not each start every core (tasks x cores threads).
+    #: local scheduler's worker threads do not each start every core (tasks x cores threads).
     share: int | None = None
 
     @abstractmethod

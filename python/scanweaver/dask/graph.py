@@ -84,9 +84,23 @@ def parallelism() -> int:
     return int(dask.config.get("num_workers", None) or CPU_COUNT)
 
 
-def task_share(concurrent: int) -> int:
-    """Cores one block task may take: the host's cores over the tasks that run at once (at least one)."""
-    return max(1, host_cores() // max(1, min(parallelism(), concurrent)))
+def task_share(concurrent: int) -> int | None:
+    """Cores one block task may take under the local scheduler ``compute()`` would use now: the host's cores
+    over the tasks that run at once (at least one); ``None`` on a ``dask.distributed`` client, whose workers
+    already run one OpenMP thread per task thread (``OMP_NUM_THREADS``, set by the nanny)."""
+    import dask
+    import dask.base
+    from dask.system import CPU_COUNT
+
+    sched = dask.base.get_scheduler()
+    if "distributed" in sys.modules:
+        from distributed import Client
+
+        if isinstance(getattr(sched, "__self__", None), Client):
+            return None
+    sync = dask.config.get("scheduler", None) in ("sync", "synchronous", "single-threaded")
+    workers = 1 if sync else int(dask.config.get("num_workers", None) or CPU_COUNT)
+    return max(1, host_cores() // max(1, min(workers, concurrent)))
 
 
 def choose(method: str, rows: int, blocks: int, workers: int, correctable: bool) -> str:
