@@ -97,6 +97,9 @@ const LONG_SEQUENCE = 2^16
 "A cooperative schedule whose default workgroup would shrink below this (one warp) is not picked by `:auto`."
 const MIN_COOPERATIVE_WORKGROUP = 32
 
+"The largest value of any tunable (the Python side's bound): products of tunables stay far from overflow."
+const MAX_TUNABLE = 2^24
+
 """
     default_workgroupsize(s::ScanSchedule, backend, P, S; start = DEFAULT_WORKGROUP_SIZE) -> Int
 
@@ -124,13 +127,15 @@ end
     config_problem(s::ScanSchedule, backend, P, S) -> Union{Nothing, String}
 
 What is wrong with running schedule `s` for pairs `P` and states `S` on
-`backend` (`nothing` when nothing is): a tunable below 1, a workgroup beyond
+`backend` (`nothing` when nothing is): a tunable below 1 or above `MAX_TUNABLE`, a workgroup beyond
 [`max_workgroupsize`](@ref), a rule of the schedule ([`tunable_problem`](@ref)),
 or [`local_memory`](@ref) beyond the backend's [`local_memory_budget`](@ref).
 """
 function config_problem(s::ScanSchedule, backend, P, S)
     for (name, value) in pairs(tunables(s))
         value < 1 && return "$name = $value must be a positive integer"
+        value > MAX_TUNABLE &&
+            return "$name = $value exceeds $MAX_TUNABLE, the largest tunable"
     end
     wg = s.workgroupsize
     limit = max_workgroupsize(backend)

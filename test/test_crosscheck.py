@@ -65,7 +65,7 @@ def test_every_kernel_matches_the_oracle(name, jobs):
     omp = ["-shared", "-fPIC", "-fopenmp"]
     if name.startswith("x86-clang") and cflags.accepts(["clang"], omp, cflags.PROBE_SOURCE)[0]:  # libomp present
         compiler = [*compiler, "-fopenmp"]
-    n, bad = crosscheck.check(compiler, runner, jobs)
+    n, bad = crosscheck.check([*compiler, *cflags.DIAGNOSTIC_FLAGS], runner, jobs)
     assert n == len(jobs)
     assert not bad, "\n".join(bad)
 

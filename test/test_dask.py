@@ -365,3 +365,23 @@ def test_a_single_row_chain_runs_each_block_on_every_core_of_its_host(client):
     rows = swd.selective_scan(*(dask_of(v, (2, (300, 300))) for v in (a, b, x, c)), method="chain")
     assert chain_funcs(rows) == {_scan}
     close(compute(client, rows), scanweaver.selective_scan(a, b, x, c))
+
+
+def test_threaded_scheduler_tasks_share_the_host_cores(monkeypatch):
+    """Each task of the threaded scheduler takes the cores its worker thread owns, not every core of the host
+    (tasks x cores threads otherwise)."""
+    import dask
+
+    from scanweaver.api import SELECTIVE
+    from scanweaver.dask.blocks import host_cores
+    from scanweaver.runtime import calibrate
+
+    monkeypatch.setattr(calibrate, "one_thread", lambda n: False)  # a default call would take every core
+    shape, chunks = (4, 800), (2, (400, 400))  # two rows of two blocks: four tasks at once in each pass
+    a, b, x, c = data(22, shape=shape)
+    with dask.config.set(scheduler="threads", num_workers=2):
+        y = swd.selective_scan(*(dask_of(v, chunks) for v in (a, b, x, c)), method="rescan")
+        got = y.compute()
+    last = SELECTIVE.last
+    close(got, scanweaver.selective_scan(a, b, x, c))
+    assert last.backend == "cpu" and last.config.get("threads") == max(1, host_cores() // 2), last

@@ -19,6 +19,7 @@ import pytest
 from scanweaver import mamba
 from scanweaver.fused import REGISTRY as FUSED
 from scanweaver.fused.mamba1 import backward_reference, forward_reference
+from scanweaver.runtime import cflags
 from scanweaver.targets.fused import kernel_for
 
 from mamba_oracle import extras, operands
@@ -67,7 +68,7 @@ def build(tmp_path, part: str, features, width: int, compiler: list[str]):
     (tmp_path / "unit.c").write_text(unit)
     (tmp_path / "driver.c").write_text(driver)
     exe = tmp_path / f"{part}-{width}-{features.dtype}"
-    proc = subprocess.run([*compiler, "-O2", "-static", str(tmp_path / "unit.c"),
+    proc = subprocess.run([*compiler, "-O2", *cflags.DIAGNOSTIC_FLAGS, "-static", str(tmp_path / "unit.c"),
                            str(tmp_path / "driver.c"), "-o", str(exe), "-lm"], capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -19,6 +19,8 @@ from scanweaver.runtime.cflags import Host
 from scanweaver.targets.c_chunked import VECTOR_BYTES
 
 MAC = Host("Darwin", "arm64")
+#: The diagnostics every accepting compiler gets right after -O3.
+DIAG = cflags.DIAGNOSTIC_FLAGS
 #: Recorded: ``clang --version`` of Xcode 15's command-line tools on an Apple M2.
 APPLE_CLANG_VERSION = ("Apple clang version 15.0.0 (clang-1500.3.9.4)\nTarget: arm64-apple-darwin23.4.0\n"
                        "Thread model: posix\nInstalledDir: /Library/Developer/CommandLineTools/usr/bin")
@@ -75,7 +77,7 @@ def homebrew_libomp(root: Path) -> Path:
 def test_macos_arm64_apple_clang_with_homebrew_libomp(tmp_path):
     prefix = homebrew_libomp(tmp_path)
     found = cflags.probe(["cc"], MAC, apple_clang(tmp_path / "sdk"), env={"HOMEBREW_PREFIX": str(tmp_path)})
-    assert found.flags == ("-dynamiclib", "-fPIC", "-fno-math-errno", "-O3", "-mcpu=native", "-Xpreprocessor",
+    assert found.flags == ("-dynamiclib", "-fPIC", "-fno-math-errno", "-O3", *DIAG, "-mcpu=native", "-Xpreprocessor",
                            "-fopenmp", f"-I{prefix}/include", f"-L{prefix}/lib", "-lomp")
     assert found.openmp == f"Homebrew libomp at {prefix}" and not found.notes and not found.missing
 
@@ -83,7 +85,8 @@ def test_macos_arm64_apple_clang_with_homebrew_libomp(tmp_path):
 def test_macos_without_libomp_runs_one_thread_and_says_how_to_get_more(tmp_path):
     check = apple_clang(tmp_path / "sdk", mcpu_native=False)
     found = cflags.probe(["cc"], MAC, check, env={"HOMEBREW_PREFIX": str(tmp_path)})
-    assert found.flags == ("-dynamiclib", "-fPIC", "-fno-math-errno", "-O3")  # neither native form: generic ARMv8
+    # neither native form: generic ARMv8
+    assert found.flags == ("-dynamiclib", "-fPIC", "-fno-math-errno", "-O3", *DIAG)
     assert found.openmp == "" and "brew install libomp" in found.notes[0] and "one thread" in found.notes[0]
 
 
@@ -99,16 +102,16 @@ def test_gcc_here():
     need("gcc")
     found = cflags.probe([shutil.which("gcc")], Host.current())
     if Host.current().arm64:
-        assert found.flags[:4] == ("-shared", "-fPIC", "-fno-math-errno", "-O3")
+        assert found.flags[:6] == ("-shared", "-fPIC", "-fno-math-errno", "-O3", *DIAG)
     else:
-        assert found.flags == ("-shared", "-fPIC", "-fno-math-errno", "-O3", "-march=native", "-fopenmp")
+        assert found.flags == ("-shared", "-fPIC", "-fno-math-errno", "-O3", *DIAG, "-march=native", "-fopenmp")
     assert found.openmp == "-fopenmp"
 
 
 def test_clang_here():
     need("clang")
     found = cflags.probe(["clang"], Host.current())
-    assert found.flags[:5] == ("-shared", "-fPIC", "-fno-math-errno", "-O3", "-march=native")
+    assert found.flags[:7] == ("-shared", "-fPIC", "-fno-math-errno", "-O3", *DIAG, "-march=native")
     omp_header = subprocess.run(["clang", "-fopenmp", "-x", "c", "-E", "-"], input=b"#include <omp.h>\n",
                                 capture_output=True).returncode == 0
     assert (found.openmp == "-fopenmp") == (omp_header and found.flags[-1] == "-fopenmp")
@@ -120,7 +123,7 @@ def test_linux_arm64_gcc_takes_no_native_form_it_cannot_resolve():
     so the probe falls back to generic ARMv8 code, still with OpenMP."""
     need("aarch64-linux-gnu-gcc")
     found = cflags.probe(["aarch64-linux-gnu-gcc"], Host("Linux", "aarch64"))
-    assert found.flags == ("-shared", "-fPIC", "-fno-math-errno", "-O3", "-fopenmp")
+    assert found.flags == ("-shared", "-fPIC", "-fno-math-errno", "-O3", *DIAG, "-fopenmp")
 
 
 def test_a_compiler_without_vector_extensions_is_refused_with_the_reason():

@@ -53,7 +53,10 @@ def test_parallel_cpu_tune_measures_every_configuration_once_and_stores_what_a_s
     assert not par.skipped and par.best is not None and par.default is not None
     assert any("2 shards as Ray tasks (num_gpus=1 each)" in n and "2 finished" in n for n in par.notes)
     assert par.best.schedule == seq.best.schedule  # chunked beats the serial loop by several times here
+    # both shards time on this host's two cores: never side by side (2-thread configurations would share them)
+    assert any(n.endswith(": 2 shards timed in turn") for n in par.notes), par.notes
     (entry,) = store.load()
+    assert entry.partial == ""
     assert (entry.backend, entry.device, entry.signature, entry.dtype, entry.lanes, entry.L) == \
         (seq.backend, seq.device, seq.signature, seq.dtype, 15, SHAPE[-1])
     assert entry.schedule == par.best.schedule and entry.host and entry.versions.get("ray")
@@ -117,6 +120,8 @@ def test_a_killed_worker_loses_only_its_shard_and_its_configurations_are_reporte
     assert lost and len(lost) + len(rep.ok) == rep.space_size == 6  # nothing silently missing
     assert any("1 lost" in n for n in rep.notes) and rep.best is not None
     assert all(e.time_ms is not None for e in rep.ok)
+    (entry,) = store.load()  # the stored winner says it comes from a partial search
+    assert entry.partial == f"{len(rep.ok)} of 6 configurations measured ({len(lost)} lost with their shard)"
 
 
 def test_cli_parallel_json():

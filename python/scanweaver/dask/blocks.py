@@ -77,6 +77,10 @@ class BlockKernel(ABC):
 
     dense: bool = False
     correctable: bool = False
+    #: Cores a block task takes when its call leaves ``threads`` alone (``None``: the backend's default, every
+    #: core).  The graph builder sets it to the host's cores shared by the tasks that run at once, so the
+    #: local scheduler's worker threads do not each start every core (tasks x cores threads).
+    share: int | None = None
 
     @abstractmethod
     def scan(self, ctx: BlockContext, h0: np.ndarray | None, *blocks: np.ndarray,
@@ -160,6 +164,7 @@ class RecurrenceBlocks(BlockKernel):
 
     def scan(self, ctx, h0, *blocks, threads=None):
         ops, reset = self._split(ctx, blocks)
+        threads = self.share if threads is None else threads
         call = self.call if threads is None else self._with_threads(ops, threads)
         return self.rec(*ops, h0=h0, reset=reset, reverse=self.reverse, return_state=True, **call)
 
@@ -190,7 +195,8 @@ class RecurrenceBlocks(BlockKernel):
         ops, reset = self._split(ctx, blocks)
         shape = np.broadcast_shapes(*(np.shape(b) for b in ops))
         out = scratch(shape, np.dtype(self.out_dtype or self.dtype))
-        _, s = self.rec(*ops, reset=reset, reverse=self.reverse, return_state=True, out=out, **self.call)
+        call = self.call if self.share is None else self._with_threads(ops, self.share)
+        _, s = self.rec(*ops, reset=reset, reverse=self.reverse, return_state=True, out=out, **call)
         return self.product(ctx, *blocks), s
 
     def _affine(self):

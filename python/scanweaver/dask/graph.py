@@ -27,6 +27,7 @@ after a worker dies), and the graph grows linearly with the number of blocks.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import operator
 import sys
@@ -81,6 +82,25 @@ def parallelism() -> int:
     if dask.config.get("scheduler", None) in ("sync", "synchronous", "single-threaded"):
         return 1
     return int(dask.config.get("num_workers", None) or CPU_COUNT)
+
+
+def task_share(concurrent: int) -> int | None:
+    """Cores one block task may take under the local scheduler ``compute()`` would use now: the host's cores
+    over the tasks that run at once (at least one); ``None`` on a ``dask.distributed`` client, whose workers
+    already run one OpenMP thread per task thread (``OMP_NUM_THREADS``, set by the nanny)."""
+    import dask
+    import dask.base
+    from dask.system import CPU_COUNT
+
+    sched = dask.base.get_scheduler()
+    if "distributed" in sys.modules:
+        from distributed import Client
+
+        if isinstance(getattr(sched, "__self__", None), Client):
+            return None
+    sync = dask.config.get("scheduler", None) in ("sync", "synchronous", "single-threaded")
+    workers = 1 if sync else int(dask.config.get("num_workers", None) or CPU_COUNT)
+    return max(1, host_cores() // max(1, min(workers, concurrent)))
 
 
 def choose(method: str, rows: int, blocks: int, workers: int, correctable: bool) -> str:
@@ -196,6 +216,10 @@ def build(kernel: BlockKernel, layout: Layout, *, name: str, token: str, method:
     finals = {}
     # One row chained runs one block at a time on the whole cluster: its blocks take every core of their host.
     chain_task = _scan_all_cores if len(rows) == 1 else _scan
+    # Otherwise the tasks that run at once share the host's cores (the threaded scheduler runs them as threads
+    # of one process: each starting every core would run tasks x cores threads).
+    kernel = copy.copy(kernel)
+    kernel.share = task_share(len(rows) * (1 if method == "chain" else n))
     for row in rows:
         if method == "chain":
             state = h0_ref(row)

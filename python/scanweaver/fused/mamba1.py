@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from ..schedules.base import Tunable, positive, power_of_two, non_negative
+from ..schedules.base import MAX_THREADS, Tunable, between, non_negative, positive, power_of_two, threads_rule
 from .base import PARTS, FusedOp, Param, register
 
 #: Time steps per tile of the CPU kernels, and steps between the backward's checkpoints.
@@ -73,7 +73,9 @@ C_TUNABLES = (
             _chunk_rule),
     Tunable("width", 8, (4, 8, 16), "channels per vector (SIMD lanes); the default follows the CPU's vectors",
             _width_rule),
-    Tunable("threads", 0, (0, 1, 2, 4, 8, 16), "OpenMP threads; 0 uses every core", non_negative),
+    Tunable("threads", 0, (0, 1, 2, 4, 8, 16), f"OpenMP threads (at most {MAX_THREADS}); "
+            "0 uses the cores other processes leave free",
+            threads_rule),
 )
 #: The GPU (OpenCL, CUDA) kernels' tunables.
 GPU_TUNABLES = (
@@ -87,7 +89,7 @@ GPU_TUNABLES = (
 #: ScanWeaver.jl's (``julia`` backend) tunables: its kernels' ``Val`` parameters, and the device.
 JULIA_TUNABLES = (
     Tunable("workgroup_size", 64, (32, 64, 128, 256), "work-items per workgroup (each one chunk of one channel)",
-            positive),
+            between(1, 1024)),
     Tunable("chunk", 0, (0, 256, 1024, 4096), "time steps per work-item; 0 picks from the problem's shape",
             non_negative),
     Tunable("device", "cpu", ("cpu", "cuda", "amdgpu", "oneapi", "metal"), "the KernelAbstractions device",

@@ -110,7 +110,7 @@ def mamba_selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, del
         raise ScanInputError(f"{API}: fused=True has no schedules and no log_space; got schedule={schedule!r}, "
                              f"log_space={log_space}")
     use_fused = fused is not False and not log_space and schedule == "auto" and \
-        (fused or fused_backend(backend, ops.dtype) is not None)
+        (fused or fused_backend(backend, ops.dtype, features=ops.features()) is not None)
     if use_fused:
         plan = plan_forward(ops, backend=backend, **tunables)
         y, h = plan.run(ops.arrays(), return_state)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..dispatch import pick_backend
-from ..errors import BackendUnavailable
+from ..errors import BackendUnavailable, ScanInputError
 from ..fused import REGISTRY as FUSED
 from ..fused.base import FusedCall
 from ..fused.mamba1 import Mamba1Features
@@ -39,13 +39,34 @@ class FusedInfo:
 last: FusedInfo | None = None
 
 
-def fused_backend(backend: str, dtype: np.dtype, part: str = "forward") -> Backend | None:
+def fused_backend(backend: str, dtype: np.dtype, part: str = "forward",
+                  features: Mamba1Features | None = None) -> Backend | None:
     """The backend that runs ``part`` of the fused kernel for ``backend=`` (``auto``: the best
-    available), or ``None`` when that backend has no fused rendering (the scan path runs)."""
+    available), or ``None`` when that backend has no fused rendering, or none that fits ``features``
+    (:func:`misfit`; the scan path runs)."""
     if dtype.kind == "c":
         return None
     be = pick_backend(backend, dtype.name)
-    return be if FUSED.get(OP).runs_on(be.target, part) else None
+    if not FUSED.get(OP).runs_on(be.target, part):
+        return None
+    return None if features is not None and misfit(be, part, features) else be
+
+
+def misfit(be: Backend, part: str, features: Mamba1Features, config: dict | None = None) -> str | None:
+    """Why ``be``'s rendering of ``part`` cannot run ``features`` (with ``config``; ``None``: with any),
+    else ``None`` (e.g. the GPU kernels' private arrays of N states)."""
+    from ..targets.fused import kernel_for
+
+    kernel = kernel_for(be.target, OP)
+    return kernel.misfit(part, features, config) if kernel is not None else None
+
+
+def _fitted(be: Backend, part: str, features: Mamba1Features, cfg: dict, api: str) -> dict:
+    """``cfg``, or a clear error when the rendering cannot run it (see :func:`misfit`)."""
+    reason = misfit(be, part, features, cfg)
+    if reason:
+        raise ScanInputError(f"{api}: {reason}")
+    return cfg
 
 
 def _config(be: Backend, features: Mamba1Features, sizes: dict, tunables: dict, api: str) -> tuple[dict, str]:
@@ -151,6 +172,7 @@ def plan_forward(ops: MambaOperands, *, backend: str = "auto", api: str = API, *
     be = _require(backend, ops.dtype, "forward", api)
     feats = ops.features()
     cfg, source = _config(be, feats, ops.sizes, tunables, api)
+    cfg = _fitted(be, "forward", feats, cfg, api)
     call = FUSED.get(OP).call("forward", feats, cfg)
     params = FUSED.get(OP).params("forward")
     sizes = {p.name: ops.sizes[p.name] for p in params if p.kind == "int"}
@@ -192,6 +214,7 @@ def backward(ops: MambaOperands, dout: np.ndarray, dhlast: np.ndarray | None = N
     be = _require(backend, ops.dtype, "backward", api)
     feats = ops.features(has_dhlast=dhlast is not None)
     cfg, source = _config(be, feats, ops.sizes, tunables, api)
+    cfg = _fitted(be, "backward", feats, cfg, api)
     mod = _xp(ops.u) or np  # device operands: gradients made and written on the device
     dout = mod.ascontiguousarray(dout, dtype=ops.dtype)
     dh = None if dhlast is None else mod.ascontiguousarray(dhlast, dtype=ops.dtype)

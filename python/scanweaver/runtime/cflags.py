@@ -4,6 +4,8 @@ Each group is tried in order and the first form the compiler accepts is kept (no
 none), by compiling and linking a small shared library with it:
 
 * optimisation: ``-O3``;
+* diagnostics that must stop a build (:data:`DIAGNOSTIC_FLAGS`, each kept when accepted; GCC and Clang
+  both take them): integer overflow in a constant expression, constant division by zero;
 * the machine: ``-march=native`` on x86; on 64-bit Arm ``-mcpu=native`` (GCC, and Apple clang on
   Apple Silicon), then ``-march=native``, else nothing (generic ARMv8 code, still NEON);
 * OpenMP: ``-fopenmp`` (GCC; Clang with libomp); on macOS, where Apple clang has no OpenMP of its own,
@@ -45,6 +47,11 @@ int sw_probe_threads(void) { return omp_get_max_threads(); }
 #endif
 double sw_probe(double v) { return sqrt(v); }
 """
+
+#: Warnings that are errors in every kernel build: a tunable that overflowed its ``#define`` (GCC truncates
+#: 2**64 to 0 and then compiles a constant division by zero, which traps) must fail the build, not run.
+#: Both exist in GCC and Clang (``-Woverflow``, ``-Wdiv-by-zero``; Clang's ``-Wdivision-by-zero`` answers to it).
+DIAGNOSTIC_FLAGS = ("-Werror=overflow", "-Werror=div-by-zero")
 
 #: What every kernel needs from the compiler: GCC vector extensions and their shuffles.
 VECTOR_SOURCE = """
@@ -156,6 +163,7 @@ def probe(command: Sequence[str], host: Host | None = None, check: Accepts = acc
             "not MSVC's cl) and set CC"))
     if check(command, [*flags, "-O3"], PROBE_SOURCE)[0]:
         flags.append("-O3")
+    flags += [f for f in DIAGNOSTIC_FLAGS if check(command, [*flags, f], PROBE_SOURCE)[0]]
     for form in machine_flags(host):
         if check(command, [*flags, *form], PROBE_SOURCE)[0]:
             flags += form

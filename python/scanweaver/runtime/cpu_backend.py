@@ -5,8 +5,8 @@ when it is available and called through :mod:`ctypes`.  Every argument is
 checked before the call (dtypes, shapes, contiguity, sizes), so a bad array
 raises :class:`~scanweaver.errors.ScanInputError` instead of crashing.
 
-Tunables beyond the schedule's: ``threads`` (0 = every core) and
-``interleave`` (lanes a thread streams side by side in the ``chunked``
+Tunables beyond the schedule's: ``threads`` (0 = the free cores: every core less those other
+processes keep busy) and ``interleave`` (lanes a thread streams side by side in the ``chunked``
 schedule).
 
 Example:
@@ -31,7 +31,7 @@ from ..fused import REGISTRY as FUSED
 from ..fused import FusedCall
 from ..ir import Stages
 from ..schedules import Tunable
-from ..schedules.base import non_negative
+from ..schedules.base import MAX_THREADS, threads_rule
 from ..targets.c_target import CRenderer
 from ..targets.fused import kernel_for
 from . import calibrate, fastcall, host_pool, toolchain
@@ -65,7 +65,9 @@ class CpuBackend(Backend):
     kinds = ("diagonal", "dense")
     auto_priority = 10
     extra_tunables = (
-        Tunable("threads", 0, (0, 1, 2, 4, 8, 16), "OpenMP threads; 0 uses every core", non_negative),
+        Tunable("threads", 0, (0, 1, 2, 4, 8, 16), f"OpenMP threads (at most {MAX_THREADS}); "
+                "0 uses the cores other processes leave free",
+                threads_rule),
         Tunable("interleave", INTERLEAVE, (1, 2, 4),
                 "lanes one thread streams side by side (chunked)", _interleave_rule),
     )

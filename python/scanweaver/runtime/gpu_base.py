@@ -147,11 +147,15 @@ class GPUBackend(Backend):
 
     def fused_defaults(self, op: str, features, sizes: dict[str, int]) -> dict[str, object]:
         """The rendering's defaults by shape where it has them; else (Mamba-1) enough work-items per channel
-        to cover L in one chunk of 8 items each, 32 to 128."""
+        to cover L in one chunk of 8 items each, 32 to 128, and few enough that the backward's private state
+        arrays fit (:meth:`~scanweaver.targets.fused.FusedKernel.misfit`)."""
         kernel = kernel_for(self.target, op)
         if kernel is not None and kernel.defaults is not None:
             return kernel.defaults(features, sizes)
         wg = min(FUSED_MAX_WORKGROUP, max(FUSED_MIN_WORKGROUP, next_pow2(-(-sizes.get("L", 1) // 8))))
+        while wg > FUSED_MIN_WORKGROUP and kernel is not None and \
+                kernel.misfit("backward", features, {"workgroup_size": wg}):
+            wg //= 2
         return {"workgroup_size": wg, "items_per_thread": 8}
 
     def run_fused(self, call: FusedCall, arrays: dict[str, object], sizes: dict[str, int]) -> None:

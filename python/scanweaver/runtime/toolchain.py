@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import BackendUnavailable, CompileError
-from . import cflags, filelock, private_dir
+from . import cflags, filelock, forksafe, private_dir
 from .host import Host, cpu_flags, cpu_model
 
 log = logging.getLogger("scanweaver")
@@ -220,7 +220,7 @@ def _load(tc: Toolchain, source: str) -> ctypes.CDLL:
     key = (tc, tc.key(source))
     lib = _loaded.get(key)
     if lib is None:
-        lib = _loaded.setdefault(key, ctypes.CDLL(str(tc.build(source))))
+        lib = _loaded.setdefault(key, forksafe.track(ctypes.CDLL(str(tc.build(source)))))
     return lib
 
 

@@ -64,19 +64,44 @@ class Tunable:
         return value
 
 
+#: The most OpenMP threads a ``threads`` tunable may ask for (the C kernels also clamp it to
+#: a small multiple of the processor count; a runtime that cannot create the threads ends the process).
+MAX_THREADS = 1024
+#: Upper bound of the length-like integer tunables (``chunk`` of L, steps per work-item): every integer
+#: tunable becomes a C ``#define`` or a Julia ``Val``, and a value past the compiler's integer types is
+#: truncated (2**64 to 0, a division by zero) rather than refused.
+MAX_LENGTH = 2**24
+
+
+def between(lo: int, hi: int) -> Callable[[Any], str | None]:
+    """Rule: an int from ``lo`` to ``hi`` (every integer tunable has an upper bound)."""
+
+    def rule(value: Any) -> str | None:
+        return None if lo <= value <= hi else f"it must be between {lo} and {hi}"
+
+    return rule
+
+
 def positive(value: Any) -> str | None:
-    """Rule: a positive int."""
-    return None if value >= 1 else "it must be >= 1"
+    """Rule: a positive int, at most :data:`MAX_LENGTH`."""
+    return between(1, MAX_LENGTH)(value)
+
+
+def threads_rule(value: Any) -> str | None:
+    """Rule for ``threads``: 0 (every core) to :data:`MAX_THREADS`."""
+    return between(0, MAX_THREADS)(value)
 
 
 def power_of_two(value: Any) -> str | None:
-    """Rule: a positive power of two."""
-    return None if value >= 1 and value & (value - 1) == 0 else "it must be a power of two >= 1"
+    """Rule: a positive power of two, at most :data:`MAX_LENGTH`."""
+    if not 1 <= value <= MAX_LENGTH or value & (value - 1):
+        return f"it must be a power of two from 1 to {MAX_LENGTH}"
+    return None
 
 
 def non_negative(value: Any) -> str | None:
-    """Rule: zero or more."""
-    return None if value >= 0 else "it must be >= 0"
+    """Rule: zero to :data:`MAX_LENGTH`."""
+    return between(0, MAX_LENGTH)(value)
 
 
 def workgroup_rule(value: Any) -> str | None:

@@ -29,6 +29,10 @@ from .base import DIAGONAL, ITEMS_PER_THREAD, WORKGROUP_SIZE, Schedule, Tunable,
 SUBGROUP_WIDTH = 32
 
 
+def _lanes_rule(value) -> str | None:
+    return power_of_two(value) or (None if value <= 1024 else "it must be at most 1024 (a lane per work-item)")
+
+
 def threads_per_lane(config: dict, api: str = "hybrid") -> int:
     """``workgroup_size / lanes_per_group``, checked to be a whole power of two."""
     wg, lpg = config["workgroup_size"], config.get("lanes_per_group", 1)
@@ -50,7 +54,7 @@ class Hybrid(Schedule):
         WORKGROUP_SIZE,
         ITEMS_PER_THREAD,
         Tunable("lanes_per_group", 1, (1, 2, 4, 8, 16, 32),
-                "lanes sharing one workgroup (1: a lane per workgroup)", power_of_two),
+                "lanes sharing one workgroup (1: a lane per workgroup)", _lanes_rule),
     )
 
     def ops(self, config):

@@ -17,7 +17,7 @@ pass) but needs no inter-workgroup communication, so it runs on any device.
 from __future__ import annotations
 
 from ..ir.stages import ScheduleOp
-from .base import BOTH, DIAGONAL, ITEMS_PER_THREAD, WORKGROUP_SIZE, Schedule, Tunable, positive, register
+from .base import BOTH, DIAGONAL, ITEMS_PER_THREAD, WORKGROUP_SIZE, Schedule, Tunable, between, register
 
 
 def block_elements(config: dict) -> int:
@@ -36,7 +36,7 @@ class ReduceThenScan(Schedule):
         WORKGROUP_SIZE,
         ITEMS_PER_THREAD,
         Tunable("tiles_per_block", 4, (1, 2, 4, 8, 16, 32),
-                "tiles (workgroup_size * items_per_thread elements) each block walks", positive),
+                "tiles (workgroup_size * items_per_thread elements) each block walks", between(1, 1024)),
     )
 
     def ops(self, config):

@@ -83,7 +83,7 @@ def render_backward(adj: AdjointIR, *, threads: int = 0, chunk: int = CHUNK) -> 
 
     Args:
         adj: stage ``adjoint`` of a diagonal forward.
-        threads: OpenMP threads (0: every core).
+        threads: OpenMP threads (0: the free cores).
         chunk: tile length in positions.
 
     Raises:

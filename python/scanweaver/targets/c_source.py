@@ -44,6 +44,74 @@ class CSchedule:
 C_SCHEDULES: Registry[CSchedule] = Registry(
     "C schedule", (Discovery("scanweaver.targets", ("c_*",), exclude=("c_target",)),))
 
+#: How many threads a kernel runs (``sw_threads``), shared by every C unit (scan, backward, fused kernels).
+#: SW_THREADS 0 means "the free cores": every core less those the host's other processes kept busy over the
+#: last window of at least SW_LOAD_WINDOW_S seconds (the busy time of /proc/stat's aggregate line less this
+#: process's own CPU time, so its own spinning workers never count).  With one of two cores busy elsewhere,
+#: two threads waited for the busy core at every barrier (4 ms scheduler ticks: 0.3 ms calls became 8 ms);
+#: one thread on the free core loses only that core's share.  Linux reads the load; elsewhere every core.
+THREADS = r"""
+#if defined(__linux__)
+#include <stdio.h>
+#include <sys/resource.h>
+#include <unistd.h>
+#endif
+#define SW_LOAD_WINDOW_S 0.05
+/* Cores the host's other processes kept busy in the last window (0 before the first window ends). */
+static int sw_busy_elsewhere(void) {
+#if defined(__linux__)
+  static double t_prev = -1, busy_prev = 0, self_prev = 0;
+  static int others = 0;
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  const double now = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+  if (t_prev >= 0 && now - t_prev < SW_LOAD_WINDOW_S) return others;
+  unsigned long long v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  FILE* f = fopen("/proc/stat", "r");
+  if (!f) return 0;
+  const int got = fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4],
+                         &v[5], &v[6], &v[7]);
+  fclose(f);
+  if (got < 4) return 0;
+  /* busy: user, nice, system, irq, softirq, steal (not idle, iowait) */
+  const double busy = (double)(v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / (double)sysconf(_SC_CLK_TCK);
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  const double self = (double)ru.ru_utime.tv_sec + 1e-6 * (double)ru.ru_utime.tv_usec +
+                      (double)ru.ru_stime.tv_sec + 1e-6 * (double)ru.ru_stime.tv_usec;
+  if (t_prev >= 0) {
+    const double load = ((busy - busy_prev) - (self - self_prev)) / (now - t_prev);
+    others = load > 0.5 ? (int)(load + 0.5) : 0;
+  }
+  t_prev = now;
+  busy_prev = busy;
+  self_prev = self;
+  return others;
+#else
+  return 0;
+#endif
+}
+
+/* Threads to use: SW_THREADS, or the free cores (above) when it is 0; never more than SW_THREADS_PER_CPU per
+ * processor (more only oversubscribes, and an OpenMP runtime that cannot create them ends the process), nor
+ * more than sw_thread_cap when it is set (1 in a process forked after kernels ran: scanweaver.runtime.forksafe). */
+#define SW_THREADS_PER_CPU 4
+#if defined(__GNUC__)
+__attribute__((weak)) /* one shared definition where several units link into one program */
+#endif
+int sw_thread_cap = 0;
+static int sw_threads(void) {
+#ifdef _OPENMP
+  const int procs = omp_get_num_procs(), most = SW_THREADS_PER_CPU * procs;
+  int n = SW_THREADS > 0 ? SW_MIN(SW_THREADS, most) : SW_MIN(omp_get_max_threads(), procs - sw_busy_elsewhere());
+  if (sw_thread_cap > 0 && n > sw_thread_cap) n = sw_thread_cap;
+  return n > 1 ? n : 1;
+#else
+  return 1;
+#endif
+}
+"""
+
 PRELUDE = r"""
 #include <math.h>
 #include <stdlib.h>
@@ -103,15 +171,10 @@ extern "C" {
 #define SW_POS(len, s) (SW_REVERSE ? (len) - 1 - (s) : (s))
 #define SW_MIN(p, q) ((p) < (q) ? (p) : (q))
 
-/* Threads to use: SW_THREADS, or every core when it is 0. */
-static int sw_threads(void) {
-#ifdef _OPENMP
-  return SW_THREADS > 0 ? SW_THREADS : omp_get_max_threads();
-#else
-  return 1;
-#endif
-}
+@THREADS@
 """
+#: The prelude with :data:`THREADS` in place.
+PRELUDE = PRELUDE.replace("@THREADS@", THREADS)
 
 CONTEXT = r"""
 /* Kernel operands, passed by pointer to the schedule's helpers. */

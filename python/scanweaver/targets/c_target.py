@@ -9,7 +9,7 @@ The unit exports one entry point (parameters in the ABI order of
 It returns 0 on success and 1 (``SW_ENOMEM``) when scratch memory could not
 be allocated; ``h0``, ``hlast`` and ``reset`` may be NULL when the matching
 feature is off.  Operands are ``(nlanes, L)`` row-major.  Threads come from
-OpenMP when the unit is built with it (``SW_THREADS``; 0 = every core).
+OpenMP when the unit is built with it (``SW_THREADS``; 0 = the free cores, see ``c_source.THREADS``).
 
 Tunables reach the source as ``#define SW_<NAME>`` behind ``#ifndef``
 guards, so ``-DSW_CHUNK=4096`` overrides a lowered value.

@@ -38,6 +38,9 @@ class FusedKernel:
         plan: (GPU) ``plan(call, sizes)`` -> :class:`~.gpu.Plan` of the launches, else ``None``.
         defaults: ``defaults(features, sizes)`` -> tunable defaults by shape for this family, or ``None``
             (the backend's own defaults apply).
+        fits: ``fits(part, features, config)`` -> why that variant cannot run (a resource it would
+            exceed), else ``None``; ``config=None`` asks about the least demanding configuration.
+            ``None``: every variant runs.
     """
 
     op: str
@@ -47,6 +50,11 @@ class FusedKernel:
     entry: Callable[[str], str] | None = None
     plan: Callable[[Any, dict], Any] | None = None
     defaults: Callable[[Any, dict], dict] | None = None
+    fits: Callable[[str, Any, dict | None], str | None] | None = None
+
+    def misfit(self, part: str, features: Any, config: dict | None = None) -> str | None:
+        """Why ``part`` with ``features`` (and ``config``) cannot run, else ``None`` (see :attr:`fits`)."""
+        return self.fits(part, features, config) if self.fits is not None else None
 
     @property
     def key(self) -> str:

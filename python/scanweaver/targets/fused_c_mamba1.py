@@ -33,10 +33,18 @@ returning 0, or 1 when scratch memory could not be allocated; the backward
 from __future__ import annotations
 
 from ..fused.mamba1 import Mamba1, Mamba1Features
-from .c_source import NOW
+from .c_source import NOW, THREADS
 from .cvec import vector_prelude
 from .fused import KERNELS, FusedKernel
 from .mamba1_c_backward import BACKWARD
+
+#: Bytes of N-state vector arrays a block may keep on the stack: below it they stay local arrays (in
+#: registers for small N, the measured speed), above it they live in each thread's heap scratch.  A thread's
+#: stack can be 128 KiB (musl), 512 KiB (macOS) or whatever ``threading.stack_size`` set, and the kernel
+#: runs on the caller's thread; N = 8192 on 64-byte vectors is 512 KiB per array.
+STACK_BUDGET = 32 * 1024
+#: N-state vector arrays a block keeps per part (the forward's a2, bf, cf, h; the backward's nine).
+STATE_ARRAYS = {"forward": 4, "backward": 9}
 
 #: Placeholders filled per call.
 HEAD = r"""
@@ -155,13 +163,15 @@ static void sw_gates(sw_v* dt, const sw_v* u, sw_v* dtu, sw_v bias, int nt) {
   }
 }
 
-static int sw_threads(void) {
-#ifdef _OPENMP
-  return SW_THREADS > 0 ? SW_THREADS : omp_get_max_threads();
+
+/* An array of N state vectors of a block: on the stack (kept in registers for small N) while the kernel's
+ * arrays of them fit STACK_BUDGET bytes, else the slot at heap of the thread's scratch (a thread's stack
+ * may be as small as 128 KiB, and the states of a large N would overflow it). */
+#if SW_STATES_ON_STACK
+#define SW_STATES(name, heap) sw_v name[SW_N]
 #else
-  return 1;
+#define SW_STATES(name, heap) sw_v* const name = (heap)
 #endif
-}
 
 /* Scratch of one thread, aligned for whole vectors. */
 static void* sw_alloc(size_t bytes, void** raw) {
@@ -190,7 +200,10 @@ FORWARD = r"""
  * and the chained carries must stay small beside the work). */
 #define SW_MIN_PART_TILES 4
 
-typedef struct { sw_v *dt, *u, *dtu, *z, *y; SW_T *Bt, *Ct; } sw_fwd_tiles;
+/* N-vector arrays of the forward (SW_STATES): a2, bf, cf of a range, h of a block. */
+#define SW_FWD_STATES 4
+
+typedef struct { sw_v *dt, *u, *dtu, *z, *y; SW_T *Bt, *Ct; sw_v* st; } sw_fwd_tiles;
 
 /* Steps [t_begin, t_end) of a block from the states h (updated in place).  With y, writes y; without,
  * only the states run, and *sum_dt / *reset_seen collect the block's summed dt and whether a packed
@@ -198,7 +211,9 @@ typedef struct { sw_v *dt, *u, *dtu, *z, *y; SW_T *Bt, *Ct; } sw_fwd_tiles;
 static void sw_fwd_range(const sw_mamba* m, long b, long d0, int nl, const sw_fwd_tiles* s, long t_begin,
                          long t_end, sw_v* h, SW_T* restrict y, sw_v* sum_dt, int* reset_seen) {
   const long L = m->L, row = (b * m->dim + d0) * L;
-  sw_v a2[SW_N], bf[SW_N], cf[SW_N];
+  SW_STATES(a2, s->st);
+  SW_STATES(bf, s->st + SW_N);
+  SW_STATES(cf, s->st + 2 * SW_N);
   sw_lane_matrix(m->A, d0, nl, (SW_T)SW_LOG2E, a2);
   if (SW_B_FIXED) sw_lane_matrix(m->B, d0, nl, 1, bf);
   if (SW_C_FIXED) sw_lane_matrix(m->C, d0, nl, 1, cf);
@@ -283,7 +298,8 @@ static void sw_hlast_block(const sw_mamba* m, long b, long d0, int nl, const sw_
 
 static int sw_fwd_tiles_alloc(sw_fwd_tiles* s, void** raw) {
   const size_t vec = sizeof(sw_v) * SW_CHUNK, sc = sizeof(SW_T) * SW_CHUNK * SW_NP;
-  char* p = (char*)sw_alloc(5 * vec + 2 * sc, raw);
+  const size_t st = SW_STATES_ON_STACK ? 0 : sizeof(sw_v) * SW_N * SW_FWD_STATES;
+  char* p = (char*)sw_alloc(5 * vec + 2 * sc + st, raw);
   if (!p) return SW_ENOMEM;
   s->dt = (sw_v*)p;
   s->u = (sw_v*)(p + vec);
@@ -292,6 +308,7 @@ static int sw_fwd_tiles_alloc(sw_fwd_tiles* s, void** raw) {
   s->y = (sw_v*)(p + 4 * vec);
   s->Bt = (SW_T*)(p + 5 * vec);
   s->Ct = (SW_T*)(p + 5 * vec + sc);
+  s->st = (sw_v*)(p + 5 * vec + 2 * sc);
   return SW_OK;
 }
 
@@ -323,7 +340,8 @@ static int sw_forward_split(const sw_mamba* m, SW_T* y, SW_T* hlast, int nth, lo
       sw_block(m, k, &b, &d0, &nl);
       if (!ok || q == P - 1) continue;
       sw_v* h = state + it * SW_N;
-      sw_v sum_dt = sw_vzero, a2[SW_N];
+      sw_v sum_dt = sw_vzero;
+      SW_STATES(a2, s.st);
       for (int n = 0; n < SW_N; ++n) h[n] = sw_vzero;
       sw_fwd_range(m, b, d0, nl, &s, q * ntiles / P * SW_CHUNK, (q + 1) * ntiles / P * SW_CHUNK, h, NULL,
                    &sum_dt, &seen);
@@ -385,7 +403,7 @@ int sw_mamba1_forward(const SW_T* u, const SW_T* delta, const SW_T* A, const SW_
       for (long k = 0; k < m.nblocks; ++k) {
         long b, d0;
         int nl;
-        sw_v h[SW_N];
+        SW_STATES(h, s.st + 3 * SW_N);
         sw_block(&m, k, &b, &d0, &nl);
         sw_h0_block(&m, b, d0, nl, h);
         sw_fwd_range(&m, b, d0, nl, &s, 0, L, h, y, NULL, NULL);
@@ -436,10 +454,18 @@ def render(renderer, call, kernel_tuner: bool = False) -> str:
     f, cfg = call.features, call.params
     title = (f"/* scanweaver fused C kernel: mamba1 {call.part}, {f.dtype}, N={f.N}, width {cfg['width']} */")
     body = FORWARD if call.part == "forward" else BACKWARD
-    parts = [title, defines(f, cfg, kernel_tuner), HEAD, vector_prelude(f.dtype, cfg["width"]), COMMON, body]
+    stack = f"#define SW_STATES_ON_STACK {int(states_on_stack(call))}"
+    parts = [title, defines(f, cfg, kernel_tuner), stack, HEAD, THREADS, vector_prelude(f.dtype, cfg["width"]), COMMON,
+             body]
     if kernel_tuner:
         parts.append(timed(call))
     return "\n".join([*parts, TAIL])
+
+
+def states_on_stack(call) -> bool:
+    """True when the N-state arrays of ``call``'s blocks fit :data:`STACK_BUDGET` (else they are heap scratch)."""
+    item = 8 if call.features.dtype == "float64" else 4
+    return STATE_ARRAYS[call.part] * call.features.N * call.params["width"] * item <= STACK_BUDGET
 
 
 def timed(call) -> str:

@@ -33,6 +33,16 @@ from .gpu import PAIR, Launch, Plan
 from .mamba1_gpu_backward import BODY as BACKWARD
 from .mamba1_gpu_backward import PRELUDE as BACKWARD_PRELUDE
 
+#: Bytes of private N-state arrays one workgroup may hold (work-items x arrays x N x element size).  PoCL's
+#: CPU driver keeps a workgroup's private arrays on one worker thread's stack; measured there at 1024
+#: work-items, the forward ran with N = 1024 (4 MiB) and crashed with N = 4096 (16 MiB), the backward
+#: crashed with N = 1024 (20 MiB).  GPUs spill such arrays to local memory, also a bounded resource.
+PRIVATE_BUDGET = 2 * 2**20
+#: Private arrays of N values per work-item: the forward's carry; the backward's carry, G, dA, dB, dC.
+PRIVATE_ARRAYS = {"forward": 1, "backward": 5}
+#: The smallest workgroup the fused kernels take (the ``workgroup_size`` rule's lower bound).
+MIN_WORKGROUP = 32
+
 BODY = r"""
 #define SW_IPT SW_ITEMS_PER_THREAD
 #define SW_CHUNK ((sw_index)SW_TPL * SW_IPT)
@@ -155,5 +165,19 @@ def plan(call, sizes: dict) -> Plan:
     return Plan((Launch(f"sw_mamba1_{call.part}", groups, wg),), ws=ws)
 
 
+def fits(part: str, features: Mamba1Features, config: dict | None) -> str | None:
+    """Why the private arrays of ``part`` exceed :data:`PRIVATE_BUDGET` (``config=None``: at the smallest
+    workgroup), else ``None``."""
+    wg = MIN_WORKGROUP if config is None else int(config["workgroup_size"])
+    item = 8 if features.dtype == "float64" else 4
+    need = wg * PRIVATE_ARRAYS[part] * features.N * item
+    if need <= PRIVATE_BUDGET:
+        return None
+    most = PRIVATE_BUDGET // (MIN_WORKGROUP * PRIVATE_ARRAYS[part] * item)
+    return (f"the fused GPU {part} kernel keeps {PRIVATE_ARRAYS[part]} array(s) of N = {features.N} {features.dtype} "
+            f"states per work-item: {need} bytes for workgroup_size={wg}, over its budget of {PRIVATE_BUDGET}; "
+            f"take a smaller workgroup_size (N up to {most} at {MIN_WORKGROUP}), backend='cpu', or fused=False")
+
+
 KERNELS.register(FusedKernel("mamba1", "gpu", ("forward", "backward"), render, lambda part: f"sw_mamba1_{part}",
-                             plan))
+                             plan, fits))

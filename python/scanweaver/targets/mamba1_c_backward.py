@@ -34,7 +34,10 @@ typedef struct {
   sw_v *dt, *u, *dtu, *z, *dout, *sg, *ypre, *du, *ddt;
   SW_T *Bt, *Ct, *gBt, *gCt;
   sw_v *hs, *da, *ckpt;
+  sw_v* st;  /* the block's N-vector arrays when they are not on the stack (SW_STATES) */
 } sw_bwd_tiles;
+
+#define SW_BWD_STATES 9
 
 /* dst[n*L + t] += tile[t * SW_NP + n] for t < nt, n < SW_N: a tile's B or C gradient (summed over the
  * block's lanes, [t][n] in the thread's buffer so that the scan's stores never alias across n) added to
@@ -89,7 +92,15 @@ static void sw_bwd_gates(const sw_mamba* m, long row, long t0, int nl, int nt, s
 static void sw_bwd_block(const sw_mamba* m, const sw_grads* gr, long b, long d0, int nl, SW_T* sB, SW_T* sC,
                          const sw_bwd_tiles* s) {
   const long L = m->L, row = (b * m->dim + d0) * L, ntiles = (L + SW_CHUNK - 1) / SW_CHUNK;
-  sw_v a2[SW_N], aa[SW_N], h[SW_N], bf[SW_N], cf[SW_N], G[SW_N], dA[SW_N], dBf[SW_N], dCf[SW_N];
+  SW_STATES(a2, s->st);
+  SW_STATES(aa, s->st + SW_N);
+  SW_STATES(h, s->st + 2 * SW_N);
+  SW_STATES(bf, s->st + 3 * SW_N);
+  SW_STATES(cf, s->st + 4 * SW_N);
+  SW_STATES(G, s->st + 5 * SW_N);
+  SW_STATES(dA, s->st + 6 * SW_N);
+  SW_STATES(dBf, s->st + 7 * SW_N);
+  SW_STATES(dCf, s->st + 8 * SW_N);
   sw_lane_matrix(m->A, d0, nl, (SW_T)SW_LOG2E, a2);
   sw_lane_matrix(m->A, d0, nl, 1, aa);
   if (SW_B_FIXED) sw_lane_matrix(m->B, d0, nl, 1, bf);
@@ -263,8 +274,9 @@ int sw_mamba1_backward(const SW_T* u, const SW_T* delta, const SW_T* A, const SW
     const long ntiles = (L + SW_CHUNK - 1) / SW_CHUNK;
     const size_t vec = sizeof(sw_v) * SW_CHUNK, sc = sizeof(SW_T) * SW_CHUNK * SW_NP;
     const size_t hs = sizeof(sw_v) * SW_N * (2 * SW_CHUNK + 1), ck = sizeof(sw_v) * SW_N * (size_t)ntiles;
+    const size_t st = SW_STATES_ON_STACK ? 0 : sizeof(sw_v) * SW_N * SW_BWD_STATES;
     void* raw;
-    char* p = (char*)sw_alloc(9 * vec + 4 * sc + hs + ck, &raw);
+    char* p = (char*)sw_alloc(9 * vec + 4 * sc + hs + ck + st, &raw);
     if (!p) {
 #pragma omp atomic write
       status = SW_ENOMEM;
@@ -279,6 +291,7 @@ int sw_mamba1_backward(const SW_T* u, const SW_T* delta, const SW_T* A, const SW
       s.hs = (sw_v*)(p + 9 * vec + 4 * sc);
       s.da = s.hs + SW_N * (SW_CHUNK + 1);
       s.ckpt = (sw_v*)(p + 9 * vec + 4 * sc + hs);
+      s.st = (sw_v*)(p + 9 * vec + 4 * sc + hs + ck);
 #pragma omp for schedule(static)
       for (long it = 0; it < items; ++it) {
         const long seg = it / slices, q = it % slices, b = seg / m.nseg, sg = seg % m.nseg;

@@ -26,6 +26,13 @@ the objective list that ``interface.py`` made), and a configuration that does
 not compile, or an actor that dies, ends the whole tune.  Shards keep every
 Kernel Tuner feature ScanWeaver relies on and need nothing of that runner.
 
+Shards that time on the host's own cores (the ``cpu`` and ``numpy`` backends, and any backend when the
+cluster has no GPUs: PoCL is the host's cores too) take turns on each host: a shard holds the host's timing
+lock (a file lock in the cache directory) while it measures, so a 2-thread configuration is never timed
+while another shard's configurations run on the same cores (measured side by side on a 2-core host, such
+configurations took 10-30 times their time alone).  Compiling and verifying still run side by side; the
+report says whether the shards' timing windows on each host were disjoint.
+
 Strategies: ``brute_force`` shards partition the space exactly; a budgeted
 strategy runs on every shard with ``max_fevals`` split in proportion.
 
@@ -37,18 +44,34 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
 
 from ..errors import ScanInputError, ScanWeaverError
 from .problem import TuneProblem
-from .report import TuneReport, summarize
+from .report import LOST_SHARD, TuneReport, summarize
 from .session import SKIP_REASON
 from .space import SearchSpace
 
 #: seconds a shard may run beyond the tune's ``time_limit`` before it is cancelled and reported lost
 GRACE_S = 300.0
+#: Backends whose kernels are timed on the host's cores whatever device the Ray task holds.
+HOST_TIMED = ("cpu", "numpy")
+#: Seconds a shard waits for its host's timing lock when the tune has no ``time_limit``.
+HOST_WAIT_S = 24 * 3600.0
+
+
+def host_timing(enabled: bool, time_limit: float | None):
+    """The host's timing lock (see the module notes) when ``enabled``, else a no-op context."""
+    if not enabled:
+        return contextlib.nullcontext()
+    from . import store
+    from .atomic import locked
+
+    wait = HOST_WAIT_S if time_limit is None else time_limit + GRACE_S
+    return locked(store.cache_dir() / "tune-host-timing", timeout=wait, what="tune: the host's timing lock")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,23 +106,28 @@ def run_shard(problem: TuneProblem, index: int, count: int, opts: dict) -> dict:
     fields = {f.name: getattr(full, f.name) for f in dataclasses.fields(SearchSpace)}
     prep.session.space = ShardSpace(**fields, keep=frozenset(full.key(p) for p in mine))
     results: list[dict] = []
+    window = (0.0, 0.0)
     if mine:
         budget = opts["max_fevals"]
         if budget is not None:
             budget = max(1, math.ceil(budget * len(mine) / len(configs)))
-        results = prep.session.run(strategy=opts["strategy"], max_fevals=budget, time_limit=opts["time_limit"],
-                                   seed=opts["seed"] + index)
+        with host_timing(opts.get("host_timed", False), opts["time_limit"]):
+            window = (time.time(), 0.0)
+            results = prep.session.run(strategy=opts["strategy"], max_fevals=budget, time_limit=opts["time_limit"],
+                                       seed=opts["seed"] + index)
+            window = (window[0], time.time())
     default_results: list[dict] = []
     d = prep.default
     keys = [full.key(p) for p in configs]
     owner = keys.index(full.key(d)) % count if d is not None and full.key(d) in keys else 0
     if d is not None and index == owner and all(full.key(d) != full.key(r) for r in results if r):
-        default_results = prep.session.run(only=d, seed=opts["seed"])  # the default may lie outside the space
+        with host_timing(opts.get("host_timed", False), opts["time_limit"]):
+            default_results = prep.session.run(only=d, seed=opts["seed"])  # the default may lie outside the space
     who = provenance()
     return {"shard": index, "count": count, "device": prep.device, "space": full.to_json(), "default": d,
             "results": [r for r in results if r], "default_results": [r for r in default_results if r],
             "timing": prep.target.timing, "kt_cache": str(prep.session.cachefile), "wall_s": time.monotonic() - t0,
-            **who}
+            "window": window, **who}
 
 
 def connect(address: str | None):
@@ -162,7 +190,8 @@ def tune_parallel(problem: TuneProblem, *, parallel: int, ray_address: str | Non
         resources = {"num_gpus": 1} if gpus >= 1 else {"num_cpus": 1}
         task = ray.remote(max_retries=0, **resources)(run_shard)
         opts = {"schedule": schedule, "strategy": strategy, "values": values, "iterations": iterations,
-                "fresh": fresh, "max_fevals": max_fevals, "time_limit": time_limit, "seed": seed}
+                "fresh": fresh, "max_fevals": max_fevals, "time_limit": time_limit, "seed": seed,
+                "host_timed": problem.backend in HOST_TIMED or "num_cpus" in resources}
         refs = [task.remote(problem, i, parallel, opts) for i in range(parallel)]
         deadline = None if time_limit is None else time.monotonic() + time_limit + GRACE_S
         outcomes = _gather(ray, refs, deadline)
@@ -170,6 +199,19 @@ def tune_parallel(problem: TuneProblem, *, parallel: int, ray_address: str | Non
         if started:
             ray.shutdown()
     return merge(problem, outcomes, parallel, strategy, resources)
+
+
+def _turns(done: dict[int, dict]) -> list[str]:
+    """Per host with several shards: whether their timing windows were disjoint (timed in turn)."""
+    notes = []
+    for host in sorted({o["host"] for o in done.values()}):
+        spans = sorted(tuple(o["window"]) for o in done.values() if o["host"] == host and o.get("window", (0, 0))[1])
+        if len(spans) < 2:
+            continue
+        apart = all(a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False))
+        notes.append(f"{host}: {len(spans)} shards timed in turn" if apart else
+                     f"{host}: {len(spans)} shards timed concurrently (their times share the host's cores)")
+    return notes
 
 
 def merge(problem: TuneProblem, outcomes: dict[int, dict | str], count: int, strategy: str,
@@ -189,7 +231,7 @@ def merge(problem: TuneProblem, outcomes: dict[int, dict | str], count: int, str
     space = SearchSpace.from_json(first["space"])
     results = [r for o in done.values() for r in o["results"]]
     for i, why in lost.items():
-        results += [{**p, SKIP_REASON: f"Ray worker lost (shard {i + 1} of {count}): {why}"}
+        results += [{**p, SKIP_REASON: f"{LOST_SHARD} (shard {i + 1} of {count}): {why}"}
                     for p in shard_of(space, i, count)]
     report = summarize(results, space, default=first["default"],
                        default_results=[r for o in done.values() for r in o["default_results"]],
@@ -200,6 +242,7 @@ def merge(problem: TuneProblem, outcomes: dict[int, dict | str], count: int, str
                         f" each) on {', '.join(hosts)}; {len(done)} finished"
                         + (f", {len(lost)} lost" if lost else ""))
     report.notes.extend(f"shard {i + 1} of {count} lost: {why}" for i, why in sorted(lost.items()))
+    report.notes.extend(_turns(done))
     if first["default"] is None:
         report.notes.append("the default schedule is outside the tuned space; its time was not measured")
     who = {"host": first["host"], "user": first["user"], "versions": first["versions"]}

@@ -279,7 +279,7 @@ def tune_fused(op: str = "mamba1", *, backend: str = "cpu", shape=(2, 768, 16, 2
         entry = store.Entry(backend=backend, device=device, signature=signature, dtype=dtype, lanes=problem.lanes,
                             L=problem.L, schedule=best.schedule, config=dict(best.config), time_ms=best.time_ms,
                             default_ms=report.default_ms, strategy=strategy,
-                            kt_cache=str(cachefile.relative_to(store.cache_dir())))
+                            kt_cache=str(cachefile.relative_to(store.cache_dir())), partial=report.coverage())
         report.store_path = str(store.record(entry))
     report.wall_s = time.monotonic() - t0
     if out is not None:

@@ -288,7 +288,9 @@ def _finish(report: TuneReport, problem: TuneProblem, prep: Prepared | None, str
         entry = store.Entry(backend=problem.backend, device=report.device, signature=problem.signature,
                             dtype=problem.dtype, lanes=problem.lanes, L=problem.L, schedule=schedule,
                             config=dict(config), time_ms=time_ms, default_ms=report.default_ms,
-                            strategy=strategy, kt_cache=kt_cache, **who)
+                            strategy=strategy, kt_cache=kt_cache, partial=report.coverage(), **who)
+        if entry.partial:
+            report.notes.append(f"partial search stored: {entry.partial}")
         report.store_path = str(store.record(entry))
     report.wall_s = time.monotonic() - t0
     if out is not None:

@@ -20,6 +20,10 @@ from .session import failure_of, result_time
 from .space import SearchSpace
 
 
+#: How the reason of a configuration begins when its Ray shard was lost (:mod:`.cluster`).
+LOST_SHARD = "Ray worker lost"
+
+
 @dataclass
 class Evaluation:
     """One configuration and its outcome.
@@ -78,6 +82,16 @@ class TuneReport:
     def ok(self) -> list[Evaluation]:
         """Evaluations that ran and were right, fastest first."""
         return sorted((e for e in self.evaluations if e.time_ms is not None), key=lambda e: e.time_ms)
+
+    def coverage(self) -> str:
+        """``""`` when every valid configuration of the space was visited, else how many were (a partial search;
+        configurations of a lost shard count as not visited)."""
+        lost = sum(1 for e in self.evaluations if e.reason and e.reason.startswith(LOST_SHARD))
+        visited = len(self.evaluations) - lost
+        if visited >= self.space_size:
+            return ""
+        return f"{visited} of {self.space_size} configurations measured" + (
+            f" ({lost} lost with their shard)" if lost else "")
 
     @property
     def skipped(self) -> list[Evaluation]:

@@ -160,6 +160,8 @@ class Entry:
         created: Unix time of the tune.
         host, user: who measured it, and where (:func:`~.exchange.provenance`).
         versions: package name -> version of the measuring process.
+        partial: ``""`` when the tune measured every valid configuration of its space, else how
+            much it measured (a budget, a time limit or a lost shard ended it early).
     """
 
     backend: str
@@ -178,6 +180,7 @@ class Entry:
     host: str = ""
     user: str = ""
     versions: dict = field(default_factory=dict)
+    partial: str = ""
 
     @property
     def lanes_bucket(self) -> int:

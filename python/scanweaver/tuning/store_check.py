@@ -63,6 +63,7 @@ FIELDS: dict[str, tuple[bool, Callable[[object], bool], str]] = {
     "host": (False, _text, "a string"),
     "user": (False, _text, "a string"),
     "versions": (False, _versions, "an object of package names to version strings"),
+    "partial": (False, _text, "a string"),
 }
 
 

@@ -1,0 +1,66 @@
+"""A process forked after multi-threaded kernels ran must not hang in its next kernel.
+
+GNU libgomp's thread pool does not survive ``fork``; the child runs its kernels on one thread
+(:mod:`scanweaver.runtime.forksafe`) and says so once.  Every check runs in a subprocess with a timeout: a hang
+fails the test instead of stopping the run.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from scanweaver.runtime import toolchain
+
+SCRIPT = r"""
+import json, multiprocessing as mp, os, sys
+import numpy as np
+import scanweaver
+
+rng = np.random.default_rng(0)
+a = rng.uniform(0.5, 1, (64, 4096)).astype(np.float32)
+b, x, c = (rng.standard_normal((64, 4096)).astype(np.float32) for _ in range(3))
+u = rng.standard_normal((1, 64, 256)).astype(np.float32)
+dl = rng.uniform(0.1, 1, (1, 64, 256)).astype(np.float32)
+A = -rng.uniform(0.5, 1, (64, 16)).astype(np.float32)
+B, C = (rng.standard_normal((1, 16, 256)).astype(np.float32) for _ in range(2))
+
+def kernels():
+    y = scanweaver.selective_scan(a, b, x, c, backend="cpu", schedule="chunked", threads=2)
+    m = scanweaver.mamba_selective_scan(u, dl, A, B, C, backend="cpu", threads=2)
+    return float(y.sum()), float(m.sum())
+
+want = kernels()  # the parent runs both kernels on two threads: libgomp's pool now exists
+
+def child_check(_=None):
+    return kernels()
+
+how = sys.argv[1]
+if how == "fork":
+    pid = os.fork()
+    if pid == 0:
+        got = kernels()
+        os._exit(0 if np.allclose(got, want, rtol=1e-5) else 3)
+    _, status = os.waitpid(pid, 0)
+    print(json.dumps({"status": os.waitstatus_to_exitcode(status)}))
+else:
+    with mp.get_context("fork").Pool(1) as pool:
+        got = pool.apply_async(child_check).get(timeout=60)
+    print(json.dumps({"status": 0 if np.allclose(got, want, rtol=1e-5) else 3}))
+"""
+
+
+@pytest.mark.parametrize("how", ["fork", "multiprocessing"])
+def test_a_child_forked_after_threaded_kernels_does_not_hang(how):
+    if toolchain.missing_reason():
+        pytest.skip(f"no C toolchain: {toolchain.missing_reason()}")
+    try:
+        proc = subprocess.run([sys.executable, "-c", SCRIPT, how], capture_output=True, text=True, timeout=90)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{how}: the forked child hung in its first kernel after the fork")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"status": 0}
+    assert proc.stderr.count("forked after compiled kernels ran") == 1, proc.stderr[-2000:]
