@@ -160,8 +160,10 @@ def scan_cases(rng) -> list[Case]:
         ("config not a dict", base, {"config": 42}),
         ("unknown tunable", base, {"chonk": 4}),
     ]
-    for value in (0, -1, "abc", 1.5, True, None, [64]):
+    for value in (0, -1, "abc", 1.5, True, None, [64], 2**64, 2**64 + 1):
         wrong.append((f"chunk={value!r}", base, {"schedule": "chunked", "chunk": value}))
+    for value in (-1, 100_000, 2**63):
+        wrong.append((f"threads={value!r}", base, {"threads": value}))
     for name, operands, kw in wrong:
         out.append(Case(name, "scan", tuple(operands), kw, WRONG))
     return out
