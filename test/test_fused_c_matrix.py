@@ -136,7 +136,7 @@ def test_long_sequence_split_over_threads_and_column_blocks(cpu):
 def test_the_default_algorithm_comes_from_the_op_and_the_tuner_sees_both(cpu):
     big = MatrixStateFeatures("float32", 64, 64)
     sizes = {"batch": 2, "T": 2048, "H": 8, "Hq": 8, "nseq": 2}
-    assert cpu.fused_defaults(OP.name, big, sizes)["algorithm"] == "recurrent"
+    assert OP.resolve("c", {}, cpu.fused_defaults(OP.name, big, sizes), "test")["algorithm"] == "recurrent"
     assert [t for t in OP.tunables_for("c") if t.name == "algorithm"][0].values == ("recurrent", "chunked")
 
 

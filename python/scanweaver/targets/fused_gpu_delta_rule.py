@@ -289,4 +289,4 @@ def defaults(features: DeltaRuleFeatures, sizes: dict) -> dict[str, int]:
 
 KERNELS.register(FusedKernel("delta_rule", "gpu", ("forward", "backward"), render,
                              lambda part: f"sw_delta_rule_{part if part == 'forward' else 'bwd_deltas'}", plan,
-                             defaults))
+                             defaults=defaults))

@@ -180,4 +180,4 @@ def fits(part: str, features: Mamba1Features, config: dict | None) -> str | None
 
 
 KERNELS.register(FusedKernel("mamba1", "gpu", ("forward", "backward"), render, lambda part: f"sw_mamba1_{part}",
-                             plan, fits))
+                             plan, fits=fits))

@@ -220,4 +220,4 @@ def columns_per_group(V: int, sizes: dict) -> int:
 
 KERNELS.register(FusedKernel("matrix_state", "gpu", ("forward", "backward"), render,
                              lambda part: f"sw_matrix_state_{part if part == 'forward' else 'bwd_keys'}", plan,
-                             defaults))
+                             defaults=defaults))
