@@ -281,20 +281,14 @@ static int sw_forward_recurrent(const sw_ms* m, SW_T* o, SW_T* hlast) {
   const int nt = (int)SW_MIN((long)nth, items);
   /* Items in groups run in lockstep by blocks of SW_TB steps: the rows of one step for neighbouring heads share
    * a page, so a block reads whole pages instead of one row of each (the groups' states stay within L2). */
-  const long per = (items + nt - 1) / nt, cap = SW_MAX(1L, SW_GROUP_BYTES / (long)(sizeof(SW_T) * SW_TILE));
+  const long per = (items + 4 * nt - 1) / (4 * nt), cap = SW_MAX(1L, SW_GROUP_BYTES / (long)(sizeof(SW_T) * SW_TILE));
   const long gi = SW_MIN(per, cap), groups = (items + gi - 1) / gi;
   if (nt <= 1 || groups <= 1) return sw_rec_groups(m, o, hlast, 0, groups, gi, items);
   int status = SW_OK;
-#ifdef _OPENMP
-#pragma omp parallel num_threads(nt)
-#endif
-  {
-#ifdef _OPENMP
-    const long th = omp_get_thread_num(), n = omp_get_num_threads();
-#else
-    const long th = 0, n = 1;
-#endif
-    const int st = sw_rec_groups(m, o, hlast, groups * th / n, groups * (th + 1) / n, gi, items);
+  /* groups handed out one at a time: on a shared machine a descheduled thread leaves its share to the others */
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
+  for (long g = 0; g < groups; ++g) {
+    const int st = sw_rec_groups(m, o, hlast, g, g + 1, gi, items);
     if (st != SW_OK) {
 #pragma omp atomic write
       status = st;
