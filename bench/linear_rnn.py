@@ -137,6 +137,49 @@ def peer_list(kind: str, a: dict, threads: int) -> dict:
     return out
 
 
+def grad_peer_list(kind: str, a: dict, do: np.ndarray) -> dict:
+    """name -> run() -> dv of every peer of ``kind`` with a backward (a failing loader becomes a skip reason)."""
+    makers = {"ssd": [("mamba-ssm ssd_minimal_discrete", lambda: peers.torch_grad(a, "ssd", do)),
+                      ("mamba-ssm ssd_minimal_discrete (torch.compile)",
+                       lambda: peers.torch_grad(a, "ssd", do, compiled=True)),
+                      ("JAX chunked (jit grad)", lambda: peers.jax_grad(a, "ssd", do))],
+              "gla": [("fla naive_recurrent_gla", lambda: peers.torch_grad(a, "gla", do)),
+                      ("JAX lax.scan (jit grad)", lambda: peers.jax_grad(a, "gla", do))],
+              "rwkv6": [("fla naive_recurrent_rwkv6", lambda: peers.torch_grad(a, "rwkv6", do)),
+                        ("JAX lax.scan (jit grad)", lambda: peers.jax_grad(a, "rwkv6", do))]}[kind]
+    out: dict = {}
+    for name, make in makers:
+        try:
+            out[name] = make()
+        except Exception as exc:
+            out[name] = f"{type(exc).__name__}: {str(exc)[:160]}"
+    return out
+
+
+def bench_grad_peers(row: dict, kind: str, a: dict, ours: Ours, max_fwd_s: float) -> None:
+    """Forward + backward of the peers that have a backward, into ``row["peers fwd+bwd"]``; one warm-up and one
+    timed call each (their backward is a multiple of their forward).  A peer whose forward alone took more than
+    ``max_fwd_s`` is skipped with the reason (it cannot be the fastest)."""
+    got_dv = ours.forward_backward()["dv"]
+    row["peers fwd+bwd"] = {}
+    for pname, run in grad_peer_list(kind, a, ours.do).items():
+        fwd = row["peers"].get(pname, {}).get("s")
+        if isinstance(run, str):
+            row["peers fwd+bwd"][pname] = {"skipped": run}
+        elif fwd is not None and fwd > max_fwd_s:
+            row["peers fwd+bwd"][pname] = {"skipped": f"its forward alone took {fwd:.1f} s (> {max_fwd_s} s)"}
+        else:
+            try:
+                err = float(np.abs(run() - got_dv).max() / np.abs(got_dv).max())
+                row["peers fwd+bwd"][pname] = {"s": timed(run, 1), "rel_err_dv_vs_ours": err}
+            except Exception as exc:
+                row["peers fwd+bwd"][pname] = {"failed": f"{type(exc).__name__}: {str(exc)[:160]}"}
+    fastest = min((p["s"] for p in row["peers fwd+bwd"].values() if "s" in p), default=None)
+    if fastest:
+        row["fastest_peer_fwdbwd_s"] = fastest
+        row["fwdbwd_speedup_vs_fastest"] = fastest / row["ours fwd+bwd"]
+
+
 def bounds(repeats: int) -> dict:
     """The machine's sgemm rate (FLOP/s) and memory bandwidth (bytes/s, read + write) in this process."""
     x = np.random.default_rng(0).standard_normal((2048, 2048)).astype(np.float32)
@@ -147,7 +190,8 @@ def bounds(repeats: int) -> dict:
     return {"sgemm_flops": 2 * 2048 ** 3 / t, "bandwidth_bytes_s": 5 * 4 * n / tm}
 
 
-def bench_shape(name, kind, b, T, H, Hq, K, V, bnd: dict, repeats: int, threads: int) -> dict:
+def bench_shape(name, kind, b, T, H, Hq, K, V, bnd: dict, repeats: int, threads: int, grad_peers: bool = True,
+                max_fwd_s: float = 5.0) -> dict:
     a = inputs(kind, b, T, H, Hq, K, V)
     ours = Ours(kind, a)
     (o, _), extra = peak_extra(ours.forward)
@@ -177,7 +221,8 @@ def bench_shape(name, kind, b, T, H, Hq, K, V, bnd: dict, repeats: int, threads:
     if fastest:
         row["fastest_peer_s"] = fastest
         row["fwd_speedup_vs_fastest"] = fastest / row["ours fwd"]
-        row["fwdbwd_vs_fastest_peer_fwd"] = fastest / row["ours fwd+bwd"]
+    if grad_peers:
+        bench_grad_peers(row, kind, a, ours, max_fwd_s)
     return row
 
 
@@ -196,6 +241,10 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true", help="write the results as JSON")
     ap.add_argument("--quick", action="store_true", help="tiny shapes (a smoke run)")
     ap.add_argument("--repeats", type=int, default=5, help="timed calls per entry (median)")
+    ap.add_argument("--no-grad-peers", action="store_true", help="skip the peers' forward + backward")
+    ap.add_argument("--max-peer-fwd", type=float, default=5.0,
+                    help="skip the forward + backward of a peer whose forward took longer (seconds)")
+    ap.add_argument("--only", default="", help="comma-separated kinds to run (ssd, gla, rwkv6, decode)")
     args = ap.parse_args(argv)
     threads = os.cpu_count() or 1
     root = Path(__file__).resolve().parent
@@ -209,14 +258,19 @@ def main(argv=None) -> int:
             path.write_text(json.dumps(report, indent=1, default=float))
     print(f"bounds: sgemm {bnd['sgemm_flops'] / 1e9:.1f} GFLOP/s, memory {bnd['bandwidth_bytes_s'] / 1e9:.1f} GB/s",
           flush=True)
+    only = set(filter(None, args.only.split(",")))
     for s in QUICK_DECODE if args.quick else DECODE:
+        if only and "decode" not in only:
+            continue
         d = bench_decode(*s, bnd, args.repeats)
         report["decode"].append(d)
         save()
         print(f"{d['shape']}: {d['s'] * 1e6:.1f} us, {d['ratio_to_memory_time']:.2f}x the state's memory time",
               flush=True)
     for s in QUICK if args.quick else SHAPES:
-        r = bench_shape(*s, bnd, args.repeats, threads)
+        if only and s[1] not in only:
+            continue
+        r = bench_shape(*s, bnd, args.repeats, threads, not args.no_grad_peers, args.max_peer_fwd)
         report["shapes"].append(r)
         save()
         peers_txt = ", ".join(f"{n} {p['s'] * 1e3:.1f} ms" if "s" in p else f"{n}: {next(iter(p.values()))}"
@@ -225,6 +279,10 @@ def main(argv=None) -> int:
               f"{r['ours recurrent'] * 1e3:.1f}, chunked {r['ours chunked'] * 1e3:.1f}, fwd+bwd "
               f"{r['ours fwd+bwd'] * 1e3:.1f}; chunked/matmul {r['chunked_matmul_fraction']:.2f}; peak extra "
               f"{r['peak_extra_over_io']:.2f}x io; peers: {peers_txt}", flush=True)
+        if "peers fwd+bwd" in r:
+            print("  fwd+bwd peers: " + ", ".join(f"{n} {p['s'] * 1e3:.1f} ms" if "s" in p else
+                                                f"{n}: {next(iter(p.values()))}"
+                                                for n, p in r["peers fwd+bwd"].items()), flush=True)
     if args.json:
         print(f"wrote {path}")
     return 0

@@ -33,6 +33,7 @@ def _module(path: Path, name: str, drop: tuple[str, ...] = ()):
     src = "\n".join(line for line in path.read_text().splitlines() if not any(d in line for d in drop))
     spec = importlib.util.spec_from_loader(name, loader=None)
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # torch.compile looks functions' modules up by name
     exec(compile(src, str(path), "exec"), mod.__dict__)
     return mod
 
@@ -210,3 +211,74 @@ def ggml_peer(a: dict, kind: str, threads: int):
         ggml.ggml_graph_compute_with_ctx(ctx, graph, threads)
         return view.reshape(b, T, H, V).copy()
     return run, lambda: ggml.ggml_free(ctx)
+
+
+def torch_grad(a: dict, kind: str, do: np.ndarray, compiled: bool = False):
+    """Forward + backward of a peer through torch autograd: ``run() -> dv`` (the gradient of ``sum(o * do)``
+    with respect to every input; mamba-ssm's ``ssd_minimal_discrete`` for ``ssd``, fla's naive recurrent code
+    for ``gla`` and ``rwkv6``), eager or ``torch.compile`` d."""
+    import torch
+
+    names = ("q", "k", "v", "g", "u") if kind == "rwkv6" else ("q", "k", "v", "g")
+    leaves = [torch.from_numpy(a[n].copy()).requires_grad_() for n in names]
+    dout = torch.from_numpy(do)
+    H, K = a["v"].shape[2], a["q"].shape[-1]
+    rep = H // a["q"].shape[2]
+    if kind == "ssd":
+        mod = ssd_minimal()
+
+        def fwd(q, k, v, g):
+            return mod.ssd_minimal_discrete(v, g, k.repeat_interleave(rep, 2), q.repeat_interleave(rep, 2), 64)[0]
+    elif kind == "gla":
+        gla = fla_naive("gla/naive.py").naive_recurrent_gla
+
+        def fwd(q, k, v, g):
+            return gla(q * K ** 0.5, k, v, g)[0]
+    else:
+        rwkv = fla_naive("rwkv6/recurrent_naive.py").naive_recurrent_rwkv6
+
+        def fwd(q, k, v, g, u):
+            tr = [x.transpose(1, 2) for x in (q, k, v, g)]
+            return rwkv(*tr, u, scale=1.0)[0].transpose(1, 2)
+    fn = torch.compile(fwd) if compiled else fwd
+
+    def run():
+        for x in leaves:
+            x.grad = None
+        fn(*leaves).backward(dout)
+        return leaves[2].grad.numpy()
+    return run
+
+
+def jax_grad(a: dict, kind: str, do: np.ndarray):
+    """Forward + backward in JAX: ``jax.grad`` under ``jit`` of the peers' scan (GLA, RWKV-6) or chunked SSD
+    with respect to q, k, v, g (and u): ``run() -> dv``."""
+    import jax
+    import jax.numpy as jnp
+
+    H = a["v"].shape[2]
+    rep = H // a["q"].shape[2]
+    dout = jnp.asarray(do)
+    u = jnp.asarray(a["u"]) if kind == "rwkv6" else jnp.zeros((1,), jnp.float32)
+
+    def step_for(u, bonus):
+        def step(S, x):
+            qt, kt, vt, gt = x
+            d = jnp.exp(gt)[..., None] if gt.ndim == 3 else jnp.exp(gt)[..., None, None]
+            kv = kt[..., None] * vt[..., None, :]
+            if bonus:
+                return d * S + kv, jnp.einsum("bhk,bhkv->bhv", qt, S + u[None, :, :, None] * kv)
+            S = d * S + kv
+            return S, jnp.einsum("bhk,bhkv->bhv", qt, S)
+        return step
+
+    def forward(q, k, v, g, u):
+        q, k = (jnp.repeat(x, rep, 2) for x in (q, k))
+        if kind == "ssd":
+            return _jax_ssd(jnp, q, k, v, g, 64)
+        S0 = jnp.zeros(q.shape[:1] + q.shape[2:] + v.shape[-1:], q.dtype)
+        xs = tuple(jnp.moveaxis(x, 1, 0) for x in (q, k, v, g))
+        return jnp.moveaxis(jax.lax.scan(step_for(u, kind == "rwkv6"), S0, xs)[1], 0, 1)
+    grad = jax.jit(jax.grad(lambda *xs: jnp.sum(forward(*xs) * dout), argnums=(0, 1, 2, 3, 4)))
+    args = [jnp.asarray(a[n]) for n in ("q", "k", "v", "g")] + [u]
+    return lambda: np.asarray(grad(*args)[2].block_until_ready())

@@ -36,6 +36,9 @@ from .matrix_c_chunked import CHUNKED
 from .matrix_c_common import COMMON
 from .matrix_c_recurrent import RECURRENT
 
+#: State elements x steps per call below which the forward runs on one thread (a few hundred microseconds).
+ONE_THREAD_WORK = 1 << 22
+
 #: ``decay`` -> the value of ``SW_DECAY`` in C.
 DECAY_CODE = {"none": 0, "scalar": 1, "key": 2}
 
@@ -114,5 +117,17 @@ def timed(call) -> str:
             "  return rc == SW_OK ? (float)((t1 - t0) * 1e3) : -1.0f;\n}")
 
 
+def defaults(features: MatrixStateFeatures, sizes: dict) -> dict:
+    """Defaults by shape: the recurrent form, with whole rows of the state up to 128 value columns per block
+    (one item per head: the packed rows of q, k and the decays are read and exponentiated once per step;
+    measured faster than narrower blocks at V = 64 and 128 by bench/linear_rnn.py), and one thread, with no
+    OpenMP region, below :data:`ONE_THREAD_WORK` state elements per call (decode: a parallel region costs
+    more than the work, and on a loaded machine it waits for a descheduled thread)."""
+    cfg: dict = {"algorithm": "recurrent", "block_v": min(128, max(16, 1 << (features.V - 1).bit_length()))}
+    if MatrixState().work(features, sizes) < ONE_THREAD_WORK:
+        cfg["threads"] = 1
+    return cfg
+
+
 KERNELS.register(FusedKernel(MatrixState.name, "c", ("forward", "backward"), render,
-                             lambda part: f"sw_matrix_state_{part}"))
+                             lambda part: f"sw_matrix_state_{part}", defaults=defaults))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 COMMON = r"""
 #define SW_EINPUT 2
+#define SW_MAX(p, q) ((p) > (q) ? (p) : (q))
 /* Rows of K and of V padded to whole vectors (scratch layouts). */
 #define SW_KP (((SW_K) + SW_W - 1) / SW_W * SW_W)
 #define SW_VP (((SW_V) + SW_W - 1) / SW_W * SW_W)
@@ -74,9 +75,25 @@ static void sw_seq(const sw_ms* m, long i, long* b, long* start, long* stop) {
 #define SW_VO(m, b, t, h) ((((b) * (m)->T + (t)) * (m)->H + (h)) * SW_V)
 #define SW_G(m, b, t, h) ((((b) * (m)->T + (t)) * (m)->H + (h)) * (SW_DECAY == 2 ? SW_K : 1))
 
+/* n elements of src into dst, whole vectors then the tail, inline (rows are a few hundred bytes: a call of the
+ * library's memcpy per row costs more than the copy). */
+SW_INLINE void sw_copy_n(SW_T* restrict dst, const SW_T* restrict src, int n) {
+  int j = 0;
+  for (; j + SW_W <= n; j += SW_W) sw_vstore(dst + j, sw_vload(src + j));
+  for (; j < n; ++j) dst[j] = src[j];
+}
+
+/* Prefetches the cache lines of n elements from p (write: for a store). */
+SW_INLINE void sw_prefetch(const SW_T* p, int n, int write) {
+  for (int j = 0; j < n; j += 64 / (int)sizeof(SW_T)) {
+    if (write) __builtin_prefetch(p + j, 1, 3);
+    else __builtin_prefetch(p + j, 0, 3);
+  }
+}
+
 /* n elements of src into dst, zeros up to padded (whole vectors). */
 SW_INLINE void sw_copy_pad(SW_T* restrict dst, const SW_T* restrict src, int n, int padded) {
-  memcpy(dst, src, sizeof(SW_T) * (size_t)n);
+  sw_copy_n(dst, src, n);
   for (int j = n; j < padded; ++j) dst[j] = 0;
 }
 

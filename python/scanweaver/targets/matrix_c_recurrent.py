@@ -46,53 +46,118 @@ static sw_item sw_item_at(const sw_ms* m, long it) {
   return x;
 }
 
+/* Steps per packed block: the rows of q, k, the decays and the block of v of SW_TB steps are copied into
+ * contiguous scratch before the state passes over them (rows of one operand are H*K apart in the caller's
+ * arrays, 4 KiB at H*K = 1024 floats: every step's row would map to the same L1 sets as the previous one's
+ * and evict the state), and the outputs are written there and copied out after the block. */
+#define SW_TB 8
+/* Vectors of value columns per register group: two steps of SW_GV vectors (state row, v, o) in registers. */
+#define SW_GV 2
+
+typedef struct {
+  SW_T q[SW_TB * SW_KP], k[SW_TB * SW_KP], d[SW_TB * SW_KP], v[SW_TB * SW_CB], o[SW_TB * SW_CB];
+  SW_T beta[SW_TB];
+} sw_pack;
+
+/* Steps i (d the decays, k, v, q rows of the packed block) on columns [j0, j0 + nv * SW_W): one pass over
+ * the K rows of S for ns (1 or 2) steps. */
+SW_INLINE void sw_rec_group(const sw_pack* restrict P, int i, int ns, int j0, int nv, SW_T* restrict S, int out) {
+  sw_v v0[SW_GV], v1[SW_GV], o0[SW_GV], o1[SW_GV];
+  for (int j = 0; j < nv; ++j) {
+    v0[j] = sw_vload(P->v + i * SW_CB + j0 + j * SW_W);
+    v1[j] = ns > 1 ? sw_vload(P->v + (i + 1) * SW_CB + j0 + j * SW_W) : sw_vzero;
+    o0[j] = P->beta[i] * v0[j];
+    o1[j] = ns > 1 ? P->beta[i + 1] * v1[j] : sw_vzero;
+  }
+  const SW_T *d0 = P->d + i * SW_KP, *k0 = P->k + i * SW_KP, *q0 = P->q + i * SW_KP;
+  for (int k = 0; k < SW_K; ++k) {
+    sw_v* restrict row = (sw_v*)(S + (long)k * SW_CB + j0);
+    const SW_T da = SW_DECAY == 2 ? d0[k] : d0[0], ka = k0[k], qa = q0[k];
+    if (ns > 1) {
+      const SW_T db = SW_DECAY == 2 ? d0[SW_KP + k] : d0[SW_KP], kb = k0[SW_KP + k], qb = q0[SW_KP + k];
+      for (int j = 0; j < nv; ++j) {
+        const sw_v old = row[j], s1 = da * old + ka * v0[j], s2 = db * s1 + kb * v1[j];
+        row[j] = s2;
+        if (out) {
+          o0[j] += qa * (SW_BONUS ? old : s1);
+          o1[j] += qb * (SW_BONUS ? s1 : s2);
+        }
+      }
+    } else {
+      for (int j = 0; j < nv; ++j) {
+        const sw_v old = row[j], s1 = da * old + ka * v0[j];
+        row[j] = s1;
+        if (out) o0[j] += qa * (SW_BONUS ? old : s1);
+      }
+    }
+  }
+  if (out)
+    for (int j = 0; j < nv; ++j) {
+      sw_vstore((SW_T*)P->o + i * SW_CB + j0 + j * SW_W, o0[j]);
+      if (ns > 1) sw_vstore((SW_T*)P->o + (i + 1) * SW_CB + j0 + j * SW_W, o1[j]);
+    }
+}
+
+/* Zeros in the pads of the packed rows (never read but kept finite), decays of 1, no bonus term. */
+static void sw_pack_init(sw_pack* P) {
+  for (int i = 0; i < SW_TB; ++i) {
+    for (int j = 0; j < SW_KP; ++j) P->q[i * SW_KP + j] = P->k[i * SW_KP + j] = 0, P->d[i * SW_KP + j] = 1;
+    for (int j = 0; j < SW_CB; ++j) P->v[i * SW_CB + j] = 0;
+    P->beta[i] = 0;
+  }
+}
+
 /* Scan positions [s0, s1) of item x from the state S (K rows of SW_CB, updated in place).  With o, writes o;
- * without, only the state runs and gsum (SW_KP, or [0] for "scalar") collects the summed log decays. */
+ * without, only the state runs and gsum (SW_KP, or [0] for "scalar") collects the summed log decays.  P: the
+ * thread's packed block (sw_pack_init). */
 static void sw_rec_range(const sw_ms* m, const sw_item* x, long s0, long s1, SW_T* restrict S, SW_T* restrict o,
-                         double* restrict gsum) {
+                         double* restrict gsum, sw_pack* restrict Pp) {
   const long hq = x->h / (m->H / m->Hq);
-  SW_T d[SW_KP] __attribute__((aligned(64)));
-  SW_T vb[SW_CB] __attribute__((aligned(64)));
-  for (int j = 0; j < SW_CB; ++j) vb[j] = 0;
-  for (long s = s0; s < s1; ++s) {
-    const long t = SW_AT(x->start, x->stop, s);
-    const SW_T* restrict qt = m->q + SW_QK(m, x->b, t, hq);
-    const SW_T* restrict kt = m->k + SW_QK(m, x->b, t, hq);
-    memcpy(vb, m->v + SW_VO(m, x->b, t, x->h) + x->c0, sizeof(SW_T) * (size_t)x->nv);
-    sw_v vt[SW_NVEC], ov[SW_NVEC];
-    for (int j = 0; j < SW_NVEC; ++j) vt[j] = sw_vload(vb + j * SW_W);
-    if (SW_DECAY) {
-      const SW_T* gp = m->g + SW_G(m, x->b, t, x->h);
-      sw_decays(gp, d);
-      if (!o)
-        for (int k = 0; k < (SW_DECAY == 2 ? SW_K : 1); ++k) gsum[k] += gp[k];
-    }
-    if (!o) {
-      for (int k = 0; k < SW_K; ++k) {
-        const SW_T dk = SW_DECAY == 2 ? d[k] : SW_DECAY == 1 ? d[0] : (SW_T)1, kk = kt[k];
-        sw_v* restrict row = (sw_v*)(S + (long)k * SW_CB);
-        for (int j = 0; j < SW_NVEC; ++j) row[j] = dk * row[j] + kk * vt[j];
+  sw_pack* restrict const P = Pp;
+  for (long sb = s0; sb < s1; sb += SW_TB) {
+    const int nb = (int)SW_MIN((long)SW_TB, s1 - sb);
+    for (int i = 0; i < nb; ++i) {
+      const long t = SW_AT(x->start, x->stop, sb + i);
+      if (sb + SW_TB + i < x->stop - x->start) {  /* the next block's rows: another page each (no hardware prefetch) */
+        const long tn = SW_AT(x->start, x->stop, sb + SW_TB + i);
+        sw_prefetch(m->q + SW_QK(m, x->b, tn, hq), SW_K, 0);
+        sw_prefetch(m->k + SW_QK(m, x->b, tn, hq), SW_K, 0);
+        sw_prefetch(m->v + SW_VO(m, x->b, tn, x->h) + x->c0, x->nv, 0);
+        if (SW_DECAY == 2) sw_prefetch(m->g + SW_G(m, x->b, tn, x->h), SW_K, 0);
+        if (o) sw_prefetch(o + SW_VO(m, x->b, tn, x->h) + x->c0, x->nv, 1);
       }
-      continue;
-    }
-    SW_T beta = 0;
-    if (SW_BONUS) {
-      const SW_T* up = m->u + x->h * SW_K;
-      for (int k = 0; k < SW_K; ++k) beta += qt[k] * up[k] * kt[k];
-    }
-    for (int j = 0; j < SW_NVEC; ++j) ov[j] = beta * vt[j];
-    for (int k = 0; k < SW_K; ++k) {
-      const SW_T dk = SW_DECAY == 2 ? d[k] : SW_DECAY == 1 ? d[0] : (SW_T)1, kk = kt[k], qq = qt[k];
-      sw_v* restrict row = (sw_v*)(S + (long)k * SW_CB);
-      for (int j = 0; j < SW_NVEC; ++j) {
-        const sw_v old = row[j], nw = dk * old + kk * vt[j];
-        row[j] = nw;
-        ov[j] += qq * (SW_BONUS ? old : nw);
+      sw_copy_n(P->q + i * SW_KP, m->q + SW_QK(m, x->b, t, hq), SW_K);
+      sw_copy_n(P->k + i * SW_KP, m->k + SW_QK(m, x->b, t, hq), SW_K);
+      sw_copy_n(P->v + i * SW_CB, m->v + SW_VO(m, x->b, t, x->h) + x->c0, x->nv);
+      for (int j = x->nv; j < SW_CB; ++j) P->v[i * SW_CB + j] = 0;
+      if (SW_DECAY) {
+        const SW_T* gp = m->g + SW_G(m, x->b, t, x->h);
+        sw_decays(gp, P->d + i * SW_KP);
+        if (!o)
+          for (int k = 0; k < (SW_DECAY == 2 ? SW_K : 1); ++k) gsum[k] += gp[k];
+      }
+      if (SW_BONUS && o) {
+        const SW_T *up = m->u + x->h * SW_K, *qt = P->q + i * SW_KP, *kt = P->k + i * SW_KP;
+        SW_T beta = 0;
+        for (int k = 0; k < SW_K; ++k) beta += qt[k] * up[k] * kt[k];
+        P->beta[i] = beta;
       }
     }
-    for (int j = 0; j < SW_NVEC; ++j) sw_vstore(vb + j * SW_W, ov[j]);
-    memcpy(o + SW_VO(m, x->b, t, x->h) + x->c0, vb, sizeof(SW_T) * (size_t)x->nv);
-    for (int j = 0; j < SW_CB; ++j) vb[j] = 0;
+    /* the group's sizes and o as constants in each call, so that its loops are straight-line code */
+    for (int j0 = 0; j0 + SW_GV * SW_W <= SW_CB; j0 += SW_GV * SW_W) {
+      int i = 0;
+      if (o)
+        for (; i + 2 <= nb; i += 2) sw_rec_group(P, i, 2, j0, SW_GV, S, 1);
+      else
+        for (; i + 2 <= nb; i += 2) sw_rec_group(P, i, 2, j0, SW_GV, S, 0);
+      if (i < nb) sw_rec_group(P, i, 1, j0, SW_GV, S, o != NULL);
+    }
+    for (int j0 = SW_CB / (SW_GV * SW_W) * (SW_GV * SW_W); j0 < SW_CB; j0 += SW_W)
+      for (int i = 0; i < nb; ++i) sw_rec_group(P, i, 1, j0, 1, S, o != NULL);
+    if (o)
+      for (int i = 0; i < nb; ++i) {
+        sw_copy_n(o + SW_VO(m, x->b, SW_AT(x->start, x->stop, sb + i), x->h) + x->c0, P->o + i * SW_CB, x->nv);
+      }
   }
 }
 
@@ -128,13 +193,15 @@ static int sw_rec_split(const sw_ms* m, SW_T* o, SW_T* hlast, long items, long P
   (void)nth;
 #pragma omp parallel num_threads(nth)
   {
+    sw_pack pk __attribute__((aligned(64)));
+    sw_pack_init(&pk);
 #pragma omp for schedule(static)
     for (long w = 0; w < items * P; ++w) {
       const long it = w / P, p = w % P;
       const sw_item x = sw_item_at(m, it);
       const long len = x.stop - x.start;
       memset(agg + w * SW_TILE, 0, sizeof(SW_T) * SW_TILE);
-      if (p + 1 < P) sw_rec_range(m, &x, p * len / P, (p + 1) * len / P, agg + w * SW_TILE, NULL, gs + w * SW_KP);
+      if (p + 1 < P) sw_rec_range(m, &x, p * len / P, (p + 1) * len / P, agg + w * SW_TILE, NULL, gs + w * SW_KP, &pk);
     }
 #pragma omp for schedule(static)
     for (long it = 0; it < items; ++it) {
@@ -157,12 +224,46 @@ static int sw_rec_split(const sw_ms* m, SW_T* o, SW_T* hlast, long items, long P
       const long it = w / P, p = w % P;
       const sw_item x = sw_item_at(m, it);
       const long len = x.stop - x.start;
-      sw_rec_range(m, &x, p * len / P, (p + 1) * len / P, carry + w * SW_TILE, o, NULL);
+      sw_rec_range(m, &x, p * len / P, (p + 1) * len / P, carry + w * SW_TILE, o, NULL, &pk);
       if (p + 1 == P) sw_state_out(m, it / SW_NCB / m->H, &x, carry + w * SW_TILE, hlast);
     }
   }
   free(raw);
   free(gs);
+  return SW_OK;
+}
+
+/* State bytes of the items that run in lockstep (see sw_forward_recurrent). */
+#define SW_GROUP_BYTES (256L << 10)
+
+/* Groups [g0, g1) of gi consecutive items each (the last ones cut at items), one thread. */
+static int sw_rec_groups(const sw_ms* m, SW_T* o, SW_T* hlast, long g0, long g1, long gi, long items) {
+  if (g0 >= g1) return SW_OK;
+  void* raw;
+  SW_T* S = (SW_T*)sw_alloc(sizeof(SW_T) * (size_t)(gi * SW_TILE), &raw);
+  if (!S) return SW_ENOMEM;
+  sw_pack pk __attribute__((aligned(64)));
+  sw_pack_init(&pk);
+  for (long g = g0; g < g1; ++g) {
+    const long i0 = g * gi, i1 = SW_MIN(items, i0 + gi);
+    long longest = 0;
+    for (long it = i0; it < i1; ++it) {
+      const sw_item x = sw_item_at(m, it);
+      sw_state_in(m, it / SW_NCB / m->H, &x, SW_HAS_H0 ? m->h0 : NULL, S + (it - i0) * SW_TILE);
+      longest = SW_MAX(longest, x.stop - x.start);
+    }
+    for (long sb = 0; sb < longest; sb += SW_TB)
+      for (long it = i0; it < i1; ++it) {
+        const sw_item x = sw_item_at(m, it);
+        const long len = x.stop - x.start;
+        if (sb < len) sw_rec_range(m, &x, sb, SW_MIN(len, sb + SW_TB), S + (it - i0) * SW_TILE, o, NULL, &pk);
+      }
+    for (long it = i0; it < i1; ++it) {
+      const sw_item x = sw_item_at(m, it);
+      sw_state_out(m, it / SW_NCB / m->H, &x, S + (it - i0) * SW_TILE, hlast);
+    }
+  }
+  free(raw);
   return SW_OK;
 }
 
@@ -177,27 +278,21 @@ static int sw_forward_recurrent(const sw_ms* m, SW_T* o, SW_T* hlast) {
   }
   const long P = SW_MIN(nth / items, longest / SW_MIN_PART);
   if (P >= 2) return sw_rec_split(m, o, hlast, items, P, (int)SW_MIN((long)nth, items * P));
-  int status = SW_OK;
   const int nt = (int)SW_MIN((long)nth, items);
-  (void)nt;
-#pragma omp parallel num_threads(nt)
-  {
-    void* raw;
-    SW_T* S = (SW_T*)sw_alloc(sizeof(SW_T) * SW_TILE, &raw);
-    if (!S) {
+  /* Items in groups run in lockstep by blocks of SW_TB steps: the rows of one step for neighbouring heads share
+   * a page, so a block reads whole pages instead of one row of each (the groups' states stay within L2). */
+  const long per = (items + 4 * nt - 1) / (4 * nt), cap = SW_MAX(1L, SW_GROUP_BYTES / (long)(sizeof(SW_T) * SW_TILE));
+  const long gi = SW_MIN(per, cap), groups = (items + gi - 1) / gi;
+  if (nt <= 1 || groups <= 1) return sw_rec_groups(m, o, hlast, 0, groups, gi, items);
+  int status = SW_OK;
+  /* groups handed out one at a time: on a shared machine a descheduled thread leaves its share to the others */
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
+  for (long g = 0; g < groups; ++g) {
+    const int st = sw_rec_groups(m, o, hlast, g, g + 1, gi, items);
+    if (st != SW_OK) {
 #pragma omp atomic write
-      status = SW_ENOMEM;
+      status = st;
     }
-#pragma omp for schedule(static)
-    for (long it = 0; it < items; ++it) {
-      if (!S) continue;
-      const sw_item x = sw_item_at(m, it);
-      const long row = it / SW_NCB / m->H;
-      sw_state_in(m, row, &x, SW_HAS_H0 ? m->h0 : NULL, S);
-      sw_rec_range(m, &x, 0, x.stop - x.start, S, o, NULL);
-      sw_state_out(m, row, &x, S, hlast);
-    }
-    free(raw);
   }
   return status;
 }
