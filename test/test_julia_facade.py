@@ -362,15 +362,20 @@ def test_devices_without_float64_refuse_it_until_julia_answers():
 
 @pytest.mark.parametrize("module", ["scanweaver.julia.backend", "scanweaver.julia.devices", "scanweaver.julia.kernels",
                                     "scanweaver.julia.mamba", "scanweaver.julia.session", "scanweaver.targets.fused"])
-def test_docstring_examples_of_the_julia_facade_run(module):
+def test_docstring_examples_of_the_julia_facade_run(module, monkeypatch, tmp_path):
     """The examples in the façade's docstrings (Kernel Tuner entry names, what renders on ``julia``) are run,
-    so they cannot drift from the code; none of them starts Julia."""
+    so they cannot drift from the code; none of them starts Julia. They run with juliacall's variables set,
+    as where a Julia is configured, and leave them as they were."""
     import doctest
     import importlib
 
+    monkeypatch.setenv("PYTHON_JULIACALL_EXE", str(tmp_path / "julia"))
+    monkeypatch.setenv("PYTHON_JULIACALL_PROJECT", str(tmp_path / "env"))
+    before = dict(os.environ)
     result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS, report=False)
     assert result.failed == 0, f"{module}: {result.failed} of {result.attempted} docstring examples fail " \
                                f"(python -m doctest shows them)"
+    assert dict(os.environ) == before, f"{module}: docstring examples changed the environment"
 
 
 def test_kernel_tuner_julia_backend_is_the_one_described():

@@ -39,7 +39,7 @@ One reverse step of G's column (an `NTuple{K}`): the column before step `t` and
 `dv_t[j]`.
 """
 @inline function matrix_values_step(
-    G::NTuple{nk, T},
+    G::Tuple{T, Vararg{T, rest}},
     q,
     k,
     g,
@@ -51,7 +51,8 @@ One reverse step of G's column (an `NTuple{K}`): the column before step `t` and
     h,
     t,
     b,
-) where {nk, T, decay, bonus}
+) where {rest, T, decay, bonus}
+    nk = rest + 1
     qs = ntuple(i -> T(@inbounds q[i, hq, t, b]), Val(nk))
     ks = ntuple(i -> T(@inbounds k[i, hq, t, b]), Val(nk))
     ds = ntuple(i -> matrix_decay(g, Val(decay), T, i, h, t, b), Val(nk))
@@ -71,7 +72,7 @@ One forward step of S's row (an `NTuple{V}`): the new row, `dq'_t[i]` (the
 readout's part of dq) and `w_t = v_t . do_t` (bonus only, else zero).
 """
 @inline function matrix_keys_forward(
-    S::NTuple{nv, T},
+    S::Tuple{T, Vararg{T, rest}},
     v,
     dout,
     di,
@@ -80,7 +81,8 @@ readout's part of dq) and `w_t = v_t . do_t` (bonus only, else zero).
     h,
     t,
     b,
-) where {nv, T, bonus}
+) where {rest, T, bonus}
+    nv = rest + 1
     vs = ntuple(j -> T(@inbounds v[j, h, t, b]), Val(nv))
     ds = ntuple(j -> T(@inbounds dout[j, h, t, b]), Val(nv))
     new = ntuple(j -> di * S[j] + ki * vs[j], Val(nv))
@@ -99,7 +101,7 @@ One reverse step of G's row: the row before step `t`, `dk'_t[i]` (G_t's part
 of dk) and `w_t` (bonus only, else zero).
 """
 @inline function matrix_keys_reverse(
-    G::NTuple{nv, T},
+    G::Tuple{T, Vararg{T, rest}},
     v,
     dout,
     qi,
@@ -108,7 +110,8 @@ of dk) and `w_t` (bonus only, else zero).
     h,
     t,
     b,
-) where {nv, T, bonus}
+) where {rest, T, bonus}
+    nv = rest + 1
     vs = ntuple(j -> T(@inbounds v[j, h, t, b]), Val(nv))
     ds = ntuple(j -> T(@inbounds dout[j, h, t, b]), Val(nv))
     if bonus

@@ -61,7 +61,7 @@ the readout `o_t[j]`. Every closure here captures only arguments, never a
 reassigned variable, so kernels hold no `Core.Box`.
 """
 @inline function matrix_forward_step(
-    s::NTuple{nk, T},
+    s::Tuple{T, Vararg{T, rest}},
     q,
     k,
     g,
@@ -73,7 +73,8 @@ reassigned variable, so kernels hold no `Core.Box`.
     h,
     t,
     b,
-) where {nk, T, decay, bonus}
+) where {rest, T, decay, bonus}
+    nk = rest + 1
     qs = ntuple(i -> T(@inbounds q[i, hq, t, b]), Val(nk))
     ks = ntuple(i -> T(@inbounds k[i, hq, t, b]), Val(nk))
     ds = ntuple(i -> matrix_decay(g, Val(decay), T, i, h, t, b), Val(nk))

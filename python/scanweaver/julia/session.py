@@ -65,11 +65,12 @@ def find_julia() -> tuple[str | None, str]:
 
     Example:
         >>> import os
+        >>> from unittest import mock
         >>> from scanweaver.julia.session import find_julia
-        >>> os.environ["PYTHON_JULIACALL_EXE"] = "/nonexistent/julia"
-        >>> find_julia()[1]
-        'PYTHON_JULIACALL_EXE=/nonexistent/julia without PYTHON_JULIACALL_PROJECT (juliacall needs both)'
-        >>> del os.environ["PYTHON_JULIACALL_EXE"]
+        >>> with mock.patch.dict(os.environ, {"PYTHON_JULIACALL_EXE": "/nonexistent/julia"}):
+        ...     _ = os.environ.pop("PYTHON_JULIACALL_PROJECT", None)
+        ...     print(find_julia()[1])
+        PYTHON_JULIACALL_EXE=/nonexistent/julia without PYTHON_JULIACALL_PROJECT (juliacall needs both)
     """
     exe, project = (os.environ.get(k) for k in JULIACALL_ENV)
     if exe is not None or project is not None:
