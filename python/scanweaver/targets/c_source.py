@@ -286,3 +286,16 @@ EPILOGUE = r"""
 }
 #endif
 """
+
+
+def tunable_defines(names, config: dict, kernel_tuner: bool = False) -> list[str]:
+    """``#define SW_<NAME>`` lines of the tunables ``names`` under ``#ifndef`` guards; with ``kernel_tuner``,
+    Kernel Tuner's bare-name define of a tunable wins over ``config``'s value."""
+    lines: list[str] = []
+    for name in names:
+        macro = f"SW_{name.upper()}"
+        lines += [f"#ifndef {macro}"]
+        lines += ([f"#ifdef {name}", f"#define {macro} ({name})", "#else", f"#define {macro} {config[name]}",
+                   "#endif"] if kernel_tuner else [f"#define {macro} {config[name]}"])
+        lines += ["#endif"]
+    return lines

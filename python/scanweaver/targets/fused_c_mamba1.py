@@ -33,7 +33,7 @@ returning 0, or 1 when scratch memory could not be allocated; the backward
 from __future__ import annotations
 
 from ..fused.mamba1 import Mamba1, Mamba1Features
-from .c_source import NOW, THREADS
+from .c_source import NOW, THREADS, tunable_defines
 from .cvec import vector_prelude
 from .fused import KERNELS, FusedKernel
 from .mamba1_c_backward import BACKWARD
@@ -436,12 +436,7 @@ def defines(features: Mamba1Features, config: dict, kernel_tuner: bool = False) 
     """``#define`` lines of the features and tunables; tunables under ``#ifndef`` guards
     (with ``kernel_tuner``, Kernel Tuner's bare-name defines win)."""
     lines = [feature_defines(features)]
-    for name in ("chunk", "threads"):
-        macro = f"SW_{name.upper()}"
-        lines += [f"#ifndef {macro}"]
-        lines += ([f"#ifdef {name}", f"#define {macro} ({name})", "#else", f"#define {macro} {config[name]}",
-                   "#endif"] if kernel_tuner else [f"#define {macro} {config[name]}"])
-        lines += ["#endif"]
+    lines += tunable_defines(("chunk", "threads"), config, kernel_tuner)
     return "\n".join(lines)
 
 

@@ -27,7 +27,7 @@ returning 0, 1 (scratch memory short) or 2 (sizes or ``cu_seqlens`` inconsistent
 from __future__ import annotations
 
 from ..fused.matrix_state import MatrixState, MatrixStateFeatures
-from .c_source import NOW
+from .c_source import NOW, tunable_defines
 from .cvec import vector_prelude
 from .fused import KERNELS, FusedKernel
 from .fused_c_mamba1 import HEAD, TAIL
@@ -72,12 +72,7 @@ def defines(features: MatrixStateFeatures, config: dict, kernel_tuner: bool = Fa
     tuned = ["#define recurrent 0", "#define chunked 1", "#ifdef algorithm", "#define SW_CHUNKED (algorithm)",
              "#else", f"#define SW_CHUNKED {chunked}", "#endif"]
     lines += tuned if kernel_tuner else [f"#define SW_CHUNKED {chunked}"]
-    for name in ("chunk", "block_v", "threads"):
-        macro = f"SW_{name.upper()}"
-        lines += [f"#ifndef {macro}"]
-        lines += ([f"#ifdef {name}", f"#define {macro} ({name})", "#else", f"#define {macro} {config[name]}",
-                   "#endif"] if kernel_tuner else [f"#define {macro} {config[name]}"])
-        lines += ["#endif"]
+    lines += tunable_defines(("chunk", "block_v", "threads"), config, kernel_tuner)
     return "\n".join(lines)
 
 
