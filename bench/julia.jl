@@ -4,10 +4,11 @@
 #
 # Float32, (L, lanes) = (4096, 4096) and one lane of 2^24: the default path
 # (`schedule = :auto`), each schedule, a plain Julia loop (one lane at a time,
-# one thread) and a broadcast with the scan's traffic (4 reads, 1 write) as the
-# roofline, timed round-robin after a warm-up call; every scan is checked
+# one thread) and a broadcast with the scan's traffic (4 reads, 1 write, split
+# over all threads, so one long lane's is too) as the roofline, timed round-robin after a warm-up call; every scan is checked
 # against the plain loop first. Then the time to the first scan in a fresh
-# process after `using ScanWeaver`. Targets: the default at least 0.7 of the
+# process after `using ScanWeaver`, and the default at (4096, 4096) in fresh
+# processes under `-C generic` (no AVX) and `-C native`. Targets: the default at least 0.7 of the
 # roofline, at least 3x the plain loop on the long lane, the first scan under
 # 5 s. The juliacall overhead per call is `bench/julia_overhead.py`.
 using ScanWeaver
@@ -25,10 +26,12 @@ function plain_loop!(y, a, b, x, c)
     return y
 end
 
+# Split over the threads by linear index, so one long lane is shared too.
 function roofline!(y, a, b, x, c)
-    Threads.@threads for l in axes(a, 2)
-        @inbounds @simd for t in axes(a, 1)
-            y[t, l] = a[t, l] * b[t, l] + x[t, l] * c[t, l]
+    n, parts = length(a), Threads.nthreads()
+    Threads.@threads for p in 1:parts
+        @inbounds @simd for i in ((p - 1) * cld(n, parts) + 1):min(p * cld(n, parts), n)
+            y[i] = a[i] * b[i] + x[i] * c[i]
         end
     end
     return y
@@ -85,9 +88,29 @@ function first_scan_seconds()
     return parse(Float64, strip(out))
 end
 
+# The default at (4096, 4096) in a fresh process whose JIT code is compiled
+# for `target` (`julia -C target`), in ns per element; with `generic` the code
+# has no AVX.
+function default_ns_with_target(target)
+    project = Base.active_project()
+    code = "include($(repr(@__FILE__))); print(target_probe())"
+    cmd = `$(Base.julia_cmd()) -C $target --project=$project -t $(Threads.nthreads()) -e $code`
+    return parse(Float64, strip(read(addenv(cmd, "SCANWEAVER_BENCH_PROBE" => "1"), String)))
+end
+
+function target_probe()
+    L, lanes = 4096, 4096
+    a = 0.5f0 .+ 0.49f0 .* rand(Float32, L, lanes)
+    b, x, c = (randn(Float32, L, lanes) for _ in 1:3)
+    y, f = similar(a), scan!(:auto)
+    f(y, a, b, x, c)
+    return 1.0e9 * median([@elapsed(f(y, a, b, x, c)) for _ in 1:7]) / (L * lanes)
+end
+
 function main(out = nothing)
     results = [measure(4096, 4096), measure(2^24, 1)]
     first = first_scan_seconds()
+    targets = Dict(t => default_ns_with_target(t) for t in ("generic", "native"))
     for r in results
         println("(L, lanes) = ($(r.L), $(r.lanes)):")
         for (name, v) in sort(collect(r.ns_per_element); by = last)
@@ -109,11 +132,22 @@ function main(out = nothing)
         round(first; digits = 2),
         " s (target < 5)",
     )
+    println(
+        "default at (4096, 4096) under `-C generic`: ",
+        round(targets["generic"]; digits = 3),
+        " ns/element, `-C native` ($(Sys.CPU_NAME)): ",
+        round(targets["native"]; digits = 3),
+        " (",
+        round(targets["generic"] / targets["native"]; digits = 2),
+        "x)",
+    )
     if out !== nothing
         open(out, "w") do io
             print(
                 io,
-                "{\"threads\": $(Threads.nthreads()), \"first_scan_s\": $first, \"shapes\": [",
+                "{\"threads\": $(Threads.nthreads()), \"cpu\": \"$(Sys.CPU_NAME)\", " *
+                    "\"first_scan_s\": $first, \"default_ns_generic_target\": $(targets["generic"]), " *
+                    "\"default_ns_native_target\": $(targets["native"]), \"shapes\": [",
             )
             for (i, r) in enumerate(results)
                 i > 1 && print(io, ", ")
@@ -131,4 +165,6 @@ function main(out = nothing)
     return nothing
 end
 
-main(isempty(ARGS) ? nothing : ARGS[1])
+if get(ENV, "SCANWEAVER_BENCH_PROBE", "") != "1"
+    main(isempty(ARGS) ? nothing : ARGS[1])
+end

@@ -1,40 +1,306 @@
 # The CPU's own scan. KernelAbstractions' CPU backend runs a kernel by
 # emulating GPU workgroups on Julia tasks; a scan runs on a CPU as plain
-# threaded loops instead: lanes split over Julia's threads, each lane one loop
-# in scan order; a few long lanes are split in time too (each chunk's aggregate
-# pair, a carry pass per lane, then every chunk replayed from its carry-in).
+# threaded loops instead.
+#
+# - Lanes go to the tasks, each lane whole on one task as one loop in scan
+#   order. The loop's step is one fused multiply-add (`cpu_muladd`), so its
+#   chain's latency is one instruction; it touches five arrays in order, which
+#   the hardware prefetcher follows. (Advancing several lanes at once from
+#   memory, to overlap their chains, was measured 1.6-4x slower: lanes lie `L`
+#   elements apart, often a multiple of 4 KiB, so their lines fall in one
+#   cache set and evict each other.)
+# - A few long lanes are split among the tasks by blocks of `CPU_BLOCK` steps,
+#   round-robin, as a chained scan. A task handles its block in four passes:
+#   1. pack: read the block's pairs once, in order, into a scratch block of
+#      `cpu_width` sub-chunks side by side (`A[w, j]` is step `j` of
+#      sub-chunk `w`, so step `j` of all of them is one SIMD vector);
+#   2. reduce the sub-chunks, one column at a time, to their aggregate pairs;
+#   3. wait for the block's carry-in (an atomic counter), give each sub-chunk
+#      its start and publish the block's carry-out at once;
+#   4. replay the columns from those starts out of the cache, then write the
+#      outputs in order.
+#   So every element is read from memory once, and the tasks wait on each
+#   other only for the carries.
+#
 # `Sequential`, the schedule `:auto` picks on the CPU, takes this path on
 # `CPU()`; the other schedules, and every schedule on a GPU, run the
 # KernelAbstractions kernels. The loops use the kernels' own element helpers
 # (`load_pair`, `store_output!`, ...), so both paths compute the same thing.
 
-"Fewest time steps per chunk when [`cpu_scan!`](@ref) splits lanes in time."
-const CPU_CHUNK_MIN = 2^14
+"Steps per block of a lane split among tasks in [`cpu_scan!`](@ref): a block's scratch fits the L2 cache."
+const CPU_BLOCK = 2^14
 
-@inline function replay_range!(y, ops, ::Type{P}, L, reversed, lane, ks, h) where {P}
-    for k in ks
-        t = time_index(k, L, reversed)
-        h = apply_pair(load_pair(P, ops, t, lane), h)
-        store_output!(y, ops.c, h, t, lane)
+"Fewest elements a scan needs before [`cpu_scan!`](@ref) uses more than one task."
+const CPU_PARALLEL_MIN = 2^15
+
+"Fewest steps per sub-chunk worth the four passes; shorter blocks run as one loop."
+const CPU_SUB_MIN = 16
+
+"""
+    cpu_width(P)
+
+How many sub-chunks of a block [`cpu_scan!`](@ref) advances together for
+pairs of type `P`: 8 for real scalar pairs (one AVX2 register of `Float32`,
+and enough independent chains to hide the multiply-add latency), 4 for wider
+states (complex, vectors, dense transitions), whose registers fill sooner.
+"""
+cpu_width(::Type{AffinePair{TA, TU}}) where {TA <: Real, TU <: Real} = 8
+cpu_width(::Type{<:AffinePair}) = 4
+
+"""
+    CPUScan{P}(y, ops, reversed)
+
+One scan on the host: the output, the operands and the direction, with the
+pair type `P` and the direction as type parameters (so `time_index` folds to
+one order and the passes vectorise). The loops take it as their one argument
+and dispatch on it, so every type is inferred from it.
+"""
+struct CPUScan{P, R, Y, O}
+    y::Y
+    ops::O
+    L::Int
+end
+function CPUScan{P}(y, ops, reversed::Bool) where {P}
+    return CPUScan{P, reversed, typeof(y), typeof(ops)}(y, ops, scan_length(ops))
+end
+
+cpu_pair_type(::CPUScan{P}) where {P} = P
+cpu_state_type(::CPUScan{AffinePair{TA, TU}}) where {TA, TU} = TU
+initial_state(s::CPUScan, l) = initial_state(cpu_state_type(s), s.ops.h0, l)
+@inline cpu_time(s::CPUScan{P, R}, k) where {P, R} = time_index(k, s.L, R)
+
+# One step at scan position `k` of lane `l`, writing its output.
+@inline function scan_step!(s::CPUScan{P}, l, k, h) where {P}
+    t = cpu_time(s, k)
+    p = load_pair(P, s.ops, t, l)
+    h = cpu_muladd(p.A, h, p.U)
+    store_output!(s.y, s.ops.c, h, t, l)
+    return h
+end
+
+# The state after the step at scan position `k` of lane `l`, no output.
+@inline function advance(s::CPUScan{P}, l, k, h) where {P}
+    p = load_pair(P, s.ops, cpu_time(s, k), l)
+    return cpu_muladd(p.A, h, p.U)
+end
+
+"""
+    CPUBlock(s::CPUScan, Val(W))
+
+A task's scratch for one block of `W` sub-chunks: their transitions `A`,
+offsets `U` and states `h`, `W x sub` each, sub-chunk `w` in row `w`, so that
+step `j` of every sub-chunk is one column, one SIMD vector.
+"""
+struct CPUBlock{TA, TS}
+    A::Matrix{TA}
+    U::Matrix{TS}
+    h::Matrix{TS}
+end
+function CPUBlock(s::CPUScan{AffinePair{TA, TS}}, ::Val{W}) where {TA, TS, W}
+    rows = cld(CPU_BLOCK, W)
+    return CPUBlock{TA, TS}(
+        Matrix{TA}(undef, W, rows),
+        Matrix{TS}(undef, W, rows),
+        Matrix{TS}(undef, W, rows),
+    )
+end
+
+# `a * h + u`, fused where the types allow (one rounding; the chain's latency
+# is one instruction).
+@inline cpu_muladd(a::Number, h::Number, u::Number) = muladd(a, h, u)
+@inline cpu_muladd(a, h, u) = a * h + u
+
+# Pass 1: sub-chunk `w` of the block at `first` is positions
+# `first + (w - 1) * sub .+ (0:sub-1)`, read in order.
+function pack_block!(blk::CPUBlock, s::CPUScan{P}, l, first, sub, ::Val{W}) where {P, W}
+    for w in 1:W
+        k0 = first + (w - 1) * sub - 1
+        for j in 1:sub
+            p = load_pair(P, s.ops, cpu_time(s, k0 + j), l)
+            @inbounds blk.A[w, j] = p.A
+            @inbounds blk.U[w, j] = p.U
+        end
+    end
+    return nothing
+end
+
+# Row `j` of the block composed after the aggregates `(As, Us)`, and applied
+# to the states `hs`. The tuples are arguments, never reassigned here, so the
+# closures box nothing.
+@inline function compose_row(blk::CPUBlock, j, As::NTuple{W}, Us::NTuple{W}) where {W}
+    A = ntuple(w -> @inbounds(blk.A[w, j]) * As[w], Val(W))
+    U = ntuple(
+        w -> cpu_muladd(@inbounds(blk.A[w, j]), Us[w], @inbounds(blk.U[w, j])),
+        Val(W),
+    )
+    return A, U
+end
+@inline function apply_row!(blk::CPUBlock, j, hs::NTuple{W}) where {W}
+    next = ntuple(
+        w -> cpu_muladd(@inbounds(blk.A[w, j]), hs[w], @inbounds(blk.U[w, j])),
+        Val(W),
+    )
+    for w in 1:W
+        @inbounds blk.h[w, j] = next[w]
+    end
+    return next
+end
+
+# Pass 2: the sub-chunks' aggregate pairs.
+function reduce_block(blk::CPUBlock, ::Type{P}, sub, ::Val{W}) where {P, W}
+    id = identity_pair(P)
+    As, Us = ntuple(_ -> id.A, Val(W)), ntuple(_ -> id.U, Val(W))
+    for j in 1:sub
+        As, Us = compose_row(blk, j, As, Us)
+    end
+    return map(P, As, Us)
+end
+
+# Pass 4: the rows replayed from the sub-chunks' starts, then the outputs.
+function replay_block!(blk::CPUBlock, s::CPUScan, l, first, sub, hs::NTuple{W}) where {W}
+    for j in 1:sub
+        hs = apply_row!(blk, j, hs)
+    end
+    for w in 1:W
+        k0 = first + (w - 1) * sub - 1
+        for j in 1:sub
+            store_output!(s.y, s.ops.c, @inbounds(blk.h[w, j]), cpu_time(s, k0 + j), l)
+        end
+    end
+    return hs
+end
+
+# The sub-chunks' starts for carry-in `h` and aggregates `aggs`, and the state
+# after the last sub-chunk.
+@inline sub_chunk_starts(::Tuple{}, h) = ((), h)
+@inline function sub_chunk_starts(aggs::Tuple, h)
+    rest, last = sub_chunk_starts(Base.tail(aggs), apply_pair(aggs[1], h))
+    return (h, rest...), last
+end
+
+# Positions `first:last` of lane `l` as one loop from state `h`.
+function scan_range!(s::CPUScan, l, first, last, h)
+    for k in first:last
+        h = scan_step!(s, l, k, h)
     end
     return h
 end
 
-@inline function reduce_range(ops, ::Type{P}, L, reversed, lane, ks) where {P}
-    acc = identity_pair(P)
-    for k in ks
-        acc = compose(load_pair(P, ops, time_index(k, L, reversed), lane), acc)
+# Raised in a task of a chained scan whose carry-in will never come (a task
+# before it failed); `run_tasks` reports the failure itself instead.
+struct CarryAbandoned <: Exception end
+
+# Spins until `ready[] >= b`, pausing the core and yielding now and then, so
+# that tasks sharing one thread still make progress. `ready[]` only grows
+# (`atomic_max!`); a failed task sets it to `typemax(Int)`.
+function wait_for_carry(ready::Threads.Atomic{Int}, b)
+    spins = 0
+    while ready[] < b
+        ccall(:jl_cpu_pause, Cvoid, ())
+        spins += 1
+        if spins % 256 == 0
+            yield()
+        end
     end
-    return acc
+    ready[] == typemax(Int) && throw(CarryAbandoned())
+    return nothing
+end
+
+publish_carry!(ready::Threads.Atomic{Int}, b) = (Threads.atomic_max!(ready, b + 1); nothing)
+
+"""
+    scan_block!(s, blk, l, b, carries, ready, Val(W))
+
+Block `b` of lane `l` in a chained scan, in the four passes: packs and
+reduces it; once `ready[] >= b` (the carry-in `carries[b]` is there), stores
+the carry-out in `carries[b + 1]` and raises `ready[]` to `b + 1`; then replays it
+out of the cache and writes its outputs. A block too short for `W` sub-chunks
+of [`CPU_SUB_MIN`](@ref) steps runs as one loop after its carry-in.
+"""
+function scan_block!(s::CPUScan{P}, blk, l, b, carries, ready, ::Val{W}) where {P, W}
+    first, last = (b - 1) * CPU_BLOCK + 1, min(b * CPU_BLOCK, s.L)
+    sub = fld(last - first + 1, W)
+    if sub < CPU_SUB_MIN
+        wait_for_carry(ready, b)
+        @inbounds carries[b + 1] = scan_range!(s, l, first, last, carries[b])
+        publish_carry!(ready, b)
+        return nothing
+    end
+    pack_block!(blk, s, l, first, sub, Val(W))
+    aggs = reduce_block(blk, P, sub, Val(W))
+    wait_for_carry(ready, b)
+    starts, h = sub_chunk_starts(aggs, @inbounds(carries[b]))
+    tail = first + W * sub # the steps past the last sub-chunk, fewer than W
+    for k in tail:last
+        h = advance(s, l, k, h)
+    end
+    @inbounds carries[b + 1] = h
+    publish_carry!(ready, b)
+    hs = replay_block!(blk, s, l, first, sub, starts)
+    scan_range!(s, l, tail, last, hs[W])
+    return nothing
+end
+
+# Runs `f(task)` for `task in 1:n`, on the calling task when `n == 1`, and
+# rethrows the first failure as itself (not wrapped in a `TaskFailedException`),
+# passing over the tasks that only gave up waiting for it.
+function run_tasks(f, n)
+    n == 1 && return f(1)
+    try
+        @sync for task in 1:n
+            Threads.@spawn f(task)
+        end
+    catch e
+        e isa CompositeException || rethrow()
+        inner = [x isa TaskFailedException ? x.task.exception : x for x in e.exceptions]
+        throw(inner[something(findfirst(x -> !(x isa CarryAbandoned), inner), 1)])
+    end
+    return nothing
+end
+
+# Lanes shared among `tasks` tasks, each lane whole on one task.
+function scan_many_lanes!(s::CPUScan, h_last, tasks)
+    lanes = scan_lanes(s.ops)
+    per = cld(lanes, tasks)
+    run_tasks(cld(lanes, per)) do task
+        for l in ((task - 1) * per + 1):min(task * per, lanes)
+            store_state!(h_last, scan_range!(s, l, 1, s.L, initial_state(s, l)), l)
+        end
+    end
+    return nothing
+end
+
+# One lane split among `tasks` tasks by blocks, as a chained scan.
+function scan_long_lane!(s::CPUScan, h_last, l, tasks)
+    W = cpu_width(cpu_pair_type(s))
+    nblocks = cld(s.L, CPU_BLOCK)
+    carries = Vector{cpu_state_type(s)}(undef, nblocks + 1)
+    carries[1] = initial_state(s, l)
+    ready = Threads.Atomic{Int}(1)
+    ntasks = min(tasks, nblocks)
+    run_tasks(ntasks) do task
+        try
+            blk = CPUBlock(s, Val(W))
+            for b in task:ntasks:nblocks
+                scan_block!(s, blk, l, b, carries, ready, Val(W))
+            end
+        catch
+            Threads.atomic_max!(ready, typemax(Int)) # release the tasks waiting for a carry
+            rethrow()
+        end
+    end
+    store_state!(h_last, carries[nblocks + 1], l)
+    return nothing
 end
 
 """
-    cpu_scan!(y, h_last, ops::ScanOperands, reversed::Bool)
+    cpu_scan!(y, h_last, ops::ScanOperands, reversed::Bool; tasks = Threads.nthreads())
 
 The scan of `ops` on the host in Julia threads (see the top of `src/cpu.jl`):
-one loop per lane while there are at least as many lanes as threads or the
-lanes are short, else each lane split into up to `Threads.nthreads()` chunks of
-at least [`CPU_CHUNK_MIN`](@ref) steps.
+whole lanes per task while there are at least as many lanes as tasks, else
+each lane split among the tasks as a chained scan over its blocks of
+[`CPU_BLOCK`](@ref) steps. Scans of fewer than [`CPU_PARALLEL_MIN`](@ref)
+elements run on the calling task.
 
 # Examples
 ```julia-repl
@@ -50,54 +316,23 @@ julia> vec(y)
  1.875
 ```
 """
-function cpu_scan!(y, h_last, ops::ScanOperands, reversed::Bool)
+function cpu_scan!(
+    y,
+    h_last,
+    ops::ScanOperands,
+    reversed::Bool;
+    tasks::Integer = Threads.nthreads(),
+)
+    tasks >= 1 || throw(ArgumentError("cpu_scan!: tasks must be at least 1, got $tasks"))
     lanes, L = scan_lanes(ops), scan_length(ops)
-    P = pair_type(ops)
-    S = fieldtype(P, :U)
-    threads = Threads.nthreads()
-    nchunks = lanes >= threads ? 1 : clamp(fld(L, CPU_CHUNK_MIN), 1, cld(threads, lanes))
-    if nchunks == 1
-        Threads.@threads for lane in 1:lanes
-            h = replay_range!(
-                y,
-                ops,
-                P,
-                L,
-                reversed,
-                lane,
-                1:L,
-                initial_state(S, ops.h0, lane),
-            )
-            store_state!(h_last, h, lane)
+    tasks = lanes * L < CPU_PARALLEL_MIN ? 1 : Int(tasks)
+    s = CPUScan{pair_type(ops)}(y, ops, reversed)
+    if lanes >= tasks || L < 2 * CPU_BLOCK
+        scan_many_lanes!(s, h_last, min(tasks, lanes))
+    else
+        for l in 1:lanes
+            scan_long_lane!(s, h_last, l, tasks)
         end
-        return nothing
-    end
-    chunk = cld(L, nchunks)
-    agg = Matrix{P}(undef, nchunks, lanes)
-    Threads.@threads for g in 1:(nchunks * lanes)
-        j, lane = chunk_of(g, nchunks), lane_of(g, nchunks)
-        @inbounds agg[j, lane] = reduce_range(
-            ops,
-            P,
-            L,
-            reversed,
-            lane,
-            chunk_range(j, chunk, L),
-        )
-    end
-    carry = Matrix{S}(undef, nchunks, lanes)
-    for lane in 1:lanes
-        h = initial_state(S, ops.h0, lane)
-        for j in 1:nchunks
-            @inbounds carry[j, lane] = h
-            h = apply_pair(@inbounds(agg[j, lane]), h)
-        end
-        store_state!(h_last, h, lane)
-    end
-    Threads.@threads for g in 1:(nchunks * lanes)
-        j, lane = chunk_of(g, nchunks), lane_of(g, nchunks)
-        h = @inbounds carry[j, lane]
-        replay_range!(y, ops, P, L, reversed, lane, chunk_range(j, chunk, L), h)
     end
     return nothing
 end

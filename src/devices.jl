@@ -169,3 +169,64 @@ function host_scan!(
     end
     return nothing
 end
+
+"""
+    host_scanner(device, dtype, L, lanes; reverse = false, schedule = "auto", tunables...)
+
+[`host_scan!`](@ref) with everything but the eight addresses fixed: a function
+`(y, h_last, a, b, x, c, h0, reset) -> nothing`. The Python facade makes one
+per call signature and calls it with integers only; passing keyword arguments
+from Python through PythonCall costs about as much as a small scan.
+
+# Examples
+```julia-repl
+julia> a = fill(0.5f0, 4, 1); b = ones(Float32, 4, 1); y = similar(a);
+
+julia> scan = ScanWeaver.host_scanner("cpu", "float32", 4, 1; schedule = "sequential");
+
+julia> GC.@preserve a b y scan(UInt(pointer(y)), 0, UInt(pointer(a)), UInt(pointer(b)), 0, 0, 0, 0);
+
+julia> vec(y)
+4-element Vector{Float32}:
+ 1.0
+ 1.5
+ 1.75
+ 1.875
+```
+"""
+function host_scanner(
+    device::AbstractString,
+    dtype::AbstractString,
+    L::Integer,
+    lanes::Integer;
+    reverse::Bool = false,
+    schedule::AbstractString = "auto",
+    tunables...,
+)
+    haskey(HOST_ELTYPES, Symbol(dtype)) ||
+        throw(ArgumentError(
+            "host_scanner: dtype must be one of $(join(keys(HOST_ELTYPES), ", ")), got $dtype",
+        ))
+    device, dtype, schedule = String(device), String(dtype), String(schedule)
+    L, lanes = Int(L), Int(lanes)
+    return function (y, h_last, a, b, x, c, h0, reset)
+        host_scan!(
+            device,
+            dtype,
+            L,
+            lanes,
+            y,
+            h_last,
+            a,
+            b,
+            x,
+            c,
+            h0,
+            reset;
+            reverse,
+            schedule,
+            tunables...,
+        )
+        return nothing
+    end
+end

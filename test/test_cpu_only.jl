@@ -186,20 +186,75 @@ end
 
 @testset "the CPU's threaded scan matches the KernelAbstractions kernel (CPU)" begin
     rng = Xoshiro(14)
-    for (L, lanes) in ((3 * ScanWeaver.CPU_CHUNK_MIN + 5, 1), (700, 5)), reverse in (
-            false,
-            true,
+    block = ScanWeaver.CPU_BLOCK
+    # long lanes split among tasks (with short final blocks and tails), many
+    # lanes, and a scan too small for more than one task
+    shapes = ((3 * block + 5, 1), (2 * block + 77, 2), (700, 5), (40, 3))
+    for (L, lanes) in shapes, reverse in (false, true), tasks in (1, 2, 3), T in (
+            Float64,
+            ComplexF64,
         )
-        a = 0.5 .+ 0.49 .* rand(rng, L, lanes)
-        b, x, c = (randn(rng, L, lanes) for _ in 1:3)
-        h0, reset = randn(rng, lanes), rand(rng, L, lanes) .< 0.01
+        a = T.(0.5 .+ 0.49 .* rand(rng, L, lanes))
+        b, x, c = (T.(randn(rng, L, lanes)) for _ in 1:3)
+        h0, reset = T.(randn(rng, lanes)), rand(rng, L, lanes) .< 0.01
         ops = ScanWeaver.ScanOperands(a, b, x, c, h0, reset)
         y, h = similar(a), similar(h0)
-        ScanWeaver.cpu_scan!(y, h, ops, reverse)
+        ScanWeaver.cpu_scan!(y, h, ops, reverse; tasks)
         y_ka, h_ka = similar(a), similar(h0)
         kernel! = ScanWeaver.sequential_scan_kernel!(CPU(), 64)
         kernel!(y_ka, h_ka, ops, reverse, Val(64); ndrange = lanes)
         KernelAbstractions.synchronize(CPU())
         @test matches(y, y_ka; rtol = 1.0e-9) && matches(h, h_ka; rtol = 1.0e-9)
     end
+    # dense 2x2 transitions take the same paths
+    L, K = 2 * block + 9, 2
+    a = [SMatrix{K, K}(0.45 .* rand(rng, K, K)) for _ in 1:L, _ in 1:1]
+    b = [SVector{K}(randn(rng, K)) for _ in 1:L, _ in 1:1]
+    c = [SVector{K}(randn(rng, K)) for _ in 1:L, _ in 1:1]
+    ops = ScanWeaver.ScanOperands(a, b, nothing, c, nothing, nothing)
+    y, y_ka = zeros(L, 1), zeros(L, 1)
+    ScanWeaver.cpu_scan!(y, nothing, ops, false; tasks = 2)
+    ScanWeaver.sequential_scan_kernel!(CPU(), 64)(
+        y_ka,
+        nothing,
+        ops,
+        false,
+        Val(64);
+        ndrange = 1,
+    )
+    KernelAbstractions.synchronize(CPU())
+    @test matches(y, y_ka; rtol = 1.0e-9)
+    @test_throws ArgumentError ScanWeaver.cpu_scan!(y, nothing, ops, false; tasks = 0)
+end
+
+@testset "the CPU's scan allocates per call, not per element (CPU)" begin
+    # A boxed variable or a dynamic call in a loop allocates on every step:
+    # gigabytes for this scan. Both paths, after a warm-up call.
+    for (L, lanes, tasks) in (
+            (2^12, 64, 2),
+            (6 * ScanWeaver.CPU_BLOCK, 1, 2),
+            (2^12, 64, 1),
+        )
+        a = 0.5f0 .+ 0.49f0 .* rand(Float32, L, lanes)
+        b, x, c = (randn(Float32, L, lanes) for _ in 1:3)
+        ops = ScanWeaver.ScanOperands(a, b, x, c, nothing, nothing)
+        y = similar(a)
+        ScanWeaver.cpu_scan!(y, nothing, ops, false; tasks)
+        bytes = @allocated ScanWeaver.cpu_scan!(y, nothing, ops, false; tasks)
+        @test bytes < 2^20
+    end
+end
+
+@testset "a failing task of the CPU's chained scan releases the others (CPU)" begin
+    # every task raises converting its outputs; none waits forever for a carry
+    L = 4 * ScanWeaver.CPU_BLOCK
+    a = fill(0.5, L, 1)
+    ops = ScanWeaver.ScanOperands(a, a, nothing, nothing, nothing, nothing)
+    done = Threads.@spawn try
+        ScanWeaver.cpu_scan!(zeros(Int, L, 1), nothing, ops, false; tasks = 2)
+    catch e
+        e
+    end
+    @test timedwait(() -> istaskdone(done), 60.0) === :ok
+    @test fetch(done) isa InexactError
 end

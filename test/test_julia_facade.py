@@ -175,6 +175,41 @@ def test_an_existing_julia_and_environment_run_offline(family):
     assert float(proc.stdout.strip().splitlines()[-1]) < 1e-5
 
 
+PLAN_CHECK = ("import numpy as np, scanweaver\n"
+              "from scanweaver.api import SELECTIVE\n"
+              "rng = np.random.default_rng(1)\n"
+              "a = rng.uniform(0.5, 0.99, (2, 3, 300)).astype(np.float32)\n"
+              "b, x, c = (rng.standard_normal((2, 3, 300)).astype(np.float32) for _ in range(3))\n"
+              "h0 = rng.standard_normal((2, 3)).astype(np.float32); reset = rng.random((2, 3, 300)) < 0.02\n"
+              "want, want_h = scanweaver.selective_scan(a, b, x, c, h0=h0, reset=reset, reverse=True,\n"
+              "                                        return_state=True, backend='numpy')\n"
+              "for _ in range(3):  # the first call plans, the others run the plan\n"
+              "    y, h = scanweaver.selective_scan(a, b, x, c, h0=h0, reset=reset, reverse=True, return_state=True,\n"
+              "                                     backend='julia', device='cpu')\n"
+              "    print(float(np.abs(y - want).max()), float(np.abs(h - want_h).max()))\n"
+              "plan = next(p for p in SELECTIVE._plans.values() if p.backend.name == 'julia')\n"
+              "print(plan.invoke is not None, SELECTIVE.last.stages.schedule.schedule)\n"
+              "try:\n"
+              "    scanweaver.selective_scan(a, b, x, c, h0=h0, reset=reset, reverse=True, return_state=True,\n"
+              "                              backend='julia', device='cpu', out=c)\n"
+              "except scanweaver.ScanInputError as exc:\n"
+              "    print('refused:', exc)\n")
+
+
+def test_julia_cpu_calls_run_their_plan_through_one_julia_closure():
+    found = _existing_environment()
+    if importlib.util.find_spec("juliacall") is None or found is None:
+        pytest.skip("needs juliacall and a Julia with an environment holding PythonCall and ScanWeaver (see the "
+                    "README's Julia section)")
+    proc = _run(PLAN_CHECK, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    errors = [float(v) for line in lines[:3] for v in line.split()]
+    assert max(errors) < 1e-4, lines
+    assert lines[3] == "True sequential"  # device="cpu" defaults to ScanWeaver.jl's own CPU scan
+    assert lines[4].startswith("refused:") and "out" in lines[4]
+
+
 def test_julia_devices_lists_every_device_with_a_reason():
     from scanweaver.julia import julia_devices
 

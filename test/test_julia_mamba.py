@@ -93,7 +93,8 @@ def test_julia_mamba_without_julia_fails_fast_and_clearly():
             "                                    backend='julia', device='cpu')\n"
             "except scanweaver.BackendUnavailable as exc:\n"
             "    print(f'{time.perf_counter() - t:.3f}'); print(exc)\n")
-    env = {**os.environ, "PATH": "/usr/bin:/bin", "PYTHON_JULIAPKG_EXE": "",
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON_JULIACALL_")}  # no Julia named
+    env = {**env, "PATH": "/usr/bin:/bin", "PYTHON_JULIAPKG_EXE": "",
            "PYTHON_JULIAPKG_PROJECT": "/nonexistent/env"}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env,
                           check=False)

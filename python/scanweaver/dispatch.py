@@ -130,7 +130,7 @@ def resolve(rec, be: Backend, schedule: str, config, tunables: dict, dtype: str,
     elif config not in ("auto", "default"):
         raise ScanInputError(f"{api}: config must be 'auto', 'default' or a dict, got {config!r}")
     if schedule == "auto":
-        schedule = be.default_schedule_for(rec.kind, lanes, L)
+        schedule = be.default_schedule_for(rec.kind, lanes, L, tunables=tunables)
     if source == "default" or source == "explicit":
         cfg = {**be.default_config(schedule, lanes, L, dtype), **cfg, **tunables}
     cfg.pop("schedule", None)

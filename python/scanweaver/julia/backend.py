@@ -11,7 +11,7 @@ Never picked by ``backend="auto"`` (starting Julia takes seconds).
 from __future__ import annotations
 
 from dataclasses import replace
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -109,6 +109,28 @@ def _address(arr: np.ndarray | None) -> int:
     return 0 if arr is None else int(arr.ctypes.data)
 
 
+def _direct_operands(stages: Stages) -> dict[str, str | None] | None:
+    """The input names the kernels read as ``a, b, x, c`` when every one is an input read whole and ``y``
+    is ``c * h`` or ``h``; else ``None`` (:func:`_operand_plan` must evaluate or project something)."""
+    ir = stages.affine
+    if any(ir.features.layout(n) != "full" for n in ir.inputs) or not _is_input(ir.A):
+        return None
+    U, out = ir.U, ir.output
+    if U.op == "mul" and len(U.args) == 2 and all(_is_input(arg) for arg in U.args):
+        b, x = U.args[0].name, U.args[1].name
+    elif _is_input(U):
+        b, x = U.name, None
+    else:
+        return None
+    if out.is_identity:
+        c = None
+    elif _is_input(out.new) and _is_zero(out.old) and _is_zero(out.const):
+        c = out.new.name
+    else:
+        return None
+    return {"a": ir.A.name, "b": b, "x": x, "c": c}
+
+
 @register
 class JuliaBackend(Backend):
     """ScanWeaver.jl kernels on any KernelAbstractions device (``device=`` tunable)."""
@@ -126,6 +148,13 @@ class JuliaBackend(Backend):
     def probe(cls) -> Availability:
         ok, detail = session.probe()
         return Availability(ok, "" if ok else detail, detail if ok else "")
+
+    def default_schedule_for(self, kind: str, lanes: int, L: int, tunables: Mapping[str, object] | None = None) -> str:
+        """``sequential`` on ``device="cpu"`` (the default device): ScanWeaver.jl runs it as its own
+        threaded CPU scan (``src/cpu.jl``), not as emulated GPU workgroups; else :meth:`default_schedule`."""
+        if (tunables or {}).get("device", "cpu") == "cpu":
+            return "sequential"
+        return self.default_schedule(lanes, L)
 
     def default_schedule(self, lanes: int, L: int) -> str:
         if L <= 64 or lanes >= 2**14:
@@ -145,6 +174,38 @@ class JuliaBackend(Backend):
             tunables["chunk"] = params["chunk"]
         mamba.run_forward(params["device"], arrays, sizes, call.features.softplus, **tunables)
 
+    def fast_invoker(self, stages: Stages, lanes: int, L: int):
+        """``invoke(buffers, lanes, L)`` for a plan on ``device="cpu"``: ``buffers`` are the operands in call
+        order, then ``y``, ``h0``, ``h_last``, ``reset`` (``None`` when absent), already checked by the plan
+        against its signature; one call, with integers only, of the ``ScanWeaver.host_scanner`` closure made
+        here for this ``(lanes, L)``, schedule and tunables (keywords through PythonCall cost ~25 us a call).
+        ``None`` (the plan calls :meth:`run`) on a GPU device, where the operands are copied anyway, or when
+        an operand must be evaluated or ``y`` projected first."""
+        cfg = stages.schedule.config
+        roles = _direct_operands(stages)
+        if cfg.get("device") != "cpu" or roles is None or not self.availability().ok:
+            return None
+        dtype = np.dtype(stages.affine.dtype).name
+        if dtype not in devices.runtime_dtypes("cpu"):
+            return None
+        names = list(stages.affine.inputs)
+        slots = [None if roles[r] is None else names.index(roles[r]) for r in ("a", "b", "x", "c")]
+        julia_schedule, tunables = SCHEDULE_MAP[stages.schedule.schedule](cfg)
+        keywords = {"reverse": stages.affine.features.reverse, "schedule": julia_schedule,
+                    **{kernels.JULIA_KEYWORDS[k]: v for k, v in tunables.items()}}
+        scan = session.function("ScanWeaver.host_scanner")("cpu", dtype, L, lanes, **keywords)
+        n_in = len(names)
+
+        def invoke(buffers: tuple, lanes: int, L: int) -> int:
+            operands, (y, h0, h_last, reset) = buffers[:n_in], buffers[n_in:]
+            if any(np.may_share_memory(y, v) for v in (*operands, h0, reset) if v is not None):
+                raise ValueError("y shares memory with an input")  # the full path names which one
+            a, b, x, c = (0 if i is None else operands[i].ctypes.data for i in slots)
+            scan(y.ctypes.data, _address(h_last), a, b, x, c, _address(h0), _address(reset))
+            return 0
+
+        return invoke
+
     def run(self, stages: Stages, arrays: ScanArrays) -> tuple[np.ndarray, np.ndarray]:
         cfg = stages.schedule.config
         device = cfg["device"]
@@ -160,7 +221,7 @@ class JuliaBackend(Backend):
         h = np.empty((lanes, L), arrays.dtype)
         h_last = np.empty(lanes, arrays.dtype)
         buffers = (h, h_last, ops["a"], ops["b"], ops["x"], None if project else ops["c"], arrays.h0, arrays.reset)
-        host_scan = session.main().seval("ScanWeaver.host_scan!")
+        host_scan = session.function("ScanWeaver.host_scan!")
         host_scan(device, dtype, L, lanes, *(_address(buf) for buf in buffers),
                   reverse=stages.affine.features.reverse, schedule=julia_schedule,
                   **{kernels.JULIA_KEYWORDS[k]: v for k, v in tunables.items()})

@@ -48,7 +48,7 @@ def run_forward(device: str, arrays: dict, sizes: dict[str, int], softplus: bool
         raise ScanInputError(f"{API}: device={device!r} runs {', '.join(devices.runtime_dtypes(device))}, "
                              f"not {dtype}")
     N = arrays["A"].shape[1]
-    host = session.main().seval("ScanWeaver.host_mamba_scan!")
+    host = session.function("ScanWeaver.host_mamba_scan!")
     host(device, dtype, sizes["L"], sizes["dim"], sizes["batch"], N, sizes["groups_b"], sizes["groups_c"],
          _address(arrays["y"]), _address(arrays.get("hlast")), *(_address(arrays.get(n)) for n in INPUTS),
          _address(arrays.get("reset")), delta_softplus=bool(softplus),

@@ -11,7 +11,7 @@ import contextlib
 import functools
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -199,8 +199,9 @@ class Backend(ABC):
         """The schedule used when the caller and the tuned store give none."""
         return self.schedules[0]
 
-    def default_schedule_for(self, kind: str, lanes: int, L: int) -> str:
-        """The default schedule for a transition ``kind`` (``diagonal`` or ``dense``)."""
+    def default_schedule_for(self, kind: str, lanes: int, L: int, tunables: Mapping[str, object] | None = None) -> str:
+        """The default schedule for a transition ``kind`` (``diagonal`` or ``dense``); ``tunables`` are the
+        caller's (a backend whose best schedule depends on one, such as ``julia``'s ``device``, reads it)."""
         return self.default_schedule(lanes, L)
 
     def default_config(self, schedule: str, lanes: int, L: int, dtype: str) -> dict[str, object]:

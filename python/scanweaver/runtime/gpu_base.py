@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from abc import abstractmethod
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -61,7 +62,7 @@ class GPUBackend(Backend):
     multi_block: ClassVar[str] = "reduce_then_scan"
     kinds = ("diagonal", "dense")
 
-    def default_schedule_for(self, kind: str, lanes: int, L: int) -> str:
+    def default_schedule_for(self, kind: str, lanes: int, L: int, tunables: Mapping[str, object] | None = None) -> str:
         """Dense transitions run one work-item per lane (``sequential``)."""
         return "sequential" if kind == "dense" else self.default_schedule(lanes, L)
 
