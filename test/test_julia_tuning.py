@@ -62,9 +62,12 @@ def test_the_device_is_chosen_where_there_is_a_choice():
 
 
 def _julia_tunable():
+    """Skips unless the julia backend can be tuned on the CPU device, which the tunes below use."""
     from scanweaver.tuning.langs import get_target
 
-    why = get_target("julia").unavailable()
+    target = get_target("julia")
+    target.select_device("cpu")
+    why = target.unavailable()
     if why:
         pytest.skip(f"julia cannot be tuned here: {why}")
 

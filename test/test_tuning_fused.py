@@ -73,9 +73,8 @@ def test_tune_errors_name_the_problem(isolated_store):
         tune_fused("mamba1", shape=(8, 512, 4096))
     with pytest.raises(ScanInputError, match="unknown fused operation 'mamba2'"):
         tune_fused("mamba2", shape=(1, 2, 3, 4))
-    # without Julia: it cannot be tuned; with Julia but no GPU: the default device, cuda, is named
-    with pytest.raises(BackendUnavailable,
-                       match="has no tunable fused mamba1 kernel|cannot be tuned|device='cuda'|CUDA.jl"):
+    # without Julia it cannot be tuned; with Julia and no GPU, the default device (cuda) is named before the tune
+    with pytest.raises(BackendUnavailable, match="has no tunable fused mamba1 kernel|cannot be tuned"):
         tune_fused("mamba1", backend="julia", shape=(1, 2, 3, 4))
 
 

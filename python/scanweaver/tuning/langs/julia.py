@@ -65,14 +65,20 @@ class JuliaTarget(KernelTunerTarget):
         """The device being tuned: the selected one, else ``SCANWEAVER_JULIA_DEVICE``, else ``cuda``."""
         return self.device or julia_device()
 
-    def usable_device(self) -> str:
-        """:meth:`tuned_device`, loaded and checked functional first: :class:`BackendUnavailable` naming it
-        (and what to install) instead of Kernel Tuner's own error from inside the tune."""
+    def unavailable(self) -> str | None:
+        """Also why the tuned device cannot run here (its package missing, or not functional), so that a tune
+        stops before it starts with the device named and what to install, not with Kernel Tuner's own error
+        from inside the tune."""
+        why = super().unavailable()
+        if why is not None:
+            return why
         from ...julia import devices
 
-        device = self.tuned_device()
-        devices.activate(device)
-        return device
+        try:
+            devices.activate(self.tuned_device())
+        except BackendUnavailable as exc:
+            return str(exc)
+        return None
 
     def schedules(self, backend_schedules):
         return tuple(s for s in backend_schedules if s in JULIA_TUNABLE)
@@ -87,7 +93,7 @@ class JuliaTarget(KernelTunerTarget):
         if problem.recurrence.name != "selective_scan" or len(space.schedules) != 1:
             raise BackendUnavailable("tune: the julia backend tunes the selective scan (with c), "
                                      "one schedule at a time")
-        kt = kernel_tuner_problem(space.schedules[0], problem.dtype, self.usable_device(), lanes=problem.lanes)
+        kt = kernel_tuner_problem(space.schedules[0], problem.dtype, self.tuned_device(), lanes=problem.lanes)
         if tuple(space.params) != tuple(kt["tunable_order"]):
             raise BackendUnavailable(f"tune: julia kernel Val parameters {kt['tunable_order']} do not match the "
                                      f"search space {tuple(space.params)}")
@@ -116,7 +122,7 @@ class JuliaTarget(KernelTunerTarget):
         if tuple(space.params) != MAMBA.tunables:
             raise BackendUnavailable(f"tune: julia Mamba launcher Val parameters {MAMBA.tunables} do not match "
                                      f"the search space {tuple(space.params)}")
-        device = self.usable_device()
+        device = self.tuned_device()
         kt = kernel_tuner_problem("sequential", problem.dtype, device, lanes=problem.lanes)
         return KernelSpec(
             lang=self.lang, kernel_name=MAMBA.entry, kernel_source=f"using KernelAbstractions\nusing ScanWeaver: "
