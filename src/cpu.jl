@@ -69,19 +69,19 @@ cpu_state_type(::CPUScan{AffinePair{TA, TU}}) where {TA, TU} = TU
 initial_state(s::CPUScan, l) = initial_state(cpu_state_type(s), s.ops.h0, l)
 @inline cpu_time(s::CPUScan{P, R}, k) where {P, R} = time_index(k, s.L, R)
 
-# One step at scan position `k` of lane `l`, writing its output.
-@inline function scan_step!(s::CPUScan{P}, l, k, h) where {P}
-    t = cpu_time(s, k)
+# The state after the element at time `t` of lane `l`, no output.
+@inline function advance_at(s::CPUScan{P}, l, t, h) where {P}
     p = load_pair(P, s.ops, t, l)
-    h = cpu_muladd(p.A, h, p.U)
+    return cpu_muladd(p.A, h, p.U)
+end
+@inline advance(s::CPUScan, l, k, h) = advance_at(s, l, cpu_time(s, k), h)
+
+# One step at scan position `k` of lane `l`, writing its output.
+@inline function scan_step!(s::CPUScan, l, k, h)
+    t = cpu_time(s, k)
+    h = advance_at(s, l, t, h)
     store_output!(s.y, s.ops.c, h, t, l)
     return h
-end
-
-# The state after the step at scan position `k` of lane `l`, no output.
-@inline function advance(s::CPUScan{P}, l, k, h) where {P}
-    p = load_pair(P, s.ops, cpu_time(s, k), l)
-    return cpu_muladd(p.A, h, p.U)
 end
 
 """
@@ -124,9 +124,9 @@ function pack_block!(blk::CPUBlock, s::CPUScan{P}, l, first, sub, ::Val{W}) wher
     return nothing
 end
 
-# Row `j` of the block composed after the aggregates `(As, Us)`, and applied
-# to the states `hs`. The tuples are arguments, never reassigned here, so the
-# closures box nothing.
+# Column `j` of the block composed after the aggregates `(As, Us)`, and
+# applied to the states `hs`. The tuples are arguments, never reassigned here,
+# so the closures box nothing.
 @inline function compose_row(blk::CPUBlock, j, As::NTuple{W}, Us::NTuple{W}) where {W}
     A = ntuple(w -> @inbounds(blk.A[w, j]) * As[w], Val(W))
     U = ntuple(
@@ -156,7 +156,7 @@ function reduce_block(blk::CPUBlock, ::Type{P}, sub, ::Val{W}) where {P, W}
     return map(P, As, Us)
 end
 
-# Pass 4: the rows replayed from the sub-chunks' starts, then the outputs.
+# Pass 4: the columns replayed from the sub-chunks' starts, then the outputs.
 function replay_block!(blk::CPUBlock, s::CPUScan, l, first, sub, hs::NTuple{W}) where {W}
     for j in 1:sub
         hs = apply_row!(blk, j, hs)

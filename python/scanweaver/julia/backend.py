@@ -79,6 +79,18 @@ def _is_zero(e: Expr) -> bool:
     return e.op == "const" and e.value == 0
 
 
+def _offset_inputs(U: Expr) -> tuple[str, str] | None:
+    """The input names ``(b, x)`` when ``U = b * x`` of two inputs, else ``None``."""
+    if U.op == "mul" and len(U.args) == 2 and all(_is_input(arg) for arg in U.args):
+        return U.args[0].name, U.args[1].name
+    return None
+
+
+def _output_input(out) -> str | None:
+    """The input name ``c`` when ``y = c * h`` of an input, else ``None``."""
+    return out.new.name if _is_input(out.new) and _is_zero(out.old) and _is_zero(out.const) else None
+
+
 def _operand_plan(stages: Stages, arrays: ScanArrays) -> tuple[dict[str, np.ndarray | None], bool]:
     """``a, b, x, c`` buffers for the kernels, and whether y must be projected here from h.
 
@@ -94,15 +106,11 @@ def _operand_plan(stages: Stages, arrays: ScanArrays) -> tuple[dict[str, np.ndar
             return inputs[e.name]
         return np.ascontiguousarray(reference.eval_operand(e, inputs, dtype, shape), dtype=dtype)
 
-    U = ir.U
-    if U.op == "mul" and all(_is_input(arg) for arg in U.args):
-        b, x = inputs[U.args[0].name], inputs[U.args[1].name]
-    else:
-        b, x = materialise(U), None
-    out = ir.output
-    direct_c = _is_input(out.new) and _is_zero(out.old) and _is_zero(out.const)
-    c = inputs[out.new.name] if direct_c else None
-    return {"a": materialise(ir.A), "b": b, "x": x, "c": c}, not (out.is_identity or direct_c)
+    bx = _offset_inputs(ir.U)
+    b, x = (inputs[bx[0]], inputs[bx[1]]) if bx else (materialise(ir.U), None)
+    c_name = _output_input(ir.output)
+    c = inputs[c_name] if c_name else None
+    return {"a": materialise(ir.A), "b": b, "x": x, "c": c}, not (ir.output.is_identity or c_name)
 
 
 def _address(arr: np.ndarray | None) -> int:
@@ -115,20 +123,11 @@ def _direct_operands(stages: Stages) -> dict[str, str | None] | None:
     ir = stages.affine
     if any(ir.features.layout(n) != "full" for n in ir.inputs) or not _is_input(ir.A):
         return None
-    U, out = ir.U, ir.output
-    if U.op == "mul" and len(U.args) == 2 and all(_is_input(arg) for arg in U.args):
-        b, x = U.args[0].name, U.args[1].name
-    elif _is_input(U):
-        b, x = U.name, None
-    else:
+    bx = _offset_inputs(ir.U) or ((ir.U.name, None) if _is_input(ir.U) else None)
+    c = None if ir.output.is_identity else _output_input(ir.output)
+    if bx is None or (c is None and not ir.output.is_identity):
         return None
-    if out.is_identity:
-        c = None
-    elif _is_input(out.new) and _is_zero(out.old) and _is_zero(out.const):
-        c = out.new.name
-    else:
-        return None
-    return {"a": ir.A.name, "b": b, "x": x, "c": c}
+    return {"a": ir.A.name, "b": bx[0], "x": bx[1], "c": c}
 
 
 @register
