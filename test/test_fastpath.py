@@ -172,6 +172,32 @@ def test_the_trampoline_checks_buffers_before_calling():
         call((buf, other), 0)
 
 
+@pytest.mark.parametrize("in_c", [True, False], ids=["extension", "ctypes"])
+def test_addresses_are_read_after_the_trampolines_checks(monkeypatch, in_c):
+    from scanweaver.runtime import fastcall
+
+    if not in_c:
+        monkeypatch.setattr(fastcall, "extension", lambda: None)
+    elif fastcall.extension() is None:
+        pytest.skip("no Python.h or no C compiler here: the ctypes case covers the checks")
+    addresses = fastcall.addresser((Slot(16, 8, written=True), Slot(8, 8), Slot(0, 8, optional=True)))
+    buf, other = np.zeros(2), np.zeros(1)
+    assert addresses((buf, other, None)) == (buf.ctypes.data, other.ctypes.data, 0)
+    assert addresses((buf, other, np.zeros(1))) == (buf.ctypes.data, other.ctypes.data, 0)  # a zero-byte slot
+    with pytest.raises(ValueError, match="holds 8 bytes; the kernel needs 16"):
+        addresses((np.zeros(1), other, None))
+    with pytest.raises(ValueError, match="overlaps"):
+        addresses((buf, buf[1:], None))
+    with pytest.raises((ValueError, BufferError)):
+        ro = np.zeros(2)
+        ro.flags.writeable = False
+        addresses((ro, other, None))
+    with pytest.raises(ValueError, match="required"):
+        addresses((buf, None, None))
+    with pytest.raises(ValueError):
+        addresses((buf, other))
+
+
 def test_the_trampoline_is_built_where_python_headers_exist():
     import sysconfig
     from pathlib import Path
