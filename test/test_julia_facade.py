@@ -149,6 +149,15 @@ def _existing_environment() -> tuple[str, str] | None:
     return None
 
 
+def _needs_julia_environment() -> tuple[str, str]:
+    """The Julia and environment this session's variables name; skips the test when there are none."""
+    found = _existing_environment()
+    if importlib.util.find_spec("juliacall") is None or found is None:
+        pytest.skip("needs juliacall and a Julia with an environment holding PythonCall and ScanWeaver, named by "
+                    "PYTHON_JULIACALL_EXE/PROJECT or PYTHON_JULIAPKG_EXE/PROJECT (see the README's Julia section)")
+    return found
+
+
 SCAN_CHECK = ("import numpy as np, scanweaver\n"
               "rng = np.random.default_rng(0)\n"
               "a, b, x, c = (rng.random((3, 200), dtype=np.float32) for _ in range(4))\n"
@@ -159,11 +168,7 @@ SCAN_CHECK = ("import numpy as np, scanweaver\n"
 
 @pytest.mark.parametrize("family", ["juliacall", "juliapkg"])
 def test_an_existing_julia_and_environment_run_offline(family):
-    found = _existing_environment()
-    if importlib.util.find_spec("juliacall") is None or found is None:
-        pytest.skip("needs juliacall and a Julia with an environment holding PythonCall and ScanWeaver, named by "
-                    "PYTHON_JULIACALL_EXE/PROJECT or PYTHON_JULIAPKG_EXE/PROJECT (see the README's Julia section)")
-    exe, project = found
+    exe, project = _needs_julia_environment()
     if family == "juliacall":
         env = {"PYTHON_JULIACALL_EXE": exe, "PYTHON_JULIACALL_PROJECT": project, "PYTHON_JULIAPKG_EXE": None,
                "PYTHON_JULIAPKG_PROJECT": None}
@@ -197,10 +202,7 @@ PLAN_CHECK = ("import numpy as np, scanweaver\n"
 
 
 def test_julia_cpu_calls_run_their_plan_through_one_julia_closure():
-    found = _existing_environment()
-    if importlib.util.find_spec("juliacall") is None or found is None:
-        pytest.skip("needs juliacall and a Julia with an environment holding PythonCall and ScanWeaver (see the "
-                    "README's Julia section)")
+    _needs_julia_environment()
     proc = _run(PLAN_CHECK, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()
@@ -208,6 +210,92 @@ def test_julia_cpu_calls_run_their_plan_through_one_julia_closure():
     assert max(errors) < 1e-4, lines
     assert lines[3] == "True sequential"  # device="cpu" defaults to ScanWeaver.jl's own CPU scan
     assert lines[4].startswith("refused:") and "out" in lines[4]
+
+
+THREADS_CHECK = ("import threading, numpy as np, scanweaver\n"
+                 "from scanweaver.julia import session\n"
+                 "gc = session.function('GC.gc')\n"
+                 "t = threading.Thread(target=gc, daemon=True); t.start(); t.join(60)\n"
+                 "print('collected from another thread:', not t.is_alive(), flush=True)\n"
+                 "rng = np.random.default_rng(2)\n"
+                 "a = rng.uniform(0.5, 0.99, (2, 8, 600)).astype(np.float32)\n"
+                 "b, x, c = (rng.standard_normal((2, 8, 600)).astype(np.float32) for _ in range(3))\n"
+                 "bad = []\n"
+                 "def work(i):\n"
+                 "    for k in range(12):  # new shapes: planning and compiling allocate, and collect\n"
+                 "        n = 600 - 7 * (k % 4) - i\n"
+                 "        args = [v[..., :n] for v in (a, b, x, c)]\n"
+                 "        got = scanweaver.selective_scan(*args, backend='julia', device='cpu')\n"
+                 "        if not np.allclose(got, scanweaver.selective_scan(*args, backend='numpy'), atol=1e-4):\n"
+                 "            bad.append((i, k))\n"
+                 "        if k % 4 == 0: gc()\n"
+                 "ts = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(3)]\n"
+                 "[t.start() for t in ts]; [t.join(240) for t in ts]\n"
+                 "print('threads finished:', sum(not t.is_alive() for t in ts), 'wrong:', bad, flush=True)\n")
+
+
+def test_julia_runs_from_several_python_threads_and_collects_without_hanging():
+    """Julia's collector waits for every Julia thread; the thread that started Julia would never come while it
+    runs Python, so a collection from another Python thread hung the process (and two threads in Julia at once
+    could hang on the GIL). The session starts Julia on a thread of its own and lets one thread in at a time."""
+    _needs_julia_environment()
+    try:
+        proc = _run(THREADS_CHECK, timeout=420)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"the process hung: {exc.stdout!r}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "collected from another thread: True" in proc.stdout, proc.stdout
+    assert "threads finished: 3 wrong: []" in proc.stdout, proc.stdout
+
+
+FORK_CHECK = ("import os, sys, numpy as np, scanweaver\n"
+              "a = np.full((2, 64), 0.5, np.float32)\n"
+              "y = scanweaver.selective_scan(a, a, a, a, backend='julia', device='cpu')\n"
+              "print('parent', float(y.sum()))\n"
+              "sys.stdout.flush()\n"
+              "pid = os.fork()\n"
+              "if pid == 0:\n"
+              "    try:\n"
+              "        scanweaver.selective_scan(a, a, a, a, backend='julia', device='cpu')\n"
+              "        print('child ran julia')\n"
+              "    except scanweaver.BackendUnavailable as exc:\n"
+              "        print('child refused:', exc)\n"
+              "    sys.stdout.flush(); os._exit(0)\n"
+              "os.waitpid(pid, 0)\n"
+              "y = scanweaver.selective_scan(a, a, a, a, backend='julia', device='cpu')\n"
+              "print('parent again', float(y.sum()))\n")
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX-only")
+def test_a_child_forked_after_julia_started_refuses_julia_clearly():
+    _needs_julia_environment()
+    proc = _run(FORK_CHECK, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert lines[0] == lines[2].replace("parent again", "parent"), lines  # the parent is unaffected
+    assert lines[1].startswith("child refused:") and "forked" in lines[1] and "spawn" in lines[1], lines
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX-only")
+def test_the_fork_guard_refuses_every_julia_entry_in_the_child():
+    """Without Julia: the guard itself, with the session marked as started in the parent."""
+    code = ("import os, sys\n"
+            "from scanweaver.julia import session\n"
+            "session._main = object()  # as if Julia had started\n"
+            "pid = os.fork()\n"
+            "if pid == 0:\n"
+            "    out = [session.probe()[0], 'forked' in session.probe()[1]]\n"
+            "    for f in (session.main, lambda: session.locked(len)(()), lambda: session.seval('1')):\n"
+            "        try:\n"
+            "            f(); out.append('ran')\n"
+            "        except session.BackendUnavailable as exc:\n"
+            "            out.append('spawn' in str(exc))\n"
+            "    print(out); sys.stdout.flush(); os._exit(0)\n"
+            "os.waitpid(pid, 0)\n"
+            "print(session.locked(len)((1, 2)), session.probe()[0])\n")
+    proc = _run(code, env=NO_JULIACALL_ENV)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split("\n")[:2] == ["[False, True, True, True, True]", "2 True"], proc.stdout
 
 
 def test_julia_devices_lists_every_device_with_a_reason():

@@ -19,6 +19,7 @@ from ..errors import ScanInputError
 from ..fused import REGISTRY as FUSED
 from ..ir.expr import Expr
 from ..ir import Stages
+from ..runtime import fastcall
 from ..runtime.base import Availability, Backend, ScanArrays, register
 from ..schedules import Tunable, get_schedule
 from ..targets import TARGETS
@@ -188,19 +189,24 @@ class JuliaBackend(Backend):
         if dtype not in devices.runtime_dtypes("cpu"):
             return None
         names = list(stages.affine.inputs)
-        slots = [None if roles[r] is None else names.index(roles[r]) for r in ("a", "b", "x", "c")]
+        picks = [None if roles[r] is None else names.index(roles[r]) for r in ("a", "b", "x", "c")]
         julia_schedule, tunables = SCHEDULE_MAP[stages.schedule.schedule](cfg)
         keywords = {"reverse": stages.affine.features.reverse, "schedule": julia_schedule,
                     **{kernels.JULIA_KEYWORDS[k]: v for k, v in tunables.items()}}
-        scan = session.function("ScanWeaver.host_scanner")("cpu", dtype, L, lanes, **keywords)
+        scan = session.locked(session.function("ScanWeaver.host_scanner")("cpu", dtype, L, lanes, **keywords))
+        feats, item, n = stages.affine.features, np.dtype(dtype).itemsize, lanes * L
+        operand = fastcall.Slot(n * item, item, optional=True)
+        # host_scanner's argument order: y, h_last, a, b, x, c, h0, reset
+        addresses = fastcall.addresser((
+            fastcall.Slot(n * item, item, written=True), fastcall.Slot(lanes * item, item, written=True, optional=True),
+            operand, operand, operand, operand, fastcall.Slot(lanes * item if feats.has_h0 else 0, item, optional=True),
+            fastcall.Slot(n if feats.has_reset else 0, 1, optional=True)))
         n_in = len(names)
 
         def invoke(buffers: tuple, lanes: int, L: int) -> int:
             operands, (y, h0, h_last, reset) = buffers[:n_in], buffers[n_in:]
-            if any(np.may_share_memory(y, v) for v in (*operands, h0, reset) if v is not None):
-                raise ValueError("y shares memory with an input")  # the full path names which one
-            a, b, x, c = (0 if i is None else operands[i].ctypes.data for i in slots)
-            scan(y.ctypes.data, _address(h_last), a, b, x, c, _address(h0), _address(reset))
+            # the addresses are read (and checked: sizes, alignment, y overlapping nothing) in C
+            scan(*addresses((y, h_last, *(None if i is None else operands[i] for i in picks), h0, reset)))
             return 0
 
         return invoke

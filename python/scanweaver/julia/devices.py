@@ -97,22 +97,24 @@ def activate(name: str) -> str:
     if name in _ready:
         return _ready[name]
     dev = DEVICES[name]
-    jl = session.main()
-    if dev.package is not None:
-        if not bool(jl.seval(f'Base.find_package("{dev.package}") !== nothing')):
-            raise BackendUnavailable(
-                f"julia backend: device={name!r} needs {dev.package}.jl in the Julia environment; "
-                f"run `{dev.install_command}`"
-            )
-        try:
-            jl.seval(f"import {dev.package}")
-        except Exception as exc:
-            raise BackendUnavailable(f"julia backend: loading {dev.package}.jl failed: {exc}") from exc
-    ok, detail = jl.seval("ScanWeaver.device_status")(name)
-    if not bool(ok):
-        raise BackendUnavailable(f"julia backend: device={name!r} is unavailable: {detail}")
-    _dtypes[name] = tuple(str(d) for d in jl.seval("ScanWeaver.device_dtypes")(name))
-    _ready[name] = str(detail)
+    with session.exclusive():
+        jl = session.main()
+        if dev.package is not None:
+            if not bool(jl.seval(f'Base.find_package("{dev.package}") !== nothing')):
+                raise BackendUnavailable(
+                    f"julia backend: device={name!r} needs {dev.package}.jl in the Julia environment; "
+                    f"run `{dev.install_command}`"
+                )
+            try:
+                jl.seval(f"import {dev.package}")
+            except Exception as exc:
+                raise BackendUnavailable(f"julia backend: loading {dev.package}.jl failed: {exc}") from exc
+        ok, detail = jl.seval("ScanWeaver.device_status")(name)
+        if not bool(ok):
+            raise BackendUnavailable(f"julia backend: device={name!r} is unavailable: {detail}")
+        _dtypes[name] = tuple(str(d) for d in jl.seval("ScanWeaver.device_dtypes")(name))
+        detail = str(detail)
+    _ready[name] = detail
     return _ready[name]
 
 

@@ -13,16 +13,35 @@ a missing GPU package).  This module:
 * starts Julia once, in :func:`main`, and turns every failure into one
   :class:`~scanweaver.errors.BackendUnavailable` that says what is missing and
   the command that fixes it; a failure is remembered, so later calls fail fast
-  instead of retrying a half-finished start.
+  instead of retrying a half-finished start;
+* lets any Python thread call Julia without hanging the process (see
+  :func:`exclusive`).
+
+Threads. Julia's garbage collector stops every Julia thread at a safepoint
+first. The thread that starts Julia is a Julia thread for good, and while it
+runs Python code it reaches none, so a collection begun on any other Python
+thread would wait for it forever (the process hangs; juliacall 0.9.34 does
+this for ``threading.Thread(target=jl.GC.gc)``). So Julia is started on a
+thread of its own, which then waits inside Julia's scheduler, where the
+collector never waits for it; every Python thread, the main one included,
+calls Julia as an adopted thread, which is outside the collector's count
+whenever it is back in Python. And one Python thread at a time is inside
+Julia (:func:`exclusive`): a thread inside Julia can hand the GIL over while
+PythonCall runs Python code for it (an ``isinstance`` check on an argument),
+and a collection on the thread that took the GIL would then wait for it
+while it waits for the GIL.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shutil
 import subprocess
+import sys
 import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..errors import BackendUnavailable
@@ -54,6 +73,10 @@ _lock = threading.Lock()
 _main: Any = None
 _failure: BackendUnavailable | None = None
 _functions: dict[str, Any] = {}
+#: Held by the one Python thread inside Julia at a time (see the module's "Threads").
+_calls = threading.RLock()
+#: Seconds :func:`main` waits for the Julia thread to start Julia and load ScanWeaver.
+START_TIMEOUT_S = 900.0
 
 
 def find_julia() -> tuple[str | None, str]:
@@ -152,13 +175,92 @@ def _start_advice() -> str:
             "naming an environment that holds them)")
 
 
-def _start() -> Any:
-    for key, value in JULIACALL_DEFAULTS.items():
-        os.environ.setdefault(key, value)
-    from juliacall import Main as jl
-
+def _load(jl: Any) -> Any:
     jl.seval("import KernelAbstractions, ScanWeaver")
     return jl
+
+
+def _start() -> Any:
+    """Starts Julia on a thread of its own (see the module's "Threads") and returns juliacall's ``Main``.
+
+    That thread imports juliacall (which starts Julia there), loads ScanWeaver, then waits inside
+    Julia, the GIL released, for as long as the process lives. Where juliacall was imported before
+    (Julia already running), it is used as it is.
+    """
+    for key, value in JULIACALL_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+    if "juliacall" in sys.modules:
+        from juliacall import Main as jl
+
+        return _load(jl)
+    started = threading.Event()
+    box: dict[str, Any] = {}
+
+    def host() -> None:
+        try:
+            from juliacall import Main as jl
+
+            box["main"] = _load(jl)
+            park = jl.seval("let forever = Base.Event(); () -> wait(forever) end")
+        except BaseException as exc:  # noqa: BLE001  reported by the waiting thread
+            box["error"] = exc
+            started.set()
+            return
+        started.set()
+        park._jl_call_nogil()
+
+    threading.Thread(target=host, name="scanweaver-julia", daemon=True).start()
+    if not started.wait(START_TIMEOUT_S):
+        raise TimeoutError(f"Julia did not start within {START_TIMEOUT_S:.0f} s")
+    if "error" in box:
+        raise box["error"]
+    return box["main"]
+
+
+@contextlib.contextmanager
+def exclusive() -> Iterator[None]:
+    """Held while a Python thread runs Julia code: one thread at a time (see the module's "Threads").
+
+    Every call into Julia here goes through it (:func:`function`, :func:`locked`), and so does a Kernel
+    Tuner tune of the julia backend, which calls Julia itself. Reentrant: Julia code may call back into
+    Python that calls Julia again.
+    """
+    with _calls:
+        yield
+
+
+def locked(fn: Any) -> Callable[..., Any]:
+    """``fn`` (a Julia function) called under :func:`exclusive`; in a process forked after Julia started,
+    :class:`~scanweaver.errors.BackendUnavailable` instead (see :func:`_after_fork_in_child`)."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if _forked is not None:
+            raise _forked
+        with _calls:
+            return fn(*args, **kwargs)
+
+    return call
+
+
+#: Set in a child forked after Julia started in its parent: why Julia cannot run there.
+_forked: BackendUnavailable | None = None
+
+
+def _after_fork_in_child() -> None:
+    """Julia does not survive ``fork``: its threads are gone in the child, and a call into it there fails
+    inside Julia or corrupts it. So the child refuses every Julia call with one clear error (the parent is
+    unaffected); the locks are made anew, since a thread of the parent may have held them."""
+    global _calls, _lock, _forked, _failure
+    _calls, _lock = threading.RLock(), threading.Lock()
+    if _main is not None:
+        _forked = _failure = BackendUnavailable(
+            f"julia backend: process {os.getpid()} was forked after Julia started in its parent, and Julia "
+            "does not survive fork; start worker processes with the 'spawn' or 'forkserver' method "
+            "(multiprocessing.set_start_method('spawn')), or use another backend in forked workers")
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def main(check: bool = True) -> Any:
@@ -173,6 +275,8 @@ def main(check: bool = True) -> Any:
             again, at once, on every later call.
     """
     global _main, _failure
+    if _forked is not None:
+        raise _forked
     with _lock:
         if _main is not None:
             return _main
@@ -196,18 +300,28 @@ def main(check: bool = True) -> Any:
         return _main
 
 
-def function(name: str) -> Any:
-    """The Julia function ``name`` (e.g. ``"ScanWeaver.host_scan!"``), looked up once per process.
+def function(name: str) -> Callable[..., Any]:
+    """The Julia function ``name`` (e.g. ``"ScanWeaver.host_scan!"``), looked up once per process, called
+    under :func:`exclusive`.
 
     ``seval`` parses and evaluates its text on every call (about 20 us); a scan that
     costs tens of microseconds in Julia should not pay that each time.
     """
     fn = _functions.get(name)
     if fn is None:
-        fn = main().seval(name)
+        jl = main()
+        with _calls:
+            found = locked(jl.seval(name))
         with _lock:
-            _functions.setdefault(name, fn)
+            fn = _functions.setdefault(name, found)
     return fn
+
+
+def seval(code: str) -> Any:
+    """``Main.seval(code)`` under :func:`exclusive`, starting Julia on first use."""
+    jl = main()
+    with _calls:
+        return jl.seval(code)
 
 
 def running() -> bool:

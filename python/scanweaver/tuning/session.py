@@ -278,7 +278,7 @@ class KernelTunerSession:
         scratch = Path(tempfile.mkdtemp(prefix="run-", dir=self.cachefile.parent))
         params, options = kernel_tuner_inputs(spec.lang, tune_params, opts or None)
         with working_directory(scratch), seeded(seed), warnings.catch_warnings(), \
-                contextlib.redirect_stdout(self.output), _removed(scratch):
+                contextlib.redirect_stdout(self.output), _removed(scratch), spec.exclusive():
             warnings.simplefilter("ignore")
             results, _env = kernel_tuner.tune_kernel(
                 spec.kernel_name, spec.kernel_source, spec.problem_size, spec.arguments, params,

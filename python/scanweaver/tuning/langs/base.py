@@ -10,8 +10,11 @@ package but ``base`` and ``gpu`` (shared by the GPU targets) defines one.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 from abc import ABC, abstractmethod
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -43,6 +46,8 @@ class KernelSpec:
         device_options: further ``tune_kernel`` keywords selecting the device (``platform=``, ``device=``).
         fingerprint: text that changes whenever the generated kernels change
             (part of the Kernel Tuner cache file name).
+        exclusive: a context manager factory held around the whole tune (the julia backend's
+            one-thread-in-Julia lock: Kernel Tuner calls Julia itself).
     """
 
     lang: str
@@ -60,6 +65,7 @@ class KernelSpec:
     compiler_options: list | None = None
     device_options: dict = field(default_factory=dict)
     fingerprint: str = ""
+    exclusive: Callable[[], AbstractContextManager] = contextlib.nullcontext
 
 
 class KernelTunerTarget(ABC):

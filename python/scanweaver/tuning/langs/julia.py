@@ -37,6 +37,14 @@ from .base import KernelSpec, KernelTunerTarget, register
 JULIA_TUNABLE = ("blelloch",)
 
 
+def _julia_exclusive():
+    """One Python thread in Julia at a time, Kernel Tuner's calls included
+    (:func:`scanweaver.julia.session.exclusive`)."""
+    from ...julia import session
+
+    return session.exclusive()
+
+
 def julia_device() -> str:
     """The Julia device to tune (``SCANWEAVER_JULIA_DEVICE``, default ``cuda``)."""
     return os.environ.get("SCANWEAVER_JULIA_DEVICE", "cuda")
@@ -104,6 +112,7 @@ class JuliaTarget(KernelTunerTarget):
             problem_size=kt["problem_size"], arguments=args, output=0, define_tunables=False,
             grid_div_x=kt["grid_div_x"], block_size_names=kt["block_size_names"],
             compiler_options=list(kt["compiler_options"]), fingerprint=self.tuned_device(),
+            exclusive=_julia_exclusive,
         )
 
     def fused_values(self, given: dict[str, tuple]) -> tuple[dict[str, tuple], dict[str, object]]:
@@ -130,6 +139,7 @@ class JuliaTarget(KernelTunerTarget):
                 problem.shape, inputs, problem.dtype, softplus=problem.features.softplus),
             output=0, define_tunables=False, grid_div_x=["workgroup_size"], block_size_names=["workgroup_size"],
             compiler_options=list(kt["compiler_options"]), fingerprint=f"mamba1:{device}",
+            exclusive=_julia_exclusive,
         )
 
     def fused_answer(self, answer: np.ndarray) -> np.ndarray:
