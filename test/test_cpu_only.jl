@@ -188,8 +188,9 @@ end
     rng = Xoshiro(14)
     block = ScanWeaver.CPU_BLOCK
     # long lanes split among tasks (with short final blocks and tails), many
-    # lanes, and a scan too small for more than one task
-    shapes = ((3 * block + 5, 1), (2 * block + 77, 2), (700, 5), (40, 3))
+    # lanes in skewed pairs and alone (odd counts; L just long enough for
+    # pairs, and one shorter), and a scan too small for more than one task
+    shapes = ((3 * block + 5, 1), (2 * block + 77, 2), (700, 5), (64, 4), (63, 3), (40, 3))
     for (L, lanes) in shapes, reverse in (false, true), tasks in (1, 2, 3), T in (
             Float64,
             ComplexF64,
