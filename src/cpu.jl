@@ -280,13 +280,25 @@ function scan_lane_pair!(s::CPUScan, h_last, l)
     return nothing
 end
 
-# Lanes shared among `tasks` tasks, each lane whole on one task, in pairs
-# where the lanes are long enough for the skew to matter little.
+# Lanes `first:last` one after another, each `W` steps at a time
+# (`src/cpu_simd.jl`).
+function scan_lanes_simd!(s::CPUScan, h_last, first, last, ::Val{W}) where {W}
+    for l in first:last
+        store_state!(h_last, simd_scan_range!(s, l, 1, s.L, initial_state(s, l), Val(W)), l)
+    end
+    return nothing
+end
+
+# Lanes shared among `tasks` tasks, each lane whole on one task: with SIMD
+# where it applies, else in pairs where the lanes are long enough for the skew
+# to matter little.
 function scan_many_lanes!(s::CPUScan, h_last, tasks)
     lanes = scan_lanes(s.ops)
     per = cld(lanes, tasks)
+    W = simd_width(s)
     run_tasks(cld(lanes, per)) do task
         l, last = (task - 1) * per + 1, min(task * per, lanes)
+        W > 0 && return scan_lanes_simd!(s, h_last, l, last, Val(W))
         if s.L >= 4 * CPU_SKEW
             while l < last
                 scan_lane_pair!(s, h_last, l)
@@ -300,9 +312,45 @@ function scan_many_lanes!(s::CPUScan, h_last, tasks)
     return nothing
 end
 
+"""
+    simd_scan_block!(s, l, b, carries, ready, Val(W))
+
+Block `b` of lane `l` in a chained scan with SIMD (`src/cpu_simd.jl`), in two
+passes: reduces the block to its aggregate pair, reading it from memory (which
+leaves it in the L2 cache); once `ready[] >= b`, stores the carry-out in
+`carries[b + 1]` and raises `ready[]` to `b + 1`; then scans the block from its
+carry-in out of the cache, writing the outputs.
+"""
+function simd_scan_block!(s::CPUScan, l, b, carries, ready, ::Val{W}) where {W}
+    first, last = (b - 1) * CPU_BLOCK + 1, min(b * CPU_BLOCK, s.L)
+    agg = simd_reduce_range(s, l, first, last, Val(W))
+    wait_for_carry(ready, b)
+    h = @inbounds carries[b]
+    @inbounds carries[b + 1] = apply_pair(agg, h)
+    publish_carry!(ready, b)
+    simd_scan_range!(s, l, first, last, h, Val(W))
+    return nothing
+end
+
+# The blocks `task:ntasks:nblocks` of lane `l` (see `scan_long_lane!`).
+function scan_task_blocks!(s::CPUScan, l, task, ntasks, nblocks, carries, ready)
+    W = simd_width(s)
+    if W > 0
+        for b in task:ntasks:nblocks
+            simd_scan_block!(s, l, b, carries, ready, Val(W))
+        end
+        return nothing
+    end
+    V = cpu_width(cpu_pair_type(s))
+    blk = CPUBlock(s, Val(V))
+    for b in task:ntasks:nblocks
+        scan_block!(s, blk, l, b, carries, ready, Val(V))
+    end
+    return nothing
+end
+
 # One lane split among `tasks` tasks by blocks, as a chained scan.
 function scan_long_lane!(s::CPUScan, h_last, l, tasks)
-    W = cpu_width(cpu_pair_type(s))
     nblocks = cld(s.L, CPU_BLOCK)
     carries = Vector{cpu_state_type(s)}(undef, nblocks + 1)
     carries[1] = initial_state(s, l)
@@ -310,10 +358,7 @@ function scan_long_lane!(s::CPUScan, h_last, l, tasks)
     ntasks = min(tasks, nblocks)
     run_tasks(ntasks) do task
         try
-            blk = CPUBlock(s, Val(W))
-            for b in task:ntasks:nblocks
-                scan_block!(s, blk, l, b, carries, ready, Val(W))
-            end
+            scan_task_blocks!(s, l, task, ntasks, nblocks, carries, ready)
         catch
             Threads.atomic_max!(ready, typemax(Int)) # release the tasks waiting for a carry
             rethrow()

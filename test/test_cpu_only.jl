@@ -228,6 +228,50 @@ end
     @test_throws ArgumentError ScanWeaver.cpu_scan!(y, nothing, ops, false; tasks = 0)
 end
 
+@testset "the CPU's SIMD loops match the KernelAbstractions kernel (CPU)" begin
+    # dense matrices of one real type and no reset take the SIMD loops; their
+    # in-register scans round differently from the kernel, within a few ulps
+    rng = Xoshiro(15)
+    block = ScanWeaver.CPU_BLOCK
+    shapes = ((2 * block + 13, 1), (3 * block, 1), (301, 3), (8, 2), (7, 1))
+    for (L, lanes) in shapes, reverse in (false, true), tasks in (1, 2, 3), T in (
+            Float32,
+            Float64,
+        ), (with_x, with_c) in ((true, true), (false, true), (true, false))
+        a = T.(0.5 .+ 0.49 .* rand(rng, L, lanes))
+        b, x, c = (T.(randn(rng, L, lanes)) for _ in 1:3)
+        h0 = T.(randn(rng, lanes))
+        ops = ScanWeaver.ScanOperands(
+            a,
+            b,
+            with_x ? x : nothing,
+            with_c ? c : nothing,
+            h0,
+            nothing,
+        )
+        y, h = similar(a), similar(h0)
+        s = ScanWeaver.CPUScan{ScanWeaver.pair_type(ops)}(y, ops, reverse)
+        @test ScanWeaver.simd_width(s) == 32 ÷ sizeof(T)
+        ScanWeaver.cpu_scan!(y, h, ops, reverse; tasks)
+        y_ka, h_ka = similar(a), similar(h0)
+        kernel! = ScanWeaver.sequential_scan_kernel!(CPU(), 64)
+        kernel!(y_ka, h_ka, ops, reverse, Val(64); ndrange = lanes)
+        KernelAbstractions.synchronize(CPU())
+        rtol = T == Float32 ? 1.0f-4 : 1.0e-11
+        @test matches(y, y_ka; rtol) && matches(h, h_ka; rtol)
+    end
+    # a reset, a view or a mixed element type runs the scalar loops
+    a = rand(rng, Float32, 64, 2)
+    for ops in (
+            ScanWeaver.ScanOperands(a, a, nothing, nothing, nothing, falses(64, 2)),
+            ScanWeaver.ScanOperands(view(a, :, :), a, nothing, nothing, nothing, nothing),
+            ScanWeaver.ScanOperands(a, Float64.(a), nothing, nothing, nothing, nothing),
+        )
+        s = ScanWeaver.CPUScan{ScanWeaver.pair_type(ops)}(similar(a), ops, false)
+        @test ScanWeaver.simd_width(s) == 0
+    end
+end
+
 @testset "the CPU's scan allocates per call, not per element (CPU)" begin
     # A boxed variable or a dynamic call in a loop allocates on every step:
     # gigabytes for this scan. Both paths, after a warm-up call.
