@@ -2,24 +2,31 @@
 # emulating GPU workgroups on Julia tasks; a scan runs on a CPU as plain
 # threaded loops instead.
 #
-# - Lanes go to the tasks, each lane whole on one task. A task advances its
-#   lanes two at a time in one loop (`scan_lane_pair!`), the second
-#   `CPU_SKEW` steps behind the first. Each step is one fused multiply-add
-#   (`cpu_muladd`), and one lane's chain of them is bound by that
-#   instruction's latency; two chains in one loop overlap, which makes
-#   scans that fit the cache 1.8x faster at (L, lanes) = (1024, 16) and the
-#   same speed from memory. The skew matters: lanes lie `L` elements apart, often a
+# Dense `Float32`/`Float64` matrices without a reset take SIMD loops
+# (`src/cpu_simd.jl`): a lane advanced a vector of steps at a time. Every
+# other scan takes the scalar loops:
+#
+# - Lanes go to the tasks, each lane whole on one task: with SIMD, one lane
+#   after another; else two at a time in one loop (`scan_lane_pair!`), the
+#   second `CPU_SKEW` steps behind the first. Each scalar step is one fused
+#   multiply-add (`cpu_muladd`), and one lane's chain of them is bound by that
+#   instruction's latency; two chains in one loop overlap, which made scans
+#   that fit the cache 1.8x faster at (L, lanes) = (1024, 16) and kept the
+#   speed from memory. The skew matters: lanes lie `L` elements apart, often a
 #   multiple of 4 KiB, so in step their lines fall in one cache set and evict
 #   each other (8 lanes in step were measured 1.6-4x slower; 3 or 4 skewed
 #   lanes were slower than 2).
 # - A few long lanes are split among the tasks by blocks of `CPU_BLOCK` steps,
-#   round-robin, as a chained scan. A task handles its block in four passes:
+#   round-robin, as a chained scan: a block is reduced to its aggregate pair,
+#   waits for its carry-in (an atomic counter), publishes its carry-out and is
+#   then scanned from its carry-in out of the L2 cache. With SIMD that is two
+#   passes (`simd_scan_block!`); without, four (`scan_block!`):
 #   1. pack: read the block's pairs once, in order, into a scratch block of
 #      `cpu_width` sub-chunks side by side (`A[w, j]` is step `j` of
 #      sub-chunk `w`, so step `j` of all of them is one SIMD vector);
 #   2. reduce the sub-chunks, one column at a time, to their aggregate pairs;
-#   3. wait for the block's carry-in (an atomic counter), give each sub-chunk
-#      its start and publish the block's carry-out at once;
+#   3. wait for the block's carry-in, give each sub-chunk its start and
+#      publish the block's carry-out at once;
 #   4. replay the columns from those starts out of the cache, then write the
 #      outputs in order.
 #   So every element is read from memory once, and the tasks wait on each
