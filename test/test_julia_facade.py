@@ -298,6 +298,29 @@ def test_the_fork_guard_refuses_every_julia_entry_in_the_child():
     assert proc.stdout.split("\n")[:2] == ["[False, True, True, True, True]", "2 True"], proc.stdout
 
 
+RESERVE_CHECK = """from scanweaver.julia import session
+print(session.seval('''let m = PythonCall.JlWrap.Cjl
+    moved = false
+    for a in (m.PYJLVALUES, m.PYJLFREEVALUES)
+        p, n = pointer(a), length(a)
+        append!(a, fill(eltype(a) === Int ? 0 : nothing, 4096))  # taken back at once
+        moved |= pointer(a) != p
+        resize!(a, n)
+    end
+    moved
+end'''))
+"""
+
+
+def test_pythoncalls_tables_of_wrapped_values_have_room_reserved():
+    """PythonCall 0.9.34 grows these where a collection can re-enter them (crashes later; fixed upstream after
+    0.9.34): the session reserves room once, so 4096 more entries do not move them."""
+    _needs_julia_environment()
+    proc = _run(RESERVE_CHECK, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "False", proc.stdout  # (Julia's false, as Python prints it)
+
+
 def test_julia_devices_lists_every_device_with_a_reason():
     from scanweaver.julia import julia_devices
 

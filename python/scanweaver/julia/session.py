@@ -175,8 +175,23 @@ def _start_advice() -> str:
             "naming an environment that holds them)")
 
 
+#: Slots reserved in PythonCall's tables of Julia values wrapped for Python (see :func:`_load`).
+WRAPPER_RESERVE = 2**20
+
+#: PythonCall 0.9.34 (and earlier) grows these two vectors where a collection can run Python finalizers that
+#: write the same vectors while they grow (a Julia value's wrapper freed inside the growth); the vector is
+#: then corrupted, which crashes later. Fixed upstream after 0.9.34 (JuliaPy/PythonCall.jl#758); until a
+#: release has it, room reserved once keeps the growth, and so the collection inside it, from happening.
+_RESERVE = f"""let w = isdefined(PythonCall, :JlWrap) ? PythonCall.JlWrap : nothing,
+        m = w !== nothing && isdefined(w, :Cjl) ? w.Cjl : nothing
+    m === nothing || !isdefined(m, :PYJLVALUES) || !isdefined(m, :PYJLFREEVALUES) ? false :
+        (sizehint!(m.PYJLVALUES, {WRAPPER_RESERVE}); sizehint!(m.PYJLFREEVALUES, {WRAPPER_RESERVE}); true)
+end"""
+
+
 def _load(jl: Any) -> Any:
     jl.seval("import KernelAbstractions, ScanWeaver")
+    jl.seval(_RESERVE)
     return jl
 
 
