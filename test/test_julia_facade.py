@@ -277,25 +277,32 @@ def test_a_child_forked_after_julia_started_refuses_julia_clearly():
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX-only")
-def test_the_fork_guard_refuses_every_julia_entry_in_the_child():
-    """Without Julia: the guard itself, with the session marked as started in the parent."""
+@pytest.mark.parametrize("state", ["started", "starting"])
+def test_the_fork_guard_refuses_every_julia_entry_in_the_child(state):
+    """Without Julia: the guard itself, with the session marked as started (or still starting, on another
+    thread) in the parent, and a device the parent had made ready."""
+    mark = ("session._main = object()" if state == "started" else
+            "import threading; session._host = (threading.Event(), {})")
     code = ("import os, sys\n"
-            "from scanweaver.julia import session\n"
-            "session._main = object()  # as if Julia had started\n"
+            "from scanweaver.julia import devices, session\n"
+            f"{mark}\n"
+            "devices._ready['cpu'] = 'ready in the parent'\n"
             "pid = os.fork()\n"
             "if pid == 0:\n"
             "    out = [session.probe()[0], 'forked' in session.probe()[1]]\n"
-            "    for f in (session.main, lambda: session.locked(len)(()), lambda: session.seval('1')):\n"
+            "    for f in (session.main, lambda: session.locked(len)(()), lambda: session.seval('1'),\n"
+            "              lambda: session.exclusive().__enter__(), lambda: devices.activate('cpu')):\n"
             "        try:\n"
             "            f(); out.append('ran')\n"
             "        except session.BackendUnavailable as exc:\n"
             "            out.append('spawn' in str(exc))\n"
             "    print(out); sys.stdout.flush(); os._exit(0)\n"
             "os.waitpid(pid, 0)\n"
-            "print(session.locked(len)((1, 2)), session.probe()[0])\n")
+            "print(session.locked(len)((1, 2)), devices.activate('cpu'))\n")
     proc = _run(code, env=NO_JULIACALL_ENV)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.split("\n")[:2] == ["[False, True, True, True, True]", "2 True"], proc.stdout
+    assert proc.stdout.split("\n")[:2] == ["[False, True, True, True, True, True, True]",
+                                           "2 ready in the parent"], proc.stdout
 
 
 RESERVE_CHECK = """from scanweaver.julia import session

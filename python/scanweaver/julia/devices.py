@@ -94,6 +94,7 @@ def activate(name: str) -> str:
         BackendUnavailable: Julia cannot start, the package is not installed
             (with the command that installs it), or the device is not functional.
     """
+    session.refuse_if_forked()  # a device made ready in the parent is not ready in a forked child
     if name in _ready:
         return _ready[name]
     dev = DEVICES[name]

@@ -75,8 +75,9 @@ _failure: BackendUnavailable | None = None
 _functions: dict[str, Any] = {}
 #: Held by the one Python thread inside Julia at a time (see the module's "Threads").
 _calls = threading.RLock()
-#: Seconds :func:`main` waits for the Julia thread to start Julia and load ScanWeaver.
-START_TIMEOUT_S = 900.0
+#: Seconds :func:`main` waits for the Julia thread to start Julia and load ScanWeaver (a first start through
+#: juliapkg may download and precompile for many minutes).
+START_TIMEOUT_S = 1800.0
 
 
 def find_julia() -> tuple[str | None, str]:
@@ -195,36 +196,44 @@ def _load(jl: Any) -> Any:
     return jl
 
 
+#: The Julia thread's start, once begun: ``(started, box)``; ``box`` receives ``"main"`` or ``"error"``. Kept so
+#: that a caller interrupted while waiting (Ctrl-C) waits again for the same start instead of beginning another.
+_host: tuple[threading.Event, dict[str, Any]] | None = None
+
+
 def _start() -> Any:
     """Starts Julia on a thread of its own (see the module's "Threads") and returns juliacall's ``Main``.
 
     That thread imports juliacall (which starts Julia there), loads ScanWeaver, then waits inside
     Julia, the GIL released, for as long as the process lives. Where juliacall was imported before
-    (Julia already running), it is used as it is.
+    ScanWeaver's first use (Julia already running), it is used as it is. Called under ``_lock``.
     """
+    global _host
     for key, value in JULIACALL_DEFAULTS.items():
         os.environ.setdefault(key, value)
-    if "juliacall" in sys.modules:
+    if _host is None and "juliacall" in sys.modules:
         from juliacall import Main as jl
 
         return _load(jl)
-    started = threading.Event()
-    box: dict[str, Any] = {}
+    if _host is None:
+        started, box = threading.Event(), {}
 
-    def host() -> None:
-        try:
-            from juliacall import Main as jl
+        def host() -> None:
+            try:
+                from juliacall import Main as jl
 
-            box["main"] = _load(jl)
-            park = jl.seval("let forever = Base.Event(); () -> wait(forever) end")
-        except BaseException as exc:  # noqa: BLE001  reported by the waiting thread
-            box["error"] = exc
+                box["main"] = _load(jl)
+                park = jl.seval("let forever = Base.Event(); () -> wait(forever) end")
+            except BaseException as exc:  # noqa: BLE001  reported by the waiting thread
+                box["error"] = exc
+                started.set()
+                return
             started.set()
-            return
-        started.set()
-        park._jl_call_nogil()
+            park._jl_call_nogil()
 
-    threading.Thread(target=host, name="scanweaver-julia", daemon=True).start()
+        _host = (started, box)
+        threading.Thread(target=host, name="scanweaver-julia", daemon=True).start()
+    started, box = _host
     if not started.wait(START_TIMEOUT_S):
         raise TimeoutError(f"Julia did not start within {START_TIMEOUT_S:.0f} s")
     if "error" in box:
@@ -238,10 +247,19 @@ def exclusive() -> Iterator[None]:
 
     Every call into Julia here goes through it (:func:`function`, :func:`locked`), and so does a Kernel
     Tuner tune of the julia backend, which calls Julia itself. Reentrant: Julia code may call back into
-    Python that calls Julia again.
+    Python that calls Julia again. In a child forked after Julia started, raises
+    :class:`~scanweaver.errors.BackendUnavailable` instead.
     """
+    refuse_if_forked()
     with _calls:
         yield
+
+
+def refuse_if_forked() -> None:
+    """:class:`~scanweaver.errors.BackendUnavailable` in a process forked after Julia started (see
+    :func:`_after_fork_in_child`); nothing elsewhere."""
+    if _forked is not None:
+        raise _forked
 
 
 def locked(fn: Any) -> Callable[..., Any]:
@@ -267,7 +285,7 @@ def _after_fork_in_child() -> None:
     unaffected); the locks are made anew, since a thread of the parent may have held them."""
     global _calls, _lock, _forked, _failure
     _calls, _lock = threading.RLock(), threading.Lock()
-    if _main is not None:
+    if _main is not None or _host is not None or "juliacall" in sys.modules:  # started, or starting
         _forked = _failure = BackendUnavailable(
             f"julia backend: process {os.getpid()} was forked after Julia started in its parent, and Julia "
             "does not survive fork; start worker processes with the 'spawn' or 'forkserver' method "
