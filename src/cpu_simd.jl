@@ -161,17 +161,16 @@ end
 
 # The aggregate pair of positions `first:last` of lane `l`.
 function simd_reduce_range(s::CPUScan{P}, l, first, last, ::Val{W}) where {P, W}
-    id = identity_pair(P)
-    Ag, Ug = id.A, id.U
+    agg = identity_pair(P)
     k = first
     GC.@preserve s while k + W - 1 <= last
         A, U = vscan(simd_pairs(s, l, k, Val(W))...)
-        Ag, Ug = A[W].value * Ag, muladd(A[W].value, Ug, U[W].value)
+        # the vector's steps, composed in `vscan`
+        agg = compose(P(A[W].value, U[W].value), agg)
         k += W
     end
     for k in k:last
-        p = load_pair(P, s.ops, cpu_time(s, k), l)
-        Ag, Ug = p.A * Ag, muladd(p.A, Ug, p.U)
+        agg = compose(load_pair(P, s.ops, cpu_time(s, k), l), agg)
     end
-    return P(Ag, Ug)
+    return agg
 end
