@@ -76,14 +76,8 @@ function selective_scan!(
     (L == 0 || lanes == 0) && return y
     P = pair_type(a, b, x)
     S = fieldtype(P, :U)
-    s = if schedule isa ScanSchedule
-        schedule
-    else
-        T = schedule === :auto ?
-            default_schedule(backend, L, lanes, P, S) :
-            SCHEDULES[schedule]
-        make_schedule(T, backend, P, S; workgroupsize, items_per_thread, chunk)
-    end
+    tunables = (; workgroupsize, items_per_thread, chunk)
+    s = scan_schedule(schedule, tunables, backend, L, lanes, P, S)
     check_config(api, s, backend, P, S)
     ops = ScanOperands(
         as_matrix(a, L, lanes),
@@ -103,6 +97,27 @@ function selective_scan!(
         workspace = something(workspace, ScanWorkspace()),
     )
     return y
+end
+
+"""
+    scan_schedule(schedule, tunables, backend, L, lanes, P, S) -> ScanSchedule
+
+The schedule a scan of `lanes` lanes of `L` steps of pairs `P` (state `S`)
+runs on `backend`: `schedule` itself when it is a [`ScanSchedule`](@ref), else
+the one it names (`:auto`: [`default_schedule`](@ref)) with the `tunables`
+(`workgroupsize`, `items_per_thread`, `chunk`). `check_schedule` has checked
+the name and the tunables; the caller checks the result with `check_config`.
+"""
+function scan_schedule(schedule, tunables::NamedTuple, backend, L, lanes, P, S)
+    s = if schedule isa ScanSchedule
+        schedule
+    else
+        T = schedule === :auto ?
+            default_schedule(backend, L, lanes, P, S) :
+            SCHEDULES[schedule]
+        make_schedule(T, backend, P, S; tunables...)
+    end
+    return s
 end
 
 """

@@ -159,18 +159,76 @@ function simd_scan_range!(s::CPUScan, l, first, last, h, ::Val{W}) where {W}
     return scan_range!(s, l, k, last, h)
 end
 
-# The aggregate pair of positions `first:last` of lane `l`.
-function simd_reduce_range(s::CPUScan{P}, l, first, last, ::Val{W}) where {P, W}
-    agg = identity_pair(P)
-    k = first
-    GC.@preserve s while k + W - 1 <= last
+# A block of a long lane in two passes (`simd_scan_block!` in `src/cpu.jl`),
+# with no reduction: pass 1 scans positions `first:last` of lane `l` from the
+# state zero, storing, in scan order, the local states in `hl` and the
+# products of the transitions since `first` in `P`, and returns the block's
+# aggregate pair; pass 2 (`simd_fixup!`), once the carry-in `h` is known,
+# writes the outputs `hl + P * h`, an elementwise vector multiply-add. As a
+# scalar pair's transitions commute, `P` is all the carry needs; and pass 2
+# has no shuffles and no chain, where a reduction costs most of a scan.
+function simd_local_scan!(
+    hl::Vector{T},
+    P::Vector{T},
+    s::CPUScan,
+    l,
+    first,
+    last,
+    ::Val{W},
+) where {T, W}
+    h, pc = zero(T), one(T)
+    k, j = first, 1
+    GC.@preserve s hl P while k + W - 1 <= last
         A, U = vscan(simd_pairs(s, l, k, Val(W))...)
-        # the vector's steps, composed in `vscan`
-        agg = compose(P(A[W].value, U[W].value), agg)
-        k += W
+        vstore!(pointer(hl, j), vmuladd(A, vbroadcast(typeof(A), h), U))
+        vstore!(pointer(P, j), vmul(A, vbroadcast(typeof(A), pc)))
+        h, pc = muladd(A[W].value, h, U[W].value), A[W].value * pc
+        k, j = k + W, j + W
     end
     for k in k:last
-        agg = compose(load_pair(P, s.ops, cpu_time(s, k), l), agg)
+        p = load_pair(AffinePair{T, T}, s.ops, cpu_time(s, k), l)
+        h, pc = muladd(p.A, h, p.U), p.A * pc
+        @inbounds hl[j], P[j] = h, pc
+        j += 1
     end
-    return agg
+    return AffinePair(pc, h)
+end
+
+# The state `hl + P * h` of a local state and its product for the carry-in
+# `h`. A zero carry-in (the usual initial state) adds nothing, even where the
+# product has overflowed: `Inf * 0` would be `NaN`.
+@inline fixed_state(P, h, hl) = iszero(h) ? hl : muladd(P, h, hl)
+
+# Pass 2: the outputs of positions `first:last` of lane `l` for carry-in `h`.
+function simd_fixup!(
+    s::CPUScan,
+    l,
+    first,
+    last,
+    hl::Vector{T},
+    P::Vector{T},
+    h,
+    ::Val{W},
+) where {T, W}
+    k, j = first, 1
+    V = Vec{W, T}
+    if iszero(h)
+        GC.@preserve s hl while k + W - 1 <= last
+            simd_store!(s, l, k, vload(V, pointer(hl, j)), Val(W))
+            k, j = k + W, j + W
+        end
+    else
+        hv = vbroadcast(V, h)
+        GC.@preserve s hl P while k + W - 1 <= last
+            hs = vmuladd(vload(V, pointer(P, j)), hv, vload(V, pointer(hl, j)))
+            simd_store!(s, l, k, hs, Val(W))
+            k, j = k + W, j + W
+        end
+    end
+    for k in k:last
+        state = fixed_state(@inbounds(P[j]), h, @inbounds(hl[j]))
+        store_output!(s.y, s.ops.c, state, cpu_time(s, k), l)
+        j += 1
+    end
+    return nothing
 end

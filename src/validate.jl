@@ -75,9 +75,19 @@ and the CPU kernels read it as it is.
 array_backend(A) = get_backend(A)
 array_backend(::BitArray) = CPU()
 
+"""
+    foreach_named(f, named::NamedTuple)
+
+`f(name, value)` for each entry of `named`, unrolled at compile time. A `for`
+loop over a `NamedTuple` of arrays of different types dispatches dynamically
+on every entry: that made `check_arguments` cost about 6 us and 1.4 KB a
+call, more than a small scan.
+"""
+@inline foreach_named(f, named::NamedTuple) = (map(f, keys(named), values(named)); nothing)
+
 function check_backends(api::Symbol, backend, named)
-    for (name, A) in pairs(named)
-        A === nothing && continue
+    foreach_named(named) do name, A
+        A === nothing && return nothing
         other = array_backend(A)
         if other != backend
             throw(ArgumentError(
@@ -90,6 +100,7 @@ function check_backends(api::Symbol, backend, named)
                 "$api: $name is $(eltype(A)) but $backend has no Float64; convert to Float32",
             ))
         end
+        return nothing
     end
     return nothing
 end
@@ -135,14 +146,15 @@ function check_state_kinds(api::Symbol, a, b, x, c, h0)
             "$api: a has element type $Ta; dense transitions must be square K x K StaticMatrix elements",
         ))
     end
-    need = K === nothing ?
-        "a scalar element type, as a has scalar transitions ($Ta)" :
-        "element type StaticVector{$K} (SVector{$K}), as a has dense $K x $K transitions ($Ta)"
-    for (name, A) in pairs((; b, c, h0))
-        A === nothing && continue
+    foreach_named((; b, c, h0)) do name, A
+        A === nothing && return nothing
         T = eltype(A)
         ok = K === nothing ? T <: Number : is_vector_of(T, K)
-        ok || throw(ArgumentError("$api: $name has element type $T; it needs $need"))
+        ok && return nothing
+        need = K === nothing ?
+            "a scalar element type, as a has scalar transitions ($Ta)" :
+            "element type StaticVector{$K} (SVector{$K}), as a has dense $K x $K transitions ($Ta)"
+        throw(ArgumentError("$api: $name has element type $T; it needs $need"))
     end
     if x !== nothing && !(eltype(x) <: Number)
         throw(ArgumentError(
@@ -158,11 +170,12 @@ end
 Each tunable given as a keyword (not `nothing`) is a positive integer.
 """
 function check_tunables(api::Symbol, tunables::NamedTuple)
-    for (name, value) in pairs(tunables)
-        value === nothing && continue
+    foreach_named(tunables) do name, value
+        value === nothing && return nothing
         if !(value isa Integer) || value < 1
             throw(ArgumentError("$api: $name = $(repr(value)) must be a positive integer"))
         end
+        return nothing
     end
     return nothing
 end
@@ -186,19 +199,16 @@ function check_arguments(api::Symbol, y, h_last, a, b, x, c, h0, reset)
         ))
     end
     named = (; y, h_last, a, b, x, c, h0, reset)
-    for (name, A) in pairs(named)
+    foreach_named(named) do name, A
         if !(A === nothing || A isa AbstractArray)
             throw(ArgumentError(
                 "$api: $name must be an array or nothing, got $(typeof(A))",
             ))
         end
+        return nothing
     end
-    for (name, A) in pairs((; a, b, x, c, h0))
-        check_eltype(api, name, A)
-    end
-    for (name, A) in pairs((; y, b, x, c))
-        check_same_size(api, name, A, a)
-    end
+    foreach_named((name, A) -> check_eltype(api, name, A), (; a, b, x, c, h0))
+    foreach_named((name, A) -> check_same_size(api, name, A, a), (; y, b, x, c))
     check_state_size(api, :h0, h0, a)
     check_state_size(api, :h_last, h_last, a)
     check_reset(api, reset, a)

@@ -260,6 +260,28 @@ end
         rtol = T == Float32 ? 1.0f-4 : 1.0e-11
         @test matches(y, y_ka; rtol) && matches(h, h_ka; rtol)
     end
+    # a growing transition from a zero state: a block's product of
+    # transitions overflows, and a zero carry-in must still add nothing
+    # (`Inf * 0` would make every later output `NaN`); views take the scalar
+    # chained scan, dense matrices the SIMD one
+    L = 3 * block
+    a, b = fill(2.0f0, L, 1), zeros(Float32, L, 1)
+    b[(end - 49):end] .= 1
+    want = zeros(Float32, L, 1)
+    want[(end - 49):end] .= Float32.(exp2.(1:50) .- 1)
+    for tasks in (1, 2), reverse in (false, true), wrap in (identity, A -> view(A, :, :))
+        ops = ScanWeaver.ScanOperands(
+            wrap(a),
+            wrap(reverse ? b[end:-1:1, :] : b),
+            nothing,
+            nothing,
+            nothing,
+            nothing,
+        )
+        y = similar(a)
+        ScanWeaver.cpu_scan!(y, nothing, ops, reverse; tasks)
+        @test (reverse ? y[end:-1:1, :] : y) == want
+    end
     # a reset, a view or a mixed element type runs the scalar loops
     a = rand(rng, Float32, 64, 2)
     for ops in (
@@ -288,6 +310,35 @@ end
         bytes = @allocated ScanWeaver.cpu_scan!(y, nothing, ops, false; tasks)
         @test bytes < 2^20
     end
+end
+
+@testset "a small scan's checks and dispatch allocate almost nothing (CPU)" begin
+    # The argument checks loop over NamedTuples of arrays of different types:
+    # written as `for` loops they dispatched dynamically, 1.4 KB and about
+    # 6 us a call. The facade's `host_scanner` resolves its schedule once.
+    a = 0.5f0 .+ 0.49f0 .* rand(Float32, 8, 2)
+    b, x, c = (randn(Float32, 8, 2) for _ in 1:3)
+    y, h = similar(a), zeros(Float32, 2)
+    check() = ScanWeaver.check_arguments(
+        :selective_scan!,
+        y,
+        h,
+        a,
+        b,
+        x,
+        c,
+        nothing,
+        nothing,
+    )
+    check()
+    @test @allocated(check()) == 0
+    scan = ScanWeaver.host_scanner("cpu", "float32", 8, 2)
+    @test scan.schedule isa ScanWeaver.ScanSchedule
+    p(v) = UInt(pointer(v))
+    call() = GC.@preserve y h a b x c scan(p(y), p(h), p(a), p(b), p(x), p(c), 0, 0)
+    call()
+    @test y ≈ selective_scan(a, b, x, c)
+    @test @allocated(call()) < 2048
 end
 
 @testset "a failing task of the CPU's chained scan releases the others (CPU)" begin
