@@ -5,12 +5,14 @@
 # Float32, (L, lanes) = (4096, 4096) and one lane of 2^24: the default path
 # (`schedule = :auto`), each schedule, a plain Julia loop (one lane at a time,
 # one thread) and a broadcast with the scan's traffic (4 reads, 1 write, split
-# over all threads, so one long lane's is too) as the roofline, timed round-robin after a warm-up call; every scan is checked
+# over all threads, so one long lane's is too) as the roofline, timed round-robin (15 rounds) after a warm-up call; every scan is checked
 # against the plain loop first. Then the time to the first scan in a fresh
 # process after `using ScanWeaver`, and the default at (4096, 4096) in fresh
 # processes under `-C generic` (no AVX) and `-C native`. Targets: the default at least 0.7 of the
 # roofline, at least 3x the plain loop on the long lane, the first scan under
-# 5 s. The juliacall overhead per call is `bench/julia_overhead.py`.
+# 5 s. It also reports how much more arithmetic all threads do than one
+# (`thread_compute_scaling`), which bounds what threads can give a long lane.
+# The juliacall overhead per call is `bench/julia_overhead.py`.
 using ScanWeaver
 using Statistics: median
 
@@ -51,7 +53,7 @@ function entries()
     ]
 end
 
-function measure(L, lanes; rounds = 7)
+function measure(L, lanes; rounds = 15)
     a = 0.5f0 .+ 0.49f0 .* rand(Float32, L, lanes)
     b, x, c = (randn(Float32, L, lanes) for _ in 1:3)
     want = plain_loop!(similar(a), a, b, x, c)
@@ -78,6 +80,38 @@ function measure(L, lanes; rounds = 7)
         roofline_fraction = ns["roofline"] / ns["default"],
         speedup_vs_plain_loop = ns["plain_loop"] / ns["default"],
     )
+end
+
+# Independent fused multiply-adds in registers, 16 chains.
+function fma_work(n)
+    v = ntuple(i -> 1.0f0 + i * 1.0f-7, 16)
+    for _ in 1:n
+        v = map(e -> muladd(e, 0.9999999f0, 1.0f-9), v)
+    end
+    return sum(v)
+end
+
+# How much more arithmetic all threads do than one: the same register-bound
+# work on each thread at once, against one thread alone. About `nthreads()`
+# where each thread has a core of its own, near 1 where the threads share one
+# core's units (two hardware threads of one core): then a scan's compute
+# cannot scale with the threads either, only its memory traffic can.
+function thread_compute_scaling(n = 20_000_000)
+    fma_work(10)
+    k = Threads.nthreads()
+    sums = zeros(Float32, k)
+    one = median([@elapsed(sums[1] = fma_work(n)) for _ in 1:3])
+    each = median([
+        @elapsed(
+            Threads.@threads(
+                for i in 1:k
+                    sums[i] = fma_work(n)
+                end,
+            ),
+        )
+        for _ in 1:3
+    ])
+    return k * one / each
 end
 
 function first_scan_seconds()
@@ -109,6 +143,7 @@ end
 
 function main(out = nothing)
     results = [measure(4096, 4096), measure(2^24, 1)]
+    scaling = thread_compute_scaling()
     first = first_scan_seconds()
     targets = Dict(t => default_ns_with_target(t) for t in ("generic", "native"))
     for r in results
@@ -128,6 +163,11 @@ function main(out = nothing)
         )
     end
     println(
+        "arithmetic of $(Threads.nthreads()) threads against one: ",
+        round(scaling; digits = 2),
+        "x (register-bound multiply-adds, the same work on each)",
+    )
+    println(
         "first scan after `using ScanWeaver`: ",
         round(first; digits = 2),
         " s (target < 5)",
@@ -146,7 +186,7 @@ function main(out = nothing)
             print(
                 io,
                 "{\"threads\": $(Threads.nthreads()), \"cpu\": \"$(Sys.CPU_NAME)\", " *
-                    "\"first_scan_s\": $first, \"default_ns_generic_target\": $(targets["generic"]), " *
+                    "\"first_scan_s\": $first, \"thread_compute_scaling\": $scaling, \"default_ns_generic_target\": $(targets["generic"]), " *
                     "\"default_ns_native_target\": $(targets["native"]), \"shapes\": [",
             )
             for (i, r) in enumerate(results)
