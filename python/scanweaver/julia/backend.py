@@ -177,8 +177,9 @@ class JuliaBackend(Backend):
     def fast_invoker(self, stages: Stages, lanes: int, L: int):
         """``invoke(buffers, lanes, L)`` for a plan on ``device="cpu"``: ``buffers`` are the operands in call
         order, then ``y``, ``h0``, ``h_last``, ``reset`` (``None`` when absent), already checked by the plan
-        against its signature; one call, with integers only, of the ``ScanWeaver.host_scanner`` closure made
-        here for this ``(lanes, L)``, schedule and tunables (keywords through PythonCall cost ~25 us a call).
+        against its signature; one call, with integers only, of the ``ScanWeaver.HostScanner`` that
+        ``host_scanner`` makes here for this ``(lanes, L)``, schedule and tunables, its schedule resolved once
+        (keywords through PythonCall cost ~25 us a call).
         ``None`` (the plan calls :meth:`run`) on a GPU device, where the operands are copied anyway, or when
         an operand must be evaluated or ``y`` projected first."""
         cfg = stages.schedule.config
