@@ -25,7 +25,9 @@
 #   aggregate is the last of them), then each output fixed up by one
 #   elementwise multiply-add with the carry-in. That measured 1.2x the
 #   earlier reduce-then-rescan on one lane of 2^24, whose reduce cost most of
-#   a scan. Without SIMD, four passes (`scan_block!`):
+#   a scan. A block whose products grow past 1 (where the fix-up could cancel)
+#   is scanned again from its carry-in instead, and its carry-out taken from
+#   that scan. Without SIMD, four passes (`scan_block!`):
 #   1. pack: read the block's pairs once, in order, into a scratch block of
 #      `cpu_width` sub-chunks side by side (`A[w, j]` is step `j` of
 #      sub-chunk `w`, so step `j` of all of them is one SIMD vector);
@@ -336,16 +338,26 @@ Block `b` of lane `l` in a chained scan with SIMD (`src/cpu_simd.jl`), in two
 passes: scans the block from the state zero into the scratch `hl` and `P`
 (`simd_local_scan!`), reading it from memory; once `ready[] >= b`, stores the
 carry-out in `carries[b + 1]` and raises `ready[]` to `b + 1`; then writes the
-outputs from the carry-in out of the cache (`simd_fixup!`).
+outputs from the carry-in out of the cache (`simd_fixup!`). Where a product
+of the block's transitions grew past 1 in magnitude (and the carry-in is not
+zero), it scans the block again from the carry-in instead, before the
+carry-out.
 """
 function simd_scan_block!(s::CPUScan, hl, P, l, b, carries, ready, ::Val{W}) where {W}
     first, last = (b - 1) * CPU_BLOCK + 1, min(b * CPU_BLOCK, s.L)
-    agg = simd_local_scan!(hl, P, s, l, first, last, Val(W))
+    agg, bounded = simd_local_scan!(hl, P, s, l, first, last, Val(W))
     wait_for_carry(ready, b)
     h = @inbounds carries[b]
-    @inbounds carries[b + 1] = carry_state(agg, h)
-    publish_carry!(ready, b)
-    simd_fixup!(s, l, first, last, hl, P, h, Val(W))
+    if bounded || iszero(h)
+        @inbounds carries[b + 1] = carry_state(agg, h)
+        publish_carry!(ready, b)
+        simd_fixup!(s, l, first, last, hl, P, h, Val(W))
+    else
+        # growing transitions: the block again from its carry-in, and its
+        # carry-out from that scan, as a loop would (the next block waits)
+        @inbounds carries[b + 1] = simd_scan_range!(s, l, first, last, h, Val(W))
+        publish_carry!(ready, b)
+    end
     return nothing
 end
 

@@ -56,6 +56,25 @@ end
     return :(Base.llvmcall($ir, V, Tuple{V, V}, a, fill))
 end
 
+# The elementwise larger of `m` and `|v|`; `NaN` stays `NaN` in the result
+# once either side has it (`fcmp uno`), so a check of the result sees it.
+@generated function vmaxabs(m::V, v::V) where {V <: Vec}
+    t, W, bits = llvm_vec(V), fieldcount(V), 8 * sizeof(vec_eltype(V))
+    it = "<$W x i$bits>"
+    mask = join(("i$bits $(typemax(Int64) >> (64 - bits))" for _ in 1:W), ", ")
+    ir = """
+    %i = bitcast $t %1 to $it
+    %j = and $it %i, <$mask>
+    %f = bitcast $it %j to $t
+    %g = fcmp ugt $t %f, %0
+    %r = select <$W x i1> %g, $t %f, $t %0
+    %n = fcmp uno $t %0, %0
+    %s = select <$W x i1> %n, $t %0, $t %r
+    ret $t %s
+    """
+    return :(Base.llvmcall($ir, V, Tuple{V, V}, m, v))
+end
+
 @generated function vreverse(a::V) where {V <: Vec}
     t, W = llvm_vec(V), fieldcount(V)
     mask = join(["i32 $(W - 1 - i)" for i in 0:(W - 1)], ", ")
@@ -167,6 +186,9 @@ end
 # writes the outputs `hl + P * h`, an elementwise vector multiply-add. As a
 # scalar pair's transitions commute, `P` is all the carry needs; and pass 2
 # has no shuffles and no chain, where a reduction costs most of a scan.
+# Pass 1 also says whether every `|P|` stayed at most 1: where the
+# transitions grow, `hl` and `P * h` can be large and cancel (and overflow),
+# and the block is scanned again from its carry-in instead.
 function simd_local_scan!(
     hl::Vector{T},
     P::Vector{T},
@@ -178,20 +200,25 @@ function simd_local_scan!(
 ) where {T, W}
     h, pc = zero(T), one(T)
     k, j = first, 1
+    peak = vbroadcast(Vec{W, T}, zero(T))
     GC.@preserve s hl P while k + W - 1 <= last
         A, U = vscan(simd_pairs(s, l, k, Val(W))...)
+        products = vmul(A, vbroadcast(typeof(A), pc))
         vstore!(pointer(hl, j), vmuladd(A, vbroadcast(typeof(A), h), U))
-        vstore!(pointer(P, j), vmul(A, vbroadcast(typeof(A), pc)))
+        vstore!(pointer(P, j), products)
+        peak = vmaxabs(peak, products)
         h, pc = muladd(A[W].value, h, U[W].value), A[W].value * pc
         k, j = k + W, j + W
     end
+    bounded = all(e -> e.value <= 1, peak)
     for k in k:last
         p = load_pair(AffinePair{T, T}, s.ops, cpu_time(s, k), l)
         h, pc = muladd(p.A, h, p.U), p.A * pc
         @inbounds hl[j], P[j] = h, pc
+        bounded &= abs(pc) <= 1
         j += 1
     end
-    return AffinePair(pc, h)
+    return AffinePair(pc, h), bounded
 end
 
 # The state `hl + P * h` of a local state and its product for the carry-in

@@ -282,6 +282,31 @@ end
         ScanWeaver.cpu_scan!(y, nothing, ops, reverse; tasks)
         @test (reverse ? y[end:-1:1, :] : y) == want
     end
+    # growing transitions from a nonzero state: a fixed point (`hl + P * h`
+    # would cancel to 0, then `Inf - Inf`), and a tiny carry grown 2^200
+    # then shrunk 2^-200 in one block; the SIMD chained scan rescans such
+    # blocks and matches the loop
+    for tasks in (1, 2), reverse in (false, true)
+        a, b = fill(2.0f0, L, 1), ones(Float32, L, 1)
+        ops = ScanWeaver.ScanOperands(a, b, nothing, nothing, [-1.0f0], nothing)
+        y = similar(a)
+        ScanWeaver.cpu_scan!(y, nothing, ops, reverse; tasks)
+        @test all(==(-1.0f0), y)
+        a = fill(1.0f0, L, 1)
+        a[(block + 1):(block + 200), 1] .= 2
+        a[(block + 201):(block + 400), 1] .= 0.5f0
+        a = reverse ? a[end:-1:1, :] : a
+        ops = ScanWeaver.ScanOperands(
+            a,
+            zeros(Float32, L, 1),
+            nothing,
+            nothing,
+            [1.0f-30],
+            nothing,
+        )
+        ScanWeaver.cpu_scan!(y, nothing, ops, reverse; tasks)
+        @test all(isfinite, y) && (reverse ? y[end:-1:1, :] : y)[end] ≈ 1.0f-30
+    end
     # a reset, a view or a mixed element type runs the scalar loops
     a = rand(rng, Float32, 64, 2)
     for ops in (
