@@ -109,15 +109,9 @@ the one it names (`:auto`: [`default_schedule`](@ref)) with the `tunables`
 the name and the tunables; the caller checks the result with `check_config`.
 """
 function scan_schedule(schedule, tunables::NamedTuple, backend, L, lanes, P, S)
-    s = if schedule isa ScanSchedule
-        schedule
-    else
-        T = schedule === :auto ?
-            default_schedule(backend, L, lanes, P, S) :
-            SCHEDULES[schedule]
-        make_schedule(T, backend, P, S; tunables...)
-    end
-    return s
+    schedule isa ScanSchedule && return schedule
+    T = schedule === :auto ? default_schedule(backend, L, lanes, P, S) : SCHEDULES[schedule]
+    return make_schedule(T, backend, P, S; tunables...)
 end
 
 """

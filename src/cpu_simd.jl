@@ -221,11 +221,6 @@ function simd_local_scan!(
     return AffinePair(pc, h), bounded
 end
 
-# The state `hl + P * h` of a local state and its product for the carry-in
-# `h`. A zero carry-in (the usual initial state) adds nothing, even where the
-# product has overflowed: `Inf * 0` would be `NaN`.
-@inline fixed_state(P, h, hl) = iszero(h) ? hl : muladd(P, h, hl)
-
 # Pass 2: the outputs of positions `first:last` of lane `l` for carry-in `h`.
 function simd_fixup!(
     s::CPUScan,
@@ -253,7 +248,7 @@ function simd_fixup!(
         end
     end
     for k in k:last
-        state = fixed_state(@inbounds(P[j]), h, @inbounds(hl[j]))
+        state = carry_state(AffinePair(@inbounds(P[j]), @inbounds(hl[j])), h)
         store_output!(s.y, s.ops.c, state, cpu_time(s, k), l)
         j += 1
     end
