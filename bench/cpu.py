@@ -30,7 +30,8 @@ import numpy as np
 import scanweaver
 from scanweaver.arrays import prepare
 from scanweaver.runtime import get_backend
-from scanweaver.runtime.host import cpu_model, cpu_threads, vector_isa
+from scanweaver.runtime.host import cpu_model, cpu_threads
+from scanweaver.runtime.toolchain import vector_isa
 from scanweaver.runtime import roofline
 from scanweaver.runtime.roofline import bytes_per_element
 

@@ -128,7 +128,7 @@ def test_bad_input_names_the_argument(rng):
         scanweaver.delta_rule(q, k, v, beta, initial_state=np.zeros((2, 3, 5, 4)))
     with pytest.raises(ScanInputError, match="dtype complex"):
         scanweaver.delta_rule(q.astype(complex), k, v, beta)
-    with pytest.raises(BackendUnavailable, match="no delta_rule forward kernel"):
+    with pytest.raises(BackendUnavailable, match="no fused delta_rule forward kernel"):
         scanweaver.delta_rule(q, k, v, beta, backend="cpu")
 
 

@@ -9,7 +9,7 @@ import pytest
 
 import scanweaver
 from scanweaver import ScanInputError
-from scanweaver.logspace import log_scan
+from scanweaver import log_scan
 from scanweaver.runtime import REGISTRY
 from conftest import make_operands
 

@@ -20,7 +20,7 @@ import json, sys, threading
 import numpy as np
 import scanweaver
 from scanweaver import mamba
-from scanweaver.mamba import kernels
+from scanweaver.calls import runner
 from scanweaver.errors import ScanInputError
 from scanweaver.fused.mamba1 import backward_reference, forward_reference
 
@@ -44,7 +44,7 @@ def case(N):
         got = mamba.backward(prep, dout, backend=backend)["dA"]
         want = backward_reference(u, dl, A, B[:, None], C[:, None], dout=dout.astype(np.float64))["dA"]
     err = float(np.abs(got - want).max() / np.abs(want).max())
-    ran = kernels.last.backend if kernels.last is not None else "scan path"
+    ran = runner.last["mamba1"].backend if "mamba1" in runner.last else "scan path"
     try:  # fused=True beyond what the backend's kernel holds: a clear error, never a crash
         scanweaver.mamba_selective_scan(*ops, backend=backend, fused=True)
         forced = "ran"
@@ -54,7 +54,7 @@ def case(N):
 
 def run():
     for N in sizes:
-        kernels.last = None
+        runner.last.pop("mamba1", None)
         out[N] = case(N)
 
 threading.stack_size(256 * 1024)

@@ -15,8 +15,8 @@ import pytest
 import scanweaver
 from scanweaver.benchmarks import model_refs
 from scanweaver.fused import REGISTRY as FUSED
-from scanweaver.mamba import kernels
-from scanweaver.mamba.operands import prepare
+from scanweaver.ops.mamba1 import kernels
+from scanweaver.ops.mamba1.operands import prepare
 from scanweaver.runtime import REGISTRY
 
 from mamba_oracle import extras, operands
@@ -102,7 +102,7 @@ def test_cuda_tensors_stay_on_the_device_with_gradients(monkeypatch):
                                      delta_bias=ins["delta_bias"], delta_softplus=True)
         (y * w.to("cuda", torch.float32)).sum().backward()
     stream.synchronize()
-    assert y.is_cuda and kernels.last is not None and kernels.last.backend == "cuda"
+    assert y.is_cuda and scanweaver.mamba.last is not None and scanweaver.mamba.last.backend == "cuda"
     ref_y, ref_g = model_refs.reference("mamba1", ins, w)
     scale = float(ref_y.abs().max())
     assert float((y.detach().cpu().double() - ref_y).abs().max()) <= 2e-4 * scale

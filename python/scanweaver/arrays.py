@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .checks import check_seqlens
 from .errors import ScanInputError
 from .runtime.base import ScanArrays
 
@@ -156,27 +157,7 @@ def seqlens_positions(api: str, cu_seqlens: object, L: int, reverse: bool = Fals
     Raises:
         ScanInputError: naming ``cu_seqlens`` and its bad values.
     """
-    cu = np.asarray(cu_seqlens)
-    if cu.ndim != 1 or cu.dtype.kind not in "iu" or cu.size == 0:
-        raise ScanInputError(
-            f"{api}: cu_seqlens must be a non-empty 1-D integer array of sequence offsets "
-            f"[0, ..., L]; got shape {cu.shape} dtype {cu.dtype}"
-        )
-    cu = cu.astype(np.int64)
-    if cu[0] != 0:
-        raise ScanInputError(f"{api}: cu_seqlens must start at 0; got cu_seqlens[0] = {cu[0]}")
-    steps = np.diff(cu)
-    bad = np.flatnonzero(steps <= 0)
-    if bad.size:
-        i = int(bad[0])
-        raise ScanInputError(
-            f"{api}: cu_seqlens must be strictly increasing (no empty sequences); got "
-            f"cu_seqlens[{i}] = {cu[i]} followed by cu_seqlens[{i + 1}] = {cu[i + 1]}"
-        )
-    if cu[-1] != L:
-        raise ScanInputError(
-            f"{api}: cu_seqlens must end at the sequence length L = {L}; got cu_seqlens[-1] = {cu[-1]}"
-        )
+    cu = check_seqlens(api, cu_seqlens, L)
     return cu[1:-1] - 1 if reverse else cu[1:-1]
 
 
@@ -277,3 +258,22 @@ def prepare(api: str, operands: dict[str, object], h0: object = None, reset: obj
         rmask = np.ascontiguousarray(seg, dtype=np.uint8) if rmask is None else rmask | seg
     return ScanArrays(inputs=inputs, h0=h0v, reset=rmask, batch_shape=batch, dtype=dtype, out_dtype=out_dtype,
                       layouts=layouts)
+
+
+def device_module(values) -> object | None:
+    """CuPy when some value is a CuPy array (device operands, e.g. from CUDA tensors), else ``None``."""
+    if any(v is not None and type(v).__module__.partition(".")[0] == "cupy" for v in values):
+        import cupy
+
+        return cupy
+    return None
+
+
+def host_arrays(values) -> tuple[list, object | None]:
+    """``values`` with every CuPy array copied to a NumPy array, and the device module the results should go
+    back to (``None``: they were host arrays).  For operations that have no device rendering yet."""
+    xp = device_module(values)
+    if xp is None:
+        return list(values), None
+    return [xp.asnumpy(v) if v is not None and isinstance(v, xp.ndarray) else v for v in values], xp
+

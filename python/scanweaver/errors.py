@@ -47,6 +47,24 @@ class UnknownPluginError(ScanInputError):
     """A schedule, backend, target or other plug-in name is not registered; the message lists the known ones."""
 
 
+def unknown_keyword(api: str, key: str, parameters, tunables) -> str:
+    """The message for keyword ``key`` of call ``api`` that is neither one of its ``parameters`` nor of its
+    ``tunables``, naming both lists and the nearest name.
+
+    Example:
+        >>> msg = unknown_keyword("scan", "revers", ["reverse", "h0"], ["chunk"])
+        >>> msg.split("; ")[-1]
+        "did you mean 'reverse'?"
+    """
+    import difflib
+
+    parameters, tunables = list(parameters), sorted(tunables)
+    near = difflib.get_close_matches(str(key), parameters + tunables, n=1)
+    hint = f"; did you mean {near[0]!r}?" if near else ""
+    return (f"{api}: unknown keyword {key!r}: it is neither a parameter ({', '.join(parameters)}) nor a tunable "
+            f"({', '.join(tunables) or 'none'}){hint}")
+
+
 #: Set to ``full`` (or ``off``) to see ScanWeaver's own frames in the tracebacks of its errors.
 TRACEBACK_ENV = "SCANWEAVER_TRACEBACK"
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep

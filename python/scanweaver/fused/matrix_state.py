@@ -57,6 +57,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..checks import check_seqlens
 from ..errors import ScanInputError
 from ..schedules.base import Tunable, non_negative, positive, power_of_two
 from .base import PARTS, FusedOp, Param, register
@@ -219,15 +220,12 @@ def _params(part: str) -> tuple[Param, ...]:
 
 
 def check_offsets(api: str, cu_seqlens: np.ndarray, T: int) -> None:
-    """Kernels index with ``cu_seqlens``: it must rise from 0 to T.
+    """Kernels index with ``cu_seqlens``: the one rule of :func:`scanweaver.checks.check_seqlens` holds.
 
     Raises:
         ScanInputError: naming the offsets and what they need.
     """
-    cu = np.asarray(cu_seqlens)
-    if cu.size and (cu[0] != 0 or cu[-1] != T or np.any(cu[1:] < cu[:-1])):
-        shown = cu.tolist() if cu.size <= 16 else f"{cu[:8].tolist()} ... {cu[-8:].tolist()}"
-        raise ScanInputError(f"{api}: cu_seqlens = {shown} must rise from 0 to T = {T}")
+    check_seqlens(api, cu_seqlens, T)
 
 
 def _segments(T: int, batch: int, cu_seqlens) -> list[tuple[int, int, int, int]]:

@@ -38,6 +38,7 @@ import numpy as np
 from ..errors import ScanInputError
 from ..ir import Stages
 from ..targets.gpu import launch_plan
+from .call_plan import CallPlan
 
 
 class PlanMismatch(Exception):
@@ -164,56 +165,36 @@ def overlapping(written, others) -> int | None:
 
 
 @dataclass
-class DevicePlan:
+class DevicePlan(CallPlan):
     """A device scan call resolved for one key: the kernels, their launches and the plan's scratch.
 
+    The fields of :class:`~scanweaver.runtime.call_plan.CallPlan`, with ``backend`` the ``cuda``
+    backend (``launch_planned``, ``planned_kernel``, ``empty``, ``timing``), and:
+
     Attributes:
-        names: operand names, in call order.
-        shape, dtype, state_shape: the operands' shape and dtype, and the state's shape.
-        has_h0, has_reset, return_state: the call's optional arguments and results.
-        info: what :attr:`Recurrence.last` reports for the call.
-        backend: the ``cuda`` backend (``launch_planned``, ``planned_kernel``, ``empty``, ``timing``).
         family: the caller's array library; device: the CUDA device; stream: the launch stream
             object (``None``: CuPy's current one).
         kernels: ``(kernel, groups, block)`` per launch, in order.
         scratch: the plan's own device buffers: ``ws``, ``wsi``, ``hlast`` (when no state is returned)
             and one-element stand-ins for an absent ``h0``/``reset``.
         zero_wsi: ``wsi`` is zeroed (on the stream) before every call.
-        from_store, store_stamp: as for :class:`scanweaver.fastpath.Plan`.
         order: per kernel operand (the lowered stages' order), its position among the call's operands.
         itemsizes: the element size of each of the call's arrays (operands, h0, reset, out; fixed by the key).
     """
 
-    names: tuple[str, ...]
-    shape: tuple[int, ...]
-    dtype: np.dtype
-    state_shape: tuple[int, ...]
-    has_h0: bool
-    has_reset: bool
-    return_state: bool
-    info: Any
-    backend: Any
     family: Family
     device: int
     stream: Any
     kernels: tuple[tuple[Any, int, int], ...]
     scratch: dict[str, Any] = field(default_factory=dict)
     zero_wsi: bool = False
-    from_store: bool = False
-    store_stamp: object = None
-    stamp_of: Callable[[], object] | None = None
     order: tuple[int, ...] = ()
     itemsizes: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        self.lanes = int(np.prod(self.shape[:-1], dtype=np.int64))
-        self.L = self.shape[-1]
+        super().__post_init__()
         self._ptr = {k: span(interface(v))[0] for k, v in self.scratch.items()}  # type: ignore[arg-type]
         self._wsi_bytes = span(interface(self.scratch["wsi"]))[1] - self._ptr["wsi"] if "wsi" in self.scratch else 0
-
-    def fresh(self) -> bool:
-        """False when the plan came from the tuned store and the store has changed since."""
-        return not self.from_store or self.stamp_of is None or self.store_stamp == self.stamp_of()
 
     def _checked(self, views: tuple) -> None:
         """The trampoline's checks on the call's interfaces (shapes, strides and dtypes matched by the key)."""

@@ -53,7 +53,7 @@ class ScanWeaverEntry(Peer):
         return None if avail.ok else avail.reason
 
     def device(self) -> str:
-        from ...api import pick_backend
+        from ...core.dispatch import pick_backend
 
         dev = pick_backend(self.backend).availability().device
         return dev or host_cpu()
@@ -74,7 +74,7 @@ class ScanWeaverEntry(Peer):
 
     def estimate(self, case: Case) -> float:
         if self.backend == "auto":
-            from ...api import pick_backend
+            from ...core.dispatch import pick_backend
 
             name = pick_backend("auto").name
             return case.elements * BACKEND_COST_NS.get(name, 5.0) * 1e-9

@@ -1,0 +1,105 @@
+"""The kernel pairs of the matrix-state operations, for the PyTorch and JAX front ends.
+
+Registered in :data:`scanweaver.calls.pairs.PAIRS` as ``linear_attention``,
+``mamba2`` and ``rwkv6``, so ``scanweaver.torch.<op>`` (a ``torch.library``
+custom op with an autograd formula) and ``scanweaver.jax.<op>`` (a
+``jax.custom_vjp``) run the fused ``matrix_state`` forward and backward of
+:mod:`.kernels` with the wrappers' chain rule of :mod:`.attention` and
+:mod:`.mamba2`.  Nothing per step is saved between the passes: the residuals
+are the inputs, and the backward recomputes the states.
+
+Outputs of every pair: ``o`` (the inputs' dtype) and the final state (the
+accumulation dtype), in the named operation's layout.  Options are Python
+literals (``dt_limit`` as text, since ``inf`` is no literal).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...arrays import compute_dtype, host_arrays
+from ...calls.pairs import PAIRS, KernelPair
+from ...errors import ScanInputError
+from . import attention, mamba2
+
+
+def _wrap(forward, backward):
+    """The pair's functions on host arrays, results back on the inputs' device (CuPy arrays from CUDA tensors)."""
+
+    def fwd(inputs: list, options: dict) -> list:
+        host, xp = host_arrays(inputs)
+        out = forward(host, options)
+        return out if xp is None else [xp.asarray(r) for r in out]
+
+    def bwd(inputs: list, residuals: list, cotangents: list, needs: list, options: dict) -> list:
+        host, xp = host_arrays(inputs)
+        cot, _ = host_arrays(list(cotangents))
+        out = backward(host, residuals, cot, needs, options)
+        return out if xp is None else [xp.asarray(g) for g in out]
+
+    return fwd, bwd
+
+
+def _spec(specs: list, i: int, api: str, name: str, ndim: int):
+    if specs[i] is None or len(specs[i][0]) != ndim:
+        raise ScanInputError(f"{api}: {name} needs {ndim} dimensions, got "
+                             f"{'none' if specs[i] is None else tuple(specs[i][0])}")
+    return tuple(specs[i][0])
+
+
+def _nseq(batch: int, options: dict) -> int:
+    cu = options.get("cu_seqlens")
+    return batch if cu is None else len(cu) - 1
+
+
+def _la_shapes(specs: list, options: dict, api: str = attention.LA) -> list:
+    q = _spec(specs, 0, api, "q" if api == attention.LA else "r", 4)
+    v = _spec(specs, 2, api, "v", 4)
+    wide = compute_dtype([s[1] for s in specs if s is not None])
+    wide = wide if wide.kind == "f" else np.dtype(np.float64)
+    out = specs[2][1] if np.dtype(specs[2][1]).kind == "f" else wide
+    return [(v, np.dtype(out)), ((_nseq(v[0], options), v[2], q[3], v[3]), wide)]
+
+
+def _mamba2_shapes(specs: list, options: dict) -> list:
+    x = _spec(specs, 0, mamba2.API, "x", 4)
+    B = _spec(specs, 3, mamba2.API, "B", 4)
+    wide = compute_dtype([s[1] for s in specs if s is not None])
+    wide = wide if wide.kind == "f" else np.dtype(np.float64)
+    out = specs[0][1] if np.dtype(specs[0][1]).kind == "f" else wide
+    return [(x, np.dtype(out)), ((_nseq(x[0], options), x[2], x[3], B[3]), wide)]
+
+
+PAIRS.register()(KernelPair(attention.LA, *_wrap(attention.la_forward, attention.la_backward), _la_shapes,
+                            n_outputs=2))
+PAIRS.register()(KernelPair(attention.RWKV6, *_wrap(attention.rwkv6_forward, attention.rwkv6_backward),
+                            lambda specs, options: _la_shapes(specs, options, attention.RWKV6), n_outputs=2))
+PAIRS.register()(KernelPair("mamba2", *_wrap(mamba2.mamba2_forward, mamba2.mamba2_backward), _mamba2_shapes,
+                            n_outputs=2))
+
+
+def _cu(cu_seqlens) -> list | None:
+    return None if cu_seqlens is None else [int(c) for c in np.asarray(cu_seqlens).reshape(-1)]
+
+
+def la_options(scale=None, reverse: bool = False, cu_seqlens=None, backend: str = "auto", **tunables) -> dict:
+    """The ``linear_attention`` pair's options (Python literals: they key the front ends' compiled ops)."""
+    return {"scale": None if scale is None else float(scale), "reverse": bool(reverse), "cu_seqlens": _cu(cu_seqlens),
+            "backend": backend, "tunables": dict(tunables)}
+
+
+def rwkv6_options(scale=None, cu_seqlens=None, backend: str = "auto", **tunables) -> dict:
+    """The ``rwkv6`` pair's options."""
+    return {"scale": None if scale is None else float(scale), "cu_seqlens": _cu(cu_seqlens), "backend": backend,
+            "tunables": dict(tunables)}
+
+
+def mamba2_options(dt_softplus: bool = False, dt_limit=(0.0, float("inf")), cu_seqlens=None, chunk_size=None,
+                   backend: str = "auto", **tunables) -> dict:
+    """The ``mamba2`` pair's options (``dt_limit`` as text)."""
+    lo, hi = mamba2.limit_of(dt_limit)
+    if chunk_size is not None and (not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1):
+        raise ScanInputError(f"{mamba2.API}: chunk_size must be a positive int or None, got {chunk_size!r}")
+    return {"dt_softplus": bool(dt_softplus), "dt_limit": (repr(lo), repr(hi)), "cu_seqlens": _cu(cu_seqlens),
+            "chunk_size": None if chunk_size is None else int(chunk_size), "backend": backend,
+            "tunables": dict(tunables)}
