@@ -202,7 +202,7 @@ class Rounds:
     Example:
         >>> r = Rounds((1.0, 1.1, 0.9, 1.0))
         >>> r.median, round(r.spread, 3)
-        (1.0, 0.075)
+        (1.0, 0.05)
     """
 
     times: tuple[float, ...]
