@@ -250,6 +250,11 @@ def beside_roofline(case: Case, results: list[Result], calls: dict, settings: Se
         return
     backend = me.details["backend"]
     threads = scan_threads(backend, me.details.get("config", {}), get_backend(backend).availability().device)
+    if threads is None:
+        me.details["roofline"] = {"fraction": None, "quiet": None,
+                                  "note": f"the default path ran on an accelerator ({backend}); the roofline is a "
+                                          "kernel of this host's cores"}
+        return
     B, D, L = case.shape
     try:
         cmp = compare(calls[me.entry], B * D, L, case.dtype, threads, repeats=settings.min_repeats,

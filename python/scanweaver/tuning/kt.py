@@ -206,7 +206,9 @@ def tune(recurrence=None, *, backend: str = "cpu", shape=(8, 512, 4096), dtype: 
             alternately this many times each (fresh compiles, no cache) and report
             those medians, so that load drift on a shared machine between the
             sweep and the default's measurement cannot skew best/default; when the
-            default is then no slower, the default is what gets stored.
+            default is then no slower, the default is what gets stored (without
+            ``confirm``, so is a default outside the searched space that measured
+            faster than everything the search found). The table says which.
         parallel: spread the search space over this many Ray workers, each owning
             one device (:mod:`scanweaver.tuning.cluster`; ``pip install scanweaver[cluster]``).
         ray_address: the Ray cluster to use (default: ``$RAY_ADDRESS``, an already

@@ -139,10 +139,19 @@ class TuneReport:
 
     @property
     def stores_default(self) -> bool:
-        """True when best and default were re-measured alternately (``confirm``) and the default was no
-        slower: then the default is the verdict, stored and reported as such."""
+        """True when the default is the verdict, stored and reported as such: re-measured alternately with the
+        best (``confirm``) it was no slower, or (not re-measured) it lies outside the searched space and was
+        measured faster than everything the search found."""
         best, default = self.confirmed.get("best"), self.confirmed.get("default")
-        return bool(best) and bool(default) and float(np.median(default)) <= float(np.median(best))
+        if best and default:
+            return float(np.median(default)) <= float(np.median(best))
+        return (self.best is not None and self.default is not None and self.default.time_ms is not None
+                and self.default.time_ms < self.best.time_ms)
+
+    @property
+    def default_outside(self) -> bool:
+        """True when the default was measured but is not one of the searched space's configurations."""
+        return self.default is not None and all(e.label() != self.default.label() for e in self.evaluations)
 
     def busy(self) -> str:
         """Why the times are uncertain (:func:`scanweaver.runtime.roofline.busy_reason` of the best's, the
@@ -180,7 +189,7 @@ class TuneReport:
             "skipped_reasons": {e.label(): e.reason for e in self.skipped},
             "store_path": self.store_path, "kt_cache": self.kt_cache, "timing": self.timing,
             "wall_s": round(self.wall_s, 3), "notes": self.notes, "confirmed": self.confirmed,
-            "stored": ("default" if self.stores_default else "best") if best else None,
+            "stored": ("default" if self.stores_default else "best") if best else None,  # (or would be)
             "quiet": not self.busy(), "busy": self.busy(),
         }
 
@@ -204,7 +213,8 @@ class TuneReport:
                                               f"{self.best_ms:.4g} ms, default {self.default_ms:.4g} ms)"
                                               if confirmed else ""))
         lines.append(f"evaluated {len(self.ok)}, skipped {len(self.skipped)} of {self.space_size} configurations "
-                     f"in {self.wall_s:.1f} s")
+                     f"in {self.wall_s:.1f} s" + ("; the default, outside the searched space, was measured too"
+                                                   if self.default_outside else ""))
         for e in self.skipped:
             lines.append(f"  skipped {e.label()}: {e.reason}")
         lines.extend(f"note: {n}" for n in self.notes)
@@ -213,7 +223,8 @@ class TuneReport:
             lines.append(f"note: {busy}; the times and speedups above are uncertain: tune again on a quiet machine")
         if self.store_path and self.best is not None:
             chosen = self.default if self.stores_default and self.default else self.best
-            why = " (re-measured, the default was no slower than the search's best)" if self.stores_default else ""
+            why = ("" if not self.stores_default else " (re-measured, the default was no slower than the search's best)"
+                   if confirmed else " (measured faster than everything the search found)")
             lines.append(f"stored {'the default' if self.stores_default else 'the best'} {chosen.label()}{why} "
                          f"in {self.store_path}")
         elif self.store_path:
@@ -266,7 +277,8 @@ class TuneReport:
         ax.set_yscale("log")
         ax.set_xlim(0.5, len(ok) + 0.5)
         times = [e.time_ms for e in ok] + ([self.default_ms] if self.default_ms is not None else [])
-        ax.set_ylim(min(times) / 1.25, max(times) * 1.25)  # room above the worst and below the best
+        pad = max(1.5, (max(times) / min(times)) ** 0.08)  # room for the markers above the worst, below the best
+        ax.set_ylim(min(times) / pad, max(times) * pad)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("configuration (rank by time, 1 = best)")
         ax.set_ylabel("time (ms)")
