@@ -139,8 +139,8 @@ def print_table(result: dict) -> None:
         shown["roofline_fraction"] = "n/a (see the note below)" if result["note"] else None
     elif result["roofline_threads"] is not None:
         threads = result["roofline_threads"]
-        shown["roofline_fraction"] = (f"{result['roofline_fraction']:.3g} (both on "
-                                      f"{threads if threads else 'the free'} thread{'s' if threads != 1 else ''})")
+        on = "the free cores" if threads == 0 else f"{threads} thread{'s' if threads != 1 else ''}"
+        shown["roofline_fraction"] = f"{result['roofline_fraction']:.3g} (both on {on})"
     values = {k: _fmt(shown[k]) for k in EXPLAIN}
     width = max(len(k) for k in EXPLAIN)
     vwidth = max(len(v) for v in values.values())
