@@ -29,11 +29,7 @@ TIMEOUT_S = 900
 #: Examples that are right but fail because of a defect: (page, a text only that block holds) ->
 #: (reason, a text of the error it fails with). Each is expected to fail with that error, strictly: once it
 #: runs, the test fails until its entry (and the page's note) go; a different error is a plain failure.
-KNOWN_FAILURES = {
-    ("docs/clusters.md", "scanweaver.dask.apply(gated, delta, -1.0, x)"):
-        ("scanweaver.dask.apply refuses a scalar operand that the in-memory call accepts",
-         "ScanInputError: gated (dask): A is a scalar"),
-}
+KNOWN_FAILURES: dict[tuple[str, str], tuple[str, str]] = {}
 
 
 class ExampleFailed(AssertionError):

@@ -50,9 +50,12 @@ def unify(arrays: list, ndim: int) -> list:
 
 
 def _shape(api: str, ops: dict, broadcast: bool) -> tuple[int, ...]:
-    for n, a in ops.items():
-        if a.ndim == 0:
-            raise ScanInputError(f"{api}: {n} is a scalar; operands need layout (..., L), scanned over the last axis")
+    """The operands' common shape ``(..., L)``: broadcast as the in-memory call does (scalars included) for a
+    recurrence that broadcasts, else one shape shared by all."""
+    if all(a.ndim == 0 for a in ops.values()) or (not broadcast and any(a.ndim == 0 for a in ops.values())):
+        n = next(n for n, a in ops.items() if a.ndim == 0)
+        raise ScanInputError(f"{api}: {n} is a scalar; operands need layout (..., L), scanned over the last axis"
+                             f"{'' if broadcast else ' (every operand of this recurrence has that shape)'}")
     shapes = {n: tuple(a.shape) for n, a in ops.items()}
     desc = ", ".join(f"{n}{s}" for n, s in shapes.items())
     if broadcast:

@@ -20,6 +20,7 @@ from typing import ClassVar
 from collections.abc import Callable
 
 from ..ir.expr import BINARY, Expr, is_const
+from ..ir.functions import COMPARISONS
 from ..ir import Stages
 
 CTYPES = {"float32": "float", "float64": "double"}
@@ -133,6 +134,12 @@ class CStyleRenderer:
             # the compiler evaluates it once.
             v, T = self.expr(e.args[0], load, dtype), self.ctype(dtype)
             return f"(({T})({v} > 0) - ({T})({v} < 0))"
+        if e.op == "call" and e.name in COMPARISONS:
+            lhs, rhs = (self.expr(a, load, dtype) for a in e.args)
+            return f"(({self.ctype(dtype)})({lhs} {COMPARISONS[e.name][1]} {rhs}))"
+        if e.op == "call" and e.name == "where":
+            c, a, b = (self.expr(x, load, dtype) for x in e.args)
+            return f"(({c}) != 0 ? ({a}) : ({b}))"
         if e.op == "call":
             args = ", ".join(self.expr(a, load, dtype) for a in e.args)
             return f"{self.math_fn(e.name, dtype)}({args})"
