@@ -89,3 +89,15 @@ def test_lookback_votes_and_reduces_across_a_warp(tmp_path):
     ptx = (tmp_path / "kernel.out").read_text()
     assert "vote.sync.ballot" in ptx and "shfl.sync.down" in ptx
     assert "atom.global.exch.b64" in ptx, "float32 states are published packed with their status in one word"
+
+
+@scanweaver.recurrence
+def masked(h, g, x):
+    return np.clip(g, 0.0, 0.99) * h + np.where(x > 0, x, 0.1 * x) * (x != 0.5)
+
+
+def test_comparisons_and_where_compile(tmp_path):
+    stages = masked.lower(backend="numpy", schedule="reduce_then_scan", dtype="float32")
+    source = emit_source(stages, "cuda")
+    assert "!= 0 ?" in source
+    nvcc(tmp_path, source, "-cubin", "-arch=sm_90")

@@ -123,6 +123,9 @@ class Sym:
     def __le__(self, o): return self._compare(o, "le", "<=")
     def __gt__(self, o): return self._compare(o, "gt", ">")
     def __ge__(self, o): return self._compare(o, "ge", ">=")
+    def __eq__(self, o): return self._compare(o, "eq", "==")  # type: ignore[override]
+    def __ne__(self, o): return self._compare(o, "ne", "!=")  # type: ignore[override]
+    __hash__ = object.__hash__
     def __abs__(self): return Sym(E.call("abs", self.expr))
 
     def clip(self, lo=None, hi=None) -> Sym:
