@@ -106,7 +106,7 @@ def test_numpy_backend_runs_the_fused_backward(rng):
     do = rng.normal(size=v.shape)
     op = FUSED.get("delta_rule")
     features = DeltaRuleFeatures("float64", 4, 5)
-    sizes = {"batch": 2, "T": 9, "H": 3, "nseq": 2}
+    sizes = {"batch": 2, "T": 9, "H": 3, "Hq": 3, "nseq": 2}
     out = {n: np.full(s, np.nan) for n, s in op.shapes("backward", features, sizes).items()
            if n in ("dq", "dk", "dv", "dbeta")}
     get_backend("numpy").run_fused(op.call("backward", features, {}), {"q": q, "k": k, "v": v, "beta": beta,
@@ -147,7 +147,7 @@ def gpu_problem(rng, dtype, packed, has_h0, has_dhlast, K, V):
               "h0": rng.normal(size=state).astype(dtype) if has_h0 else None,
               "dhlast": rng.normal(size=state).astype(dtype) if has_dhlast else None}
     return DeltaRuleFeatures(dtype, K, V, has_h0, packed, has_dhlast), {"batch": batch, "T": T, "H": H,
-                                                                          "nseq": nseq}, arrays
+                                                                          "Hq": H, "nseq": nseq}, arrays
 
 
 @pytest.mark.parametrize("case", GPU_CASES, ids=[c[0] for c in GPU_CASES])

@@ -39,12 +39,12 @@ PRELUDE = r"""
 #define SW_TT SW_TIME_TILE
 #define SW_NVT ((SW_V + SW_WG - 1) / SW_WG)
 #define SW_SEGMENT(seq) \
-  const sw_index b = SW_HAS_SEQLENS ? 0 : (seq); \
+  const sw_index bi = SW_HAS_SEQLENS ? 0 : (seq); \
   const sw_index start = SW_HAS_SEQLENS ? cu_seqlens[seq] : 0; \
   const sw_index len = SW_HAS_SEQLENS ? cu_seqlens[(seq) + 1] - start : T
-#define SW_QK(t) (((b * T + (t)) * H + h) * SW_K)
-#define SW_VO(t) (((b * T + (t)) * H + h) * SW_V)
-#define SW_BT(t) ((b * T + (t)) * H + h)
+#define SW_QK(t) (((bi * T + (t)) * H + h) * SW_K)
+#define SW_VO(t) (((bi * T + (t)) * H + h) * SW_V)
+#define SW_BT(t) ((bi * T + (t)) * H + h)
 #define SW_TILE_LEN(s0) ((int)(len - (s0) < SW_TT ? len - (s0) : SW_TT))
 /* the column work-item: its sequence, head and state column j (element (i, j) at st + i * SW_V) */
 #define SW_COLUMN() \
@@ -260,6 +260,11 @@ def plan(call, sizes: dict):
     from .gpu import Launch, Plan
 
     f: DeltaRuleFeatures = call.features
+    if f.gate != "none" or f.form != "delta" or f.l2norm or f.dtype not in ("float32", "float64") \
+            or sizes["Hq"] != sizes["H"]:
+        raise ScanInputError(f"delta_rule {call.part}: the GPU kernels run DeltaNet only (gate none, form delta, "
+                             f"no l2norm, Hq = H, float32 or float64); got gate {f.gate}, form {f.form}, "
+                             f"l2norm {f.l2norm}, {f.dtype}, Hq = {sizes['Hq']}, H = {sizes['H']}")
     wg, tt = call.params["workgroup_size"], call.params["time_tile"]
     need = local_bytes(call.part, f, tt)
     if need > SM90.shared_per_block:
