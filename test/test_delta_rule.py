@@ -54,7 +54,8 @@ def backend_or_skip(name: str) -> str:
     return name
 
 
-@pytest.mark.parametrize("backend, packed", [("numpy", False), ("numpy", True), ("opencl", True)])
+@pytest.mark.parametrize("backend, packed", [("numpy", False), ("numpy", True), ("cpu", False), ("cpu", True),
+                                             ("opencl", True)])
 def test_delta_rule_matches_the_float64_loop(rng, backend, packed):
     q, k, v, beta = operands(rng, batch=1 if packed else 2, T=11)
     cu = np.array([0, 4, 4, 11]) if packed else None
@@ -129,7 +130,7 @@ def test_bad_input_names_the_argument(rng):
     with pytest.raises(ScanInputError, match="dtype complex"):
         scanweaver.delta_rule(q.astype(complex), k, v, beta)
     with pytest.raises(BackendUnavailable, match="no delta_rule forward kernel"):
-        scanweaver.delta_rule(q, k, v, beta, backend="cpu")
+        scanweaver.delta_rule(q, k, v, beta, backend="julia")
 
 
 #: (dtype, packed, has_h0, has_dhlast, K, V, config): V split over workgroups, tiles that do not divide T.

@@ -173,7 +173,7 @@ class DeltaRule(FusedOp):
                    "b_t a_t^T S_{t-1} + k_t v_t^T read by q_t (DeltaNet, Gated DeltaNet, KDA, RWKV-7)")
     parts = PARTS
     tunables = {"c": C_TUNABLES, "gpu": GPU_TUNABLES}
-    implementations = {"numpy": PARTS, "opencl": PARTS, "cuda": PARTS}
+    implementations = {"numpy": PARTS, "c": PARTS, "opencl": PARTS, "cuda": PARTS}
 
     def work(self, features: DeltaRuleFeatures, sizes: dict[str, int]) -> int:
         """``batch * T * H * K * V`` state elements per forward call."""
