@@ -134,8 +134,8 @@ def test_bad_input_names_the_argument(rng):
 
 
 #: (dtype, packed, has_h0, has_dhlast, K, V, config): V split over workgroups, tiles that do not divide T.
-GPU_CASES = [("float64", False, True, True, 4, 6, {"workgroup_size": 8, "time_tile": 4}),
-             ("float32", True, False, False, 5, 19, {"workgroup_size": 8, "time_tile": 3})]
+GPU_CASES = [("float64", False, True, True, 4, 6, {"workgroup_size": 8, "time_tile": 4, "key_split": 2}),
+             ("float32", True, False, False, 5, 19, {"workgroup_size": 8, "time_tile": 3, "key_split": 4})]
 
 
 def gpu_problem(rng, dtype, packed, has_h0, has_dhlast, K, V):

@@ -156,6 +156,11 @@ C_TUNABLES = (
             lambda v: non_negative(v) or _between(v, 0, 1024)),
 )
 
+#: The GPU (OpenCL, CUDA) kernels' tunables: the matrix-state kernels' and the split of K over work-items.
+GPU_DELTA_TUNABLES = (*GPU_TUNABLES, Tunable(
+    "key_split", 4, (1, 2, 4, 8), "work-items per state column, each keeping K / key_split of its rows in "
+    "registers (a workgroup sum joins their dots)", lambda v: power_of_two(v) or _between(v, 1, 64)))
+
 #: Inputs, optional inputs, sizes (H: heads of v/o and of the state; Hq: heads of q/k).
 _IN = ("q", "k", "v")
 _OPT_IN = ("g", "beta", "a", "b", "h0", "cu_seqlens")
@@ -172,7 +177,7 @@ class DeltaRule(FusedOp):
     description = ("delta rule S_t = (I - beta_t k_t k_t^T) D_t S_{t-1} + beta_t k_t v_t^T or D_t S_{t-1} + "
                    "b_t a_t^T S_{t-1} + k_t v_t^T read by q_t (DeltaNet, Gated DeltaNet, KDA, RWKV-7)")
     parts = PARTS
-    tunables = {"c": C_TUNABLES, "gpu": GPU_TUNABLES}
+    tunables = {"c": C_TUNABLES, "gpu": GPU_DELTA_TUNABLES}
     implementations = {"numpy": PARTS, "c": PARTS, "opencl": PARTS, "cuda": PARTS}
 
     def work(self, features: DeltaRuleFeatures, sizes: dict[str, int]) -> int:
