@@ -8,6 +8,7 @@ threads; K = 65536 from a thread with a 256 KiB stack.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import subprocess
 import sys
@@ -165,6 +166,22 @@ def test_a_huge_key_dimension_runs_from_a_small_thread_stack(cpu):
     assert proc.returncode == 0, proc.stderr[-2000:]
     errs = json.loads(proc.stdout.strip().splitlines()[-1])
     assert errs["o"] < 1e-4 and errs["dk"] < 1e-3, errs
+
+
+def test_the_kernels_honour_the_fork_safe_thread_cap(cpu):
+    """Each unit defines ``sw_thread_cap`` (set to 1 in a process forked after kernels ran) and its
+    ``sw_threads`` obeys it, as the scans' do."""
+    from scanweaver.runtime import toolchain
+    from scanweaver.targets import TARGETS
+    from scanweaver.targets.fused import kernel_for
+
+    f, a, sizes = problem(np.random.default_rng(2), "gated", T=9, K=6, V=21)
+    cfg = OP.resolve("c", {}, cpu.fused_defaults(OP.name, f, sizes), "test")
+    for part in ("forward", "backward"):
+        source = kernel_for(cpu.target, OP.name).render(TARGETS.get(cpu.target)(), OP.call(part, f, cfg))
+        assert "sw_thread_cap > 0 && n > sw_thread_cap" in source
+        lib = toolchain.find_toolchain().load(source)
+        assert ctypes.c_int.in_dll(lib, "sw_thread_cap").value == 0
 
 
 def test_bad_offsets_and_tunables_are_clear_errors(cpu):
