@@ -88,7 +88,7 @@ def delta_rule(q, k, v, beta, *, scale: float | None = None, initial_state=None,
     if dtype not in (np.float32, np.float64):
         dtype = np.dtype(np.float64)
     features = DeltaRuleFeatures(dtype.name, K, V, h0 is not None, cu is not None)
-    sizes = {"batch": batch, "T": T, "H": H, "nseq": nseq}
+    sizes = {"batch": batch, "T": T, "H": H, "Hq": H, "nseq": nseq}
     arrays = {n: np.ascontiguousarray(a, dtype) for n, a in (("q", qa), ("k", ka), ("v", va), ("beta", ba))}
     arrays.update(h0=None if h0 is None else np.ascontiguousarray(h0, dtype), cu_seqlens=cu,
                   o=np.empty((batch, T, H, V), dtype), hlast=np.empty((nseq, H, K, V), dtype))
