@@ -117,9 +117,9 @@ def backend_for(op: str, part: str, backend: str, dtype: np.dtype, *, api: str, 
             raise BackendUnavailable(f"{api}: no available backend renders the fused {op} {part} kernel for "
                                      f"{np.dtype(dtype).name}; backends with one: {', '.join(renders(op, part))}")
         return be
-    be = get_backend(backend)
-    if FUSED.get(op).runs_on(be.target, part):
-        return be
+    cls = BACKENDS.get(backend)  # unknown names: the registry's error, naming the known ones
+    if FUSED.get(op).runs_on(cls.target, part):
+        return get_backend(backend)
     if fallback:
         other = best(op, part, dtype, features)
         if other is not None:
