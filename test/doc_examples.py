@@ -96,3 +96,18 @@ def run(blocks: list[dict]) -> int:
 
 if __name__ == "__main__":
     sys.exit(run(json.load(sys.stdin)))
+
+
+def namespace_after(marker: str) -> dict:
+    """The namespace of the first page whose Python block holds ``marker``, after running that page's
+    unmarked blocks up to and including that one (for tests that check what an example computes)."""
+    for path in pages():
+        blocks = [b for b in page_blocks(path) if b.lang == "python" and not b.needs]
+        hit = next((i for i, b in enumerate(blocks) if marker in b.code), None)
+        if hit is None:
+            continue
+        ns: dict = {"__name__": "__doc_example__"}
+        for b in blocks[: hit + 1]:
+            exec(compile(b.code, b.label, "exec"), ns)  # noqa: S102  (our own documentation)
+        return ns
+    raise LookupError(f"no documentation example holds {marker!r}")

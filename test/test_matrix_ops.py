@@ -206,7 +206,7 @@ def test_float16_storage():
     (lambda: scanweaver.linear_attention(np.ones((2, 4, 2, 3)), np.ones((2, 4, 2, 3)), np.ones((2, 4, 2, 5)),
                                          cu_seqlens=[0, 4]), "needs batch 1"),
     (lambda: scanweaver.linear_attention(np.ones((1, 4, 2, 3)), np.ones((1, 4, 2, 3)), np.ones((1, 4, 2, 5)),
-                                         cu_seqlens=[0, 3]), "end at T = 4"),
+                                         cu_seqlens=[0, 3]), "ending at T; got cu_seqlens\\[-1\\] = 3"),
     (lambda: scanweaver.linear_attention(np.ones((1, 4, 2, 3)), np.ones((1, 4, 2, 3)), np.ones((1, 4, 2, 5)),
                                          initial_state=np.ones((1, 2, 5, 3))), r"initial_state has shape"),
     (lambda: scanweaver.linear_attention(np.ones((1, 4, 2, 3)), np.ones((1, 4, 2, 3)), np.ones((1, 4, 2, 5)),

@@ -18,7 +18,7 @@ def check_seqlens(api: str, cu_seqlens: object, T: int, batch: int | None = None
     """``cu_seqlens`` checked, as a C-contiguous int64 array: the one rule of every operation.
 
     The offsets of sequences packed along the time axis: integers (not floats, not booleans),
-    1-D, at least two of them, starting at 0, never decreasing (a repeated offset is an empty
+    1-D, starting at 0 (``[0]`` alone: no sequence, with ``T = 0``), never decreasing (a repeated offset is an empty
     sequence) and ending at ``T``.  With ``batch``, the operands must have batch 1 (the sequences
     are packed into one row).
 
@@ -30,7 +30,7 @@ def check_seqlens(api: str, cu_seqlens: object, T: int, batch: int | None = None
         cu = np.asarray(cu_seqlens)
     except Exception:  # e.g. a device tensor: say what is needed
         raise ScanInputError(f"{api}: {name} must be {rule}; got {type(cu_seqlens).__name__}") from None
-    if cu.ndim != 1 or cu.size < 2 or cu.dtype.kind not in "iu":
+    if cu.ndim != 1 or cu.size < 1 or cu.dtype.kind not in "iu":
         raise ScanInputError(f"{api}: {name} must be {rule}; got shape {cu.shape}, dtype {cu.dtype}")
     cu = np.ascontiguousarray(cu, dtype=np.int64)
     if cu[0] != 0:

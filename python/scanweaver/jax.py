@@ -165,6 +165,10 @@ def apply(rec: Recurrence, *operands, h0=None, reset=None, reverse: bool = False
     if len(operands) != len(rec.inputs):
         raise ScanInputError(f"{rec.name}: takes {len(rec.inputs)} operands ({', '.join(rec.inputs)}), "
                              f"got {len(operands)}")
+    missing = [n for n, v in zip(rec.inputs, operands, strict=True) if v is None]
+    if missing:
+        raise ScanInputError(f"{rec.name}: operand(s) {', '.join(missing)} missing (None); needs "
+                             f"{', '.join(rec.inputs)} as arrays")
     _check_floating(rec.name, {**dict(zip(rec.inputs, operands, strict=True)), "h0": h0})
     opts = scan_options(rec, reverse=reverse, cu_seqlens=None if cu_seqlens is None else np.asarray(cu_seqlens),
                         backend=backend, schedule=schedule, config=config, states=states, **tunables)

@@ -221,6 +221,10 @@ def apply(rec: Recurrence, *operands, h0=None, reset=None, reverse: bool = False
     if len(operands) != len(rec.inputs):
         raise ScanInputError(f"{rec.name}: takes {len(rec.inputs)} operands ({', '.join(rec.inputs)}), "
                              f"got {len(operands)}")
+    missing = [n for n, t in zip(rec.inputs, operands, strict=True) if t is None]
+    if missing:
+        raise ScanInputError(f"{rec.name}: operand(s) {', '.join(missing)} missing (None); needs "
+                             f"{', '.join(rec.inputs)} as tensors")
     _check_tensors(rec.name, {**dict(zip(rec.inputs, operands, strict=True)), "h0": h0, "reset": reset, "out": out})
     tensors = [*operands, h0, reset]
     if not _needs_grad(tensors) and _on_device([*tensors, out]):

@@ -176,13 +176,6 @@ def _require(backend: str, dtype: np.dtype, part: str, api: str) -> Backend:
     be = fused_backend(backend, dtype, part)
     if be is None:
         name = backend if backend != "auto" else pick_backend("auto").name
-        runs = [n for n, c in _backends() if FUSED.get(OP).runs_on(c.target, part)]
-        raise BackendUnavailable(f"{api}: backend {name!r} has no fused Mamba-1 {part} kernel for dtype {dtype}; "
-                                 f"backends with one: {', '.join(runs)}")
+        raise BackendUnavailable(f"{api}: backend {name!r} has no fused {OP} {part} kernel for dtype {dtype}; "
+                                 f"backends with one: {', '.join(runner.renders(OP, part))} (or backend='auto')")
     return be
-
-
-def _backends():
-    from ...runtime import REGISTRY
-
-    return REGISTRY.items()
