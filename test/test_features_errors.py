@@ -109,7 +109,7 @@ def test_cu_seqlens_validation(rng, cu, message):
 
 
 def test_cu_seqlens_on_mamba_is_validated(rng):
-    with pytest.raises(ScanInputError, match="mamba_selective_scan: cu_seqlens must be .*T = 11.*got cu_seqlens\\[-1\\] = 10"):
+    with pytest.raises(ScanInputError, match=r"mamba_selective_scan: cu_seqlens must be .*T = 11.*\[-1\] = 10"):
         scanweaver.mamba_selective_scan(**mamba_ops(rng), cu_seqlens=[0, 3, 10], backend="numpy")
 
 
