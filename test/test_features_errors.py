@@ -83,11 +83,11 @@ CU_BAD = [
     ([0, 4, 9], r"ending at T; got cu_seqlens\[-1\] = 9"),
     ([0, 4, 12], r"ending at T; got cu_seqlens\[-1\] = 12"),
     ([1, 4, 10], r"starting at 0.*got cu_seqlens\[0\] = 1"),
-    ([0.0, 4.0, 10.0], r"1-D integers .*got shape \(3,\), dtype float64"),
-    ([0, 3.5, 10], r"1-D integers .*got shape \(3,\), dtype float64"),
-    ([[0, 10]], r"1-D integers .*got shape \(1, 2\)"),
-    ([[0, 4], [4, 10]], r"1-D integers .*got shape \(2, 2\)"),
-    ([], r"1-D integers .*got shape \(0,\)"),
+    ([0.0, 4.0, 10.0], r"got shape \(3,\), dtype float64"),
+    ([0, 3.5, 10], r"got shape \(3,\), dtype float64"),
+    ([[0, 10]], r"got shape \(1, 2\)"),
+    ([[0, 4], [4, 10]], r"got shape \(2, 2\)"),
+    ([], r"got shape \(0,\)"),
 ]
 
 def test_empty_packed_sequences_are_allowed(rng):
