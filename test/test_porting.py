@@ -288,3 +288,16 @@ def test_tensors_as_offsets_and_sequence_indices_are_taken_as_their_values():
         scanweaver.linear_attention(q, q, q, cu_seqlens=torch.tensor([0, 5, 12]),
                                     cu_seqlens_cpu=torch.tensor([0, 6, 12]))
     assert math.isfinite(float(scanweaver.linear_attention(q, q, q, None, torch.tensor(0.5))[0].sum()))
+
+
+def test_state_update_on_tensors_that_need_gradients():
+    H, P, N = 2, 3, 4
+    x, dt, A = _t(RNG.normal(size=(1, H, P))), _t(RNG.normal(size=(1, H))), _t(-np.ones(H))
+    B = C = _t(RNG.normal(size=(1, 1, N)))
+    with pytest.raises(ScanInputError, match="state is a leaf tensor that requires grad"):
+        scanweaver.mamba2_state_update(torch.zeros(1, H, P, N, requires_grad=True), x, dt, A, B, C)
+    x.requires_grad_()
+    state = torch.ones(1, H, P, N)
+    out = scanweaver.mamba2_state_update(state, x, dt, A, B, C)            # a cache: gradients reach x
+    out.sum().backward()
+    assert x.grad is not None and torch.count_nonzero(x.grad) == x.numel()

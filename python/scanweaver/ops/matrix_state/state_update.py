@@ -109,6 +109,10 @@ def mamba2_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_
             f"{getattr(state, 'dtype', type(state).__name__)}"
         raise ScanInputError(f"{API}: state must be a writeable floating-point array (it is updated in place); "
                              f"got {got}")
+    if getattr(state, "requires_grad", False) and state.is_leaf and xp.is_grad_enabled():
+        raise ScanInputError(f"{API}: state is a leaf tensor that requires grad, which PyTorch cannot change in "
+                             "place; pass a state that needs no gradient (a cache), or use mamba2_step, which "
+                             "returns the new state")
     heads = len(_shape(state)) == 4
     S = state if heads else state[:, None]
     nb, H, P, N = _shape(S)
