@@ -25,8 +25,9 @@ def _adapter(name):
 
 def test_every_public_operation_is_declared():
     names = set(OPERATIONS.names())
-    public = {"selective_scan", "mamba_selective_scan", "linear_attention", "rwkv6", "mamba2_scan", "delta_rule",
-              "linear_attention_step", "rwkv6_step", "mamba2_step", "log_scan"}
+    public = {"selective_scan", "mamba_selective_scan", "linear_attention", "simple_gla", "retention", "rwkv6",
+              "mamba2_scan", "delta_rule", "linear_attention_step", "rwkv6_step", "mamba2_step", "mamba2_state_update",
+              "log_scan"}
     assert public <= names
     for name in names:
         assert getattr(scanweaver, name).declaration is OPERATIONS.get(name)

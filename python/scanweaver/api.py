@@ -21,9 +21,12 @@ from .ops.matrix_state import (
     linear_attention,
     linear_attention_step,
     mamba2_scan,
+    mamba2_state_update,
     mamba2_step,
+    retention,
     rwkv6,
     rwkv6_step,
+    simple_gla,
 )
 from .ops.matrix_state.recurrence import MatrixRecurrence
 from .ops.scan import SELECTIVE, SELECTIVE_NO_C, selective_scan
@@ -74,5 +77,5 @@ def recurrence(step: Callable | None = None, *, name: str | None = None, broadca
 
 
 __all__ = ["SELECTIVE", "SELECTIVE_NO_C", "CallInfo", "MatrixRecurrence", "Recurrence", "delta_rule",
-           "linear_attention", "linear_attention_step", "log_scan", "mamba2_scan", "mamba2_step",
-           "mamba_selective_scan", "recurrence", "rwkv6", "rwkv6_step", "selective_scan"]
+           "linear_attention", "linear_attention_step", "log_scan", "mamba2_scan", "mamba2_state_update", "mamba2_step",
+           "mamba_selective_scan", "recurrence", "retention", "rwkv6", "rwkv6_step", "selective_scan", "simple_gla"]

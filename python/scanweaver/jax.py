@@ -37,7 +37,7 @@ import numpy as np
 from .calls import route
 from .core.recurrence import Recurrence
 from .calls.declare import CALL_ARRAYS, OPERATIONS, Operation, make_entry
-from .calls.pairs import PAIRS, parse_options
+from .calls.pairs import PAIRS, options_text, parse_options
 from .ops.scan.grad import scan_options
 from .errors import ScanInputError, ScanWeaverError
 
@@ -187,9 +187,10 @@ def _entry(op: Operation):
             return apply(rec, *(args[n] for n in rec.inputs), **rest, **args["tunables"])
         if op.pair is None:  # written in the caller's array library: differentiable by JAX itself
             return op.run_numpy(args)
-        inputs = op.pair_inputs(args)
-        _check_floating(op.name, dict(zip(op.arrays, inputs, strict=False)))
-        return op.finish(call(op.pair, inputs, op.options(args)), args)
+        _check_floating(op.name, {n: args.get(n) for n in op.arrays})
+        options = op.options(args)
+        options_text(op.name, options)
+        return op.finish(call(op.pair, op.pair_inputs(args), options), args)
 
     return make_entry(op, run, __name__)
 

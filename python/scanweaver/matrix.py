@@ -16,11 +16,14 @@ from .ops.matrix_state import (
     linear_attention,
     linear_attention_step,
     mamba2_scan,
+    mamba2_state_update,
     mamba2_step,
     operands,
+    retention,
     runs_matrix_state,
     rwkv6,
     rwkv6_step,
+    simple_gla,
 )
 
 
@@ -31,4 +34,5 @@ def __getattr__(name: str):
 
 
 __all__ = ["FusedInfo", "MatrixOperands", "backward", "forward", "linear_attention", "linear_attention_step",
-           "mamba2_scan", "mamba2_step", "operands", "runs_matrix_state", "rwkv6", "rwkv6_step"]
+           "mamba2_scan", "mamba2_state_update", "mamba2_step", "operands", "retention", "runs_matrix_state", "rwkv6",
+           "rwkv6_step", "simple_gla"]

@@ -41,7 +41,7 @@ import torch
 from .calls import route
 from .core.recurrence import Recurrence
 from .calls.declare import CALL_ARRAYS, OPERATIONS, Operation, make_entry
-from .calls.pairs import PAIRS, parse_options
+from .calls.pairs import PAIRS, options_text, parse_options
 from .ops.scan.grad import scan_options
 from .errors import ScanInputError
 
@@ -252,12 +252,20 @@ def apply(rec: Recurrence, *operands, h0=None, reset=None, reverse: bool = False
 
 
 def _static(value):
-    """A non-array argument as a constant for :func:`_options` (tensors of offsets as tuples of ints)."""
+    """A non-array argument as a constant for :func:`_options`: a tensor (offsets, sequence indices, a
+    0-d scale) as its values in nested tuples, with its shape and its kind of number, so the operation's
+    checks see what the caller passed (a float or 2-D ``cu_seqlens`` is refused, not truncated)."""
     if isinstance(value, torch.Tensor):
-        return tuple(int(v) for v in value.reshape(-1).tolist())
+        return _frozen(value.detach().cpu().tolist())
     if isinstance(value, dict):
-        return tuple(sorted(value.items()))
+        return tuple(sorted((k, _static(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(_static(v) for v in value)
     return value
+
+
+def _frozen(value):
+    return tuple(_frozen(v) for v in value) if isinstance(value, list) else value
 
 
 @torch.compiler.assume_constant_result
@@ -265,7 +273,7 @@ def _options(name: str, static: tuple) -> str:
     """Operation ``name``'s kernel-pair options as text; a constant for ``torch.compile`` (it runs when tracing)."""
     args = dict(static)
     args["tunables"] = dict(args.get("tunables") or ())
-    return repr(OPERATIONS.get(name).options(args))
+    return options_text(name, OPERATIONS.get(name).options(args))
 
 
 def _float32(tensors: list) -> tuple[list, bool]:
@@ -288,7 +296,7 @@ def _entry(op: Operation):
         static = tuple(sorted((k, _static(v)) for k, v in args.items() if k not in op.arrays))
         opts = _options(op.name, static)
         inputs = op.pair_inputs(args)
-        _check_tensors(op.name, dict(zip(op.arrays, inputs, strict=False)))
+        _check_tensors(op.name, {n: args.get(n) for n in op.arrays})
         ins, bf16 = _float32(inputs)
         outs = call(op.pair, ins, opts)
         if bf16:

@@ -35,6 +35,7 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..errors import ScanInputError
 from ..registry import Discovery, Registry
 
 
@@ -63,6 +64,8 @@ class KernelPair:
 
 #: Every kernel pair, by name: each operation's package under :mod:`scanweaver.ops` registers its own.
 PAIRS: Registry[KernelPair] = Registry("kernel pair", (Discovery("scanweaver.ops"),))
+
+
 @functools.lru_cache(maxsize=256)
 def parse_options(text: str) -> dict:
     """A pair's options from their ``repr`` (as framework ops carry them), parsed once per text.
@@ -70,3 +73,36 @@ def parse_options(text: str) -> dict:
     The dict is shared between calls: read it, do not change it.
     """
     return ast.literal_eval(text)
+
+
+def options_text(api: str, options: dict) -> str:
+    """``repr(options)``, the text framework ops carry, checked to read back as Python literals.
+
+    Raises:
+        ScanInputError: naming the argument whose value is not one (an array passed where a number or
+            a list of numbers is needed, say), instead of a parser's error from deep inside a call.
+    """
+    text = repr(options)
+    try:
+        parse_options(text)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        name, value = _not_literal(options) or ("an option", options)
+        raise ScanInputError(f"{api}: {name} must be a number, a string, True/False, None or a list of them; "
+                             f"got {type(value).__name__}") from None
+    return text
+
+
+def _not_literal(options: dict) -> tuple[str, object] | None:
+    """The first ``(name, value)`` of ``options`` (nested dicts included) whose ``repr`` is no literal."""
+    for key, value in options.items():
+        if isinstance(value, dict):
+            found = _not_literal(value)
+        else:
+            try:
+                ast.literal_eval(repr(value))
+                found = None
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                found = (str(key), value)
+        if found is not None:
+            return found
+    return None

@@ -38,6 +38,7 @@ import numpy as np
 
 from ...arrays import compute_dtype, device_module, host_arrays
 from ...calls.pairs import PAIRS, KernelPair
+from ...checks import seqlens_option
 from ...errors import ScanInputError
 from .kernels import backward, backward_backend, forward, fused_backend
 from .operands import prepare
@@ -121,8 +122,7 @@ def options(args: dict) -> dict:
     if args.get("log_space") or args.get("schedule", "auto") != "auto" or args.get("fused") is False:
         raise ScanInputError(f"{API}: log_space=True, schedule= and fused=False run the scan path on NumPy arrays "
                              "only; PyTorch and JAX arrays run the fused kernels (drop them, or pass NumPy arrays)")
-    cu = args.get("cu_seqlens")
-    cu = None if cu is None else [int(v) for v in np.asarray(cu).reshape(-1)]
+    cu = seqlens_option(API, args.get("cu_seqlens"))
     return {"delta_softplus": bool(args.get("delta_softplus", False)), "cu_seqlens": cu,
             "backend": args.get("backend", "auto"), "tunables": dict(args.get("tunables") or {})}
 

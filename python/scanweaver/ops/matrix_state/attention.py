@@ -2,13 +2,18 @@
 
 * :func:`la_forward` / :func:`la_backward`: flash-linear-attention's ``chunk_gla``
   (``g``, a log decay per key dim), ``chunk_simple_gla`` (``g_head``, one per head
-  and step) and RetNet (``decay``, a constant log decay per head), with the output
-  scale applied around the fused operation.
+  and step, or ``decay``, a constant per head) and ``chunk_retention`` (RetNet's
+  decays, derived from the number of heads), with the output scale applied
+  around the fused operation and the state in fla's ``(K, V)`` layout, or
+  ``(V, K)`` with ``state_v_first``.
 * :func:`rwkv6_forward` / :func:`rwkv6_backward`: ``chunk_rwkv6`` (``w`` a log
   decay per key dim, ``u`` the bonus), the ``bonus`` readout.
 
 Inputs come in the order of the kernel pairs of :mod:`.grad`; outputs are
 ``[o, final_state]`` in the accumulation dtype, gradients in each input's dtype.
+The options name the public call (``api``) and the caller's names of the decay
+slots (``names``: ``simple_gla`` calls ``g_head`` ``g`` and ``decay`` ``g_gamma``),
+so that every message speaks of the arguments the caller passed.
 """
 
 from __future__ import annotations
@@ -29,8 +34,20 @@ RWKV6_INPUTS = ("r", "k", "v", "w", "u", "initial_state")
 
 def scale_of(api: str, scale, K: int) -> float:
     """The output scale: ``K**-0.5`` when None, else a finite real number."""
+    value = scale_option(api, scale)
+    return float(K) ** -0.5 if value is None else value
+
+
+def scale_option(api: str, scale) -> float | None:
+    """``scale`` checked: None, or a finite real number (a 0-d array or tensor too).
+
+    Raises:
+        ScanInputError: naming ``scale`` and what it got.
+    """
     if scale is None:
-        return float(K) ** -0.5
+        return None
+    if isinstance(scale, (str, bytes, bool, np.bool_)):
+        raise ScanInputError(f"{api}: scale must be a real number or None, got {scale!r}")
     try:
         value = float(scale)
     except (TypeError, ValueError):
@@ -40,59 +57,85 @@ def scale_of(api: str, scale, K: int) -> float:
     return value
 
 
-def la_prepare(inputs: list, options: dict, api: str = LA) -> tuple[MatrixOperands, str]:
-    """Checked operands of a linear-attention call, and which decay argument was given (or ``none``)."""
+def retention_decays(H: int) -> np.ndarray:
+    """RetNet's log decays per head, as flash-linear-attention's ``chunk_retention`` derives them:
+    ``log(1 - 2**(-5 - arange(H)))`` (Sun et al. 2023, "Retentive Network", section 2.2)."""
+    return np.log1p(-(2.0 ** (-5.0 - np.arange(H, dtype=np.float64))))
+
+
+def _flip(h):
+    """A state ``(N, H, K, V)`` as ``(N, H, V, K)`` and back (``state_v_first``), or None."""
+    return None if h is None else np.ascontiguousarray(np.swapaxes(h, 2, 3))
+
+
+def la_prepare(inputs: list, options: dict) -> tuple[MatrixOperands, str]:
+    """Checked operands of a linear-attention call, and which decay slot was given (or ``none``)."""
+    api = options.get("api", LA)
+    names = {"g": "g", "g_head": "g_head", "decay": "decay", **options.get("names", {})}
     q, k, v, g, g_head, decay, h0 = inputs
-    given = [n for n, x in (("g", g), ("g_head", g_head), ("decay", decay)) if x is not None]
-    if len(given) > 1:
-        raise ScanInputError(f"{api}: give at most one of g (per key dim), g_head (per head and step) and decay "
-                             f"(constant per head); got {', '.join(given)}")
-    which = given[0] if given else "none"
     qa = array(api, "q", q, 4, "(batch, T, H, K)")
     va = array(api, "v", v, 4, "(batch, T, H, V)")
-    names = {"g": which}
+    if options.get("retention"):
+        decay = retention_decays(va.shape[2])
+    given = [n for n, x in (("g", g), ("g_head", g_head), ("decay", decay)) if x is not None]
+    if len(given) > 1:
+        raise ScanInputError(f"{api}: give at most one of {names['g']} (per key dim), {names['g_head']} (per head "
+                             f"and step) and {names['decay']} (constant per head); got "
+                             f"{', '.join(names[n] for n in given)}")
+    which = given[0] if given else "none"
+    gname = {"g": names["g"], "g_head": names["g_head"], "decay": "g_head", "none": "g"}[which]
     if which == "decay":
-        d = array(api, "decay", decay, 1, f"(H,) = ({va.shape[2]},)")
-        check_shape(api, "decay", d, (va.shape[2],), "(H,)")
+        d = array(api, names["decay"], decay, 1, f"(H,) = ({va.shape[2]},)")
+        check_shape(api, names["decay"], d, (va.shape[2],), "(H,)")
         gcore = np.broadcast_to(d, va.shape[:3])
-        names = {"g": "g_head"}
     else:
         gcore = g if which == "g" else g_head
     kind = {"none": "none", "g": "key", "g_head": "scalar", "decay": "scalar"}[which]
-    _check_state(api, h0, qa, va, options.get("cu_seqlens"))
-    ops = operands(api, qa, k, va, gcore, decay=kind, h0=h0, cu_seqlens=options.get("cu_seqlens"),
-                   reverse=options.get("reverse", False), names=names)
+    v_first = bool(options.get("state_v_first", False))
+    _check_state(api, h0, qa, va, options.get("cu_seqlens"), v_first=v_first)
+    ops = operands(api, qa, k, va, gcore, decay=kind, h0=_flip(np.asarray(h0)) if v_first and h0 is not None else h0,
+                   cu_seqlens=options.get("cu_seqlens"), reverse=options.get("reverse", False), names={"g": gname})
     return ops, which
 
 
-def _check_state(api: str, h0, q, v, cu_seqlens, name: str = "initial_state") -> None:
+def _check_state(api: str, h0, q, v, cu_seqlens, name: str = "initial_state", v_first: bool = False) -> None:
     if h0 is None:
         return
     nseq = v.shape[0] if cu_seqlens is None else len(cu_seqlens) - 1
-    need = (nseq, v.shape[2], q.shape[3], v.shape[3])
-    h = array(api, name, h0, 4, f"(N, H, K, V) = {need}")
-    check_shape(api, name, h, need, "(N, H, K, V) (N: batch, or the sequences of cu_seqlens)")
+    K, V = q.shape[3], v.shape[3]
+    need = (nseq, v.shape[2], V, K) if v_first else (nseq, v.shape[2], K, V)
+    layout = "(N, H, V, K) (state_v_first)" if v_first else "(N, H, K, V)"
+    h = array(api, name, h0, 4, f"{layout} = {need}")
+    check_shape(api, name, h, need, f"{layout} (N: batch, or the sequences of cu_seqlens)")
 
 
 def la_forward(inputs: list, options: dict) -> list:
     """``[o, final_state]`` of linear attention (``o`` in the inputs' dtype, the state in the accumulation's)."""
+    api = options.get("api", LA)
     ops, _ = la_prepare(inputs, options)
-    o, h = forward(ops, backend=options.get("backend", "auto"), api=LA, **options.get("tunables", {}))
-    o *= scale_of(LA, options.get("scale"), ops.q.shape[3])
-    return [o.astype(ops.out_dtype, copy=False), h]
+    o, h = forward(ops, backend=options.get("backend", "auto"), api=api, chunk_size=options.get("chunk_size"),
+                   **options.get("tunables", {}))
+    o *= scale_of(api, options.get("scale"), ops.q.shape[3])
+    return [o.astype(ops.out_dtype, copy=False), _flip(h) if options.get("state_v_first") else h]
 
 
 def la_backward(inputs: list, residuals: list, cotangents: list, needs: list, options: dict) -> list:
     """Gradients of linear attention for the inputs with ``needs`` set (see :mod:`scanweaver.calls.pairs`)."""
+    api = options.get("api", LA)
+    v_first = bool(options.get("state_v_first", False))
     ops, which = la_prepare(inputs, options)
     do, dht = cotangents
-    s = scale_of(LA, options.get("scale"), ops.q.shape[3])
+    s = scale_of(api, options.get("scale"), ops.q.shape[3])
     do = np.zeros(ops.v.shape, ops.dtype) if do is None else np.asarray(do, ops.dtype) * s
-    gr = backward(ops, do, dht, backend=options.get("backend", "auto"), api=LA, **options.get("tunables", {}))
+    if v_first and dht is not None:
+        dht = _flip(np.asarray(dht))
+    gr = backward(ops, do, dht, backend=options.get("backend", "auto"), api=api,
+                  chunk_size=options.get("chunk_size"), **options.get("tunables", {}))
     dg = gr["dg"]
     full = {"q": gr["dq"], "k": gr["dk"], "v": gr["dv"], "g": dg if which == "g" else None,
             "g_head": dg if which == "g_head" else None,
-            "decay": dg.sum((0, 1)) if which == "decay" else None, "initial_state": gr["dh0"]}
+            "decay": dg.sum((0, 1)) if which == "decay" else None,
+            "initial_state": _flip(gr["dh0"]) if v_first else gr["dh0"]}
     return _pick(inputs, LA_INPUTS, full, needs, ops.dtype)
 
 
@@ -124,7 +167,8 @@ def rwkv6_prepare(inputs: list, options: dict, api: str = RWKV6) -> MatrixOperan
 def rwkv6_forward(inputs: list, options: dict) -> list:
     """``[o, final_state]`` of RWKV-6."""
     ops = rwkv6_prepare(inputs, options)
-    o, h = forward(ops, backend=options.get("backend", "auto"), api=RWKV6, **options.get("tunables", {}))
+    o, h = forward(ops, backend=options.get("backend", "auto"), api=RWKV6, chunk_size=options.get("chunk_size"),
+                   **options.get("tunables", {}))
     o *= scale_of(RWKV6, options.get("scale"), ops.q.shape[3])
     return [o.astype(ops.out_dtype, copy=False), h]
 
@@ -135,6 +179,7 @@ def rwkv6_backward(inputs: list, residuals: list, cotangents: list, needs: list,
     do, dht = cotangents
     s = scale_of(RWKV6, options.get("scale"), ops.q.shape[3])
     do = np.zeros(ops.v.shape, ops.dtype) if do is None else np.asarray(do, ops.dtype) * s
-    gr = backward(ops, do, dht, backend=options.get("backend", "auto"), api=RWKV6, **options.get("tunables", {}))
+    gr = backward(ops, do, dht, backend=options.get("backend", "auto"), api=RWKV6,
+                  chunk_size=options.get("chunk_size"), **options.get("tunables", {}))
     full = {"r": gr["dq"], "k": gr["dk"], "v": gr["dv"], "w": gr["dg"], "u": gr["du"], "initial_state": gr["dh0"]}
     return _pick(inputs, RWKV6_INPUTS, full, needs, ops.dtype)

@@ -10,7 +10,9 @@ are the inputs, and the backward recomputes the states.
 
 Outputs of every pair: ``o`` (the inputs' dtype) and the final state (the
 accumulation dtype), in the named operation's layout.  Options are Python
-literals (``dt_limit`` as text, since ``inf`` is no literal).
+literals (``dt_limit`` as text, since ``inf`` is no literal), built from a call's
+arguments by :func:`la_options`, :func:`rwkv6_options` and :func:`mamba2_options`,
+which check what they take (``scale``, ``cu_seqlens``, ``seq_idx``, ``chunk_size``).
 """
 
 from __future__ import annotations
@@ -19,8 +21,11 @@ import numpy as np
 
 from ...arrays import compute_dtype, host_arrays
 from ...calls.pairs import PAIRS, KernelPair
+from ...checks import seqlens_option
 from ...errors import ScanInputError
 from . import attention, mamba2
+from .kernels import check_chunk_size
+from .segments import seq_idx_option
 
 
 def _wrap(forward, backward):
@@ -58,7 +63,8 @@ def _la_shapes(specs: list, options: dict, api: str = attention.LA) -> list:
     wide = compute_dtype([s[1] for s in specs if s is not None])
     wide = wide if wide.kind == "f" else np.dtype(np.float64)
     out = specs[2][1] if np.dtype(specs[2][1]).kind == "f" else wide
-    return [(v, np.dtype(out)), ((_nseq(v[0], options), v[2], q[3], v[3]), wide)]
+    K, V = (v[3], q[3]) if options.get("state_v_first") else (q[3], v[3])
+    return [(v, np.dtype(out)), ((_nseq(v[0], options), v[2], K, V), wide)]
 
 
 def _mamba2_shapes(specs: list, options: dict) -> list:
@@ -78,28 +84,54 @@ PAIRS.register()(KernelPair("mamba2", *_wrap(mamba2.mamba2_forward, mamba2.mamba
                             n_outputs=2))
 
 
-def _cu(cu_seqlens) -> list | None:
-    return None if cu_seqlens is None else [int(c) for c in np.asarray(cu_seqlens).reshape(-1)]
+def offsets_option(api: str, cu_seqlens, cu_seqlens_cpu=None) -> list[int] | None:
+    """``cu_seqlens`` for the options, checked by the one rule (:func:`scanweaver.checks.seqlens_option`).
+
+    ``cu_seqlens_cpu`` (flash-linear-attention's host copy of the same offsets) means the same: either
+    may be given; given both, they must be equal.
+    """
+    cu = seqlens_option(api, cu_seqlens)
+    cpu = seqlens_option(api, cu_seqlens_cpu, "cu_seqlens_cpu")
+    if cu is not None and cpu is not None and cu != cpu:
+        i = next((i for i, (a, b) in enumerate(zip(cu, cpu, strict=False)) if a != b), min(len(cu), len(cpu)))
+        raise ScanInputError(f"{api}: cu_seqlens_cpu must hold the offsets of cu_seqlens (a copy on the host); "
+                             f"they differ at index {i} ({len(cu)} and {len(cpu)} offsets)")
+    return cu if cu is not None else cpu
 
 
-def la_options(scale=None, reverse: bool = False, cu_seqlens=None, backend: str = "auto", **tunables) -> dict:
-    """The ``linear_attention`` pair's options (Python literals: they key the front ends' compiled ops)."""
-    return {"scale": None if scale is None else float(scale), "reverse": bool(reverse), "cu_seqlens": _cu(cu_seqlens),
-            "backend": backend, "tunables": dict(tunables)}
+def la_options(api: str, args: dict, *, retention: bool = False, names: dict | None = None) -> dict:
+    """The linear-attention pair's options for a call of ``api`` (``linear_attention``, ``simple_gla``,
+    ``retention``) with arguments ``args``: Python literals, which key the front ends' compiled ops.
+
+    Raises:
+        ScanInputError: naming the argument (``scale``, ``cu_seqlens``, ``chunk_size`` ...).
+    """
+    return {"api": api, "scale": attention.scale_option(api, args.get("scale")),
+            "reverse": bool(args.get("reverse", False)), "state_v_first": bool(args.get("state_v_first", False)),
+            "retention": retention, "names": dict(names or {}),
+            "cu_seqlens": offsets_option(api, args.get("cu_seqlens"), args.get("cu_seqlens_cpu")),
+            "chunk_size": check_chunk_size(api, args.get("chunk_size")), "backend": args.get("backend", "auto"),
+            "tunables": dict(args.get("tunables") or {})}
 
 
-def rwkv6_options(scale=None, cu_seqlens=None, backend: str = "auto", **tunables) -> dict:
-    """The ``rwkv6`` pair's options."""
-    return {"scale": None if scale is None else float(scale), "cu_seqlens": _cu(cu_seqlens), "backend": backend,
-            "tunables": dict(tunables)}
+def rwkv6_options(args: dict) -> dict:
+    """The ``rwkv6`` pair's options for a call with arguments ``args``."""
+    api = attention.RWKV6
+    return {"scale": attention.scale_option(api, args.get("scale")),
+            "cu_seqlens": offsets_option(api, args.get("cu_seqlens"), args.get("cu_seqlens_cpu")),
+            "chunk_size": check_chunk_size(api, args.get("chunk_size")), "backend": args.get("backend", "auto"),
+            "tunables": dict(args.get("tunables") or {})}
 
 
-def mamba2_options(dt_softplus: bool = False, dt_limit=(0.0, float("inf")), cu_seqlens=None, chunk_size=None,
-                   backend: str = "auto", **tunables) -> dict:
-    """The ``mamba2`` pair's options (``dt_limit`` as text)."""
-    lo, hi = mamba2.limit_of(dt_limit)
-    if chunk_size is not None and (not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1):
-        raise ScanInputError(f"{mamba2.API}: chunk_size must be a positive int or None, got {chunk_size!r}")
-    return {"dt_softplus": bool(dt_softplus), "dt_limit": (repr(lo), repr(hi)), "cu_seqlens": _cu(cu_seqlens),
-            "chunk_size": None if chunk_size is None else int(chunk_size), "backend": backend,
-            "tunables": dict(tunables)}
+def mamba2_options(args: dict) -> dict:
+    """The ``mamba2`` pair's options for a call of ``mamba2_scan`` (``dt_limit`` as text: ``inf`` is no literal)."""
+    api = mamba2.API
+    lo, hi = mamba2.limit_of(args.get("dt_limit", (0.0, float("inf"))))
+    cu = seqlens_option(api, args.get("cu_seqlens"))
+    if args.get("return_varlen_states") and cu is None:
+        raise ScanInputError(f"{api}: return_varlen_states=True returns the final state of each sequence of "
+                             "cu_seqlens; pass cu_seqlens")
+    return {"dt_softplus": bool(args.get("dt_softplus", False)), "dt_limit": (repr(lo), repr(hi)), "cu_seqlens": cu,
+            "seq_idx": seq_idx_option(api, args.get("seq_idx")),
+            "chunk_size": check_chunk_size(api, args.get("chunk_size")), "backend": args.get("backend", "auto"),
+            "tunables": dict(args.get("tunables") or {})}

@@ -15,6 +15,7 @@ import numpy as np
 
 from ...calls import runner
 from ...calls.runner import FusedInfo
+from ...errors import ScanInputError
 from ...fused import REGISTRY as FUSED
 from .operands import MatrixOperands
 
@@ -27,16 +28,38 @@ def runs_matrix_state(name: str, part: str = "forward") -> bool:
     return name in runner.renders(OP, part)
 
 
+def check_chunk_size(api: str, chunk_size) -> int | None:
+    """``chunk_size=`` checked: the one rule of every matrix-state call on every backend.
+
+    The results never depend on it (it only says how long the chunks of a chunked kernel are), so
+    the rule is the same whatever runs the call: a positive int, or None.  (The chunked kernels
+    are the place a tighter rule would come from; it would be written here.)
+
+    Raises:
+        ScanInputError: naming ``chunk_size`` and what it got.
+    """
+    if chunk_size is None:
+        return None
+    if isinstance(chunk_size, (bool, np.bool_)) or not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
+        raise ScanInputError(f"{api}: chunk_size must be a positive int or None, got {chunk_size!r}")
+    return int(chunk_size)
+
+
 def chunk_tunables(backend: str, dtype: np.dtype, part: str, chunk_size: int | None, api: str) -> dict:
-    """``chunk_size=`` as the chunk-length tunable (``chunk``) of the backend that runs ``part``, where its
-    rendering has one, else none: the result does not depend on it, only the speed."""
+    """``chunk_size=`` (checked by :func:`check_chunk_size`) as the chunk-length tunable (``chunk``) of the
+    backend that runs ``part``, where its rendering has one and takes that length; else nothing, and the
+    backend's own chunk runs (tuned or default: :data:`scanweaver.matrix.last` says which): the result does
+    not depend on it, only the speed."""
     from ...targets.fused import family_of
 
+    chunk_size = check_chunk_size(api, chunk_size)
     if chunk_size is None:
         return {}
     be = runner.backend_for(OP, part, backend, dtype, api=api, fallback=part == "backward")
-    names = {t.name for t in FUSED.get(OP).tunables_for(family_of(be.target))}
-    return {"chunk": int(chunk_size)} if "chunk" in names else {}
+    chunk = next((t for t in FUSED.get(OP).tunables_for(family_of(be.target)) if t.name == "chunk"), None)
+    if chunk is None or (chunk.rule is not None and chunk.rule(chunk_size)):
+        return {}
+    return {"chunk": chunk_size}
 
 
 def forward(ops: MatrixOperands, *, backend: str = "auto", return_state: bool = True, api: str = OP,

@@ -10,6 +10,8 @@ with the state ``S`` of shape ``(P, N)``::
 maps onto the fused operation with q = C, k = B, v = dt*x, g = dt*A
 (``decay="scalar"``), K = N, V = P and Hq = G; the fused state is ``(N, P)``,
 so states cross this boundary transposed to mamba-ssm's ``(batch, H, P, N)``.
+mamba-ssm's ``seq_idx`` (the state starts again where the index changes within
+a row) runs as packed segments of the rows laid end to end (:mod:`.segments`).
 The gradients run the chain rule of these wrappers around the fused
 backward: through the gate ``silu(z)``, the skip ``D``, ``dt * x`` and ``dt * A``,
 the clamp (a zero gradient where dt was clamped, as ``torch.clamp``), the
@@ -26,6 +28,7 @@ from ...arrays import compute_dtype
 from ...errors import ScanInputError
 from .kernels import backward, forward
 from .operands import array, check_shape, operands
+from .segments import segments
 
 API = "mamba2_scan"
 #: Inputs of the Mamba-2 pair, in order.
@@ -85,6 +88,7 @@ class Prepared:
             check_shape(API, "dt_bias", dt_bias, (H,), "(H,)")
         cu = options.get("cu_seqlens")
         nseq = b if cu is None else len(cu) - 1
+        self.segs = segments(API, b, L, cu, options.get("seq_idx"))
         if h0 is not None:
             h0 = array(API, "initial_states", h0, 4, f"(batch, H, P, N) = {(nseq, H, P, N)}")
             check_shape(API, "initial_states", h0, (nseq, H, P, N),
@@ -104,7 +108,11 @@ class Prepared:
         v = self.x * self.dt[..., None]
         g = self.dt * self.A
         h0k = None if self.h0 is None else self.h0.transpose(0, 1, 3, 2)
-        self.ops = operands(API, self.C, self.B, v, g, decay="scalar", h0=h0k, cu_seqlens=cu,
+        q, k = self.C, self.B
+        if self.segs is not None:  # the rows end to end, cut into segments (the call's sequences spread over them)
+            q, k, v, g = (a.reshape(1, b * L, *a.shape[2:]) for a in (q, k, v, g))
+            h0k, cu = self.segs.spread(h0k, self.segs.first), self.segs.cu
+        self.ops = operands(API, q, k, v, g, decay="scalar", h0=h0k, cu_seqlens=cu,
                             names={"q": "C", "k": "B", "v": "dt * x", "g": "dt * A", "h0": "initial_states"})
 
     def skip(self) -> np.ndarray | None:
@@ -126,6 +134,8 @@ def mamba2_forward(inputs: list, options: dict) -> list:
 def _y(p: Prepared, options: dict) -> tuple[np.ndarray, np.ndarray]:
     o, h = forward(p.ops, backend=options.get("backend", "auto"), api=API, chunk_size=options.get("chunk_size"),
                    **options.get("tunables", {}))
+    if p.segs is not None:
+        o, h = o.reshape(p.x.shape), h[p.segs.last]
     skip = p.skip()
     return (o if skip is None else o + skip * p.x), h
 
@@ -144,8 +154,14 @@ def mamba2_backward(inputs: list, residuals: list, cotangents: list, needs: list
     else:
         dy = dout
     dht = None if dfinal is None else np.asarray(dfinal, p.x.dtype).transpose(0, 1, 3, 2)
+    if p.segs is not None:
+        dy, dht = dy.reshape(p.ops.v.shape), p.segs.spread(dht, p.segs.last)
     gr = backward(p.ops, dy, dht, backend=options.get("backend", "auto"), api=API,
                   chunk_size=options.get("chunk_size"), **options.get("tunables", {}))
+    if p.segs is not None:
+        dy = dy.reshape(p.x.shape)
+        gr = {"dq": gr["dq"].reshape(p.C.shape), "dk": gr["dk"].reshape(p.B.shape), "dv": gr["dv"].reshape(p.x.shape),
+              "dg": gr["dg"].reshape(p.dt.shape), "dh0": None if gr["dh0"] is None else gr["dh0"][p.segs.first]}
     dx = gr["dv"] * p.dt[..., None]
     skip = p.skip()
     if skip is not None:

@@ -24,6 +24,7 @@ import numpy as np
 
 from ...arrays import compute_dtype, result_dtype
 from ...calls.pairs import PAIRS, KernelPair
+from ...checks import seqlens_option
 from ...core import autodiff
 from ...core.recurrence import Recurrence
 from ...errors import ScanInputError
@@ -137,6 +138,6 @@ def scan_options(rec: Recurrence, *, reverse: bool = False, cu_seqlens=None, bac
     """The ``scan`` pair's options for a call of ``rec`` (checked where a framework wrapper cannot)."""
     if states not in autodiff.STATES:
         raise ScanInputError(f"{rec.name}: states must be one of {', '.join(autodiff.STATES)}; got {states!r}")
-    cu = None if cu_seqlens is None else [int(v) for v in np.asarray(cu_seqlens).reshape(-1)]
+    cu = seqlens_option(rec.name, cu_seqlens)
     return {"recurrence": recurrence_key(rec), "reverse": bool(reverse), "cu_seqlens": cu, "backend": backend,
             "schedule": schedule, "config": config, "states": states, "tunables": dict(tunables)}
