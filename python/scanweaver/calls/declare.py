@@ -28,16 +28,17 @@ not a reversed scan); every entry point checks that first.
 Example:
     >>> import numpy as np
     >>> from scanweaver.calls.declare import operation
-    >>> @operation(arrays=("x",))
+    >>> @operation(arrays=("x",), name="double_demo")
     ... def double(x, scale: float = 2.0, *, verbose: bool = False):
     ...     '''Twice (or ``scale`` times) x.'''
     ...     return np.asarray(x) * scale
     >>> double([1.0, 2.0]).tolist(), double.declaration.name
-    ([2.0, 4.0], 'double')
-    >>> double([1.0], verbose="yes")
-    Traceback (most recent call last):
-    ...
-    scanweaver.errors.ScanInputError: double: verbose must be True or False, got 'yes'
+    ([2.0, 4.0], 'double_demo')
+    >>> try:
+    ...     double([1.0], verbose="yes")
+    ... except ValueError as exc:
+    ...     print(str(exc))
+    double_demo: verbose must be True or False, got 'yes'
 """
 
 from __future__ import annotations
