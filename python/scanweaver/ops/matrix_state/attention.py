@@ -9,6 +9,9 @@
 
 Inputs come in the order of the kernel pairs of :mod:`.grad`; outputs are
 ``[o, final_state]`` in the accumulation dtype, gradients in each input's dtype.
+With ``xp`` (a device array module, CuPy) the inputs are its arrays and every
+step (checks, conversions, the scale, the kernels, the gradients' reshapes)
+runs on the device.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ def scale_of(api: str, scale, K: int) -> float:
     return value
 
 
-def la_prepare(inputs: list, options: dict, api: str = LA) -> tuple[MatrixOperands, str]:
+def la_prepare(inputs: list, options: dict, api: str = LA, xp=None) -> tuple[MatrixOperands, str]:
     """Checked operands of a linear-attention call, and which decay argument was given (or ``none``)."""
     q, k, v, g, g_head, decay, h0 = inputs
     given = [n for n, x in (("g", g), ("g_head", g_head), ("decay", decay)) if x is not None]
@@ -48,93 +51,97 @@ def la_prepare(inputs: list, options: dict, api: str = LA) -> tuple[MatrixOperan
         raise ScanInputError(f"{api}: give at most one of g (per key dim), g_head (per head and step) and decay "
                              f"(constant per head); got {', '.join(given)}")
     which = given[0] if given else "none"
-    qa = array(api, "q", q, 4, "(batch, T, H, K)")
-    va = array(api, "v", v, 4, "(batch, T, H, V)")
+    qa = array(api, "q", q, 4, "(batch, T, H, K)", xp=xp)
+    va = array(api, "v", v, 4, "(batch, T, H, V)", xp=xp)
     names = {"g": which}
     if which == "decay":
-        d = array(api, "decay", decay, 1, f"(H,) = ({va.shape[2]},)")
+        d = array(api, "decay", decay, 1, f"(H,) = ({va.shape[2]},)", xp=xp)
         check_shape(api, "decay", d, (va.shape[2],), "(H,)")
-        gcore = np.broadcast_to(d, va.shape[:3])
+        gcore = (xp or np).broadcast_to(d, va.shape[:3])
         names = {"g": "g_head"}
     else:
         gcore = g if which == "g" else g_head
     kind = {"none": "none", "g": "key", "g_head": "scalar", "decay": "scalar"}[which]
-    _check_state(api, h0, qa, va, options.get("cu_seqlens"))
+    _check_state(api, h0, qa, va, options.get("cu_seqlens"), xp=xp)
     ops = operands(api, qa, k, va, gcore, decay=kind, h0=h0, cu_seqlens=options.get("cu_seqlens"),
-                   reverse=options.get("reverse", False), names=names)
+                   reverse=options.get("reverse", False), names=names, xp=xp)
     return ops, which
 
 
-def _check_state(api: str, h0, q, v, cu_seqlens, name: str = "initial_state") -> None:
+def _check_state(api: str, h0, q, v, cu_seqlens, name: str = "initial_state", xp=None) -> None:
     if h0 is None:
         return
     nseq = v.shape[0] if cu_seqlens is None else len(cu_seqlens) - 1
     need = (nseq, v.shape[2], q.shape[3], v.shape[3])
-    h = array(api, name, h0, 4, f"(N, H, K, V) = {need}")
+    h = array(api, name, h0, 4, f"(N, H, K, V) = {need}", xp=xp)
     check_shape(api, name, h, need, "(N, H, K, V) (N: batch, or the sequences of cu_seqlens)")
 
 
-def la_forward(inputs: list, options: dict) -> list:
+def la_forward(inputs: list, options: dict, xp=None) -> list:
     """``[o, final_state]`` of linear attention (``o`` in the inputs' dtype, the state in the accumulation's)."""
-    ops, _ = la_prepare(inputs, options)
+    ops, _ = la_prepare(inputs, options, xp=xp)
     o, h = forward(ops, backend=options.get("backend", "auto"), api=LA, **options.get("tunables", {}))
     o *= scale_of(LA, options.get("scale"), ops.q.shape[3])
     return [o.astype(ops.out_dtype, copy=False), h]
 
 
-def la_backward(inputs: list, residuals: list, cotangents: list, needs: list, options: dict) -> list:
+def la_backward(inputs: list, residuals: list, cotangents: list, needs: list, options: dict, xp=None) -> list:
     """Gradients of linear attention for the inputs with ``needs`` set (see :mod:`scanweaver.calls.pairs`)."""
-    ops, which = la_prepare(inputs, options)
+    ops, which = la_prepare(inputs, options, xp=xp)
     do, dht = cotangents
     s = scale_of(LA, options.get("scale"), ops.q.shape[3])
-    do = np.zeros(ops.v.shape, ops.dtype) if do is None else np.asarray(do, ops.dtype) * s
+    do = ops.xp.zeros(ops.v.shape, ops.dtype) if do is None else ops.xp.asarray(do, dtype=ops.dtype) * s
     gr = backward(ops, do, dht, backend=options.get("backend", "auto"), api=LA, **options.get("tunables", {}))
     dg = gr["dg"]
     full = {"q": gr["dq"], "k": gr["dk"], "v": gr["dv"], "g": dg if which == "g" else None,
             "g_head": dg if which == "g_head" else None,
             "decay": dg.sum((0, 1)) if which == "decay" else None, "initial_state": gr["dh0"]}
-    return _pick(inputs, LA_INPUTS, full, needs, ops.dtype)
+    return pick(inputs, LA_INPUTS, full, needs, ops.dtype, ops.xp)
 
 
-def _pick(inputs: list, names: tuple, full: dict, needs: list, dtype) -> list:
+def pick(inputs: list, names: tuple, full: dict, needs: list, dtype, xp=np) -> list:
+    """The gradients of the inputs with ``needs`` set, each shaped and typed like its input (zeros where
+    ``full`` has none), as arrays of module ``xp``."""
     out = []
     for x, name, need in zip(inputs, names, needs, strict=True):
         if need:
-            gx = full[name]
-            gx = np.zeros(np.shape(x), dtype) if gx is None else np.reshape(gx, np.shape(x))
-            out.append(gx.astype(np.asarray(x).dtype, copy=False))
+            gx = full.get(name)
+            shape = np.shape(x)
+            gx = xp.zeros(shape, dtype) if gx is None else gx.reshape(shape)
+            kind = x.dtype if xp is not np else np.asarray(x).dtype
+            out.append(xp.ascontiguousarray(gx).astype(kind, copy=False))
     return out
 
 
-def rwkv6_prepare(inputs: list, options: dict, api: str = RWKV6) -> MatrixOperands:
+def rwkv6_prepare(inputs: list, options: dict, api: str = RWKV6, xp=None) -> MatrixOperands:
     """Checked operands of an RWKV-6 call."""
     r, k, v, w, u, h0 = inputs
-    ra = array(api, "r", r, 4, "(batch, T, H, K)")
-    va = array(api, "v", v, 4, "(batch, T, H, V)")
+    ra = array(api, "r", r, 4, "(batch, T, H, K)", xp=xp)
+    va = array(api, "v", v, 4, "(batch, T, H, V)", xp=xp)
     if ra.shape[2] != va.shape[2]:
         raise ScanInputError(f"{api}: r and v need the same heads; got shapes {ra.shape} and {va.shape}")
     for name, x in (("w", w), ("u", u)):
         if x is None:
             raise ScanInputError(f"{api}: {name} is required")
-    _check_state(api, h0, ra, va, options.get("cu_seqlens"))
+    _check_state(api, h0, ra, va, options.get("cu_seqlens"), xp=xp)
     return operands(api, ra, k, va, w, decay="key", readout="bonus", u=u, h0=h0,
-                    cu_seqlens=options.get("cu_seqlens"), names={"q": "r", "g": "w"})
+                    cu_seqlens=options.get("cu_seqlens"), names={"q": "r", "g": "w"}, xp=xp)
 
 
-def rwkv6_forward(inputs: list, options: dict) -> list:
+def rwkv6_forward(inputs: list, options: dict, xp=None) -> list:
     """``[o, final_state]`` of RWKV-6."""
-    ops = rwkv6_prepare(inputs, options)
+    ops = rwkv6_prepare(inputs, options, xp=xp)
     o, h = forward(ops, backend=options.get("backend", "auto"), api=RWKV6, **options.get("tunables", {}))
     o *= scale_of(RWKV6, options.get("scale"), ops.q.shape[3])
     return [o.astype(ops.out_dtype, copy=False), h]
 
 
-def rwkv6_backward(inputs: list, residuals: list, cotangents: list, needs: list, options: dict) -> list:
+def rwkv6_backward(inputs: list, residuals: list, cotangents: list, needs: list, options: dict, xp=None) -> list:
     """Gradients of RWKV-6 for the inputs with ``needs`` set."""
-    ops = rwkv6_prepare(inputs, options)
+    ops = rwkv6_prepare(inputs, options, xp=xp)
     do, dht = cotangents
     s = scale_of(RWKV6, options.get("scale"), ops.q.shape[3])
-    do = np.zeros(ops.v.shape, ops.dtype) if do is None else np.asarray(do, ops.dtype) * s
+    do = ops.xp.zeros(ops.v.shape, ops.dtype) if do is None else ops.xp.asarray(do, dtype=ops.dtype) * s
     gr = backward(ops, do, dht, backend=options.get("backend", "auto"), api=RWKV6, **options.get("tunables", {}))
     full = {"r": gr["dq"], "k": gr["dk"], "v": gr["dv"], "w": gr["dg"], "u": gr["du"], "initial_state": gr["dh0"]}
-    return _pick(inputs, RWKV6_INPUTS, full, needs, ops.dtype)
+    return pick(inputs, RWKV6_INPUTS, full, needs, ops.dtype, ops.xp)
