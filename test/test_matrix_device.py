@@ -188,6 +188,23 @@ def test_decode_steps_compute_with_the_device_module(rng, replay):
     np.testing.assert_allclose(o._a, np.einsum("bhk,bhkv->bhv", qh, want) * 3 ** -0.5, rtol=1e-12)
 
 
+def test_the_arrays_device_is_current_while_the_pair_computes(rng, replay, monkeypatch):
+    """CuPy allocates and launches on its current device: the call makes the operands' device current."""
+    entered = []
+
+    class Device:
+        def __enter__(self):
+            entered.append("in")
+
+        def __exit__(self, *exc):
+            entered.append("out")
+
+    monkeypatch.setattr(DeviceArray, "device", property(lambda self: Device()), raising=False)
+    ops = [device(rng.normal(size=(1, 5, 2, 3)).astype(np.float32)) for _ in range(3)]
+    o, _ = scanweaver.linear_attention(*ops)
+    assert isinstance(o, DeviceArray) and entered == ["in", "out"]
+
+
 def test_mixed_host_and_device_operands_are_refused(rng, replay):
     q = device(rng.normal(size=(1, 5, 2, 3)).astype(np.float32))
     with pytest.raises(scanweaver.ScanInputError, match="k is a ndarray; with device operands every array"):

@@ -24,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,11 +44,18 @@ class Placement:
         backend: the backend the pair asks for: the caller's ``backend=``, or on the device the one that
             takes the device arrays (``auto`` resolved, so that the part runs where its arrays are).
         back: for a host computation on device inputs, the device module the results go back to.
+        device: on the device, the arrays' device as a context manager (CuPy's ``Device``), else ``None``.
     """
 
     xp: Any
     backend: str
     back: Any = None
+    device: Any = None
+
+    def context(self) -> contextlib.AbstractContextManager:
+        """Makes the arrays' device current while the pair computes (CuPy allocates and launches on the current
+        device: a tensor on ``cuda:1`` must not get outputs on ``cuda:0``)."""
+        return self.device if self.device is not None else contextlib.nullcontext()
 
     @property
     def on_device(self) -> bool:
@@ -93,5 +101,6 @@ def place(values: list, op: str, part: str, backend: str, *, api: str) -> Placem
         be = None  # the host path raises the error that names what is missing
     takes = getattr(be, "is_device_array", None)
     if be is not None and takes is not None and takes(first):
-        return Placement(xp, be.name)
+        device = getattr(first, "device", None)
+        return Placement(xp, be.name, device=device if hasattr(device, "__enter__") else None)
     return Placement(np, backend, back=xp)

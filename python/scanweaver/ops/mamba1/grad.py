@@ -58,14 +58,21 @@ def _prepared(inputs: list, options: dict, xp=None):
 
 def _forward(inputs: list, options: dict) -> list:
     where = place(list(inputs), OP, "forward", options.get("backend", "auto"), api=API)
-    ops = _prepared(where.host(inputs), options, where.xp if where.on_device else None)
-    y, h = forward(ops, backend=where.backend, return_state=True, api=API, **options.get("tunables", {}))
-    return where.results([y.astype(ops.out_dtype, copy=False), h])
+    with where.context():
+        ops = _prepared(where.host(inputs), options, where.xp if where.on_device else None)
+        y, h = forward(ops, backend=where.backend, return_state=True, api=API, **options.get("tunables", {}))
+        return where.results([y.astype(ops.out_dtype, copy=False), h])
 
 
 def _backward(inputs: list, residuals: list, cotangents: list, needs: list, options: dict) -> list:
     asked = options.get("backend", "auto")
     where = place([*inputs, *cotangents], OP, "backward", asked, api=API)
+    with where.context():
+        return _backward_at(where, inputs, cotangents, needs, options)
+
+
+def _backward_at(where, inputs: list, cotangents: list, needs: list, options: dict) -> list:
+    asked = options.get("backend", "auto")
     host = where.host(inputs)
     dy, dh = where.host(list(cotangents))
     mod = where.xp

@@ -37,14 +37,16 @@ def _wrap(forward, backward, api: str):
 
     def fwd(inputs: list, options: dict) -> list:
         where = place(list(inputs), OP, "forward", options.get("backend", "auto"), api=api)
-        out = forward(where.host(inputs), {**options, "backend": where.backend},
-                      where.xp if where.on_device else None)
+        with where.context():
+            out = forward(where.host(inputs), {**options, "backend": where.backend},
+                          where.xp if where.on_device else None)
         return where.results(out)
 
     def bwd(inputs: list, residuals: list, cotangents: list, needs: list, options: dict) -> list:
         where = place([*inputs, *cotangents], OP, "backward", options.get("backend", "auto"), api=api)
-        out = backward(where.host(inputs), residuals, where.host(list(cotangents)), needs,
-                       {**options, "backend": where.backend}, where.xp if where.on_device else None)
+        with where.context():
+            out = backward(where.host(inputs), residuals, where.host(list(cotangents)), needs,
+                           {**options, "backend": where.backend}, where.xp if where.on_device else None)
         return where.results(out)
 
     return fwd, bwd
