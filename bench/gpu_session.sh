@@ -5,6 +5,6 @@
 # flash-linear-attention, the tuning that writes this GPU's device file; each step's result written as it
 # finishes. bench/gpu_session.py says what each step does and writes; --dry-run runs it all on the CPU with
 # PoCL standing in (tiny shapes). Prepare .deps once with bench/gpu_deps.sh and carry it.
-#   bash bench/gpu_session.sh [--dry-run] [--out DIR] [--deadline SECONDS] [--steps "families models"]
+#   [PYTHON=python3] bash bench/gpu_session.sh [--dry-run] [--out DIR] [--deadline SECONDS] [--steps "families models"]
 cd "$(dirname "$0")/.." || exit 2
-exec python3 bench/gpu_session.py "$@"
+exec "${PYTHON:-python3}" bench/gpu_session.py "$@"

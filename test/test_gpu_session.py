@@ -27,7 +27,7 @@ pytest.importorskip("torch", reason="the families step runs through scanweaver.t
 
 
 def session(out: Path, *args: str, timeout: float = 300) -> tuple[subprocess.CompletedProcess, dict]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "python"), OUT="")
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "python"), OUT="", PYTHON=sys.executable)
     proc = subprocess.run(["bash", "bench/gpu_session.sh", "--dry-run", "--out", str(out), *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
     return proc, json.loads((out / "summary.json").read_text())
