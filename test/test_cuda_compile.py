@@ -7,8 +7,10 @@ defaults).  Correctness of the same kernel text is checked on OpenCL.
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +19,7 @@ import scanweaver
 from scanweaver.ir.stages import Features
 from scanweaver.targets.gpu import emit_source
 from scanweaver.targets.gpu import SCHEDULES
+from scanweaver.tools.ptxas import matrix_configurations, matrix_report, nvcc_version
 
 NVCC = shutil.which("nvcc")
 pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH (CUDA toolkit not installed)")
@@ -101,3 +104,19 @@ def test_comparisons_and_where_compile(tmp_path):
     source = emit_source(stages, "cuda")
     assert "!= 0 ?" in source
     nvcc(tmp_path, source, "-cubin", "-arch=sm_90")
+
+
+MATRIX = matrix_configurations()
+
+
+@pytest.mark.parametrize("index", range(len(MATRIX)), ids=[f"{e['label']}-{e['dtype']}" for e in MATRIX])
+def test_matrix_state_kernels_at_the_model_shapes_spill_nothing(index):
+    """Every matrix-state kernel at the model shapes compiles for sm_90 without spills or a stack frame; with
+    the nvcc that made ``test/data/ptxas_matrix_state_sm90.json``, ptxas reports exactly what it records."""
+    report = matrix_report(MATRIX[index], nvcc=NVCC)
+    assert len(report) == 4 and not any("error" in r for r in report.values()), report
+    for name, r in report.items():
+        assert r["spill_stores"] == r["spill_loads"] == r["stack"] == 0 and r["registers"] <= 255, (name, r)
+    doc = json.loads((Path(__file__).parent / "data" / "ptxas_matrix_state_sm90.json").read_text())
+    if nvcc_version(NVCC) == doc["nvcc"]:
+        assert report == doc["entries"][index]["kernels"], "regenerate: python -m scanweaver.tools.ptxas --matrix-state"

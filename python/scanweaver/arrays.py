@@ -18,6 +18,8 @@ Mixed operands promote as NumPy does after widening the half types, so
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from .checks import check_seqlens
@@ -260,20 +262,50 @@ def prepare(api: str, operands: dict[str, object], h0: object = None, reset: obj
                       layouts=layouts)
 
 
-def device_module(values) -> object | None:
-    """CuPy when some value is a CuPy array (device operands, e.g. from CUDA tensors), else ``None``."""
-    if any(v is not None and type(v).__module__.partition(".")[0] == "cupy" for v in values):
-        import cupy
+def device_module(values) -> Any:
+    """The array module of the device arrays among ``values`` (CuPy for CuPy arrays, e.g. views of CUDA
+    tensors; any library registered as a :class:`~scanweaver.runtime.device_plan.Family` with a module), else
+    ``None`` (host arrays)."""
+    from .runtime import REGISTRY
+    from .runtime.device_plan import array_module
 
-        return cupy
+    REGISTRY.load()  # the backends register their array libraries when imported
+    for v in values:
+        xp = array_module(v)
+        if xp is not None:
+            return xp
     return None
 
 
-def host_arrays(values) -> tuple[list, object | None]:
-    """``values`` with every CuPy array copied to a NumPy array, and the device module the results should go
-    back to (``None``: they were host arrays).  For operations that have no device rendering yet."""
+def host_arrays(values) -> tuple[list, Any]:
+    """``values`` with every device array copied to a NumPy array, and the device module the results should go
+    back to (``None``: they were host arrays).  For calls that run on a backend that takes host arrays only."""
     xp = device_module(values)
     if xp is None:
         return list(values), None
     return [xp.asnumpy(v) if v is not None and isinstance(v, xp.ndarray) else v for v in values], xp
 
+
+def module_array(api: str, name: str, value: object, xp=None):
+    """``value`` checked as an array of array module ``xp``: :func:`as_array` for NumPy (``None``); for a
+    device module, one of its own float arrays, kept where it is (nothing is copied to the host).
+
+    Raises:
+        ScanInputError: naming the argument, what it is and what it needs.
+    """
+    if xp is None or xp is np:
+        return as_array(api, name, value)
+    if not isinstance(value, xp.ndarray):
+        raise ScanInputError(f"{api}: {name} is a {type(value).__name__}; with device operands every array must be "
+                             "on the same device")
+    if np.dtype(value.dtype).kind not in "fc":
+        raise ScanInputError(f"{api}: {name} has dtype {value.dtype}; it needs a float dtype")
+    return value
+
+
+def contiguous(value, dtype: np.dtype, xp=None):
+    """``value`` as a C-contiguous, aligned array of ``dtype`` in array module ``xp`` (``None``: NumPy); no copy
+    when it already is one."""
+    if xp is None or xp is np:
+        return aligned(np.ascontiguousarray(value, dtype=dtype))
+    return xp.ascontiguousarray(value, dtype=dtype)

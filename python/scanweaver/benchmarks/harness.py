@@ -197,7 +197,8 @@ def measure(peer: Peer, case: Case, data: Operands, settings: Settings, keep: di
 
 
 def run(plan, settings: Settings, backend: str | None = None, progress: bool = True,
-        log: Callable[[str], None] | None = None) -> Run:
+        log: Callable[[str], None] | None = None, budget_s: float = float("inf"),
+        on_case: Callable[[Run], None] | None = None) -> Run:
     """Runs every selected entry on every case of ``plan``.
 
     Args:
@@ -206,6 +207,8 @@ def run(plan, settings: Settings, backend: str | None = None, progress: bool = T
         backend: restrict ScanWeaver entries to one backend (``None``: all available).
         progress: show a progress bar (rich or tqdm when installed) on stderr.
         log: receives one line per finished entry when no bar is shown.
+        budget_s: entries not started within this many seconds are skipped, with that reason.
+        on_case: receives the run so far after every case (to write it before a time limit cuts the run).
     """
     peers = entries(backend)
     work = [(case, [p for p in peers if plan.selects(case, p)]) for case in plan.cases]
@@ -220,7 +223,11 @@ def run(plan, settings: Settings, backend: str | None = None, progress: bool = T
             for peer in selected:
                 bar.describe(f"{case.name}: {peer.label}")
                 t0 = time.perf_counter()
-                res = measure(peer, case, data, settings, calls)
+                if t0 - start < budget_s:
+                    res = measure(peer, case, data, settings, calls)
+                else:
+                    res = _result(peer, case)
+                    res.reason = f"time budget: {t0 - start:.0f} s of {budget_s:g} s spent before it started"
                 res.wall_s = time.perf_counter() - t0
                 results.append(res)
                 bar.advance()
@@ -229,8 +236,14 @@ def run(plan, settings: Settings, backend: str | None = None, progress: bool = T
             beside_roofline(case, [r for r in results if r.case == case.name], calls, settings)
             del data, calls
             gc.collect()
+            if on_case is not None:
+                on_case(_run(plan, settings, list(results), backend, start))
     finally:
         bar.close()
+    return _run(plan, settings, results, backend, start)
+
+
+def _run(plan, settings: Settings, results: list[Result], backend: str | None, start: float) -> Run:
     meta = machine.describe()
     meta["suite"] = plan.name
     meta["backend"] = backend or "all"

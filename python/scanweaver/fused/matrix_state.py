@@ -75,12 +75,29 @@ def _time_tile_rule(value) -> str | None:
     return positive(value) or (None if value <= 64 else "it must be between 1 and 64 (steps staged in local memory)")
 
 
-#: The GPU (OpenCL, CUDA) kernels' tunables (:mod:`scanweaver.targets.fused_gpu_matrix_state`).
+#: Tunables of GPU kernels that keep one state column per work-item (the delta rule's).
 GPU_TUNABLES = (
     Tunable("workgroup_size", 64, (8, 16, 32, 64, 128, 256), "state columns (V) per workgroup, one per work-item",
             _columns_rule),
     Tunable("time_tile", 16, (4, 8, 16, 32, 64), "time steps of q, k, g (v, do) staged in local memory at once",
             _time_tile_rule),
+)
+
+
+def _state_rule(value) -> str | None:
+    return power_of_two(value) or (None if 2 <= value <= 64 else "it must be between 2 and 64")
+
+
+#: The matrix-state GPU (OpenCL, CUDA) kernels' tunables (:mod:`scanweaver.targets.fused_gpu_matrix_state`):
+#: the state tiled over work-items, a column's keys (a row's values) split over ``state_per_item`` slots each.
+MATRIX_GPU_TUNABLES = (
+    Tunable("workgroup_size", 256, (32, 64, 128, 256, 512, 1024), "work-items per workgroup of every kernel",
+            _columns_rule),
+    Tunable("time_tile", 16, (2, 4, 8, 16, 32), "time steps of q, k, g (v, do) staged in local memory at once",
+            _time_tile_rule),
+    Tunable("state_per_item", 32, (8, 16, 32, 64), "state elements one work-item keeps in registers: a column's "
+            "keys (forward, values kernel) or a row's values (keys kernel), the rest split over work-items whose "
+            "partial sums meet in local memory", _state_rule),
 )
 
 
@@ -153,7 +170,7 @@ class MatrixState(FusedOp):
     name = "matrix_state"
     description = "matrix-state scan S_t = exp(g_t)*S_{t-1} + k_t v_t^T read by q_t (Mamba-2, GLA, RetNet, RWKV-6)"
     parts = PARTS
-    tunables = {"c": C_TUNABLES, "gpu": GPU_TUNABLES}
+    tunables = {"c": C_TUNABLES, "gpu": MATRIX_GPU_TUNABLES}
     implementations = {"numpy": PARTS, "c": PARTS, "opencl": PARTS, "cuda": PARTS}
 
     def work(self, features: MatrixStateFeatures, sizes: dict[str, int]) -> int:
@@ -184,7 +201,9 @@ class MatrixState(FusedOp):
 
     def arguments(self, part, features, arrays, sizes, api):
         out = super().arguments(part, features, arrays, sizes, api)
-        if features.has_seqlens:
+        if features.has_seqlens and isinstance(arrays["cu_seqlens"], np.ndarray):
+            # device offsets are the device copy of host offsets checked by the operands (reading them back
+            # here would wait for the device)
             check_offsets(api, arrays["cu_seqlens"], sizes["T"])
         return out
 

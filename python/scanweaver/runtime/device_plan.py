@@ -15,8 +15,9 @@ one stream run in order, so reuse is safe).
 
 Each array library is a :class:`Family` in :data:`FAMILIES` (the ``cuda``
 backend registers CuPy, PyTorch and the fallback for other producers): how
-to read an array's device and the current stream, and how to allocate a
-result of the caller's type.  The libraries are never imported here.
+to read an array's device and the current stream, how to allocate a
+result of the caller's type, and (:func:`array_module`) the array module that
+computes on its arrays where they are.  The libraries are never imported here.
 
 Example:
     >>> from scanweaver.runtime.device_plan import interface
@@ -57,12 +58,17 @@ class Family:
             on (a context manager), or ``None`` when CuPy's current stream is the caller's.
         empty: ``empty(shape, dtype, device, stream)`` -> a result array of the caller's type,
             allocated on the caller's stream.
+        module: ``module()`` -> the library's array module (NumPy's functions on its arrays, computed
+            where they are: CuPy), for operations that compute around their kernels on the caller's
+            device; ``None`` for libraries whose arrays are converted first (PyTorch tensors become
+            CuPy views).
     """
 
     device: Callable[[Any], int]
     stream: Callable[[Any, int], int]
     launch_stream: Callable[[Any, int], Any]
     empty: Callable[[tuple, np.dtype, int, Any], Any]
+    module: Callable[[], Any] | None = None
 
 
 #: Top-level module of a device array's type -> its :class:`Family`; ``""`` is the fallback for other
@@ -70,6 +76,15 @@ class Family:
 FAMILIES: dict[str, Family] = {}
 #: Array modules whose arrays go to a differentiable front end instead (never planned here).
 FRONT_ENDS = ("jax", "jaxlib")
+
+
+def array_module(value: object) -> Any | None:
+    """The array module of device array ``value``'s library (CuPy for CuPy arrays), or ``None`` (host data,
+    or a library whose arrays are converted before they are computed on)."""
+    if value is None or isinstance(value, (np.ndarray, np.generic)):
+        return None
+    fam = FAMILIES.get(type(value).__module__.split(".")[0])
+    return None if fam is None or fam.module is None else fam.module()
 
 
 def interface(value: object) -> tuple[int, bool, tuple, tuple | None, str] | None:

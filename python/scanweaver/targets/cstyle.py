@@ -76,6 +76,9 @@ class CStyleRenderer:
     preamble: ClassVar[str] = ""
     #: kernel attribute bounding the work-items per workgroup to ``{n}`` (registers are budgeted for it)
     launch_bounds: ClassVar[str] = ""
+    #: the same, also asking for ``{blocks}`` workgroups resident per multiprocessor (what lets the compiler
+    #: budget more registers than its occupancy heuristic would); empty: :attr:`launch_bounds`
+    launch_bounds_blocks: ClassVar[str] = ""
     #: unsigned 64-bit integer type (look-back status words)
     u64_type: ClassVar[str] = "unsigned long long"
     #: single-copy-atomic read of the 64-bit global word ``{p}``

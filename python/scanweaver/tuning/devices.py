@@ -9,16 +9,17 @@ recurrence on that device (they were measured on the selective scan)::
 
     {"format": "scanweaver-device-configs", "version": 1,
      "backend": "cuda", "device": "NVIDIA H200", "match": "H200",
-     "produced_by": "python bench/gpu_defaults.py --out ...", "measured": "<date, versions>",
+     "produced_by": "python bench/gpu_defaults.py", "measured": "<date, versions>",
      "entries": [{"dtype": "float32", "lanes": 12288, "L": 4096, "schedule": "hybrid",
                   "config": {"workgroup_size": 256, "items_per_thread": 4, "lanes_per_group": 1},
                   "time_ms": 0.2, "roofline_fraction": 0.95}]}
 
 An entry serves problems within :data:`~scanweaver.tuning.store.MAX_BUCKET_DISTANCE`
 log2 buckets of its ``lanes`` and ``L``; the nearest wins.  To add a device:
-run ``python bench/gpu_defaults.py --out python/scanweaver/tuning/devices/<name>.json``
-on it (it sweeps each schedule per size class, checks every configuration
-against a float64 reference, keeps the fastest) and commit the file.
+run ``python bench/gpu_defaults.py --out-dir python/scanweaver/tuning/devices`` on it (it
+sweeps each schedule per size class, checks every configuration against a float64 reference,
+keeps the fastest, and names the file and its match after the device: ``h200.json``, ``H200``)
+and commit the file.
 
 Example:
     >>> from scanweaver.tuning.devices import lookup

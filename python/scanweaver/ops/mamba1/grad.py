@@ -11,12 +11,13 @@ backward kernel recomputes the states from per-chunk checkpoints.
 Inputs, in order: ``u, delta, A, B, C, D, z, delta_bias, h0`` (``None`` for
 absent optional ones).  Outputs: ``y`` (``u``'s dtype) and ``h_last``
 (the accumulation dtype).  Options: ``delta_softplus``, ``cu_seqlens``,
-``backend``, ``tunables``.  Device arrays (CuPy, from CUDA tensors) stay on
-the device when the backend is ``cuda`` (``auto`` picks it where it runs): the
-operands are checked and converted there, the fused CUDA kernels run on the
-current stream (PyTorch's, made CuPy's by the front end) and the results are
-CuPy arrays handed back through DLPack; with another backend they go through
-host arrays.  A backend without the fused backward (``julia``) is
+``backend``, ``tunables``.  Where each part computes is
+:func:`scanweaver.calls.device.place`'s rule: device arrays (CuPy, from CUDA
+tensors) stay on the device when the backend is ``cuda`` (``auto`` picks it
+where it runs): the operands are checked and converted there, the fused CUDA
+kernels run on the current stream (PyTorch's, made CuPy's by the front end)
+and the results are CuPy arrays handed back through DLPack; with another
+backend they go through host arrays.  A backend without the fused backward (``julia``) is
 differentiated on the best one with it (:func:`~.kernels.backward_backend`).
 
 Example:
@@ -36,11 +37,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...arrays import compute_dtype, device_module, host_arrays
+from ...arrays import compute_dtype
+from ...calls.device import place
 from ...calls.pairs import PAIRS, KernelPair
 from ...checks import seqlens_option
 from ...errors import ScanInputError
-from .kernels import backward, backward_backend, forward, fused_backend
+from .kernels import OP, backward, backward_backend, forward
 from .operands import prepare
 
 #: Input names of the pair, in order.
@@ -50,53 +52,44 @@ GRADS = ("du", "ddelta", "dA", "dB", "dC", "dD", "dz", "ddelta_bias", "dh0")
 API = "mamba_selective_scan"
 
 
-def _device(values: list, options: dict, part: str):
-    """CuPy when the call stays on the device: CuPy inputs and a ``backend`` (``auto``: the best) that is
-    ``cuda`` with the fused ``part``; else ``None`` (host arrays: the host path)."""
-    xp = device_module(values)
-    if xp is None:
-        return None
-    wide = compute_dtype([v.dtype for v in values if v is not None])
-    be = fused_backend(options.get("backend", "auto"), wide, part)
-    return xp if be is not None and be.name == "cuda" else None
-
-
 def _prepared(inputs: list, options: dict, xp=None):
     return prepare(*inputs[:5], *inputs[5:8], options.get("delta_softplus", False), inputs[8],
                    options.get("cu_seqlens"), api=API, xp=xp)
 
 
 def _forward(inputs: list, options: dict) -> list:
-    dev = _device(list(inputs), options, "forward")
-    host, xp = (list(inputs), None) if dev is not None else host_arrays(inputs)
-    ops = _prepared(host, options, dev)
-    y, h = forward(ops, backend="cuda" if dev is not None else options.get("backend", "auto"), return_state=True,
-                   api=API, **options.get("tunables", {}))
-    results = [y.astype(ops.out_dtype, copy=False), h]
-    return results if xp is None else [xp.asarray(r) for r in results]
+    where = place(list(inputs), OP, "forward", options.get("backend", "auto"), api=API)
+    with where.context():
+        ops = _prepared(where.host(inputs), options, where.xp if where.on_device else None)
+        y, h = forward(ops, backend=where.backend, return_state=True, api=API, **options.get("tunables", {}))
+        return where.results([y.astype(ops.out_dtype, copy=False), h])
 
 
 def _backward(inputs: list, residuals: list, cotangents: list, needs: list, options: dict) -> list:
-    dev = _device([*inputs, *cotangents], options, "backward")
-    if dev is not None:
-        host, xp, (dy, dh) = list(inputs), None, list(cotangents)
-    else:
-        host, xp = host_arrays(inputs)
-        (dy, dh), _ = host_arrays(list(cotangents))
-    mod = dev if dev is not None else np
-    ops = _prepared(host, options, dev)
+    asked = options.get("backend", "auto")
+    where = place([*inputs, *cotangents], OP, "backward", asked, api=API)
+    with where.context():
+        return _backward_at(where, inputs, cotangents, needs, options)
+
+
+def _backward_at(where, inputs: list, cotangents: list, needs: list, options: dict) -> list:
+    asked = options.get("backend", "auto")
+    host = where.host(inputs)
+    dy, dh = where.host(list(cotangents))
+    mod = where.xp
+    ops = _prepared(host, options, mod if where.on_device else None)
     if dy is None:
         dy = mod.zeros(ops.u.shape, ops.dtype)
-    be = "cuda" if dev is not None else backward_backend(options.get("backend", "auto"), ops.dtype)
-    tunables = options.get("tunables", {}) if be == options.get("backend", "auto") else {}
+    be = where.backend if where.on_device else backward_backend(asked, ops.dtype)
+    tunables = options.get("tunables", {}) if be == asked or asked == "auto" else {}
     grads = backward(ops, dy, dh, backend=be, api=API, **tunables)
     out = []
     for x, key, need in zip(host, GRADS, needs, strict=True):
         if need:
             g = grads[key]
-            g = mod.zeros(np.shape(x), ops.dtype) if g is None else g.reshape(np.shape(x))
+            g = mod.zeros(x.shape, ops.dtype) if g is None else g.reshape(x.shape)
             out.append(g.astype(x.dtype, copy=False))
-    return out if xp is None else [xp.asarray(g) for g in out]
+    return where.results(out)
 
 
 def _shapes(specs: list, options: dict) -> list:

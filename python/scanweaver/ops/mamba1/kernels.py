@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...arrays import device_module
 from ...calls import runner
 from ...calls.runner import FusedInfo
 from ...core.dispatch import pick_backend
@@ -126,12 +127,8 @@ def forward(ops: MambaOperands, *, backend: str = "auto", return_state: bool = T
 
 
 def _xp(u):
-    """CuPy for a CuPy array (the device path), else ``None``."""
-    if type(u).__module__.split(".")[0] == "cupy":
-        import cupy
-
-        return cupy
-    return None
+    """The array module of a device array (CuPy for a CuPy array: the device path), else ``None``."""
+    return device_module([u])
 
 
 def backward(ops: MambaOperands, dout: np.ndarray, dhlast: np.ndarray | None = None, *, backend: str = "auto",

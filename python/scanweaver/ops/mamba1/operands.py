@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...arrays import aligned, as_array, compute_dtype, seqlens_reset
+from ...arrays import compute_dtype, contiguous, module_array, seqlens_reset
 from ...errors import ScanInputError
 from ...fused.mamba1 import Mamba1Features
 
@@ -86,18 +86,6 @@ class MambaOperands:
                 "delta_bias": self.delta_bias, "h0": self.h0, "reset": self.reset}
 
 
-def _device(xp):
-    """``as_array`` for device arrays of array module ``xp`` (CuPy): kept where they are, dtype checked."""
-    def check(api: str, name: str, value):
-        if not isinstance(value, xp.ndarray):
-            raise ScanInputError(f"{api}: {name} is a {type(value).__name__}; with device operands every array "
-                                 "must be on the same device")
-        if np.dtype(value.dtype).kind not in "fc":
-            raise ScanInputError(f"{api}: {name} has dtype {value.dtype}; it needs a float dtype")
-        return value
-    return check
-
-
 def prepare(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus: bool = False, h0=None,
             cu_seqlens=None, api: str = API, xp=None) -> MambaOperands:
     """Checks shapes and dtypes (errors name the argument) and returns :class:`MambaOperands`.
@@ -106,7 +94,9 @@ def prepare(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus: 
     (which only the scan path runs).  With ``xp`` (CuPy) every array is a device array of it and
     stays on the device (conversions and contiguous copies happen there).
     """
-    as_array_ = as_array if xp is None else _device(xp)
+    def as_array_(api_, name, value):
+        return module_array(api_, name, value, xp)
+
     u = as_array_(api, "u", u)
     if u.ndim != 3:
         raise _shape_error("u", u, "(batch, D, L)", api)
@@ -134,9 +124,7 @@ def prepare(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus: 
     out_dtype = u.dtype if wide.kind != "c" else wide
 
     def conv(x):
-        if x is None:
-            return None
-        return aligned(np.ascontiguousarray(x, dtype=wide)) if xp is None else xp.ascontiguousarray(x, dtype=wide)
+        return None if x is None else contiguous(x, wide, xp)
 
     reset = None
     if cu_seqlens is not None:

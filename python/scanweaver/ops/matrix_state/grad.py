@@ -9,38 +9,49 @@ custom op with an autograd formula) and ``scanweaver.jax.<op>`` (a
 are the inputs, and the backward recomputes the states.
 
 Outputs of every pair: ``o`` (the inputs' dtype) and the final state (the
-accumulation dtype), in the named operation's layout.  Options are Python
-literals (``dt_limit`` as text, since ``inf`` is no literal), built from a call's
-arguments by :func:`la_options`, :func:`rwkv6_options` and :func:`mamba2_options`,
-which check what they take (``scale``, ``cu_seqlens``, ``seq_idx``, ``chunk_size``).
+accumulation dtype), in the named operation's layout.  CUDA tensors (CuPy
+views) and CuPy arrays stay on the device when the backend that runs the part
+is ``cuda`` (``auto`` picks it where it runs): checks, conversions, the gates
+and the scale and their gradients run with CuPy, the fused kernels on the
+current stream (:mod:`scanweaver.calls.device`); nothing is copied to the host
+and nothing waits.  Options are Python literals (``dt_limit`` as text, since
+``inf`` is no literal), built from a call's arguments by :func:`la_options`,
+:func:`rwkv6_options` and :func:`mamba2_options`, which check what they take
+(``scale``, ``cu_seqlens``, ``seq_idx``, ``chunk_size``).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ...arrays import compute_dtype, host_arrays
+from ...arrays import compute_dtype
+from ...calls.device import place
 from ...calls.pairs import PAIRS, KernelPair
 from ...checks import seqlens_option
 from ...errors import ScanInputError
 from . import attention, mamba2
-from .kernels import check_chunk_size
+from .kernels import OP, check_chunk_size
 from .segments import seq_idx_option
 
 
-def _wrap(forward, backward):
-    """The pair's functions on host arrays, results back on the inputs' device (CuPy arrays from CUDA tensors)."""
+def _wrap(forward, backward, api: str):
+    """The pair's functions where :func:`~scanweaver.calls.device.place` says: on the caller's device with its
+    array module (CuPy arrays, e.g. from CUDA tensors, on a backend that takes them), else on host arrays
+    (device inputs copied once, the results copied back)."""
 
     def fwd(inputs: list, options: dict) -> list:
-        host, xp = host_arrays(inputs)
-        out = forward(host, options)
-        return out if xp is None else [xp.asarray(r) for r in out]
+        where = place(list(inputs), OP, "forward", options.get("backend", "auto"), api=api)
+        with where.context():
+            out = forward(where.host(inputs), {**options, "backend": where.backend},
+                          where.xp if where.on_device else None)
+        return where.results(out)
 
     def bwd(inputs: list, residuals: list, cotangents: list, needs: list, options: dict) -> list:
-        host, xp = host_arrays(inputs)
-        cot, _ = host_arrays(list(cotangents))
-        out = backward(host, residuals, cot, needs, options)
-        return out if xp is None else [xp.asarray(g) for g in out]
+        where = place([*inputs, *cotangents], OP, "backward", options.get("backend", "auto"), api=api)
+        with where.context():
+            out = backward(where.host(inputs), residuals, where.host(list(cotangents)), needs,
+                           {**options, "backend": where.backend}, where.xp if where.on_device else None)
+        return where.results(out)
 
     return fwd, bwd
 
@@ -76,12 +87,13 @@ def _mamba2_shapes(specs: list, options: dict) -> list:
     return [(x, np.dtype(out)), ((_nseq(x[0], options), x[2], x[3], B[3]), wide)]
 
 
-PAIRS.register()(KernelPair(attention.LA, *_wrap(attention.la_forward, attention.la_backward), _la_shapes,
-                            n_outputs=2))
-PAIRS.register()(KernelPair(attention.RWKV6, *_wrap(attention.rwkv6_forward, attention.rwkv6_backward),
+PAIRS.register()(KernelPair(attention.LA, *_wrap(attention.la_forward, attention.la_backward, attention.LA),
+                            _la_shapes, n_outputs=2))
+PAIRS.register()(KernelPair(attention.RWKV6, *_wrap(attention.rwkv6_forward, attention.rwkv6_backward,
+                                                    attention.RWKV6),
                             lambda specs, options: _la_shapes(specs, options, attention.RWKV6), n_outputs=2))
-PAIRS.register()(KernelPair("mamba2", *_wrap(mamba2.mamba2_forward, mamba2.mamba2_backward), _mamba2_shapes,
-                            n_outputs=2))
+PAIRS.register()(KernelPair("mamba2", *_wrap(mamba2.mamba2_forward, mamba2.mamba2_backward, mamba2.API),
+                            _mamba2_shapes, n_outputs=2))
 
 
 def offsets_option(api: str, cu_seqlens, cu_seqlens_cpu=None) -> list[int] | None:

@@ -6,13 +6,16 @@ or with ``auto`` the best available backend that renders the part; tunables
 from the call, else the tuned store, else the backend's defaults; what ran is
 :data:`scanweaver.matrix.last` (``runner.last["matrix_state"]``).  A backward
 asked of a backend without the backward rendering runs on the best one with it
-(the report says so).
+(the report says so).  Operands of a device array module (``ops.xp``, CuPy) get
+their outputs allocated by that module, on the current stream: nothing leaves
+the device.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from ...arrays import contiguous
 from ...calls import runner
 from ...calls.runner import FusedInfo
 from ...errors import ScanInputError
@@ -66,8 +69,8 @@ def forward(ops: MatrixOperands, *, backend: str = "auto", return_state: bool = 
             chunk_size: int | None = None, **tunables) -> tuple[np.ndarray, np.ndarray | None]:
     """``(o, hlast)`` of the fused forward in the accumulation dtype (``hlast`` None unless ``return_state``)."""
     feats = ops.features()
-    o = np.empty(ops.v.shape, ops.dtype)
-    hlast = np.empty(ops.state_shape, ops.dtype) if return_state else None
+    o = ops.xp.empty(ops.v.shape, ops.dtype)
+    hlast = ops.xp.empty(ops.state_shape, ops.dtype) if return_state else None
     given = {**chunk_tunables(backend, ops.dtype, "forward", chunk_size, api), **tunables}
     if ops.v.shape[1] == 0:
         if hlast is not None:
@@ -88,11 +91,12 @@ def backward(ops: MatrixOperands, do: np.ndarray, dhlast: np.ndarray | None = No
     A backend without the backward rendering is replaced by the best available one that has it.
     """
     feats = ops.features(has_dhlast=dhlast is not None)
-    do = np.ascontiguousarray(do, dtype=ops.dtype)
-    dh = None if dhlast is None else np.ascontiguousarray(dhlast, dtype=ops.dtype)
-    out = {"dq": np.zeros_like(ops.q), "dk": np.zeros_like(ops.k), "dv": np.zeros_like(ops.v),
-           "dg": None if ops.g is None else np.zeros_like(ops.g), "du": None if ops.u is None else
-           np.zeros_like(ops.u), "dh0": None if ops.h0 is None else np.zeros(ops.state_shape, ops.dtype)}
+    xp = ops.xp
+    do = contiguous(do, ops.dtype, xp)
+    dh = None if dhlast is None else contiguous(dhlast, ops.dtype, xp)
+    out = {"dq": xp.zeros_like(ops.q), "dk": xp.zeros_like(ops.k), "dv": xp.zeros_like(ops.v),
+           "dg": None if ops.g is None else xp.zeros_like(ops.g), "du": None if ops.u is None else
+           xp.zeros_like(ops.u), "dh0": None if ops.h0 is None else xp.zeros(ops.state_shape, ops.dtype)}
     given = {**chunk_tunables(backend, ops.dtype, "backward", chunk_size, api), **tunables}
     if ops.v.shape[1] == 0:
         if out["dh0"] is not None and dh is not None:

@@ -15,7 +15,8 @@ a row) runs as packed segments of the rows laid end to end (:mod:`.segments`).
 The gradients run the chain rule of these wrappers around the fused
 backward: through the gate ``silu(z)``, the skip ``D``, ``dt * x`` and ``dt * A``,
 the clamp (a zero gradient where dt was clamped, as ``torch.clamp``), the
-softplus (PyTorch's, linear above 20) and ``dt_bias``.
+softplus (PyTorch's, linear above 20) and ``dt_bias``.  With ``xp`` (a device
+array module, CuPy) every one of these runs on the device with that module.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import numpy as np
 
 from ...arrays import compute_dtype
 from ...errors import ScanInputError
+from .attention import pick
 from .kernels import backward, forward
 from .operands import array, check_shape, operands
 from .segments import segments
@@ -48,49 +50,52 @@ def limit_of(dt_limit) -> tuple[float, float]:
     return lo, hi
 
 
-def _softplus(x: np.ndarray) -> np.ndarray:
-    with np.errstate(over="ignore"):
-        return np.where(x > SOFTPLUS_THRESHOLD, x, np.log1p(np.exp(np.minimum(x, SOFTPLUS_THRESHOLD))))
+def _softplus(x, xp=np):
+    """PyTorch's softplus (x itself above :data:`SOFTPLUS_THRESHOLD`) in array module ``xp``."""
+    return xp.where(x > SOFTPLUS_THRESHOLD, x, xp.log1p(xp.exp(xp.minimum(x, SOFTPLUS_THRESHOLD))))
 
 
-def _sigmoid(x: np.ndarray) -> np.ndarray:
-    with np.errstate(over="ignore"):
-        return 1.0 / (1.0 + np.exp(-x))
+def _sigmoid(x, xp=np):
+    with np.errstate(over="ignore"):  # NumPy's warning for exp(-x) of very negative x; the result is exact
+        return 1.0 / (1.0 + xp.exp(-x))
 
 
 class Prepared:
-    """Checked Mamba-2 arrays (accumulation dtype) and the fused operands built from them."""
+    """Checked Mamba-2 arrays (accumulation dtype) and the fused operands built from them; with ``xp`` (a
+    device array module) all of them stay on the device."""
 
-    def __init__(self, inputs: list, options: dict):
+    def __init__(self, inputs: list, options: dict, xp=None):
         x, dt, A, B, C, D, z, dt_bias, h0 = inputs
-        x = array(API, "x", x, 4, "(batch, L, H, P)")
+        mod = np if xp is None else xp
+        self.xp = mod
+        x = array(API, "x", x, 4, "(batch, L, H, P)", xp=xp)
         b, L, H, P = x.shape
-        dt = array(API, "dt", dt, 3, f"(batch, L, H) = {(b, L, H)}")
+        dt = array(API, "dt", dt, 3, f"(batch, L, H) = {(b, L, H)}", xp=xp)
         check_shape(API, "dt", dt, (b, L, H), "(batch, L, H)")
-        A = array(API, "A", A, 1, f"(H,) = ({H},)")
+        A = array(API, "A", A, 1, f"(H,) = ({H},)", xp=xp)
         check_shape(API, "A", A, (H,), "(H,)")
-        B = array(API, "B", B, 4, f"(batch, L, G, N) with batch={b}, L={L} and G dividing H = {H}")
+        B = array(API, "B", B, 4, f"(batch, L, G, N) with batch={b}, L={L} and G dividing H = {H}", xp=xp)
         if B.shape[:2] != (b, L) or B.shape[2] < 1 or H % B.shape[2] or B.shape[3] < 1:
             raise ScanInputError(f"{API}: B has shape {B.shape}; it needs (batch, L, G, N) with (batch, L) = "
                                  f"{(b, L)}, G dividing H = {H} and N >= 1")
-        C = array(API, "C", C, 4, f"B's shape {B.shape}")
+        C = array(API, "C", C, 4, f"B's shape {B.shape}", xp=xp)
         check_shape(API, "C", C, B.shape, "B's shape (batch, L, G, N)")
         G, N = B.shape[2:]
         if D is not None:
-            D = array(API, "D", D, np.ndim(D), "(H,) or (H, P)")
+            D = array(API, "D", D, np.ndim(D), "(H,) or (H, P)", xp=xp)
             if D.shape not in ((H,), (H, P)):
                 raise ScanInputError(f"{API}: D has shape {D.shape}; it needs (H,) = ({H},) or (H, P) = {(H, P)}")
         if z is not None:
-            z = array(API, "z", z, 4, f"x's shape {x.shape}")
+            z = array(API, "z", z, 4, f"x's shape {x.shape}", xp=xp)
             check_shape(API, "z", z, x.shape, "x's shape (batch, L, H, P)")
         if dt_bias is not None:
-            dt_bias = array(API, "dt_bias", dt_bias, 1, f"(H,) = ({H},)")
+            dt_bias = array(API, "dt_bias", dt_bias, 1, f"(H,) = ({H},)", xp=xp)
             check_shape(API, "dt_bias", dt_bias, (H,), "(H,)")
         cu = options.get("cu_seqlens")
         nseq = b if cu is None else len(cu) - 1
         self.segs = segments(API, b, L, cu, options.get("seq_idx"))
         if h0 is not None:
-            h0 = array(API, "initial_states", h0, 4, f"(batch, H, P, N) = {(nseq, H, P, N)}")
+            h0 = array(API, "initial_states", h0, 4, f"(batch, H, P, N) = {(nseq, H, P, N)}", xp=xp)
             check_shape(API, "initial_states", h0, (nseq, H, P, N),
                         "(batch, H, P, N) (batch: the sequences of cu_seqlens when given)")
         self.softplus = bool(options.get("dt_softplus", False))
@@ -98,13 +103,13 @@ class Prepared:
         self.clamped = self.limit != (0.0, math.inf)
         wide = compute_dtype([a.dtype for a in (x, dt, A, B, C, D, z, dt_bias, h0) if a is not None])
         wide = wide if wide.kind == "f" else np.dtype(np.float64)
-        self.out_dtype = x.dtype if x.dtype.kind == "f" else wide
-        cast = [None if a is None else np.asarray(a, wide) for a in (x, dt, A, B, C, D, z, dt_bias, h0)]
+        self.out_dtype = np.dtype(x.dtype) if np.dtype(x.dtype).kind == "f" else wide
+        cast = [None if a is None else mod.asarray(a, dtype=wide) for a in (x, dt, A, B, C, D, z, dt_bias, h0)]
         self.x, self.dt_in, self.A, self.B, self.C, self.D, self.z, self.dt_bias, self.h0 = cast
         raw = self.dt_in if self.dt_bias is None else self.dt_in + self.dt_bias
         self.raw = raw
-        self.soft = _softplus(raw) if self.softplus else raw
-        self.dt = np.clip(self.soft, *self.limit) if self.clamped else self.soft
+        self.soft = _softplus(raw, mod) if self.softplus else raw
+        self.dt = mod.clip(self.soft, *self.limit) if self.clamped else self.soft
         v = self.x * self.dt[..., None]
         g = self.dt * self.A
         h0k = None if self.h0 is None else self.h0.transpose(0, 1, 3, 2)
@@ -113,7 +118,7 @@ class Prepared:
             q, k, v, g = (a.reshape(1, b * L, *a.shape[2:]) for a in (q, k, v, g))
             h0k, cu = self.segs.spread(h0k, self.segs.first), self.segs.cu
         self.ops = operands(API, q, k, v, g, decay="scalar", h0=h0k, cu_seqlens=cu,
-                            names={"q": "C", "k": "B", "v": "dt * x", "g": "dt * A", "h0": "initial_states"})
+                            names={"q": "C", "k": "B", "v": "dt * x", "g": "dt * A", "h0": "initial_states"}, xp=xp)
 
     def skip(self) -> np.ndarray | None:
         """``D`` broadcast over ``(H, P)``, or None."""
@@ -122,13 +127,13 @@ class Prepared:
         return self.D[:, None] if self.D.ndim == 1 else self.D
 
 
-def mamba2_forward(inputs: list, options: dict) -> list:
+def mamba2_forward(inputs: list, options: dict, xp=None) -> list:
     """``[out, final_states]``: ``out (batch, L, H, P)`` in x's dtype, the state ``(batch, H, P, N)``."""
-    p = Prepared(inputs, options)
+    p = Prepared(inputs, options, xp)
     y, h = _y(p, options)
     if p.z is not None:
-        y = y * (p.z * _sigmoid(p.z))
-    return [y.astype(p.out_dtype, copy=False), np.ascontiguousarray(h.transpose(0, 1, 3, 2))]
+        y = y * (p.z * _sigmoid(p.z, p.xp))
+    return [y.astype(p.out_dtype, copy=False), p.xp.ascontiguousarray(h.transpose(0, 1, 3, 2))]
 
 
 def _y(p: Prepared, options: dict) -> tuple[np.ndarray, np.ndarray]:
@@ -140,20 +145,21 @@ def _y(p: Prepared, options: dict) -> tuple[np.ndarray, np.ndarray]:
     return (o if skip is None else o + skip * p.x), h
 
 
-def mamba2_backward(inputs: list, residuals: list, cotangents: list, needs: list, options: dict) -> list:
+def mamba2_backward(inputs: list, residuals: list, cotangents: list, needs: list, options: dict, xp=None) -> list:
     """Gradients of Mamba-2 for the inputs with ``needs`` set (see :mod:`scanweaver.calls.pairs`)."""
-    p = Prepared(inputs, options)
+    p = Prepared(inputs, options, xp)
+    mod = p.xp
     dout, dfinal = cotangents
-    dout = np.zeros(p.x.shape, p.x.dtype) if dout is None else np.asarray(dout, p.x.dtype)
+    dout = mod.zeros(p.x.shape, p.x.dtype) if dout is None else mod.asarray(dout, dtype=p.x.dtype)
     full: dict[str, np.ndarray | None] = {}
     if p.z is not None:
         y, _ = _y(p, options)
-        sg = _sigmoid(p.z)
+        sg = _sigmoid(p.z, mod)
         dy = dout * p.z * sg
         full["z"] = dout * y * sg * (1 + p.z * (1 - sg))
     else:
         dy = dout
-    dht = None if dfinal is None else np.asarray(dfinal, p.x.dtype).transpose(0, 1, 3, 2)
+    dht = None if dfinal is None else mod.asarray(dfinal, dtype=p.x.dtype).transpose(0, 1, 3, 2)
     if p.segs is not None:
         dy, dht = dy.reshape(p.ops.v.shape), p.segs.spread(dht, p.segs.last)
     gr = backward(p.ops, dy, dht, backend=options.get("backend", "auto"), api=API,
@@ -173,14 +179,8 @@ def mamba2_backward(inputs: list, residuals: list, cotangents: list, needs: list
     if p.clamped:
         ddt = ddt * ((p.soft >= p.limit[0]) & (p.soft <= p.limit[1]))
     if p.softplus:
-        ddt = ddt * np.where(p.raw > SOFTPLUS_THRESHOLD, 1.0, _sigmoid(p.raw))
+        ddt = ddt * mod.where(p.raw > SOFTPLUS_THRESHOLD, 1.0, _sigmoid(p.raw, mod))
     full.update(x=dx, dt=ddt, B=gr["dk"], C=gr["dq"],
                 dt_bias=None if p.dt_bias is None else ddt.sum((0, 1)),
                 initial_states=None if gr["dh0"] is None else gr["dh0"].transpose(0, 1, 3, 2))
-    out = []
-    for x, name, need in zip(inputs, INPUTS, needs, strict=True):
-        if need:
-            gx = full.get(name)
-            gx = np.zeros(np.shape(x), p.x.dtype) if gx is None else np.reshape(gx, np.shape(x))
-            out.append(np.ascontiguousarray(gx).astype(np.asarray(x).dtype, copy=False))
-    return out
+    return pick(inputs, INPUTS, full, needs, p.x.dtype, mod)

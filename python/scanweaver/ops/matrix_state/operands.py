@@ -9,10 +9,11 @@ name the caller used, its shape or dtype and what it needs.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from ...arrays import aligned, as_array, check_seqlens, compute_dtype
+from ...arrays import check_seqlens, compute_dtype, contiguous, module_array
 from ...errors import ScanInputError
 from ...fused.matrix_state import MatrixStateFeatures
 
@@ -22,9 +23,10 @@ def shape_error(api: str, name: str, arr, need: str) -> ScanInputError:
     return ScanInputError(f"{api}: {name} has shape {tuple(np.shape(arr))}; it needs {need}")
 
 
-def array(api: str, name: str, value, ndim: int, need: str, real: bool = True) -> np.ndarray:
-    """``value`` as a NumPy array of ``ndim`` dimensions (real floating point with ``real``)."""
-    arr = as_array(api, name, value)
+def array(api: str, name: str, value, ndim: int, need: str, real: bool = True, xp=None) -> np.ndarray:
+    """``value`` as an array of ``ndim`` dimensions (real floating point with ``real``): a NumPy array, or with
+    ``xp`` (a device array module) one of its arrays, left where it is."""
+    arr = module_array(api, name, value, xp)
     if arr.ndim != ndim:
         raise shape_error(api, name, arr, need)
     if real and arr.dtype.kind not in "fiub":
@@ -50,7 +52,9 @@ class MatrixOperands:
 
     ``g`` is ``(batch, T, H)`` (``decay="scalar"``), ``(batch, T, H, K)`` (``key``) or None;
     ``u`` the RWKV-6 bonus or None; ``h0`` ``(nseq, H, K, V)`` or None; ``cu_seqlens``
-    int64 offsets or None.  ``out_dtype`` is the dtype outputs are returned in.
+    int64 offsets or None.  ``out_dtype`` is the dtype outputs are returned in.  ``xp`` is the
+    arrays' module: NumPy, or a device module (CuPy) whose arrays stay on the device (``cu_seqlens``
+    then is the device copy of ``offsets``, the checked host offsets).
     """
 
     q: np.ndarray
@@ -64,6 +68,8 @@ class MatrixOperands:
     readout: str
     reverse: bool
     out_dtype: np.dtype
+    xp: Any = np
+    offsets: np.ndarray | None = None
 
     @property
     def dtype(self) -> np.dtype:
@@ -73,7 +79,7 @@ class MatrixOperands:
     @property
     def nseq(self) -> int:
         """Rows of the initial and final states."""
-        return self.v.shape[0] if self.cu_seqlens is None else len(self.cu_seqlens) - 1
+        return self.v.shape[0] if self.cu_seqlens is None else self.cu_seqlens.shape[0] - 1
 
     @property
     def sizes(self) -> dict[str, int]:
@@ -98,8 +104,8 @@ class MatrixOperands:
 
 
 def operands(api: str, q, k, v, g=None, *, decay: str, readout: str = "after", u=None, h0=None, cu_seqlens=None,
-             reverse: bool = False, names: dict[str, str] | None = None, out_dtype=None) -> MatrixOperands:
-    """Checks the fused operation's operands (given as NumPy arrays) and returns :class:`MatrixOperands`.
+             reverse: bool = False, names: dict[str, str] | None = None, out_dtype=None, xp=None) -> MatrixOperands:
+    """Checks the fused operation's operands and returns :class:`MatrixOperands`.
 
     Args:
         api: the public call's name (errors start with it).
@@ -107,13 +113,16 @@ def operands(api: str, q, k, v, g=None, *, decay: str, readout: str = "after", u
         g: log decays ``(batch, T, H)`` (``decay="scalar"``) or ``(batch, T, H, K)`` (``key``).
         names: the caller's names of q, k, v, g, u, h0 for the messages (e.g. ``{"q": "C"}``).
         out_dtype: the dtype of the outputs (default: the inputs' common dtype).
+        xp: ``None`` for NumPy arrays (anything ``numpy.asarray`` reads); a device array module (CuPy) for
+            its arrays, which are checked and converted on the device (``cu_seqlens``, host offsets, is
+            checked on the host and copied to the device).
     """
     nm = {"q": "q", "k": "k", "v": "v", "g": "g", "u": "u", "h0": "initial_state", **(names or {})}
-    q = array(api, nm["q"], q, 4, "(batch, T, H, K)")
+    q = array(api, nm["q"], q, 4, "(batch, T, H, K)", xp=xp)
     batch, T, Hq, K = q.shape
-    k = array(api, nm["k"], k, 4, f"q's shape {q.shape}")
+    k = array(api, nm["k"], k, 4, f"q's shape {q.shape}", xp=xp)
     check_shape(api, nm["k"], k, q.shape, f"the shape of {nm['q']}")
-    v = array(api, nm["v"], v, 4, f"(batch, T, H, V) = ({batch}, {T}, H, V)")
+    v = array(api, nm["v"], v, 4, f"(batch, T, H, V) = ({batch}, {T}, H, V)", xp=xp)
     if v.shape[:2] != (batch, T):
         raise shape_error(api, nm["v"], v, f"(batch, T, H, V) with (batch, T) = {(batch, T)} as {nm['q']}")
     H, V = v.shape[2:]
@@ -126,15 +135,15 @@ def operands(api: str, q, k, v, g=None, *, decay: str, readout: str = "after", u
     got = []
     if decay != "none":
         gshape = (batch, T, H) if decay == "scalar" else (batch, T, H, K)
-        g = array(api, nm["g"], g, len(gshape), str(gshape))
+        g = array(api, nm["g"], g, len(gshape), str(gshape), xp=xp)
         check_shape(api, nm["g"], g, gshape, "(batch, T, H)" if decay == "scalar" else "(batch, T, H, K)")
         got.append(g)
     if readout == "bonus":
-        u = array(api, nm["u"], u, 2, f"(H, K) = {(H, K)}")
+        u = array(api, nm["u"], u, 2, f"(H, K) = {(H, K)}", xp=xp)
         check_shape(api, nm["u"], u, (H, K), "(H, K)")
         got.append(u)
     if h0 is not None:
-        h0 = array(api, nm["h0"], h0, 4, f"(N, H, K, V) = {(nseq, H, K, V)}")
+        h0 = array(api, nm["h0"], h0, 4, f"(N, H, K, V) = {(nseq, H, K, V)}", xp=xp)
         check_shape(api, nm["h0"], h0, (nseq, H, K, V), "(N, H, K, V)")
         got.append(h0)
     wide = compute_dtype([q.dtype, k.dtype, v.dtype, *(x.dtype for x in got)])
@@ -142,8 +151,10 @@ def operands(api: str, q, k, v, g=None, *, decay: str, readout: str = "after", u
         wide = np.dtype(np.float64)
 
     def conv(x):
-        return None if x is None else aligned(np.ascontiguousarray(x, dtype=wide))
+        return None if x is None else contiguous(x, wide, xp)
 
+    dev_cs = cs if cs is None or xp is None else xp.asarray(cs)
+    out = np.dtype(out_dtype) if out_dtype is not None else np.dtype(v.dtype) if np.dtype(v.dtype).kind == "f" else wide
     return MatrixOperands(conv(q), conv(k), conv(v), conv(g) if decay != "none" else None,
-                          conv(u) if readout == "bonus" else None, conv(h0), cs, decay, readout, bool(reverse),
-                          np.dtype(out_dtype) if out_dtype is not None else v.dtype if v.dtype.kind == "f" else wide)
+                          conv(u) if readout == "bonus" else None, conv(h0), dev_cs, decay, readout, bool(reverse), out,
+                          np if xp is None else xp, cs)

@@ -76,8 +76,9 @@ class Segments:
         """``states`` (one per sequence) on the segments ``at`` (``first`` or ``last``), zeros elsewhere."""
         if states is None:
             return None
-        out = np.zeros((self.count, *states.shape[1:]), states.dtype)
-        out[at] = states
+        xp = np if isinstance(states, np.ndarray) else __import__(type(states).__module__.partition(".")[0])
+        out = xp.zeros((self.count, *states.shape[1:]), states.dtype)
+        out[xp.asarray(at)] = states
         return out
 
 

@@ -4,7 +4,7 @@
 the state and one token's inputs and return ``(output, new_state)`` with the
 semantics of the scans (the scans at ``T = 1`` from this state give the same).
 They are a few array expressions in the caller's array library (NumPy,
-PyTorch or JAX, found from the arguments), so they cost what those
+PyTorch, JAX or CuPy, found from the arguments), so they cost what those
 expressions do, stay on the caller's device and are differentiable by the
 framework itself.  Every input is checked first.
 """
@@ -16,6 +16,7 @@ import math
 
 import numpy as np
 
+from ...arrays import device_module
 from ...calls.declare import operation
 from ...errors import ScanInputError
 
@@ -23,12 +24,12 @@ _LIBS = {"torch": "torch", "jax": "jax.numpy", "jaxlib": "jax.numpy"}
 
 
 def _xp(values):
-    """The array namespace of ``values`` (``numpy``, ``torch`` or ``jax.numpy``)."""
+    """The array namespace of ``values`` (``numpy``, ``torch``, ``jax.numpy``, or a device arrays' module: CuPy)."""
     mods = {type(v).__module__.split(".")[0] for v in values if v is not None}
     for m in mods:
         if m in _LIBS:
             return importlib.import_module(_LIBS[m])
-    return np
+    return device_module(values) or np
 
 
 def _check(api: str, values: dict[str, tuple]) -> None:
