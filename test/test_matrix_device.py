@@ -107,7 +107,8 @@ def test_linear_attention_forward_and_backward_stay_on_the_device(rng, replay):
     inputs = [dev["q"], dev["k"], dev["v"], dev["g"], None, None, dev["initial_state"]]
     got = PAIRS.get("linear_attention").backward(inputs, [], [device(do.astype(np.float32)),
                                                               device(dh.astype(np.float32))],
-                                                 [True, True, True, True, False, False, True], la_options(scale))
+                                                 [True, True, True, True, False, False, True],
+                                                 la_options("linear_attention", {"scale": scale}))
     for (name, w), g in zip(want.items(), got, strict=True):
         _close(g, w, f"d{name}")
     assert replay.launched[-1][0] == "matrix_state" and "sw_matrix_state_bwd_keys" in replay.launched[-1][1]
@@ -125,7 +126,7 @@ def test_rwkv6_forward_and_backward_stay_on_the_device(rng, replay):
     _close(o, ro, "o")
     do = rng.normal(size=(Bt, T, H, V))
     want = _grads((ro * torch.tensor(do)).sum(), leaves)
-    got = PAIRS.get("rwkv6").backward(dev, [], [device(do.astype(np.float32)), None], [True] * 6, rwkv6_options())
+    got = PAIRS.get("rwkv6").backward(dev, [], [device(do.astype(np.float32)), None], [True] * 6, rwkv6_options({}))
     for (name, w), g in zip(want.items(), got, strict=True):
         _close(g, w, f"d{name}")
 
@@ -149,7 +150,7 @@ def test_mamba2_gates_and_their_gradients_run_on_the_device(rng, replay):
     dy, dh = rng.normal(size=(Bt, L, H, P)), rng.normal(size=(Bt, H, P, N))
     want = _grads((ry * torch.tensor(dy)).sum() + (rh * torch.tensor(dh)).sum(), leaves)
     got = PAIRS.get("mamba2").backward(dev, [], [device(dy.astype(np.float32)), device(dh.astype(np.float32))],
-                                       [True] * 9, mamba2_options(True, (lo, hi)))
+                                       [True] * 9, mamba2_options({"dt_softplus": True, "dt_limit": (lo, hi)}))
     for (name, w), g in zip(want.items(), got, strict=True):
         _close(g, w, f"d{name}")
 
