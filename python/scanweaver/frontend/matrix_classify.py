@@ -18,7 +18,8 @@ from collections.abc import Callable
 
 from ..errors import NotAffineError, ScanWeaverError
 from ..ir.matrix import MatrixScanIR
-from .matrix import ONE, Ax, M
+from .matrix import ONE, Ax, M, OverBudget
+from .trace import check_sizes
 
 
 def step_operands(step: Callable) -> tuple[str, ...]:
@@ -157,15 +158,25 @@ def trace_matrix(step: Callable, state_shape: tuple[str, str], name: str | None 
     Raises:
         NotAffineError: quoting a term that is not affine in S.
         ScanWeaverError: an unsupported construct, or a result that is not ``(S_new, readout)``.
+        ScanInputError: expressions deeper or larger than the front ends' budget (:func:`.trace.check_sizes`).
     """
-    from .matrix import Promote
-
     if not (isinstance(state_shape, tuple) and len(state_shape) == 2 and all(isinstance(a, str) and a
                                                                             for a in state_shape)):
         raise ScanWeaverError(f"recurrence: state_shape must be two axis names such as ('K', 'V'), got "
                               f"{state_shape!r}")
     inputs = step_operands(step)
     label = name or getattr(step, "__name__", "recurrence").replace("<lambda>", "lambda")
+    try:
+        return _trace(step, inputs, state_shape, label, vectors)
+    except OverBudget as big:
+        check_sizes(step, big.depth, big.expanded)  # raises: the value grew past the budget
+        raise
+
+
+def _trace(step: Callable, inputs: tuple[str, ...], state_shape: tuple[str, str], label: str,
+           vectors: frozenset | None) -> tuple[MatrixScanIR, dict]:
+    from .matrix import Promote
+
     if vectors is not None:
         try:
             result, ops, rows, cols = _run(step, inputs, set(vectors))
