@@ -351,7 +351,7 @@ def _load(path: Path, fresh: bool = False) -> tuple[list[Entry], list]:
     if hit is not None and hit[0] == stamp and not fresh:
         return hit[1], hit[2]
     try:
-        entries, skipped = parse_checked(path.read_text())
+        entries, skipped = parse_checked(atomic.read_text(path))
     except (StoreFormatError, OSError, UnicodeDecodeError) as exc:
         _warn(f"scanweaver: tuned-config store {path} is unusable ({exc}); ignoring it, scans use defaults",
               (str(path), stamp))
@@ -371,7 +371,7 @@ def _load_for_write(path: Path) -> tuple[list[Entry], list]:
             that is not valid JSON: replacing it would lose entries that are not ours.
     """
     try:
-        text = path.read_text()
+        text = atomic.read_text(path)
     except FileNotFoundError:
         return [], []
     except (OSError, UnicodeDecodeError) as exc:
@@ -454,7 +454,8 @@ def lookup(*, backend: str, device: str, signature: str, dtype: str, lanes: int,
     try:
         entries = load(path) if path is not None else [e for _, es in load_sources() for e in es]
     except Exception as exc:  # a store problem must never break a scan
-        log.warning("scanweaver: tuned-config store unreadable: %s", exc)
+        _warn(f"scanweaver: tuned-config store unreadable ({type(exc).__name__}: {exc}); scans use defaults",
+              ("lookup", type(exc).__name__, str(exc)))
         entries = []
     want = (backend, device, signature, dtype)
     mine = [e for e in entries if (e.backend, e.device, e.signature, e.dtype) == want]
