@@ -57,6 +57,7 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .. import environment
 from ..errors import ScanWeaverError
 from . import atomic
 from .store_check import entry_problem
@@ -85,13 +86,15 @@ def cache_dir() -> Path:
         >>> store.cache_dir().name != ""
         True
     """
-    return _cache_dir(os.environ.get("SCANWEAVER_CACHE_DIR"))
+    return _cache_dir(environment.text("SCANWEAVER_CACHE_DIR"))
 
 
 @functools.lru_cache(maxsize=8)
 def _cache_dir(env: str | None) -> Path:
-    if env:
-        return Path(env).expanduser()
+    """The directory for the raw value ``env`` of the variable (the cache key), read through the one reader."""
+    given = environment.path("SCANWEAVER_CACHE_DIR")
+    if given is not None:
+        return given
     import platformdirs
 
     return Path(platformdirs.user_cache_dir("scanweaver"))
@@ -104,7 +107,7 @@ def user_store_path() -> Path:
 
 def shared_paths() -> list[Path]:
     """The store files named by ``$SCANWEAVER_TUNED`` (empty when unset)."""
-    return list(_shared_paths(os.environ.get(SHARED_ENV, "")))
+    return list(_shared_paths(environment.text(SHARED_ENV)))
 
 
 @functools.lru_cache(maxsize=8)
