@@ -45,6 +45,10 @@ BUSY_GROUPS = 264
 LOCAL_BUDGET = 40 * 1024
 #: Most state rows the keys kernel runs (one work-item per row of the state).
 MAX_K = 1024
+#: Longest loop over K (or V) a work-item runs fully unrolled, its row or column of the state in registers
+#: (the register file holds no more: 255 per thread on NVIDIA).  Longer ones stay loops over private memory:
+#: fully unrolled, K = 512 took 184 s to build on PoCL and K = 1024 did not finish in 120 s.
+UNROLL_MAX = 128
 
 #: Shared text: sizes, the sequence of a workgroup and the element offsets of step t.
 PRELUDE = r"""
@@ -67,6 +71,17 @@ PRELUDE = r"""
 #define SW_GS(t) ((b * T + (t)) * H + h)
 #define SW_GK(t) (SW_GS(t) * SW_K)
 #define SW_TILE_LEN(s0) ((int)(len - (s0) < SW_TT ? len - (s0) : SW_TT))
+/* loops over the state's K rows (V columns): unrolled, the state in registers, up to SW_UNROLL_MAX */
+#if SW_K <= SW_UNROLL_MAX
+#define SW_UNROLL_K _Pragma("unroll")
+#else
+#define SW_UNROLL_K _Pragma("unroll 1")
+#endif
+#if SW_V <= SW_UNROLL_MAX
+#define SW_UNROLL_V _Pragma("unroll")
+#else
+#define SW_UNROLL_V _Pragma("unroll 1")
+#endif
 
 /* q, k (and exp(g)) of the n steps from s0 into local memory, by the workgroup's nw work-items */
 #define SW_STAGE_QK(s0, n, lid, nw) do { \
@@ -97,7 +112,7 @@ SW_KERNEL void sw_matrix_state_forward(@PARAMS@) {
   SW_SEGMENT(seq);
   const sw_index st = (seq * H + h) * SW_K * SW_V + j; /* state element (i, j) at st + i * SW_V */
   SW_T s[SW_K];
-#pragma unroll
+SW_UNROLL_K
   for (int i = 0; i < SW_K; ++i) s[i] = (SW_HAS_H0 && live) ? h0[st + i * SW_V] : (SW_T)0;
   if (SW_BONUS)
     for (int i = lid; i < SW_K; i += SW_WG) su[i] = u[h * SW_K + i];
@@ -111,7 +126,7 @@ SW_KERNEL void sw_matrix_state_forward(@PARAMS@) {
       const sw_index t = SW_STEP(s0 + tt);
       const SW_T vj = v[SW_VO(t) + j];
       SW_T acc = (SW_T)0, bon = (SW_T)0;
-#pragma unroll
+SW_UNROLL_K
       for (int i = 0; i < SW_K; ++i) {
         const SW_T qi = sq[tt * SW_K + i], ki = sk[tt * SW_K + i];
         if (SW_BONUS) {
@@ -125,7 +140,7 @@ SW_KERNEL void sw_matrix_state_forward(@PARAMS@) {
     }
   }
   if (live) {
-#pragma unroll
+SW_UNROLL_K
     for (int i = 0; i < SW_K; ++i) hlast[st + i * SW_V] = s[i];
   }
 }
@@ -140,7 +155,7 @@ def feature_defines(f: MatrixStateFeatures) -> str:
         f"#define SW_K {f.K}", f"#define SW_V {f.V}", f"#define SW_DECAY {_DECAY[f.decay]}",
         f"#define SW_BONUS {int(f.readout == 'bonus')}", f"#define SW_REVERSE {int(f.reverse)}",
         f"#define SW_HAS_H0 {int(f.has_h0)}", f"#define SW_HAS_SEQLENS {int(f.has_seqlens)}",
-        f"#define SW_HAS_DHLAST {int(f.has_dhlast)}"])
+        f"#define SW_HAS_DHLAST {int(f.has_dhlast)}", f"#define SW_UNROLL_MAX {UNROLL_MAX}"])
 
 
 def render(r, call) -> str:

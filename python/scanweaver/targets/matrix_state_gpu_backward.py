@@ -39,7 +39,7 @@ SW_KERNEL_ROWS void sw_matrix_state_bwd_keys(@PARAMS@) {
   const SW_T ui = SW_BONUS ? u[h * SW_K + i] : (SW_T)0;
   const int shared_qk = H != Hq; /* the heads of a group add into the same dq, dk */
   SW_T S[SW_V];
-#pragma unroll
+SW_UNROLL_V
   for (int j = 0; j < SW_V; ++j) S[j] = SW_HAS_H0 ? h0[st + j] : (SW_T)0;
   SW_T du_acc = (SW_T)0;
   /* 1. forward: dq; x = q * dq' into dg */
@@ -57,7 +57,7 @@ SW_KERNEL_ROWS void sw_matrix_state_bwd_keys(@PARAMS@) {
       const SW_T qi = q[SW_QK(t) + i], ki = k[SW_QK(t) + i];
       const SW_T di = SW_DECAY == 2 ? @EXP@(g[SW_GK(t) + i]) : SW_DECAY == 1 ? @EXP@(g[SW_GS(t)]) : (SW_T)1;
       SW_T acc = (SW_T)0, w = (SW_T)0;
-#pragma unroll
+SW_UNROLL_V
       for (int j = 0; j < SW_V; ++j) {
         const SW_T vj = sv[tt * SW_V + j], dj = sdo[tt * SW_V + j];
         if (SW_BONUS) {
@@ -85,7 +85,7 @@ SW_KERNEL_ROWS void sw_matrix_state_bwd_keys(@PARAMS@) {
   if (SW_HAS_DHLAST)
     for (int j = 0; j < SW_V; ++j) hterm += dhlast[st + j] * S[j];
   /* 2. reverse: G's row i; dk; dg */
-#pragma unroll
+SW_UNROLL_V
   for (int j = 0; j < SW_V; ++j) S[j] = SW_HAS_DHLAST ? dhlast[st + j] : (SW_T)0;
   SW_T rq = (SW_T)0, rk = (SW_T)0;
   for (sw_index c = (len + SW_TT - 1) / SW_TT - 1; c >= 0; --c) {
@@ -103,7 +103,7 @@ SW_KERNEL_ROWS void sw_matrix_state_bwd_keys(@PARAMS@) {
       const SW_T qi = q[SW_QK(t) + i], ki = k[SW_QK(t) + i];
       const SW_T di = SW_DECAY == 2 ? @EXP@(g[SW_GK(t) + i]) : SW_DECAY == 1 ? @EXP@(g[SW_GS(t)]) : (SW_T)1;
       SW_T acc = (SW_T)0, w = (SW_T)0;
-#pragma unroll
+SW_UNROLL_V
       for (int j = 0; j < SW_V; ++j) {
         const SW_T vj = sv[tt * SW_V + j], dj = sdo[tt * SW_V + j];
         if (!SW_BONUS) S[j] += qi * dj;
@@ -156,7 +156,7 @@ SW_KERNEL void sw_matrix_state_bwd_values(@PARAMS@) {
   SW_SEGMENT(seq);
   const sw_index st = (seq * H + h) * SW_K * SW_V + j;
   SW_T G[SW_K];
-#pragma unroll
+SW_UNROLL_K
   for (int i = 0; i < SW_K; ++i) G[i] = (SW_HAS_DHLAST && live) ? dhlast[st + i * SW_V] : (SW_T)0;
   if (SW_BONUS)
     for (int i = lid; i < SW_K; i += SW_WG) su[i] = u[h * SW_K + i];
@@ -171,7 +171,7 @@ SW_KERNEL void sw_matrix_state_bwd_values(@PARAMS@) {
       const sw_index t = SW_STEP(s0 + tt);
       const SW_T dj = do_[SW_VO(t) + j];
       SW_T acc = (SW_T)0, bon = (SW_T)0;
-#pragma unroll
+SW_UNROLL_K
       for (int i = 0; i < SW_K; ++i) {
         const SW_T qi = sq[tt * SW_K + i], ki = sk[tt * SW_K + i];
         if (SW_BONUS) {
@@ -188,7 +188,7 @@ SW_KERNEL void sw_matrix_state_bwd_values(@PARAMS@) {
     }
   }
   if (SW_HAS_H0 && live) {
-#pragma unroll
+SW_UNROLL_K
     for (int i = 0; i < SW_K; ++i) dh0[st + i * SW_V] = G[i];
   }
 }
