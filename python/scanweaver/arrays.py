@@ -38,6 +38,31 @@ def is_half(dtype: np.dtype) -> bool:
     return np.dtype(dtype).name in HALF
 
 
+def is_real(dtype) -> bool:
+    """True for the real dtypes the scans take: float16, bfloat16 (storage), float32, float64, in any byte order.
+
+    The one test of "a real floating-point dtype": ``dtype.kind == "f"`` misses bfloat16 (ml_dtypes' kind is
+    ``V``) and ``np.issubdtype(dtype, np.inexact)`` does too.
+
+    Example:
+        >>> is_real(np.float16), is_real(np.int32), is_real(np.complex64)
+        (True, False, False)
+    """
+    try:
+        d = np.dtype(dtype).newbyteorder("=")
+    except TypeError:
+        return False
+    return d in SUPPORTED or is_half(d)
+
+
+def is_floating(dtype) -> bool:
+    """True for every dtype the scans take (:func:`is_real`, or complex64 / complex128)."""
+    try:
+        return is_real(dtype) or np.dtype(dtype).newbyteorder("=") in COMPLEX
+    except TypeError:
+        return False
+
+
 def as_array(api: str, name: str, value: object) -> np.ndarray:
     """``value`` as a NumPy array of a supported dtype, else :class:`ScanInputError`.
 
@@ -56,11 +81,10 @@ def as_array(api: str, name: str, value: object) -> np.ndarray:
         arr = np.asarray(float(value)) if type(value) is int else np.asarray(value)
     except Exception as exc:
         raise ScanInputError(f"{api}: {name} cannot be read as an array: {exc}") from exc
-    if arr.dtype in SUPPORTED or arr.dtype in COMPLEX or is_half(arr.dtype):
-        return arr
-    native = arr.dtype.newbyteorder("=") if arr.dtype.byteorder not in ("=", "|") else None
-    if native is not None and (native in SUPPORTED or native in COMPLEX or is_half(native)):
-        return arr.astype(native)  # non-native byte order (e.g. big-endian data read from a file)
+    if is_floating(arr.dtype):
+        native = arr.dtype.newbyteorder("=")
+        # non-native byte order (e.g. big-endian data read from a file) converted once
+        return arr if arr.dtype.byteorder in ("=", "|") or native == arr.dtype else arr.astype(native)
     raise ScanInputError(
         f"{api}: {name} has dtype {arr.dtype}; supported dtypes are {ACCEPTED} "
         f"(convert with {name}.astype(np.float32))"

@@ -12,6 +12,8 @@ import types
 from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
+from . import environment
+
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -106,7 +108,7 @@ def api_boundary(fn: Callable[P, R]) -> Callable[P, R]:
         try:
             return fn(*args, **kwargs)
         except ScanWeaverError as exc:
-            if os.environ.get(TRACEBACK_ENV, "").lower() in ("full", "off", "0"):
+            if environment.choice(TRACEBACK_ENV, ("full", "off", "0"), "hidden") != "hidden":
                 raise
             hidden = not getattr(exc, "_scanweaver_filtered", False)
             exc._scanweaver_filtered = True  # type: ignore[attr-defined]

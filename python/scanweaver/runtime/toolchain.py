@@ -49,6 +49,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import environment
 from ..errors import BackendUnavailable, CompileError
 from . import cflags, filelock, forksafe, private_dir
 from .host import Host, cpu_flags, cpu_model, isa_of
@@ -69,9 +70,9 @@ LOCK_TIMEOUT_S = COMPILE_TIMEOUT_S + 30.0
 
 def cache_dir() -> Path:
     """The kernel cache directory (``$SCANWEAVER_CACHE_DIR`` or the per-user cache)."""
-    env = os.environ.get("SCANWEAVER_CACHE_DIR")
-    if env:
-        return Path(env)
+    env = environment.path("SCANWEAVER_CACHE_DIR")
+    if env is not None:
+        return env
     import platformdirs
 
     return Path(platformdirs.user_cache_dir("scanweaver"))

@@ -149,15 +149,23 @@ class CStyleRenderer:
         raise ValueError(f"{self.target} renderer: cannot render op {e.op!r} (state in an operand expression)")
 
     def helpers(self, dtype: str) -> str:
-        """Definitions of the composite functions (sigmoid, softplus, silu) for ``dtype``."""
+        """Definitions of the composite functions (sigmoid, softplus, silu) and of ``sw_carry`` for ``dtype``.
+
+        ``sw_carry(a, u, h)`` is the state ``a*h + u`` after an aggregate pair (a, u) of many steps entered with
+        the carry ``h``, the one place every chained scan applies a carry: a zero carry gives ``u`` even where
+        the product ``a`` has overflowed (growing transitions), since ``inf * 0`` would be NaN and spread to
+        every later output.
+        """
         T = self.ctype(dtype)
-        one, thr = self.literal(1.0, dtype), self.literal(20.0, dtype)
+        zero, one, thr = self.literal(0.0, dtype), self.literal(1.0, dtype), self.literal(20.0, dtype)
         ex, l1p = self.math_fn("exp", dtype), self.math_fn("log1p", dtype)
         fp = self.function_prefix
         return "\n".join([
             f"{fp}{T} sw_sigmoid({T} v) {{ return {one} / ({one} + {ex}(-v)); }}",
             f"{fp}{T} sw_softplus({T} v) {{ return v > {thr} ? v : {l1p}({ex}(v)); }}",
             f"{fp}{T} sw_silu({T} v) {{ return v * sw_sigmoid(v); }}",
+            "/* a*h + u, a zero carry h giving u even where the product a has overflowed (inf * 0 is NaN) */",
+            f"{fp}{T} sw_carry({T} a, {T} u, {T} h) {{ return h == {zero} ? u : a * h + u; }}",
         ])
 
     def feature_defines(self, stages: Stages) -> str:

@@ -27,7 +27,7 @@ returning 0, 1 (scratch memory short) or 2 (sizes or ``cu_seqlens`` inconsistent
 from __future__ import annotations
 
 from ..fused.matrix_state import MatrixState, MatrixStateFeatures
-from .c_source import NOW, tunable_defines
+from .c_source import NOW, THREADS, tunable_defines
 from .cvec import vector_prelude
 from .fused import KERNELS, FusedKernel
 from .fused_c_mamba1 import HEAD, TAIL
@@ -87,7 +87,8 @@ def render(renderer, call, kernel_tuner: bool = False) -> str:
              f"decay {f.decay}, readout {f.readout}, {cfg['algorithm']}, width {cfg['width']} */")
     both = kernel_tuner or cfg["algorithm"] == "chunked"  # Kernel Tuner picks the algorithm by its define
     body = [RECURRENT, CHUNKED if both else "", FORWARD] if call.part == "forward" else [BACKWARD]
-    parts = [title, defines(f, cfg, kernel_tuner), HEAD, vector_prelude(f.dtype, cfg["width"]), COMMON, *body]
+    parts = [title, defines(f, cfg, kernel_tuner), HEAD, THREADS, vector_prelude(f.dtype, cfg["width"]), COMMON,
+             *body]
     if kernel_tuner:
         parts.append(timed(call))
     return "\n".join([*parts, TAIL])

@@ -41,15 +41,27 @@ typedef struct {
   long P;
 } sw_bgrads;
 
-/* Head h of sequence (row, b, [start, stop)): dq and dk summed into qd / kd (rows of the group hq). */
+/* A thread's scratch (vector-aligned, on the heap: every piece scales with K or V, and at large K no thread's
+ * stack holds them): the states S and G (K x VP each), the decays d (KP), the rows vb, ob, dv (VP each), then
+ * the double sums du (K) and r (SW_GW), then a (K). */
+#define SW_BWD_ELEMS (2L * SW_K * SW_VP + SW_KP + 3L * SW_VP)
+#define SW_BWD_BYTES (sizeof(SW_T) * (SW_BWD_ELEMS + SW_K) + sizeof(double) * (SW_K + SW_GW))
+
+/* Head h of sequence (row, b, [start, stop)): dq and dk summed into qd / kd (rows of the group hq); w the
+ * thread's scratch (SW_BWD_BYTES). */
 static void sw_bwd_head(const sw_ms* m, const sw_bgrads* gr, long row, long b, long start, long stop, long h,
-                        long hq, SW_T* restrict qd, SW_T* restrict kd, SW_T* restrict S, SW_T* restrict G) {
+                        long hq, SW_T* restrict qd, SW_T* restrict kd, SW_T* restrict w) {
   const long len = stop - start;
-  SW_T d[SW_KP] __attribute__((aligned(64)));
-  SW_T vb[SW_VP] __attribute__((aligned(64))), ob[SW_VP] __attribute__((aligned(64)));
-  SW_T a[SW_K];
+  SW_T* restrict S = w;
+  SW_T* restrict G = S + (long)SW_K * SW_VP;
+  SW_T* restrict d = G + (long)SW_K * SW_VP;
+  SW_T* restrict vb = d + SW_KP;
+  SW_T* restrict ob = vb + SW_VP;
+  sw_v* restrict dv = (sw_v*)(ob + SW_VP);
+  double* restrict du = (double*)(w + SW_BWD_ELEMS);
+  double* restrict r = du + SW_K;
+  SW_T* restrict a = (SW_T*)(r + SW_GW);
   const SW_T* up = SW_BONUS ? m->u + h * SW_K : NULL;
-  double du[SW_K];
   for (int k = 0; k < SW_K; ++k) du[k] = 0;
   (void)up;
   for (int k = 0; k < SW_K; ++k) {
@@ -83,13 +95,12 @@ static void sw_bwd_head(const sw_ms* m, const sw_bgrads* gr, long row, long b, l
       const long ts = SW_BONUS ? (s > 0 ? SW_AT(start, stop, s - 1) : -1) : t;
       if (ts >= 0) {
         SW_T* dg = gr->dg + SW_G(m, b, ts, h);
-        if (SW_DECAY == 2) memcpy(dg, a, sizeof a);
+        if (SW_DECAY == 2) memcpy(dg, a, sizeof(SW_T) * SW_K);
         else { SW_T sum = 0; for (int k = 0; k < SW_K; ++k) sum += a[k]; dg[0] = sum; }
       }
     }
   }
   /* hlast's share of the decay gradient, then G from dhlast */
-  double r[SW_GW];
   for (int k = 0; k < SW_GW; ++k) r[k] = 0;
   for (int k = 0; k < SW_K; ++k) {
     SW_T* gk = G + (long)k * SW_VP;
@@ -117,7 +128,6 @@ static void sw_bwd_head(const sw_ms* m, const sw_bgrads* gr, long row, long b, l
       for (int j = 0; j < SW_V; ++j) w += vb[j] * ob[j];
     if (SW_BONUS)
       for (int k = 0; k < SW_K; ++k) beta += qt[k] * up[k] * kt[k];
-    sw_v dv[SW_NV];
     for (int j = 0; j < SW_NV; ++j) dv[j] = beta * sw_vload(ob + j * SW_W);
     SW_T* dkt = kd + SW_QK(m, b, t, hq);
     double bsum = 0;
@@ -175,7 +185,7 @@ static int sw_backward_run(const sw_ms* m, sw_bgrads* gr) {
 #pragma omp parallel num_threads(nt)
   {
     void* raw;
-    SW_T* S = (SW_T*)sw_alloc(sizeof(SW_T) * 2 * (size_t)SW_K * SW_VP, &raw);
+    SW_T* S = (SW_T*)sw_alloc(SW_BWD_BYTES, &raw);
     if (!S) {
 #pragma omp atomic write
       status = SW_ENOMEM;
@@ -193,7 +203,7 @@ static int sw_backward_run(const sw_ms* m, sw_bgrads* gr) {
         memset(kd + SW_QK(m, b, t, hq), 0, sizeof(SW_T) * SW_K);
       }
       for (long h = hq * grp + p * grp / P; h < hq * grp + (p + 1) * grp / P; ++h)
-        sw_bwd_head(m, gr, row, b, start, stop, h, hq, qd, kd, S, S + (long)SW_K * SW_VP);
+        sw_bwd_head(m, gr, row, b, start, stop, h, hq, qd, kd, S);
     }
     free(raw);
 #pragma omp for schedule(static)

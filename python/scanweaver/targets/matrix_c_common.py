@@ -27,14 +27,6 @@ typedef struct {
   long batch, T, H, Hq, nseq;
 } sw_ms;
 
-static int sw_threads(void) {
-#ifdef _OPENMP
-  return SW_THREADS > 0 ? SW_THREADS : omp_get_max_threads();
-#else
-  return 1;
-#endif
-}
-
 /* Scratch aligned for whole vectors. */
 static void* sw_alloc(size_t bytes, void** raw) {
   *raw = malloc(bytes + 64);
@@ -97,12 +89,12 @@ SW_INLINE void sw_copy_pad(SW_T* restrict dst, const SW_T* restrict src, int n, 
   for (int j = n; j < padded; ++j) dst[j] = 0;
 }
 
-/* The decays of one step: d[k] = exp(g[k]) for "key" (SW_KP, vectorised), d[0] = exp(g) for "scalar". */
+/* The decays of one step: d[k] = exp(g[k]) for "key" (SW_KP, vectorised in place), d[0] = exp(g) for "scalar".
+ * No buffer scales with K on the stack: a thread's stack may be 128 KiB (musl) or less. */
 SW_INLINE void sw_decays(const SW_T* gp, SW_T* restrict d) {
 #if SW_DECAY == 2
-  SW_T tmp[SW_KP] __attribute__((aligned(64)));
-  sw_copy_pad(tmp, gp, SW_K, SW_KP);
-  for (int k0 = 0; k0 < SW_KP; k0 += SW_W) sw_vstore(d + k0, sw_vexp(sw_vload(tmp + k0)));
+  sw_copy_pad(d, gp, SW_K, SW_KP);
+  for (int k0 = 0; k0 < SW_KP; k0 += SW_W) sw_vstore(d + k0, sw_vexp(sw_vload(d + k0)));
 #elif SW_DECAY == 1
   d[0] = (SW_T)exp((double)gp[0]);
 #else

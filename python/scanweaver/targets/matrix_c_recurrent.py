@@ -54,10 +54,12 @@ static sw_item sw_item_at(const sw_ms* m, long it) {
 /* Vectors of value columns per register group: two steps of SW_GV vectors (state row, v, o) in registers. */
 #define SW_GV 2
 
+/* The packed block's rows, in the thread's heap scratch (24 K elements and more: at large K no thread's stack
+ * holds them). */
 typedef struct {
-  SW_T q[SW_TB * SW_KP], k[SW_TB * SW_KP], d[SW_TB * SW_KP], v[SW_TB * SW_CB], o[SW_TB * SW_CB];
-  SW_T beta[SW_TB];
+  SW_T *q, *k, *d, *v, *o, *beta;
 } sw_pack;
+#define SW_PACK_ELEMS (3L * SW_TB * SW_KP + 2L * SW_TB * SW_CB + SW_TB)
 
 /* Steps i (d the decays, k, v, q rows of the packed block) on columns [j0, j0 + nv * SW_W): one pass over
  * the K rows of S for ns (1 or 2) steps. */
@@ -98,8 +100,15 @@ SW_INLINE void sw_rec_group(const sw_pack* restrict P, int i, int ns, int j0, in
     }
 }
 
-/* Zeros in the pads of the packed rows (never read but kept finite), decays of 1, no bonus term. */
-static void sw_pack_init(sw_pack* P) {
+/* The packed block in mem (SW_PACK_ELEMS, vector-aligned): zeros in the pads of the rows (never read but kept
+ * finite), decays of 1, no bonus term. */
+static void sw_pack_init(sw_pack* P, SW_T* mem) {
+  P->q = mem;
+  P->k = P->q + SW_TB * SW_KP;
+  P->d = P->k + SW_TB * SW_KP;
+  P->v = P->d + SW_TB * SW_KP;
+  P->o = P->v + SW_TB * SW_CB;
+  P->beta = P->o + SW_TB * SW_CB;
   for (int i = 0; i < SW_TB; ++i) {
     for (int j = 0; j < SW_KP; ++j) P->q[i * SW_KP + j] = P->k[i * SW_KP + j] = 0, P->d[i * SW_KP + j] = 1;
     for (int j = 0; j < SW_CB; ++j) P->v[i * SW_CB + j] = 0;
@@ -190,13 +199,22 @@ static int sw_rec_split(const sw_ms* m, SW_T* o, SW_T* hlast, long items, long P
     return SW_ENOMEM;
   }
   SW_T *agg = st, *carry = st + items * P * SW_TILE;
+  int status = SW_OK;
   (void)nth;
 #pragma omp parallel num_threads(nth)
   {
-    sw_pack pk __attribute__((aligned(64)));
-    sw_pack_init(&pk);
+    void* raw_pk;
+    SW_T* mem = (SW_T*)sw_alloc(sizeof(SW_T) * SW_PACK_ELEMS, &raw_pk);
+    sw_pack pk;
+    if (mem) sw_pack_init(&pk, mem);
+    else {
+#pragma omp atomic write
+      status = SW_ENOMEM;
+    }
+#pragma omp barrier
 #pragma omp for schedule(static)
     for (long w = 0; w < items * P; ++w) {
+      if (status != SW_OK) continue;
       const long it = w / P, p = w % P;
       const sw_item x = sw_item_at(m, it);
       const long len = x.stop - x.start;
@@ -205,6 +223,7 @@ static int sw_rec_split(const sw_ms* m, SW_T* o, SW_T* hlast, long items, long P
     }
 #pragma omp for schedule(static)
     for (long it = 0; it < items; ++it) {
+      if (status != SW_OK) continue;
       const sw_item x = sw_item_at(m, it);
       SW_T* c = carry + it * P * SW_TILE;
       sw_state_in(m, it / SW_NCB / m->H, &x, SW_HAS_H0 ? m->h0 : NULL, c);
@@ -221,16 +240,18 @@ static int sw_rec_split(const sw_ms* m, SW_T* o, SW_T* hlast, long items, long P
     }
 #pragma omp for schedule(static)
     for (long w = 0; w < items * P; ++w) {
+      if (status != SW_OK) continue;
       const long it = w / P, p = w % P;
       const sw_item x = sw_item_at(m, it);
       const long len = x.stop - x.start;
       sw_rec_range(m, &x, p * len / P, (p + 1) * len / P, carry + w * SW_TILE, o, NULL, &pk);
       if (p + 1 == P) sw_state_out(m, it / SW_NCB / m->H, &x, carry + w * SW_TILE, hlast);
     }
+    free(raw_pk);
   }
   free(raw);
   free(gs);
-  return SW_OK;
+  return status;
 }
 
 /* State bytes of the items that run in lockstep (see sw_forward_recurrent). */
@@ -240,10 +261,10 @@ static int sw_rec_split(const sw_ms* m, SW_T* o, SW_T* hlast, long items, long P
 static int sw_rec_groups(const sw_ms* m, SW_T* o, SW_T* hlast, long g0, long g1, long gi, long items) {
   if (g0 >= g1) return SW_OK;
   void* raw;
-  SW_T* S = (SW_T*)sw_alloc(sizeof(SW_T) * (size_t)(gi * SW_TILE), &raw);
+  SW_T* S = (SW_T*)sw_alloc(sizeof(SW_T) * (size_t)(gi * SW_TILE + SW_PACK_ELEMS), &raw);
   if (!S) return SW_ENOMEM;
-  sw_pack pk __attribute__((aligned(64)));
-  sw_pack_init(&pk);
+  sw_pack pk;
+  sw_pack_init(&pk, S + gi * SW_TILE);
   for (long g = g0; g < g1; ++g) {
     const long i0 = g * gi, i1 = SW_MIN(items, i0 + gi);
     long longest = 0;

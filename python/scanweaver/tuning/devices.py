@@ -32,8 +32,10 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import os
 from pathlib import Path
+
+from .. import environment
+from . import atomic
 
 FORMAT = "scanweaver-device-configs"
 VERSION = 1
@@ -45,8 +47,8 @@ log = logging.getLogger("scanweaver.tuning")
 
 def directories() -> list[Path]:
     """Where device files are read from: ``$SCANWEAVER_DEVICE_CONFIGS`` first, then the shipped ones."""
-    extra = os.environ.get(ENV_DIR)
-    return ([Path(extra)] if extra else []) + [SHIPPED]
+    extra = environment.path(ENV_DIR)
+    return ([extra] if extra is not None else []) + [SHIPPED]
 
 
 @functools.lru_cache(maxsize=8)
@@ -55,7 +57,7 @@ def _load(dirs: tuple[str, ...]) -> tuple[dict, ...]:
     for d in dirs:
         for path in sorted(Path(d).glob("*.json")):
             try:
-                doc = json.loads(path.read_text())
+                doc = json.loads(atomic.read_text(path))  # regular files only, bounded: never blocks
             except (OSError, ValueError) as exc:
                 log.warning("scanweaver: device file %s unreadable: %s", path, exc)
                 continue

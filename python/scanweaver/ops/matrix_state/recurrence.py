@@ -19,6 +19,7 @@ import numpy as np
 from ...calls import route
 from ...errors import ScanInputError, api_boundary
 from ...frontend.matrix_classify import trace_matrix
+from ...frontend.matrix_sign import carry_signs
 from ...ir.matrix import MatrixScanIR
 from . import kernels
 from .operands import operands, seqlens
@@ -79,10 +80,13 @@ class MatrixRecurrence:
         bonus = None if "bonus" not in fns else tuple(f(env) for f in fns["bonus"])
         if h0 is not None and lw["transpose"]:
             h0 = (xp or np).swapaxes(h0, -1, -2)
+        neg = fns["neg"](env) if "neg" in fns else None  # g = log|a|: the gate's signs ride on q, k and the state
+        qs, ks, flip = carry_signs(xp or np, neg, q, k, readout=lw["readout"], reverse=reverse, cu_seqlens=cu_seqlens)
         if xp is None:
-            o, h = self._numpy(api, q, k, v, g, lw, h0, cu_seqlens, reverse, backend, tunables)
+            o, h = self._numpy(api, qs, ks, v, g, lw, h0, cu_seqlens, reverse, backend, tunables)
         else:
-            o, h = _framework(front, xp, q, k, v, g, lw, h0, cu_seqlens, reverse, backend, tunables, api)
+            o, h = _framework(front, xp, qs, ks, v, g, lw, h0, cu_seqlens, reverse, backend, tunables, api)
+        h = flip(h)
         if bonus is not None:
             a, b = bonus
             o = o + (q * a).sum(-1, keepdims=True) * b
