@@ -26,7 +26,8 @@ def _adapter(name):
 def test_every_public_operation_is_declared():
     names = set(OPERATIONS.names())
     public = {"selective_scan", "mamba_selective_scan", "linear_attention", "rwkv6", "mamba2_scan", "delta_rule",
-              "linear_attention_step", "rwkv6_step", "mamba2_step", "log_scan"}
+              "linear_attention_step", "rwkv6_step", "mamba2_step", "log_scan", "gated_delta_rule", "kda", "rwkv7",
+              "delta_rule_step", "gated_delta_rule_step", "kda_step", "rwkv7_step"}
     assert public <= names
     for name in names:
         assert getattr(scanweaver, name).declaration is OPERATIONS.get(name)
@@ -86,8 +87,8 @@ def test_router_refuses_mixed_frameworks_with_a_message():
     q = torch.ones(1, 3, 1, 2)
     with pytest.raises(ScanInputError, match="linear_attention: operands mix PyTorch tensors and NumPy arrays"):
         scanweaver.linear_attention(q, q, np.ones((1, 3, 1, 2)))
-    with pytest.raises(ScanInputError, match="delta_rule: takes NumPy arrays only"):
-        scanweaver.delta_rule(q, q, q, torch.ones(1, 3, 1, requires_grad=True))
+    with pytest.raises(ScanInputError, match="log_scan: takes NumPy arrays only"):
+        scanweaver.log_scan(torch.zeros(1, 3), torch.ones(1, 3, requires_grad=True))
 
 
 def test_outputs_in_the_callers_array_type():
