@@ -104,6 +104,16 @@ def fla_naive(op, t, scale):
     return o.transpose(1, 2), h
 
 
+@pytest.fixture
+def one_thread():
+    """PyTorch on one thread: fla's naive references launch thousands of tiny ops, which two threads on a busy
+    machine ran 12x slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def _against_fla(op, T, K, V, seed):
     """``{name: (ours, fla's)}`` of o, the final state and the gradient of every leaf, float32, the public call
     with fla's positional arguments on one side and fla's naive reference on the other (scale K**-0.5)."""
@@ -127,14 +137,14 @@ def _against_fla(op, T, K, V, seed):
 
 
 @pytest.mark.parametrize("op", OPS)
-def test_public_call_matches_fla_naive_references(op):
+def test_public_call_matches_fla_naive_references(op, one_thread):
     for name, pair in _against_fla(op, 33, 8, 6, 17).items():
         ref = pair["fla"]
         np.testing.assert_allclose(pair["ours"], ref, rtol=0, atol=3e-5 * max(1.0, np.abs(ref).max()), err_msg=name)
 
 
 @pytest.mark.parametrize("op", OPS)
-def test_float32_gradients_at_2048_against_autograd_through_fla(op):
+def test_float32_gradients_at_2048_against_autograd_through_fla(op, one_thread):
     """T = 2048, float32: the largest error relative to each output's or gradient's largest entry, printed and
     bounded (both sides accumulate in float32; fla's in a different order)."""
     errors = {}

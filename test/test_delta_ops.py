@@ -160,6 +160,27 @@ def test_steps_on_tensors_are_differentiable_and_keep_dtypes():
     torch.testing.assert_close(S2.transpose(-1, -2), S1.detach())
 
 
+@pytest.mark.parametrize("op", OPS)
+def test_steps_on_tensors_and_jax_arrays_equal_the_numpy_step(op):
+    """NumPy steps run the fused kernel at T = 1; tensors and JAX arrays the expressions of their library."""
+    torch = pytest.importorskip("torch")
+    jnp = pytest.importorskip("jax.numpy")
+    rng = np.random.default_rng(13)
+    _, a, _ = problem(rng, PUBLIC[op], batch=3, T=1, H=4, Hq=2, K=6, V=5, dtype="float32")
+    names = {"delta_rule": "q k v beta", "rwkv7": "q g k v a b"}.get(op, "q k v g beta").split()
+    kw = {} if op == "rwkv7" else {"use_qk_l2norm_in_kernel": True}
+    step = getattr(scanweaver, op + "_step")
+    o, S = step(a["h0"], *(a[n][:, 0] for n in names), **kw)
+    want_o, want_h = loop(PUBLIC[op], a, 1.0 if op == "rwkv7" else 6 ** -0.5, op != "rwkv7")
+    np.testing.assert_allclose(o, want_o[:, 0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(S, want_h, rtol=1e-5, atol=1e-5)
+    for lib in (torch.from_numpy, jnp.asarray):
+        o2, S2 = step(lib(a["h0"]), *(lib(np.ascontiguousarray(a[n][:, 0])) for n in names), **kw)
+        assert type(o2) is type(lib(a["h0"])) and str(o2.dtype).endswith("float32")
+        np.testing.assert_allclose(np.asarray(o2), o, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(np.asarray(S2), S, rtol=1e-5, atol=1e-5)
+
+
 def test_state_v_first_and_beta_logits():
     rng = np.random.default_rng(10)
     _, a, _ = problem(rng, "gated", H=4, Hq=2)

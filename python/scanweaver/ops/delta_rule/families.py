@@ -98,8 +98,12 @@ def family_forward(family: str, inputs: list, options: dict) -> list:
     ops = prepare(family, inputs, options)
     o, h = forward(ops, backend=options.get("backend", "auto"), api=family, chunk_size=options.get("chunk_size"),
                    **options.get("tunables", {}))
-    s = scale_of(family, options.get("scale", DEFAULT_SCALE.get(family)), ops.q.shape[3])
-    o = (o.astype(ops.state_dtype, copy=False) * ops.state_dtype.type(s)).astype(ops.out_dtype, copy=False)
+    s = ops.state_dtype.type(scale_of(family, options.get("scale", DEFAULT_SCALE.get(family)), ops.q.shape[3]))
+    if o.dtype == ops.state_dtype:
+        o *= s  # in place: o is the kernel's own buffer
+    else:  # half storage: scaled in float32, rounded once
+        o = np.multiply(o, s, dtype=ops.state_dtype)
+    o = o.astype(ops.out_dtype, copy=False)
     if options.get("state_v_first"):
         h = np.ascontiguousarray(_swap(h))
     return [o, h]
@@ -110,9 +114,9 @@ def family_backward(family: str, inputs: list, residuals: list, cotangents: list
     """Gradients of ``family`` for the inputs with ``needs`` set (see :mod:`scanweaver.calls.pairs`)."""
     ops = prepare(family, inputs, options)
     do, dht = cotangents
-    s = scale_of(family, options.get("scale", DEFAULT_SCALE.get(family)), ops.q.shape[3])
-    if do is not None:
-        do = (np.asarray(do).astype(ops.state_dtype) * ops.state_dtype.type(s)).astype(ops.dtype)
+    s = ops.state_dtype.type(scale_of(family, options.get("scale", DEFAULT_SCALE.get(family)), ops.q.shape[3]))
+    if do is not None:  # one new array: the kernels read scale * do
+        do = np.multiply(np.asarray(do), s, dtype=ops.state_dtype).astype(ops.dtype, copy=False)
     if dht is not None and options.get("state_v_first"):
         dht = _swap(dht)
     gr = backward(ops, do, dht, backend=options.get("backend", "auto"), api=family,

@@ -25,6 +25,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -60,16 +61,22 @@ def check_shape(api: str, name: str, arr: np.ndarray, shape: tuple, need: str) -
         raise ScanInputError(f"{api}: {name} has shape {tuple(arr.shape)}; it needs {need} = {tuple(shape)}")
 
 
+@functools.lru_cache(maxsize=64)
+def _stored(dtype: np.dtype) -> bool:
+    return dtype.name in STORED
+
+
 def storage_dtype(dtypes) -> np.dtype:
     """The dtype the operands are stored in: their common dtype when it is one of :data:`STORED`, else the widest
     float type (float64 for integers)."""
     dtypes = [np.dtype(d) for d in dtypes]
-    if all(d == dtypes[0] for d in dtypes) and dtypes[0].name in STORED:
+    if all(d == dtypes[0] for d in dtypes) and _stored(dtypes[0]):
         return dtypes[0]
     wide = compute_dtype(dtypes)
     return wide if wide.kind == "f" else np.dtype(np.float64)
 
 
+@functools.lru_cache(maxsize=64)
 def accumulation(dtype: np.dtype) -> np.dtype:
     """The accumulation (and state) dtype of operands stored in ``dtype``."""
     return np.dtype(np.float32) if is_half(dtype) else np.dtype(dtype)

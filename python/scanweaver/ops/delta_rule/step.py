@@ -4,18 +4,23 @@
 :func:`rwkv7_step` take the state, laid out as flash-linear-attention's
 ``(N, HV, K, V)``, and one token's inputs, and return ``(o, new_state)`` with
 the semantics of the full calls (the full call at ``T = 1`` from this state
-gives the same; chained over T tokens, the same as one call over T).  They
-are a few array expressions in the caller's array library (NumPy, PyTorch or
-JAX, found from the arguments), so they stay on the caller's device and are
-differentiable by the framework itself.  Every input is checked first.
+gives the same; chained over T tokens, the same as one call over T).  On
+PyTorch tensors and JAX arrays they are a few array expressions of that
+library, so they stay on the caller's device and are differentiable by the
+framework itself.  Every input is checked first.
 
-Each step reads the state twice (``S^T k`` of the decayed state, then the
-update and readout) and writes it once; o comes back in v's dtype, the state
-in the state's dtype.
+On NumPy arrays a step runs the full call's fused kernel at ``T = 1`` from
+the state (one read of it and one write of the new one).  On tensors and JAX
+arrays it reads the state once for its two dots (one batched matrix product
+of the state with the stacked key and query vectors; the readout is taken
+from the old state: ``q^T S' = (D q)^T S + (q . k) u``) and again to write the
+new one, computing in the common dtype of its arguments.  o comes back in v's
+dtype, the state in the state's dtype.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 
 import numpy as np
@@ -77,13 +82,41 @@ def _l2(xp, x):
     return x / xp.sqrt((x * x).sum(-1, keepdims=True) + L2_EPS)
 
 
-def _cast(x, like):
-    """``x`` in ``like``'s dtype (``.to`` for tensors, ``.astype`` otherwise)."""
-    return x.to(like.dtype) if hasattr(x, "to") and not hasattr(x, "astype") else x.astype(like.dtype)
+def _cast(x, dtype):
+    """``x`` in ``dtype`` (``.to`` for tensors, ``.astype`` otherwise), not copied when it is in ``dtype``."""
+    if hasattr(x, "to") and not hasattr(x, "astype"):
+        return x.to(dtype)
+    return x if x.dtype == dtype else x.astype(dtype)
+
+
+def _fused(api: str, state, xs: list, options: dict):
+    """NumPy arrays: the full call's kernel at T = 1 from ``state`` (it reads the state once and writes the new
+    one once; the expressions of the other libraries take several passes): ``(o, new state)``."""
+    from .families import family_forward
+
+    o, h = family_forward(api.removesuffix("_step"), [np.asarray(x)[:, None] for x in xs] + [state], options)
+    return o[:, 0], _cast(h, np.asarray(state).dtype)
+
+
+def _promoted(xp, arrays):
+    """``arrays`` (``None`` kept) in their common dtype (PyTorch's matmul takes no mixed dtypes)."""
+    given = [a for a in arrays if a is not None]
+    if xp is np or xp.__name__ == "jax.numpy":
+        dtype = xp.result_type(*given)
+    else:
+        dtype = functools.reduce(xp.promote_types, [a.dtype for a in given])
+    return [None if a is None else _cast(a, dtype) for a in arrays]
+
+
+def _dots(xp, rows, S):
+    """``[x^T S for x in rows]``, each ``(N, HV, V)``, from one pass over S (a batched matrix product)."""
+    P = xp.stack(rows, -2) @ S
+    return [P[..., i, :] for i in range(len(rows))]
 
 
 def _delta_step(api, state, q, k, v, beta, decay, *, scale, l2norm, state_v_first, key_decay=False):
-    """The delta form's step: decay, then ``S += k (beta (v - S^T k))^T``, then ``o = scale S^T q``."""
+    """The delta form's step, reading the state once for both dots: with ``D`` the decay,
+    ``u = beta (v - (D k)^T S)``, ``o = scale ((D q)^T S + (q . k) u)``, ``S' = D S + k u^T``."""
     N, H, HV, K, V = _dims(api, state, q, "q", state_v_first)
     _shape(api, "k", k, (N, H, K), "(N, H, K)")
     _shape(api, "v", v, (N, HV, V), "(N, HV, V)")
@@ -91,18 +124,23 @@ def _delta_step(api, state, q, k, v, beta, decay, *, scale, l2norm, state_v_firs
     if decay is not None:
         _shape(api, "g", decay, (N, HV, K) if key_decay else (N, HV), "(N, HV, K)" if key_decay else "(N, HV)")
     xp = _xp((state, q, k, v, beta, decay))
-    S = xp.swapaxes(state, -1, -2) if state_v_first else state
+    if xp is np:
+        return _fused(api, state, [q, k, v] + ([] if decay is None else [decay]) + [beta],
+                      {"scale": scale, "l2norm": l2norm, "state_v_first": state_v_first})
+    out_dtype = v.dtype
+    S, q, k, v, beta, decay = _promoted(xp, [state, q, k, v, beta, decay])
+    if state_v_first:
+        S = xp.swapaxes(S, -1, -2)
     if l2norm:
         q, k = _l2(xp, q), _l2(xp, k)
     q, k = _heads(xp, q, HV), _heads(xp, k, HV)
-    if decay is not None:
-        S = S * (xp.exp(decay)[..., None] if key_decay else xp.exp(decay)[..., None, None])
-    u = beta[..., None] * (v - (S * k[..., :, None]).sum(-2))
-    S = S + k[..., :, None] * u[..., None, :]
-    s = float(K) ** -0.5 if scale is None else float(scale)
-    o = (S * q[..., :, None]).sum(-2) * s
-    S = _cast(S, state)
-    return _cast(o, v), (xp.swapaxes(S, -1, -2) if state_v_first else S)
+    d = None if decay is None else xp.exp(decay) if key_decay else xp.exp(decay)[..., None]
+    Sk, Sq = _dots(xp, [k, q] if d is None else [d * k, d * q], S)
+    u = beta[..., None] * (v - Sk)
+    o = (Sq + (q * k).sum(-1, keepdims=True) * u) * (float(K) ** -0.5 if scale is None else float(scale))
+    S = (S if d is None else d[..., None] * S) + k[..., :, None] * u[..., None, :]
+    S = _cast(S, state.dtype)
+    return _cast(o, out_dtype), (xp.swapaxes(S, -1, -2) if state_v_first else S)
 
 
 @operation(arrays=("state", "q", "k", "v", "beta"))
@@ -181,8 +219,13 @@ def rwkv7_step(state, r, w, k, v, a, b, *, scale=1.0):
         _shape(api, name, x, (N, HV, K), "(N, HV, K)")
     _shape(api, "v", v, (N, HV, V), "(N, HV, V)")
     xp = _xp((state, r, w, k, v, a, b))
+    if xp is np:
+        return _fused(api, state, [r, w, k, v, a, b], {"scale": scale})
+    S, r, w, k, vv, a, b = _promoted(xp, [state, r, w, k, v, a, b])
     r, k = _heads(xp, r, HV), _heads(xp, k, HV)
-    p = (state * a[..., :, None]).sum(-2)
-    S = xp.exp(w)[..., None] * state + b[..., :, None] * p[..., None, :] + k[..., :, None] * v[..., None, :]
-    s = float(K) ** -0.5 if scale is None else float(scale)
-    return _cast((S * r[..., :, None]).sum(-2) * s, v), _cast(S, state)
+    d = xp.exp(w)
+    p, Sr = _dots(xp, [a, d * r], S)  # a^T S and (D r)^T S: o = r^T S' = (D r)^T S + (r . b) p + (r . k) v
+    o = (Sr + (r * b).sum(-1, keepdims=True) * p + (r * k).sum(-1, keepdims=True) * vv) * \
+        (float(K) ** -0.5 if scale is None else float(scale))
+    S = d[..., None] * S + b[..., :, None] * p[..., None, :] + k[..., :, None] * vv[..., None, :]
+    return _cast(o, v.dtype), _cast(S, state.dtype)
