@@ -1,13 +1,14 @@
 """The public delta-rule operations as a model calls them: forward + backward through ``scanweaver.torch`` and
 ``scanweaver.jax`` against peers written for autograd, the decode steps, and the peak memory of a long call.
 
-* **Training** (float32, ``--threads`` threads for everyone): the gradient of ``sum(o * do)`` with respect to
-  every input, through ``scanweaver.torch.<op>`` (a custom op, inputs and outputs shared with NumPy, no copies)
-  and through ``jax.jit(jax.grad(...))`` of ``scanweaver.jax.<op>``; against flash-linear-attention 0.6's naive
-  references under PyTorch autograd, eager (recurrent and chunked) and ``torch.compile``'d (chunked; compiling
-  the recurrent one would unroll T steps), and a JAX ``jit`` version (``lax.scan`` over chunks of 64 steps,
-  each chunk ``jax.checkpoint``'d so that the backward keeps T / 64 states, not T).  Every peer's dv is
-  checked against ours; the ratios are the peer's time over ``scanweaver.torch``'s, in one run.
+* **Training** (float32, ``--threads`` threads for everyone): the loss ``sum(o * do)`` and its gradient with
+  respect to every input, through ``scanweaver.torch.<op>`` (a custom op, inputs and outputs shared with NumPy,
+  no copies) and through ``jax.jit(jax.value_and_grad(...))`` of ``scanweaver.jax.<op>``; against
+  flash-linear-attention 0.6's naive references under PyTorch autograd, eager (recurrent and chunked) and
+  ``torch.compile``'d (chunked; compiling the recurrent one would unroll T steps), and a JAX ``jit`` version
+  (``lax.scan`` over chunks of 64 steps, each chunk ``jax.checkpoint``'d so that the backward keeps T / 64
+  states, not T).  Every peer's dv is checked against ours; the ratios are the peer's time over
+  ``scanweaver.torch``'s, in one run.
 * **Decode**: one token of ``<op>_step`` on NumPy arrays and on tensors, state ``(N, H, K, V)``, against
   the time to stream the state once (a copy: one read, one write) in the same process.
 * **Memory**: in a fresh process per operation, the peak resident memory of a forward and of a forward +
@@ -19,7 +20,7 @@ Usage::
     python bench/delta_ops.py [--json] [--quick] [--only gated,kda] [--threads 2] [--parts train,decode,memory]
 
 (``python bench/delta_rule.py --public`` runs it too.)  ``--json`` writes bench/results/delta_ops.json, keeping
-the figures of the parts not run this time.
+the rows of its last contents that this run did not measure (``--only``, ``--parts``).
 """
 
 from __future__ import annotations
@@ -65,7 +66,8 @@ def ours_torch(family: str, a: dict, do):
 
 
 def ours_jax(family: str, a: dict, do):
-    """``run() -> grads`` of ``jax.jit(jax.grad(...))`` over ``scanweaver.jax.<op>``."""
+    """``run() -> grads`` of ``jax.jit(jax.value_and_grad(...))`` over ``scanweaver.jax.<op>`` (the loss's value
+    too: with ``grad`` alone XLA drops the forward callback, whose output the gradient does not need)."""
     import jax
     import jax.numpy as jnp
 
@@ -75,10 +77,10 @@ def ours_jax(family: str, a: dict, do):
     fn = getattr(swj, op)
     args = [jnp.asarray(a[n]) for n in names]
     dout = jnp.asarray(do)
-    grad = jax.jit(jax.grad(lambda *xs: (fn(*xs, 1.0)[0] * dout).sum(), argnums=tuple(range(len(names)))))
+    grad = jax.jit(jax.value_and_grad(lambda *xs: (fn(*xs, 1.0)[0] * dout).sum(), argnums=tuple(range(len(names)))))
 
     def run():
-        out = grad(*args)
+        out = grad(*args)[1]
         jax.block_until_ready(out)
         return dict(zip(names, out, strict=True))
     return run
@@ -86,7 +88,7 @@ def ours_jax(family: str, a: dict, do):
 
 def jax_peer(family: str, a: dict, do, chunk: int = 64):
     """``run() -> grads`` of the recurrence written in JAX: ``lax.scan`` over chunks of ``chunk`` steps, each a
-    checkpointed ``lax.scan`` of the steps, under ``jit(grad)``."""
+    checkpointed ``lax.scan`` of the steps, under ``jit(value_and_grad)``."""
     import jax
     import jax.numpy as jnp
 
@@ -117,10 +119,10 @@ def jax_peer(family: str, a: dict, do, chunk: int = 64):
 
     dout = jnp.asarray(do)
     args = [jnp.asarray(a[n]) for n in names]
-    grad = jax.jit(jax.grad(lambda *xs: (forward(*xs) * dout).sum(), argnums=tuple(range(len(names)))))
+    grad = jax.jit(jax.value_and_grad(lambda *xs: (forward(*xs) * dout).sum(), argnums=tuple(range(len(names)))))
 
     def run():
-        out = grad(*args)
+        out = grad(*args)[1]
         jax.block_until_ready(out)
         return dict(zip(names, out, strict=True))
     return run
@@ -151,8 +153,12 @@ def once(fn) -> float:
     return time.perf_counter() - t0
 
 
-def bench_train(family: str, shape: tuple, repeats: int, recurrent_upto: int, fla: bool = True,
-                compiled: bool = True) -> dict:
+def bench_train(family: str, shape: tuple, repeats: int, threads: int, peers: tuple[str, ...]) -> dict:
+    """One row: ``scanweaver.torch``'s forward + backward and each of ``peers`` (names of :data:`PEERS`), each
+    peer's time over ours.  fla's references run with PyTorch on one thread and on ``threads`` (thousands of tiny
+    ops: one thread was up to 12x faster on this busy machine); the faster counts."""
+    import torch
+
     a = inputs(family, *shape)
     do = np.random.default_rng(1).standard_normal(a["v"].shape).astype(np.float32)
     ours = ours_torch(family, a, do)
@@ -160,32 +166,48 @@ def bench_train(family: str, shape: tuple, repeats: int, recurrent_upto: int, fl
     row: dict = {"family": family, "op": PUBLIC[family][0], "shape": shape, "scanweaver.torch fwd+bwd s":
                  timed(ours, repeats), "peers": {}}
     base = row["scanweaver.torch fwd+bwd s"]
-    peers = {"scanweaver.jax jit(grad)": lambda: ours_jax(family, a, do),
-             "JAX jit(grad) lax.scan, checkpointed chunks": lambda: jax_peer(family, a, do)}
-    if fla and shape[1] <= recurrent_upto:
-        peers["fla naive recurrent, eager"] = lambda: torch_peer(family, a, do, False, False)
-    if fla:
-        peers["fla naive chunked, eager"] = lambda: torch_peer(family, a, do, True, False)
-        if compiled:
-            peers["fla naive chunked, torch.compile"] = lambda: torch_peer(family, a, do, True, True)
-        else:
-            row["peers"]["fla naive chunked, torch.compile"] = {"skipped": "not compiled here (--compiled)"}
-    else:
-        row["peers"]["fla naive"] = {"skipped": "not run at this shape (--big-fla)"}
-    for name, make in peers.items():
+    for name in peers:
+        make = PEERS[name]
+        counts = (1, threads) if name.startswith("fla") else (threads,)
         try:
-            run = make()
-            t0 = time.perf_counter()
-            got = run()  # the first call (compilation, for the compiled ones)
-            first = time.perf_counter() - t0
-            # eager fla: that one call (seconds to minutes); compiled: one more; ours and JAX: the median
-            t = first if "eager" in name else once(run) if "compile" in name else timed(run, repeats)
-            row["peers"][name] = {"fwd+bwd s": t, "first call s": first, "ratio": t / base,
-                                  "dv rel err": rel_err(np.asarray(got["v"]), dv)}
+            run = make(family, a, do)
+            entry: dict = {}
+            for n in counts:
+                torch.set_num_threads(n)
+                t0 = time.perf_counter()
+                got = run()  # the first call (compilation, for the compiled ones)
+                first = time.perf_counter() - t0
+                # eager fla: that one call (seconds to minutes); compiled: one more; ours and JAX: the median
+                t = first if "eager" in name else once(run) if "compile" in name else timed(run, repeats)
+                entry[f"{n} threads"] = {"fwd+bwd s": t, "first call s": first}
+            torch.set_num_threads(threads)
+            t = min(e["fwd+bwd s"] for e in entry.values())
+            row["peers"][name] = {"fwd+bwd s": t, "ratio": t / base, "scanweaver.torch s (this run)": base,
+                                  "dv rel err": rel_err(np.asarray(got["v"]), dv), **entry}
         except Exception as exc:  # reported, not fatal
             row["peers"][name] = {"failed": f"{type(exc).__name__}: {str(exc)[:200]}"}
         print(f"  {family} {shape} {name}: {row['peers'][name]}", flush=True)
     return row
+
+
+#: Peer name -> ``make(family, inputs, do) -> run``.
+PEERS = {"scanweaver.jax jit(value_and_grad)": ours_jax,
+         "JAX jit(value_and_grad) lax.scan, checkpointed chunks": jax_peer,
+         "fla naive recurrent, eager": lambda f, a, do: torch_peer(f, a, do, False, False),
+         "fla naive chunked, eager": lambda f, a, do: torch_peer(f, a, do, True, False),
+         "fla naive chunked, torch.compile": lambda f, a, do: torch_peer(f, a, do, True, True)}
+
+
+def peers_for(family: str, T: int, args) -> tuple[str, ...]:
+    """The peers of one row: fla's only up to the lengths and families the options allow."""
+    names = ["scanweaver.jax jit(value_and_grad)", "JAX jit(value_and_grad) lax.scan, checkpointed chunks"]
+    if T <= 1024 or family in args.big_fla.split(","):
+        names += ["fla naive recurrent, eager"] if args.recurrent_upto >= T else []
+        names += ["fla naive chunked, eager"]
+        upto = dict(p.split(":") for p in filter(None, args.compiled.split(",")))
+        names += ["fla naive chunked, torch.compile"] if int(upto.get(family, -1)) >= T else []
+    wanted = [p for p in args.peers.split(",") if p]
+    return tuple(n for n in names if not wanted or any(w in n for w in wanted))
 
 
 def bench_decode(family: str, N: int, H: int, K: int, V: int, repeats: int) -> dict:
@@ -274,9 +296,10 @@ def main(argv=None) -> int:
     ap.add_argument("--big-fla", default="deltanet,gated",
                     help="families whose fla references run at T > 1024 too (KDA's and RWKV-7's chunked references "
                          "took 37-38 s forward + backward at (1, 1024, 8, 64, 64), 280-420x ours)")
-    ap.add_argument("--compiled", default="gated:1024",
+    ap.add_argument("--compiled", default="gated:256",
                     help="family:T pairs whose chunked fla reference is also torch.compile'd up to that T (compiling "
                          "Gated DeltaNet's unrolled chunk loop took 433 s at T = 128 on this 2-core machine)")
+    ap.add_argument("--peers", default="", help="comma-separated parts of peer names: run only those peers")
     ap.add_argument("--memory-child", default="", help=argparse.SUPPRESS)
     ap.add_argument("--shape", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -291,14 +314,21 @@ def main(argv=None) -> int:
     root = Path(__file__).resolve().parent
     path = root / "out" / "delta_ops_quick.json" if args.quick else root / "results" / "delta_ops.json"
     report: dict = {"threads": args.threads, "train": [], "decode": [], "memory": []}
-    if args.json and path.exists():  # the parts not run now keep their last figures
-        kept = json.loads(path.read_text())
-        report.update({k: v for k, v in kept.items() if k in ("train", "decode", "memory") and k not in parts})
+    kept = json.loads(path.read_text()) if args.json and path.exists() else {}
 
-    def save() -> None:
-        if args.json:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(report, indent=1, default=float))
+    def save() -> None:  # after every row; rows of the last run that this one did not measure are kept
+        if not args.json:
+            return
+        out = dict(report)
+        for part, key in (("train", ("family", "shape")), ("decode", ("op", "state")), ("memory", ("family",))):
+            rows = {tuple(map(str, (r.get(k) for k in key))): r for r in kept.get(part, [])}
+            for r in report[part]:
+                k = tuple(map(str, (r.get(k) for k in key)))
+                old = rows.get(k, {})
+                rows[k] = {**r, "peers": {**old.get("peers", {}), **r["peers"]}} if part == "train" else r
+            out[part] = list(rows.values())
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(out, indent=1, default=float))
     if "decode" in parts:
         for family in only:
             for N in (1, 16):
@@ -318,10 +348,7 @@ def main(argv=None) -> int:
     if "train" in parts:
         for shape in QUICK if args.quick else SHAPES:
             for family in only:
-                upto = dict(p.split(":") for p in filter(None, args.compiled.split(",")))
-                r = bench_train(family, shape, args.repeats, args.recurrent_upto,
-                                fla=shape[1] <= 1024 or family in args.big_fla.split(","),
-                                compiled=shape[1] <= int(upto.get(family, -1)))
+                r = bench_train(family, shape, args.repeats, args.threads, peers_for(family, shape[1], args))
                 report["train"].append(r)
                 save()
                 print(f"train {family} {shape}: scanweaver.torch {r['scanweaver.torch fwd+bwd s'] * 1e3:.1f} ms; " +

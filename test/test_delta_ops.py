@@ -162,7 +162,8 @@ def test_steps_on_tensors_are_differentiable_and_keep_dtypes():
 
 @pytest.mark.parametrize("op", OPS)
 def test_steps_on_tensors_and_jax_arrays_equal_the_numpy_step(op):
-    """NumPy steps run the fused kernel at T = 1; tensors and JAX arrays the expressions of their library."""
+    """NumPy arrays and CPU tensors without gradients run the fused kernel at T = 1; tensors that need gradients
+    and JAX arrays the expressions of their library."""
     torch = pytest.importorskip("torch")
     jnp = pytest.importorskip("jax.numpy")
     rng = np.random.default_rng(13)
@@ -174,11 +175,13 @@ def test_steps_on_tensors_and_jax_arrays_equal_the_numpy_step(op):
     want_o, want_h = loop(PUBLIC[op], a, 1.0 if op == "rwkv7" else 6 ** -0.5, op != "rwkv7")
     np.testing.assert_allclose(o, want_o[:, 0], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(S, want_h, rtol=1e-5, atol=1e-5)
-    for lib in (torch.from_numpy, jnp.asarray):
+    grad = lambda x: torch.from_numpy(x).requires_grad_()  # noqa: E731
+    for lib in (torch.from_numpy, grad, jnp.asarray):
         o2, S2 = step(lib(a["h0"]), *(lib(np.ascontiguousarray(a[n][:, 0])) for n in names), **kw)
         assert type(o2) is type(lib(a["h0"])) and str(o2.dtype).endswith("float32")
-        np.testing.assert_allclose(np.asarray(o2), o, rtol=1e-5, atol=1e-5)
-        np.testing.assert_allclose(np.asarray(S2), S, rtol=1e-5, atol=1e-5)
+        assert (lib is grad) == (isinstance(o2, torch.Tensor) and o2.requires_grad)
+        np.testing.assert_allclose(np.asarray(o2.detach() if lib is grad else o2), o, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(np.asarray(S2.detach() if lib is grad else S2), S, rtol=1e-5, atol=1e-5)
 
 
 def test_state_v_first_and_beta_logits():

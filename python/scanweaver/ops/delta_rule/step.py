@@ -4,18 +4,19 @@
 :func:`rwkv7_step` take the state, laid out as flash-linear-attention's
 ``(N, HV, K, V)``, and one token's inputs, and return ``(o, new_state)`` with
 the semantics of the full calls (the full call at ``T = 1`` from this state
-gives the same; chained over T tokens, the same as one call over T).  On
-PyTorch tensors and JAX arrays they are a few array expressions of that
-library, so they stay on the caller's device and are differentiable by the
-framework itself.  Every input is checked first.
+gives the same; chained over T tokens, the same as one call over T).  Every
+input is checked first.
 
-On NumPy arrays a step runs the full call's fused kernel at ``T = 1`` from
-the state (one read of it and one write of the new one).  On tensors and JAX
-arrays it reads the state once for its two dots (one batched matrix product
-of the state with the stacked key and query vectors; the readout is taken
-from the old state: ``q^T S' = (D q)^T S + (q . k) u``) and again to write the
-new one, computing in the common dtype of its arguments.  o comes back in v's
-dtype, the state in the state's dtype.
+On NumPy arrays, and on CPU tensors that need no gradient, a step runs the
+full call's fused kernel at ``T = 1`` from the state (one read of it and one
+write of the new one; tensors as NumPy views, no copies).  Otherwise (JAX
+arrays, GPU tensors, tensors that need gradients) it is a few array
+expressions of the caller's library, so it stays on the caller's device and
+is differentiable by the framework itself: it reads the state once for its two
+dots (one batched matrix product of the state with the stacked key and query
+vectors; the readout is taken from the old state, ``q^T S' = (D q)^T S +
+(q . k) u``) and again to write the new one, in the common dtype of its
+arguments.  o comes back in v's dtype, the state in the state's dtype.
 """
 
 from __future__ import annotations
@@ -90,12 +91,31 @@ def _cast(x, dtype):
 
 
 def _fused(api: str, state, xs: list, options: dict):
-    """NumPy arrays: the full call's kernel at T = 1 from ``state`` (it reads the state once and writes the new
-    one once; the expressions of the other libraries take several passes): ``(o, new state)``."""
+    """The full call's kernel at T = 1 from ``state`` on NumPy arrays (or on views of CPU tensors): it reads the
+    state once and writes the new one once, where the expressions take several passes: ``(o, new state)``."""
     from .families import family_forward
 
-    o, h = family_forward(api.removesuffix("_step"), [np.asarray(x)[:, None] for x in xs] + [state], options)
+    o, h = family_forward(api.removesuffix("_step"), [np.asarray(x)[:, None] for x in xs] + [np.asarray(state)],
+                          options)
     return o[:, 0], _cast(h, np.asarray(state).dtype)
+
+
+def _kernel_takes(xp, arrays) -> bool:
+    """True when the fused kernel can run these arrays as they are: NumPy arrays, or CPU tensors NumPy can view
+    (not bfloat16) that need no gradient (their steps stay differentiable by PyTorch otherwise)."""
+    if xp is np:
+        return True
+    if xp.__name__ != "torch":
+        return False
+    given = [a for a in arrays if a is not None]
+    return all(a.device.type == "cpu" and a.dtype != xp.bfloat16 for a in given) and \
+        not (xp.is_grad_enabled() and any(a.requires_grad for a in given))
+
+
+def _run_fused(xp, api: str, state, xs: list, options: dict):
+    o, h = _fused(api, state.detach() if xp is not np else state,
+                  [x.detach() if xp is not np else x for x in xs], options)
+    return (o, h) if xp is np else (xp.from_numpy(np.ascontiguousarray(o)), xp.from_numpy(h))
 
 
 def _promoted(xp, arrays):
@@ -124,9 +144,9 @@ def _delta_step(api, state, q, k, v, beta, decay, *, scale, l2norm, state_v_firs
     if decay is not None:
         _shape(api, "g", decay, (N, HV, K) if key_decay else (N, HV), "(N, HV, K)" if key_decay else "(N, HV)")
     xp = _xp((state, q, k, v, beta, decay))
-    if xp is np:
-        return _fused(api, state, [q, k, v] + ([] if decay is None else [decay]) + [beta],
-                      {"scale": scale, "l2norm": l2norm, "state_v_first": state_v_first})
+    if _kernel_takes(xp, (state, q, k, v, beta, decay)):
+        return _run_fused(xp, api, state, [q, k, v] + ([] if decay is None else [decay]) + [beta],
+                          {"scale": scale, "l2norm": l2norm, "state_v_first": state_v_first})
     out_dtype = v.dtype
     S, q, k, v, beta, decay = _promoted(xp, [state, q, k, v, beta, decay])
     if state_v_first:
@@ -219,8 +239,8 @@ def rwkv7_step(state, r, w, k, v, a, b, *, scale=1.0):
         _shape(api, name, x, (N, HV, K), "(N, HV, K)")
     _shape(api, "v", v, (N, HV, V), "(N, HV, V)")
     xp = _xp((state, r, w, k, v, a, b))
-    if xp is np:
-        return _fused(api, state, [r, w, k, v, a, b], {"scale": scale})
+    if _kernel_takes(xp, (state, r, w, k, v, a, b)):
+        return _run_fused(xp, api, state, [r, w, k, v, a, b], {"scale": scale})
     S, r, w, k, vv, a, b = _promoted(xp, [state, r, w, k, v, a, b])
     r, k = _heads(xp, r, HV), _heads(xp, k, HV)
     d = xp.exp(w)
