@@ -20,8 +20,12 @@ time over ours, measured in one run.
 Usage::
 
     python bench/delta_rule.py [--json] [--quick] [--repeats N] [--threads 2] [--only gated,rwkv7]
+    python bench/delta_rule.py --public [the options of bench/delta_ops.py]
 
-``--json`` writes bench/results/delta_rule.json (``--quick``: bench/out/delta_rule_quick.json).
+``--json`` writes bench/results/delta_rule.json (``--quick``: bench/out/delta_rule_quick.json).  ``--public``
+runs bench/delta_ops.py instead: the public operations through ``scanweaver.torch`` and ``scanweaver.jax``
+against fla's references under autograd (eager and compiled) and a JAX version, the decode steps, and the
+peak memory of a long call.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import ctypes
 import importlib.util
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -101,8 +106,12 @@ def fla(rel: str):
     if spec is None or not spec.submodule_search_locations:
         return None
     path = Path(spec.submodule_search_locations[0]) / "ops" / f"{rel}.py"
-    mod_spec = importlib.util.spec_from_file_location(f"_fla_{rel.replace('/', '_')}", path)
+    name = f"_fla_{rel.replace('/', '_')}"
+    if name in sys.modules:
+        return sys.modules[name]
+    mod_spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(mod_spec)
+    sys.modules[name] = mod  # torch.compile traces its functions by module name
     mod_spec.loader.exec_module(mod)
     return mod
 
@@ -256,6 +265,11 @@ def bench_ggml(family: str, shape: tuple, threads: int, repeats: int) -> dict:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--public" in argv:
+        import delta_ops
+
+        return delta_ops.main([a for a in argv if a != "--public"])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="write the results as JSON")
     ap.add_argument("--quick", action="store_true", help="tiny shapes (a smoke run)")

@@ -103,3 +103,64 @@ def inputs_of(arrays):
     """The reference functions' keyword arguments from a problem's arrays."""
     keys = ("g", "beta", "a", "b", "h0", "cu_seqlens")
     return {n: arrays[n] for n in keys if n in arrays}
+
+
+#: Public operation -> the family of its recurrence.
+PUBLIC = {"delta_rule": "deltanet", "gated_delta_rule": "gated", "kda": "kda", "rwkv7": "rwkv7"}
+
+
+def call_public(fn, op, a, scale=None, l2norm=False, final=True, **kw):
+    """``fn`` (an entry point of public operation ``op``) on a problem's arrays, with fla's positional arguments."""
+    h0, cu = a.get("h0"), a.get("cu_seqlens")
+    if op == "delta_rule":
+        return fn(a["q"], a["k"], a["v"], a["beta"], scale, h0, final, l2norm, cu, **kw)
+    if op == "gated_delta_rule":
+        return fn(a["q"], a["k"], a["v"], a["g"], a["beta"], scale, h0, final, l2norm, False, False, False, cu, **kw)
+    if op == "kda":
+        return fn(a["q"], a["k"], a["v"], a["g"], a["beta"], scale, h0, final, l2norm, cu_seqlens=cu, **kw)
+    assert not l2norm
+    return fn(a["q"], a["g"], a["k"], a["v"], a["a"], a["b"], scale, h0, final, cu, **kw)
+
+
+def torch_loop(family, t, scale=1.0, l2norm=False, cu=None):
+    """:func:`loop` in PyTorch (the same formulas, one step at a time), differentiable by autograd:
+    ``(o, final states)`` from tensors ``t`` (the fused operation's names)."""
+    import torch
+
+    q, k, v = t["q"], t["k"], t["v"]
+    batch, T, Hq, K = q.shape
+    H, V = v.shape[2:]
+    segs = [(b, b, 0, T) for b in range(batch)] if cu is None else \
+        [(i, 0, int(cu[i]), int(cu[i + 1])) for i in range(len(cu) - 1)]
+    eye = torch.eye(K, dtype=v.dtype)
+    o = [[[None] * H for _ in range(T)] for _ in range(batch)]
+    finals = []
+    for row, b, start, stop in segs:
+        heads = []
+        for h in range(H):
+            hq = h // (H // Hq)
+            S = torch.zeros(K, V, dtype=v.dtype) if t.get("h0") is None else t["h0"][row, h]
+            for i in range(start, stop):
+                qt, kt, vt = q[b, i, hq], k[b, i, hq], v[b, i, h]
+                if l2norm:
+                    qt, kt = qt / torch.sqrt((qt * qt).sum() + 1e-6), kt / torch.sqrt((kt * kt).sum() + 1e-6)
+                if family == "rwkv7":
+                    A = torch.diag(torch.exp(t["g"][b, i, h])) + torch.outer(t["b"][b, i, h], t["a"][b, i, h])
+                    S = A @ S + torch.outer(kt, vt)
+                else:
+                    bt = t["beta"][b, i, h]
+                    P = eye - bt * torch.outer(kt, kt)
+                    if family == "deltanet":
+                        S = P @ S
+                    elif family == "gated":
+                        S = torch.exp(t["g"][b, i, h]) * (P @ S)
+                    else:
+                        S = P @ torch.diag(torch.exp(t["g"][b, i, h])) @ S
+                    S = S + bt * torch.outer(kt, vt)
+                o[b][i][h] = scale * S.T @ qt
+            heads.append(S)
+        finals.append(torch.stack(heads))
+    zero = torch.zeros(V, dtype=v.dtype)
+    out = torch.stack([torch.stack([torch.stack([x if x is not None else zero for x in row]) for row in bt])
+                       for bt in o]) if T else torch.zeros(batch, 0, H, V, dtype=v.dtype)
+    return out, torch.stack(finals)

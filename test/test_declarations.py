@@ -25,9 +25,10 @@ def _adapter(name):
 
 def test_every_public_operation_is_declared():
     names = set(OPERATIONS.names())
-    public = {"selective_scan", "mamba_selective_scan", "linear_attention", "simple_gla", "retention", "rwkv6",
-              "mamba2_scan", "delta_rule", "linear_attention_step", "rwkv6_step", "mamba2_step", "mamba2_state_update",
-              "log_scan"}
+    public = {"delta_rule", "delta_rule_step", "gated_delta_rule", "gated_delta_rule_step", "kda", "kda_step",
+              "linear_attention", "linear_attention_step", "log_scan", "mamba2_scan", "mamba2_state_update",
+              "mamba2_step", "mamba_selective_scan", "retention", "rwkv6", "rwkv6_step", "rwkv7", "rwkv7_step",
+              "selective_scan", "simple_gla"}
     assert public <= names
     for name in names:
         assert getattr(scanweaver, name).declaration is OPERATIONS.get(name)
@@ -87,8 +88,8 @@ def test_router_refuses_mixed_frameworks_with_a_message():
     q = torch.ones(1, 3, 1, 2)
     with pytest.raises(ScanInputError, match="linear_attention: operands mix PyTorch tensors and NumPy arrays"):
         scanweaver.linear_attention(q, q, np.ones((1, 3, 1, 2)))
-    with pytest.raises(ScanInputError, match="delta_rule: takes NumPy arrays only"):
-        scanweaver.delta_rule(q, q, q, torch.ones(1, 3, 1, requires_grad=True))
+    with pytest.raises(ScanInputError, match="log_scan: takes NumPy arrays only"):
+        scanweaver.log_scan(torch.zeros(1, 3), torch.ones(1, 3, requires_grad=True))
 
 
 def test_outputs_in_the_callers_array_type():

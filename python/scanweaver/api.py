@@ -14,7 +14,16 @@ from collections.abc import Callable
 
 from .core.recurrence import CallInfo, Recurrence
 from .errors import api_boundary
-from .ops.delta_rule import delta_rule
+from .ops.delta_rule import (
+    delta_rule,
+    delta_rule_step,
+    gated_delta_rule,
+    gated_delta_rule_step,
+    kda,
+    kda_step,
+    rwkv7,
+    rwkv7_step,
+)
 from .ops.log_scan import log_scan
 from .ops.mamba1 import mamba_selective_scan
 from .ops.matrix_state import (
@@ -76,6 +85,8 @@ def recurrence(step: Callable | None = None, *, name: str | None = None, broadca
 
 
 
-__all__ = ["SELECTIVE", "SELECTIVE_NO_C", "CallInfo", "MatrixRecurrence", "Recurrence", "delta_rule",
-           "linear_attention", "linear_attention_step", "log_scan", "mamba2_scan", "mamba2_state_update", "mamba2_step",
-           "mamba_selective_scan", "recurrence", "retention", "rwkv6", "rwkv6_step", "selective_scan", "simple_gla"]
+__all__ = ["CallInfo", "MatrixRecurrence", "Recurrence", "SELECTIVE", "SELECTIVE_NO_C", "delta_rule",
+           "delta_rule_step", "gated_delta_rule", "gated_delta_rule_step", "kda", "kda_step", "linear_attention",
+           "linear_attention_step", "log_scan", "mamba2_scan", "mamba2_state_update", "mamba2_step",
+           "mamba_selective_scan", "recurrence", "retention", "rwkv6", "rwkv6_step", "rwkv7", "rwkv7_step",
+           "selective_scan", "simple_gla"]

@@ -8,8 +8,10 @@ Every operation built on a fused kernel (:mod:`scanweaver.fused`: ``mamba1``,
   whose rendering fits the call's features).  A named backend without that
   rendering raises :class:`~scanweaver.errors.BackendUnavailable` naming the
   backends that have one; with ``fallback=True`` (a backward on a backend that
-  renders only the forward) the best backend that has it runs instead, and
-  :class:`FusedInfo` says so.
+  renders only the forward, or whose rendering does not fit the call's features)
+  the best backend that has it runs instead, and :class:`FusedInfo` says so.
+  Backends are ranked by the accumulation dtype (``features.state_dtype`` where
+  the operation has one: float16/bfloat16 storage runs where float32 does).
 * :func:`resolve` gives the tunables: the call's, else the tuned store's entry
   for this device and problem size, else the backend's documented defaults;
   resolved once per signature and kept until a tuned store changes.
@@ -119,7 +121,9 @@ def backend_for(op: str, part: str, backend: str, dtype: np.dtype, *, api: str, 
         return be
     cls = BACKENDS.get(backend)  # unknown names: the registry's error, naming the known ones
     if FUSED.get(op).runs_on(cls.target, part):
-        return get_backend(backend)
+        be = get_backend(backend)
+        if not (fallback and features is not None and misfit(be, op, part, features) is not None):
+            return be
     if fallback:
         other = best(op, part, dtype, features)
         if other is not None:
@@ -213,17 +217,20 @@ def run(op: str, part: str, features: Any, arrays: dict[str, Any], sizes: dict[s
         backend: ``auto`` or a backend name.
         tunables: the call's tunables (``{}``: the store's, else the defaults).
         api: the public call's name (errors start with it).
-        fallback: run on the best backend that has the part when ``backend`` has none.
+        fallback: run on the best backend that has the part when ``backend`` has none, or none that fits.
 
     Returns:
         what ran (also in :data:`last`).
     """
-    dtype = np.dtype(features.dtype)
+    dtype = np.dtype(getattr(features, "state_dtype", features.dtype))  # half storage runs where float32 does
     be = backend_for(op, part, backend, dtype, api=api, features=features, fallback=fallback)
     given = dict(tunables or {})
     why = ""
     if backend not in ("auto", be.name):
-        why = f"backend {backend!r} has no fused {op} {part} kernel; {be.name!r} ran it"
+        asked = get_backend(backend) if FUSED.get(op).runs_on(BACKENDS.get(backend).target, part) else None
+        reason = f"its kernel does not fit ({misfit(asked, op, part, features)})" if asked is not None else \
+            f"it has no fused {op} {part} kernel"
+        why = f"backend {backend!r}: {reason}; {be.name!r} ran it"
         given = {}  # the tunables were meant for the backend asked for
     cfg, source = resolve(be, op, part, features, sizes, given, api=api)
     fused = FUSED.get(op)

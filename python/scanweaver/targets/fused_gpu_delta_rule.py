@@ -289,6 +289,18 @@ def defaults(features: DeltaRuleFeatures, sizes: dict) -> dict[str, int]:
     return cfg
 
 
+def fits(part: str, features: DeltaRuleFeatures, config: dict | None = None) -> str | None:
+    """Why these kernels cannot run ``part`` with ``features``, else ``None`` (the runner's ``auto`` passes over
+    them then, and a backward falls back to a backend that runs it): half storage, and a backward other than
+    DeltaNet's (q/k heads that differ from the value heads are found from the sizes, by :func:`plan`)."""
+    if features.dtype not in ("float32", "float64"):
+        return f"the GPU kernels store float32 or float64, not {features.dtype}"
+    if part == "backward" and (features.gate != "none" or features.form != "delta" or features.l2norm):
+        return (f"the GPU backward is DeltaNet's (gate none, form delta, no l2norm); got gate {features.gate}, "
+                f"form {features.form}, l2norm {features.l2norm}")
+    return None
+
+
 KERNELS.register(FusedKernel("delta_rule", "gpu", ("forward", "backward"), render,
                              lambda part: f"sw_delta_rule_{part if part == 'forward' else 'bwd_deltas'}", plan,
-                             defaults=defaults))
+                             defaults=defaults, fits=fits))

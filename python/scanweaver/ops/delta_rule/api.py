@@ -1,98 +1,197 @@
-"""``scanweaver.delta_rule``: DeltaNet's recurrence with flash-linear-attention's ``chunk_delta_rule`` semantics.
+"""The public delta-rule operations: ``delta_rule``, ``gated_delta_rule``, ``kda`` and ``rwkv7``.
 
-A thin layer over the fused operation :mod:`scanweaver.fused.delta_rule`:
-inputs are checked and brought to one dtype and layout, the backend's
-``run_fused`` runs the kernel, and the output is scaled.
+Each is declared once here (:func:`scanweaver.calls.declare.operation`) with
+flash-linear-attention's signature, positional order included (``chunk_delta_rule``,
+``chunk_gated_delta_rule``, ``chunk_kda``, ``chunk_rwkv7`` of fla 0.6), so a
+model ports by changing the import.  fla's arguments that only steer its
+Triton kernels (``cu_seqlens_cpu``, ``chunk_indices``, ``chunk_size``,
+``safe_gate``, ``lower_bound``, ``disable_recompute``) are accepted and change
+nothing; those with a meaning ScanWeaver does not carry (``cp_context``,
+``use_gate_in_kernel``, ``return_intermediate_states``, ``use_graph``,
+``head_first``) are refused with a message when set.  The NumPy entry runs the
+kernel pair of :mod:`.grad`; :mod:`scanweaver.torch` and :mod:`scanweaver.jax`
+build theirs from the same declarations, with gradients for every input.
 """
 
 from __future__ import annotations
 
-import numpy as np
+import functools
 
 from ...calls.declare import operation
-from ...arrays import check_seqlens
-from ...calls import runner
-from ...errors import ScanInputError
-from ...fused.delta_rule import DeltaRuleFeatures
-
-API = "delta_rule"
+from .families import INPUTS
+from .grad import FLA_KEYWORDS, HEAD_FIRST, options
 
 
-def _array(name: str, x, ndim: int, layout: str) -> np.ndarray:
-    if x is None:
-        raise ScanInputError(f"{API}: {name} is required, shaped {layout}")
-    a = np.asarray(x)
-    if a.ndim != ndim:
-        raise ScanInputError(f"{API}: {name} has shape {a.shape}; it must be {layout}")
-    if a.dtype.kind not in "fiub":
-        raise ScanInputError(f"{API}: {name} has dtype {a.dtype}; it must be real (float32 or float64)")
-    return a
+def _tunables(family: str) -> set[str]:
+    """Every tunable of the fused ``delta_rule`` kernels, and fla's keywords ``family`` takes."""
+    from ...fused import REGISTRY as FUSED
+
+    names = {t.name for ts in FUSED.get("delta_rule").tunables.values() for t in ts}
+    return names | set(FLA_KEYWORDS[family]) | {"transpose_state_layout"}
 
 
-@operation(arrays=("q", "k", "v", "beta", "initial_state"), frameworks=())
-def delta_rule(q, k, v, beta, *, scale: float | None = None, initial_state=None, output_final_state: bool = False,
-               cu_seqlens=None, backend: str = "auto"):
-    """DeltaNet's delta rule (fla ``chunk_delta_rule`` semantics), forward.
+def _with_state(outputs: list, args: dict):
+    """``(o, final_state or None)``, as flash-linear-attention returns them."""
+    o, h = outputs
+    return o, (h if args["output_final_state"] else None)
 
-    Per batch element (or packed sequence) and head, with the state S of shape (K, V)::
+
+def _declare(family: str):
+    return operation(arrays=INPUTS[family], pair=family, options=functools.partial(options, family),
+                     finish=_with_state, tunables=functools.partial(_tunables, family),
+                     refused={"head_first": HEAD_FIRST})
+
+
+@_declare("delta_rule")
+def delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state: bool = False,
+               use_qk_l2norm_in_kernel: bool = False, cu_seqlens=None, cu_seqlens_cpu=None, *,
+               backend: str = "auto", **tunables):
+    """DeltaNet's delta rule (flash-linear-attention's ``chunk_delta_rule``).
+
+    Per batch element (or packed sequence) and head, with the state ``S`` of shape ``(K, V)``::
 
         S_t = (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T,    o_t = scale * S_t^T q_t
 
     Args:
-        q, k: ``(batch, T, H, K)``; k is used as given (L2-normalise it first, as fla's callers do).
-        v: ``(batch, T, H, V)``.
-        beta: ``(batch, T, H)``, the writing strengths (usually in (0, 1)).
+        q, k: ``(B, T, H, K)``; k as given unless ``use_qk_l2norm_in_kernel`` (unnormalised keys make the
+            recurrence diverge, as in fla).
+        v: ``(B, T, HV, V)``, HV a multiple of H (value head i reads q/k head ``i // (HV // H)``).
+        beta: ``(B, T, HV)``, the writing strengths (usually in (0, 1)).
         scale: the output scale; ``K**-0.5`` when None.
-        initial_state: ``(nseq, H, K, V)`` or None (zero).
-        output_final_state: also return the final states ``(nseq, H, K, V)``.
-        cu_seqlens: ``nseq + 1`` integer offsets of sequences packed along T (batch 1), or None.
-        backend: a backend name, or ``auto`` (the best available one that runs it).
+        initial_state: ``(N, HV, K, V)`` (N = B, or the sequences of ``cu_seqlens``), or None (zeros).
+        output_final_state: also return the final states ``(N, HV, K, V)``.
+        use_qk_l2norm_in_kernel: normalise q and k, ``x / sqrt(sum x^2 + 1e-6)``, inside the kernel.
+        cu_seqlens: ``[0, ..., T]`` offsets of sequences packed along T (B = 1; empty ones allowed).
+        cu_seqlens_cpu: fla's host copy of ``cu_seqlens`` (checked equal when both are given).
+        backend: ``auto`` (the best available backend that runs it) or a backend name.
+        **tunables: tunables of the backend's delta-rule kernels; fla's ``chunk_size`` (no effect on results).
 
     Returns:
-        ``(o, final_state)``: o ``(batch, T, H, V)`` in the inputs' float dtype (float16 computes in float32);
-        final_state None unless ``output_final_state``.
+        ``(o, final_state)``: o ``(B, T, HV, V)`` in v's dtype; the state in float32 (float64 for float64
+        inputs), or None unless ``output_final_state``.
 
     Raises:
-        ScanInputError: a shape, dtype or ``cu_seqlens`` that does not fit, named with what it needs.
+        ScanInputError: a shape, dtype, ``cu_seqlens`` or flag that does not fit, named with what it needs.
         BackendUnavailable: ``backend`` does not run the delta rule.
 
     Example:
         >>> import numpy as np, scanweaver
         >>> rng = np.random.default_rng(0)
         >>> q, k, v = rng.normal(size=(3, 1, 6, 2, 4))
-        >>> k /= np.linalg.norm(k, axis=-1, keepdims=True)
-        >>> o, h = scanweaver.delta_rule(q, k, v, rng.uniform(0, 1, (1, 6, 2)), output_final_state=True)
+        >>> beta = rng.uniform(0, 1, (1, 6, 2))
+        >>> o, h = scanweaver.delta_rule(q, k, v, beta, None, None, True, True)
         >>> o.shape, h.shape
         ((1, 6, 2, 4), (1, 2, 4, 4))
     """
-    qa = _array("q", q, 4, "(batch, T, H, K)")
-    batch, T, H, K = qa.shape
-    ka = _array("k", k, 4, "(batch, T, H, K)")
-    va = _array("v", v, 4, "(batch, T, H, V)")
-    ba = _array("beta", beta, 3, "(batch, T, H)")
-    if ka.shape != qa.shape:
-        raise ScanInputError(f"{API}: k has shape {ka.shape}; it needs q's shape {qa.shape}")
-    if va.shape[:3] != (batch, T, H):
-        raise ScanInputError(f"{API}: v has shape {va.shape}; it needs (batch, T, H, V) = ({batch}, {T}, {H}, V)")
-    if ba.shape != (batch, T, H):
-        raise ScanInputError(f"{API}: beta has shape {ba.shape}; it needs (batch, T, H) = {(batch, T, H)}")
-    V = va.shape[-1]
-    cu = None if cu_seqlens is None else check_seqlens(API, cu_seqlens, T, batch)
-    nseq = batch if cu is None else cu.size - 1
-    h0 = None if initial_state is None else _array("initial_state", initial_state, 4, "(nseq, H, K, V)")
-    if h0 is not None and h0.shape != (nseq, H, K, V):
-        raise ScanInputError(f"{API}: initial_state has shape {h0.shape}; it needs (nseq, H, K, V) = "
-                             f"{(nseq, H, K, V)}")
-    kinds = [qa, ka, va, ba] + ([h0] if h0 is not None else [])
-    dtype = np.result_type(np.float32, *(a.dtype for a in kinds))
-    if dtype not in (np.float32, np.float64):
-        dtype = np.dtype(np.float64)
-    features = DeltaRuleFeatures(dtype.name, K, V, h0 is not None, cu is not None)
-    sizes = {"batch": batch, "T": T, "H": H, "Hq": H, "nseq": nseq}
-    arrays = {n: np.ascontiguousarray(a, dtype) for n, a in (("q", qa), ("k", ka), ("v", va), ("beta", ba))}
-    arrays.update(h0=None if h0 is None else np.ascontiguousarray(h0, dtype), cu_seqlens=cu,
-                  o=np.empty((batch, T, H, V), dtype), hlast=np.empty((nseq, H, K, V), dtype))
-    runner.run("delta_rule", "forward", features, arrays, sizes, backend=backend, api=API)
-    o = arrays["o"]
-    o *= dtype.type(K ** -0.5 if scale is None else scale)
-    return o, (arrays["hlast"] if output_final_state else None)
+
+
+@_declare("gated_delta_rule")
+def gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state: bool = False,
+                     use_qk_l2norm_in_kernel: bool = False, use_beta_sigmoid_in_kernel: bool = False,
+                     allow_neg_eigval: bool = False, state_v_first: bool = False, cu_seqlens=None,
+                     cu_seqlens_cpu=None, chunk_indices=None, cp_context=None, *, backend: str = "auto",
+                     **tunables):
+    """Gated DeltaNet (Qwen3-Next, Qwen3.5; flash-linear-attention's ``chunk_gated_delta_rule``).
+
+    Per batch element (or packed sequence) and value head, the state ``S`` of shape ``(K, V)``::
+
+        S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T,    o_t = scale * S_t^T q_t
+
+    Args:
+        q, k: ``(B, T, H, K)``.  v: ``(B, T, HV, V)``, HV a multiple of H (grouped value heads: value head i
+            reads q/k head ``i // (HV // H)``).
+        g: log decays ``(B, T, HV)`` (``-inf``: the state is reset exactly).
+        beta: ``(B, T, HV)``.
+        scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens, cu_seqlens_cpu, backend:
+            as for :func:`delta_rule`.
+        use_beta_sigmoid_in_kernel: beta is a logit: ``beta = sigmoid(beta)`` first.
+        allow_neg_eigval: with ``use_beta_sigmoid_in_kernel``, ``beta = 2 * sigmoid(beta)``.
+        state_v_first: the states are ``(N, HV, V, K)`` (fla's V-first layout), in and out.
+        chunk_indices: fla's precomputed chunk indices (no effect here).
+        cp_context: fla's context parallelism; must be None.
+        **tunables: as for :func:`delta_rule`; fla's ``use_gate_in_kernel``, ``A_log`` and ``dt_bias`` are
+            refused (compute g first).
+
+    Returns:
+        ``(o, final_state)`` as :func:`delta_rule`.
+
+    Example:
+        >>> import numpy as np, scanweaver
+        >>> rng = np.random.default_rng(0)
+        >>> q, k = rng.normal(size=(2, 1, 6, 1, 4))
+        >>> v = rng.normal(size=(1, 6, 2, 3))
+        >>> g, beta = -rng.uniform(0, 1, (1, 6, 2)), rng.uniform(0, 1, (1, 6, 2))
+        >>> o, h = scanweaver.gated_delta_rule(q, k, v, g, beta, output_final_state=True,
+        ...                                    use_qk_l2norm_in_kernel=True)
+        >>> o.shape, h.shape
+        ((1, 6, 2, 3), (1, 2, 4, 3))
+    """
+
+
+@_declare("kda")
+def kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state: bool = False,
+        use_qk_l2norm_in_kernel: bool = False, use_gate_in_kernel: bool = False,
+        use_beta_sigmoid_in_kernel: bool = False, allow_neg_eigval: bool = False, safe_gate: bool = False,
+        lower_bound=None, disable_recompute: bool = False, return_intermediate_states: bool = False,
+        state_v_first: bool = False, cu_seqlens=None, cu_seqlens_cpu=None, cp_context=None,
+        use_graph: bool = False, max_num_seqs=None, *, backend: str = "auto", **tunables):
+    """Kimi Delta Attention (Kimi Linear; flash-linear-attention's ``chunk_kda``).
+
+    Per batch element (or packed sequence) and value head, a log decay per key dimension, decay first::
+
+        S_t = (I - beta_t k_t k_t^T) Diag(exp(g_t)) S_{t-1} + beta_t k_t v_t^T,    o_t = scale * S_t^T q_t
+
+    Args:
+        q, k: ``(B, T, H, K)``.  v: ``(B, T, HV, V)``.  g: log decays ``(B, T, HV, K)``.  beta: ``(B, T, HV)``.
+        scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel,
+            allow_neg_eigval, state_v_first, cu_seqlens, cu_seqlens_cpu, backend: as for
+            :func:`gated_delta_rule`.
+        use_gate_in_kernel: must be False (compute g first).
+        safe_gate, lower_bound, disable_recompute: steer fla's kernels; no effect here (``lower_bound`` must be
+            negative when given).
+        return_intermediate_states, cp_context, use_graph, max_num_seqs: must keep their defaults.
+        **tunables: as for :func:`delta_rule`.
+
+    Returns:
+        ``(o, final_state)`` as :func:`delta_rule`.
+
+    Example:
+        >>> import numpy as np, scanweaver
+        >>> rng = np.random.default_rng(0)
+        >>> q, k, v, g = rng.normal(size=(4, 1, 5, 2, 3))
+        >>> o, _ = scanweaver.kda(q, k, v, -np.exp(g), rng.uniform(0, 1, (1, 5, 2)), use_qk_l2norm_in_kernel=True)
+        >>> o.shape
+        (1, 5, 2, 3)
+    """
+
+
+@_declare("rwkv7")
+def rwkv7(r, w, k, v, a, b, scale=1.0, initial_state=None, output_final_state: bool = False, cu_seqlens=None,
+          cu_seqlens_cpu=None, safe_gate: bool = False, chunk_size=None, disable_recompute: bool = False,
+          cp_context=None, lower_bound=None, *, backend: str = "auto", **tunables):
+    """RWKV-7's time mixing, the generalised delta rule (flash-linear-attention's ``chunk_rwkv7``).
+
+    Per batch element (or packed sequence) and head, ``w`` a log decay per key dimension::
+
+        S_t = Diag(exp(w_t)) S_{t-1} + b_t (a_t^T S_{t-1}) + k_t v_t^T,    o_t = scale * S_t^T r_t
+
+    Args:
+        r, w, k, a, b: ``(B, T, H, K)`` (RWKV-7 takes ``a = -kappa``, ``b = kappa * iclr``).  v: ``(B, T, H, V)``.
+        scale: the output scale, 1.0 by default (None: ``K**-0.5``).
+        initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu, backend: as for :func:`delta_rule`.
+        safe_gate, chunk_size, disable_recompute, lower_bound: steer fla's kernels; no effect here.
+        cp_context: must be None.
+        **tunables: as for :func:`delta_rule`.
+
+    Returns:
+        ``(o, final_state)`` as :func:`delta_rule`.
+
+    Example:
+        >>> import numpy as np, scanweaver
+        >>> rng = np.random.default_rng(0)
+        >>> r, w, k, v, kappa = rng.normal(size=(5, 1, 4, 2, 3))
+        >>> kappa /= np.linalg.norm(kappa, axis=-1, keepdims=True)
+        >>> o, h = scanweaver.rwkv7(r, -np.exp(w), k, v, -kappa, 0.5 * kappa, output_final_state=True)
+        >>> o.shape, h.shape
+        ((1, 4, 2, 3), (1, 2, 3, 3))
+    """
