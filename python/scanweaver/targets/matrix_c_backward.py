@@ -20,6 +20,11 @@ fewer (sequence, group) items than threads the group's heads are cut into
 slices, each slice but the first summing into its own scratch copy of dq/dk,
 added in order at the end (deterministic for a given ``threads``).
 
+The gradients' arrays (``GRADS``) and the runner (``RUN``: threads, group slices, du) are shared with the chunked
+backward (:mod:`.matrix_c_chunked_backward`), which brings its own workspace
+and per-head function (``sw_bws``) when the unit is built with
+``algorithm="chunked"``.
+
 Entry point (ABI order of :meth:`~scanweaver.fused.matrix_state.MatrixState.params`; ``do`` is ``dout``
 in C, where ``do`` is a keyword)::
 
@@ -29,10 +34,8 @@ in C, where ``do`` is a keyword)::
 
 from __future__ import annotations
 
-BACKWARD = r"""
-#define SW_GW (SW_DECAY == 2 ? SW_K : 1)
-#define SW_NV (SW_VP / SW_W)
-
+GRADS = r"""
+/* The gradients' arrays, and the runner's scratch for group slices and du. */
 typedef struct {
   const SW_T *dout, *dhlast;
   SW_T *dq, *dk, *dv, *dg, *du, *dh0;
@@ -40,6 +43,24 @@ typedef struct {
   SW_T* du_part; /* (nseq, H, K) */
   long P;
 } sw_bgrads;
+"""
+
+HEAD = r"""
+#define SW_RGW (SW_DECAY == 2 ? SW_K : 1)
+#define SW_NV (SW_VP / SW_W)
+
+/* The recurrent form's workspace of one thread: the state and its adjoint (K rows of SW_VP each). */
+#if !SW_CHUNKED
+typedef struct { void* raw; SW_T* S; } sw_bws;
+static int sw_bws_alloc(sw_bws* w, const sw_ms* m) {
+  (void)m;
+  w->S = (SW_T*)sw_alloc(sizeof(SW_T) * 2 * (size_t)SW_K * SW_VP, &w->raw);
+  return w->S ? SW_OK : SW_ENOMEM;
+}
+static void sw_bws_free(sw_bws* w) { free(w->raw); }
+#define sw_bws_head(m, gr, row, b, start, stop, h, hq, qd, kd, w) \
+  sw_bwd_head(m, gr, row, b, start, stop, h, hq, qd, kd, (w)->S, (w)->S + (long)SW_K * SW_VP)
+#endif
 
 /* Head h of sequence (row, b, [start, stop)): dq and dk summed into qd / kd (rows of the group hq). */
 static void sw_bwd_head(const sw_ms* m, const sw_bgrads* gr, long row, long b, long start, long stop, long h,
@@ -89,8 +110,8 @@ static void sw_bwd_head(const sw_ms* m, const sw_bgrads* gr, long row, long b, l
     }
   }
   /* hlast's share of the decay gradient, then G from dhlast */
-  double r[SW_GW];
-  for (int k = 0; k < SW_GW; ++k) r[k] = 0;
+  double r[SW_RGW];
+  for (int k = 0; k < SW_RGW; ++k) r[k] = 0;
   for (int k = 0; k < SW_K; ++k) {
     SW_T* gk = G + (long)k * SW_VP;
     if (SW_HAS_DHLAST && gr->dhlast) {
@@ -104,7 +125,7 @@ static void sw_bwd_head(const sw_ms* m, const sw_bgrads* gr, long row, long b, l
     }
   }
   if (SW_BONUS && gr->dg && SW_DECAY && len > 0)
-    memset(gr->dg + SW_G(m, b, SW_AT(start, stop, len - 1), h), 0, sizeof(SW_T) * SW_GW);
+    memset(gr->dg + SW_G(m, b, SW_AT(start, stop, len - 1), h), 0, sizeof(SW_T) * SW_RGW);
   /* 2: reverse sweep */
   for (long s = len - 1; s >= 0; --s) {
     const long t = SW_AT(start, stop, s);
@@ -155,6 +176,9 @@ static void sw_bwd_head(const sw_ms* m, const sw_bgrads* gr, long row, long b, l
     for (int k = 0; k < SW_K; ++k) gr->du_part[(row * m->H + h) * SW_K + k] = (SW_T)du[k];
 }
 
+"""
+
+RUN = r"""
 static int sw_backward_run(const sw_ms* m, sw_bgrads* gr) {
   const long grp = m->H / m->Hq, base = m->nseq * m->Hq;
   const int nth = sw_threads();
@@ -174,15 +198,15 @@ static int sw_backward_run(const sw_ms* m, sw_bgrads* gr) {
   (void)nt;
 #pragma omp parallel num_threads(nt)
   {
-    void* raw;
-    SW_T* S = (SW_T*)sw_alloc(sizeof(SW_T) * 2 * (size_t)SW_K * SW_VP, &raw);
-    if (!S) {
+    sw_bws ws;
+    const int ok = sw_bws_alloc(&ws, m) == SW_OK;
+    if (!ok) {
 #pragma omp atomic write
       status = SW_ENOMEM;
     }
 #pragma omp for schedule(static)
     for (long it = 0; it < base * P; ++it) {
-      if (!S) continue;
+      if (!ok) continue;
       const long p = it % P, hq = (it / P) % m->Hq, row = it / P / m->Hq;
       long b, start, stop;
       sw_seq(m, row, &b, &start, &stop);
@@ -193,9 +217,9 @@ static int sw_backward_run(const sw_ms* m, sw_bgrads* gr) {
         memset(kd + SW_QK(m, b, t, hq), 0, sizeof(SW_T) * SW_K);
       }
       for (long h = hq * grp + p * grp / P; h < hq * grp + (p + 1) * grp / P; ++h)
-        sw_bwd_head(m, gr, row, b, start, stop, h, hq, qd, kd, S, S + (long)SW_K * SW_VP);
+        sw_bws_head(m, gr, row, b, start, stop, h, hq, qd, kd, &ws);
     }
-    free(raw);
+    if (ok) sw_bws_free(&ws);
 #pragma omp for schedule(static)
     for (long i = 0; i < (P > 1 ? (long)(qsize / SW_K) : 0); ++i)
       for (long p = 1; p < P; ++p) {
