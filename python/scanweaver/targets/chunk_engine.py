@@ -166,6 +166,8 @@ typedef struct {
   SW_T *Nk, *Nq;    /* reset counts (small integers) */
   double* Z;        /* the row before position 0: zeros */
   SW_T* NZ;
+  SW_T *E, *Eq, *Ei; /* e^{Gk} with a row of ones before position 0, its q-side rows, e^{-Gk}: a plain chunk's
+                      * factors, computed with the prefix (unused, and not meaningful, on other chunks) */
   int n, grow, plain;
 } sw_ck_dec;
 
@@ -178,24 +180,26 @@ static void sw_ck_prefix(sw_ck_dec* d, const SW_T* gt, int n) {
   int grow = 0, resets = 0;
   double range = 0;
 #if SW_KEYDECAY
+  /* row by row (each row's keys as vectors, the previous row from L1): down the chunk one vector of keys at a
+   * time is slower, its five streams a power-of-two stride apart */
   sw_v bad = sw_vzero, rst = sw_vzero;
-  for (int i = 0; i < n; ++i) {
-    const double *gp = SW_GAT(d->Gk, i - 1);
-    const SW_T* np = SW_GAT(d->Nk, i - 1);
-    double* go = SW_GAT(d->Gk, i);
-    SW_T* no = SW_GAT(d->Nk, i);
+  for (int i = 0; i < n; ++i)
     for (int k = 0; k < SW_KP; k += SW_W) {
       const sw_v x = sw_vload(gt + (long)i * SW_KP + k);
       const sw_vi reset = x < (SW_T)SW_RESET_BELOW;
       bad = sw_vsel(x <= sw_vzero, bad, bad + 1);
       rst = sw_vsel(reset, rst + 1, rst);
       /* a reset restarts the sum: (previous + 0) * 0; otherwise (previous + x) * 1 */
-      const sw_vd sum = (sw_vdload(gp + k) + __builtin_convertvector(sw_vsel(reset, sw_vzero, x), sw_vd)) *
-                        __builtin_convertvector(sw_vsel(reset, sw_vzero, sw_vzero + 1), sw_vd);
-      memcpy(go + k, &sum, sizeof sum);
-      sw_vstore(no + k, sw_vload(np + k) + sw_vsel(reset, sw_vzero + 1, sw_vzero));
+      const sw_vd x0 = __builtin_convertvector(sw_vsel(reset, sw_vzero, x), sw_vd);
+      const sw_vd G = (sw_vdload(SW_GAT(d->Gk, i - 1) + k) + x0) *
+                      __builtin_convertvector(sw_vsel(reset, sw_vzero, sw_vzero + 1), sw_vd);
+      memcpy(SW_GAT(d->Gk, i) + k, &G, sizeof G);
+      const sw_v N = sw_vload(SW_GAT(d->Nk, i - 1) + k) + sw_vsel(reset, sw_vzero + 1, sw_vzero);
+      sw_vstore(SW_GAT(d->Nk, i) + k, N);
+      const sw_v e = sw_ck_exp(G);
+      sw_vstore(SW_GAT(d->E, i + 1) + k, e);
+      sw_vstore(SW_GAT(d->Ei, i) + k, 1 / e);
     }
-  }
   for (int k = 0; k < SW_W; ++k) {
     grow |= bad[k] != 0;
     resets |= rst[k] != 0;
@@ -215,6 +219,11 @@ static void sw_ck_prefix(sw_ck_dec* d, const SW_T* gt, int n) {
     }
   }
   range = -d->Gk[n - 1];
+  for (int i = 0; i < n; i += SW_W) {
+    const sw_v e = sw_ck_exp(sw_vdload(d->Gk + i));
+    sw_vstore(d->Ei + i, 1 / e);
+    memcpy(d->E + i + 1, &e, sizeof e);
+  }
 #endif
   d->n = n;
   d->grow = grow;
@@ -235,19 +244,43 @@ static void sw_ck_carry(SW_T* S, const SW_T* E, const double* d, int per_row, in
 """
 
 
-def _micro_kernel_switch() -> str:
-    """``sw_mk_any``'s cases: the micro-kernel with its row count and column vectors as constants."""
-    cases = []
+def micro_kernel(mr: int, nr: int) -> str:
+    """``sw_mk_<mr>_<nr>``: one register block of ``C (+)= A B``, unrolled with named accumulators (an array of them
+    is spilled to the stack at each call's ends by GCC)."""
+    acc = [f"c{r}_{j}" for r in range(mr) for j in range(nr)]
+    load = " ".join(f"c{r}_{j} = sw_vload(C + {r} * ldc + {j} * SW_W);" for r in range(mr) for j in range(nr))
+    zero = " ".join(f"c{r}_{j} = sw_vzero;" for r in range(mr) for j in range(nr))
+    bs = " ".join(f"const sw_v b{j} = sw_vload(B + (long)p * ldb + {j} * SW_W);" for j in range(nr))
+    fma = "\n".join(f"    {{ const SW_T x = a[{r} * rs]; " + " ".join(f"c{r}_{j} += x * b{j};" for j in range(nr))
+                    + " }" for r in range(mr))
+    store = " ".join(f"sw_vstore(C + {r} * ldc + {j} * SW_W, c{r}_{j});" for r in range(mr) for j in range(nr))
+    return (f"static void sw_mk_{mr}_{nr}(int kd, const SW_T* restrict A, long rs, long cs, const SW_T* restrict B, "
+            f"long ldb, SW_T* restrict C, long ldc, int acc) {{\n  sw_v {', '.join(acc)};\n"
+            f"  if (acc) {{ {load} }} else {{ {zero} }}\n"
+            f"  for (int p = 0; p < kd; ++p) {{\n    {bs}\n    const SW_T* a = A + (long)p * cs;\n{fma}\n  }}\n"
+            f"  {store}\n}}\n")
+
+
+def _micro_kernels() -> str:
+    """Every micro-kernel (rows 1..12, column vectors 1..NR; rows past ``SW_MR`` compiled only where used) and
+    ``sw_mk_any``, which calls the one of a block's shape."""
+    kernels, cases = [], []
     for r in range(1, MR_WIDE + 1):
-        case = (f"    case {r}: if (nr == SW_NR) sw_mk({r}, SW_NR, kd, A, rs, cs, B, ldb, C, ldc, acc); "
-                f"else sw_mk({r}, 1, kd, A, rs, cs, B, ldb, C, ldc, acc); break;")
-        cases.append(case if r <= MR_NARROW else f"#if SW_MR >= {r}\n{case}\n#endif")
-    return "\n".join(cases)
+        text = "".join(micro_kernel(r, j) for j in range(1, NR + 1))
+        case = (f"    case {r}: if (nr == SW_NR) sw_mk_{r}_{NR}(kd, A, rs, cs, B, ldb, C, ldc, acc); "
+                f"else sw_mk_{r}_1(kd, A, rs, cs, B, ldb, C, ldc, acc); break;")
+        guard = r > MR_NARROW
+        kernels.append(f"#if SW_MR >= {r}\n{text}#endif\n" if guard else text)
+        cases.append(f"#if SW_MR >= {r}\n{case}\n#endif" if guard else case)
+    return "\n".join(kernels) + (
+        "\nstatic void sw_mk_any(int mr, int nr, int kd, const SW_T* A, long rs, long cs, const SW_T* B, long ldb, "
+        "SW_T* C,\n                      long ldc, int acc) {\n  switch (mr) {\n" + "\n".join(cases) +
+        "\n    default: break;\n  }\n}\n")
 
 
 @cache
 def gemm_source() -> str:
-    """C text of the tile products (``sw_mk``, ``sw_mk_any``, ``sw_gemm``) and ``sw_ck_transpose``."""
+    """C text of the tile products (``sw_mk_*``, ``sw_mk_any``, ``sw_gemm``) and ``sw_ck_transpose``."""
     return rf"""
 /* ---- tile products ---- */
 #if defined(__AVX512F__) || defined(__aarch64__)
@@ -256,34 +289,9 @@ def gemm_source() -> str:
 #define SW_MR {MR_NARROW}
 #endif
 #define SW_NR {NR}
-/* One register block of C (+)= A B: mr rows of A (element (i, p) at A[i*rs + p*cs]) times nr vectors of columns
- * of B (row p at B + p*ldb); mr and nr are constants at every call (sw_mk_any). */
-SW_INLINE void sw_mk(int mr, int nr, int kd, const SW_T* restrict A, long rs, long cs, const SW_T* restrict B,
-                     long ldb, SW_T* restrict C, long ldc, int acc) {{
-  sw_v c[SW_MR][SW_NR];
-  for (int r = 0; r < mr; ++r)
-    for (int j = 0; j < nr; ++j) c[r][j] = acc ? sw_vload(C + r * ldc + j * SW_W) : sw_vzero;
-  for (int p = 0; p < kd; ++p) {{
-    sw_v b[SW_NR];
-    for (int j = 0; j < nr; ++j) b[j] = sw_vload(B + (long)p * ldb + j * SW_W);
-    const SW_T* a = A + (long)p * cs;
-    for (int r = 0; r < mr; ++r) {{
-      const SW_T x = a[r * rs];
-      for (int j = 0; j < nr; ++j) c[r][j] += x * b[j];
-    }}
-  }}
-  for (int r = 0; r < mr; ++r)
-    for (int j = 0; j < nr; ++j) sw_vstore(C + r * ldc + j * SW_W, c[r][j]);
-}}
-
-static void sw_mk_any(int mr, int nr, int kd, const SW_T* A, long rs, long cs, const SW_T* B, long ldb, SW_T* C,
-                      long ldc, int acc) {{
-  switch (mr) {{
-{_micro_kernel_switch()}
-    default: break;
-  }}
-}}
-
+/* Register blocks of C (+)= A B: mr rows of A (element (i, p) at A[i*rs + p*cs]) times nr vectors of columns of B
+ * (row p at B + p*ldb), MR x NR accumulators, NR loads and one broadcast per step in registers. */
+{_micro_kernels()}
 /* C[M x N] (+)= A[M x kd] B[kd x N]: A(i, p) = A[i*rs + p*cs]; B and C row-major (ldb, ldc), N a multiple of
  * SW_W.  Column panels outside, so a panel of B stays in L1 while the rows of A pass over it. */
 static void sw_gemm(int M, int N, int kd, const SW_T* A, long rs, long cs, const SW_T* B, long ldb, SW_T* C,
@@ -334,8 +342,6 @@ INTRA = r"""
 /* Scratch of the intra-chunk primitives (one per thread). */
 typedef struct {
   SW_T *xr, *yr, *ea, *eb, *t1;  /* SW_C x SW_KP: scaled rows, their factors, products before their factors */
-  SW_T* ex;                      /* (SW_C + 1) x SW_KP: ones, then e^{Gk} per position (a plain chunk) */
-  const SW_T* fq;                /* a plain chunk's q-side factors e^{Gq} (rows of ex) */
   SW_T *yt;                      /* SW_KP x SW_CP: a transposed operand */
   SW_T *tmp;                     /* SW_TW */
 } sw_ck_scratch;
@@ -353,28 +359,29 @@ static void sw_ck_mask(SW_T* A, int n, int strict) {
     for (int j = i + 1 - strict; j < np; ++j) A[(long)i * SW_CP + j] = 0;
 }
 
-/* C (+)= L B for L lower triangular (n x n, rows ldl apart): row block I reads rows [0, i1) of B. */
+/* C (+)= L B for L lower triangular (n x n, rows ldl apart): each block of SW_MR rows (one register block high) reads
+ * the rows of B up to its last, so nearly every masked entry is skipped. */
 static void sw_ck_trmm(int n, int N, const SW_T* L, long ldl, const SW_T* B, long ldb, SW_T* C, long ldc, int acc) {
-  for (int i0 = 0; i0 < n; i0 += SW_SUB) {
-    const int i1 = SW_MIN(n, i0 + SW_SUB);
+  for (int i0 = 0; i0 < n; i0 += SW_MR) {
+    const int i1 = SW_MIN(n, i0 + SW_MR);
     sw_gemm(i1 - i0, N, i1, L + (long)i0 * ldl, ldl, 1, B, ldb, C + (long)i0 * ldc, ldc, acc);
   }
 }
 
-/* C (+)= L^T B for L lower triangular: row block J of C reads rows [j0, n) of B. */
+/* C (+)= L^T B for L lower triangular: each block of SW_MR rows of C reads the rows of B from its first. */
 static void sw_ck_trmm_t(int n, int N, const SW_T* L, long ldl, const SW_T* B, long ldb, SW_T* C, long ldc, int acc) {
-  for (int j0 = 0; j0 < n; j0 += SW_SUB) {
-    const int j1 = SW_MIN(n, j0 + SW_SUB);
+  for (int j0 = 0; j0 < n; j0 += SW_MR) {
+    const int j1 = SW_MIN(n, j0 + SW_MR);
     sw_gemm(j1 - j0, N, n - j0, L + (long)j0 * ldl + j0, 1, ldl, B + (long)j0 * ldb, ldb, C + (long)j0 * ldc, ldc,
             acc);
   }
 }
 
-/* The lower blocks of C = X Y^T (n x n, rows SW_CP apart) from Yt = Y^T (rows ldy apart, kd of them): row block I
- * computes the columns [0, i1) rounded up to whole vectors. */
+/* The lower blocks of C = X Y^T (n x n, rows SW_CP apart) from Yt = Y^T (rows ldy apart, kd of them): each block of
+ * SW_MR rows computes the columns up to its last, rounded up to whole vectors. */
 static void sw_ck_lower_prod(int n, int kd, const SW_T* X, long ldx, const SW_T* Yt, long ldy, SW_T* C) {
-  for (int i0 = 0; i0 < n; i0 += SW_SUB) {
-    const int i1 = SW_MIN(n, i0 + SW_SUB);
+  for (int i0 = 0; i0 < n; i0 += SW_MR) {
+    const int i1 = SW_MIN(n, i0 + SW_MR);
     sw_gemm(i1 - i0, SW_RUP(i1), kd, X + (long)i0 * ldx, ldx, 1, Yt, ldy, C + (long)i0 * SW_CP, SW_CP, 0);
   }
 }
@@ -408,20 +415,12 @@ static int sw_ck_block(const sw_ck_dec* d, const SW_T* X, const SW_T* Y, int i0,
 }
 
 /* A (n x n, rows SW_CP apart, masked) = sum_k X_ik Y_jk e^{Gq_ik - Gk_jk} for a decay per key, X and Y n rows of
- * SW_KP.  A plain chunk leaves xr = X o e^{Gq}, yr = Y o e^{-Gk} (and ea, eb those factors) in the scratch. */
+ * SW_KP.  A plain chunk leaves xr = X o e^{Gq} and yr = Y o e^{-Gk} in the scratch. */
 static void sw_ck_intra_key(const sw_ck_dec* d, const SW_T* X, const SW_T* Y, int strict, SW_T* A, sw_ck_scratch* s) {
   const int n = d->n;
-  if (d->plain) {  /* one exponential per entry: e^{Gq} is e^{Gk} one row back for the bonus, e^{-Gk} its inverse */
-    s->fq = s->ex + (long)(1 - SW_BONUS) * SW_KP;
-    for (int i = 0; i < n; ++i)
-      for (int k = 0; k < SW_KP; k += SW_W) {
-        const long e0 = (long)i * SW_KP + k;
-        const sw_v e = sw_ck_exp(sw_vdload(SW_GAT(d->Gk, i) + k)), inv = 1 / e;
-        sw_vstore(s->ex + e0 + SW_KP, e);
-        sw_vstore(s->eb + e0, inv);
-        sw_vstore(s->xr + e0, sw_vload(X + e0) * sw_vload(s->fq + e0));
-        sw_vstore(s->yr + e0, sw_vload(Y + e0) * inv);
-      }
+  if (d->plain) {  /* the factors of the prefix: e^{Gq} (e^{Gk} one row back for the bonus) and e^{-Gk} */
+    sw_ck_scale_rows(X, d->Eq, SW_KP, s->xr, n);
+    sw_ck_scale_rows(Y, d->Ei, SW_KP, s->yr, n);
     sw_ck_transpose(s->yr, SW_KP, n, SW_K, s->yt, SW_CP, SW_RUP(n));
     sw_ck_lower_prod(n, SW_K, s->xr, SW_KP, s->yt, SW_CP, A);
   } else {
@@ -448,9 +447,9 @@ static void sw_ck_intra_key_adjoint(const sw_ck_dec* d, const SW_T* X, const SW_
   const int n = d->n;
   if (d->plain) {
     sw_ck_trmm(n, SW_KP, dA, SW_CP, s->yr, SW_KP, s->t1, SW_KP, 0);
-    sw_ck_fma_rows(dX, s->fq, s->t1, n);
+    sw_ck_fma_rows(dX, d->Eq, s->t1, n);
     sw_ck_trmm_t(n, SW_KP, dA, SW_CP, s->xr, SW_KP, s->t1, SW_KP, 0);
-    sw_ck_fma_rows(dY, s->eb, s->t1, n);
+    sw_ck_fma_rows(dY, d->Ei, s->t1, n);
     return;
   }
   for (int i0 = 0; i0 < n; i0 += SW_SUB) {
@@ -483,12 +482,10 @@ static void sw_ck_weights(const sw_ck_dec* d, const SW_T* M, SW_T* Wt, int stric
   const int n = d->n;
 #if SW_DECAY
   if (d->plain) {
-    sw_ck_fac_b(d->Gq, d->Nq, 0.0, 0, 1.0, s->ea, n);
-    sw_ck_fac_b(d->Gk, d->Nk, 0.0, 0, -1.0, s->eb, n);
     for (int i = 0; i < n; ++i) {
-      const SW_T fi = s->ea[i];
+      const SW_T fi = d->Eq[i];
       for (int j = 0; j < i + 1 - strict; j += SW_W)
-        sw_vstore(Wt + (long)i * SW_CP + j, sw_vload(M + (long)i * SW_CP + j) * fi * sw_vload(s->eb + j));
+        sw_vstore(Wt + (long)i * SW_CP + j, sw_vload(M + (long)i * SW_CP + j) * fi * sw_vload(d->Ei + j));
     }
   } else {
     for (int i = 0; i < n; ++i) {

@@ -13,8 +13,12 @@ Every factor has a non-positive exponent or one bounded by ``SW_RANGE``, and a
 log decay of ``-inf`` is an exact reset.  A chunk with a positive (or NaN) log
 decay runs the recurrence itself over its steps (:c:func:`sw_ck_recurrent`),
 so growth is computed as the recurrence defines it and overflows exactly where
-it does.  Lanes are the threads' work; when they are fewer than the threads
-each lane is cut into parts of whole chunks: the parts but the last run from a
+it does.  The threads' work units are the q/k groups of each sequence (the
+heads of a group share a chunk's rows of q and k and, for a decay per head,
+``Q K^T``: Mamba-2's 24 heads per group of B and C), the group's heads cut
+into slices when groups are fewer than the threads.  When even the lanes
+(sequence, head) are fewer than the threads, each lane is cut into parts of
+whole chunks: the parts but the last run from a
 zero state to their end state and summed log decays, the carries are chained
 by ``sw_ck_carry`` (the affine scan over parts), and every part reruns from its
 carry writing o.
@@ -45,6 +49,8 @@ static sw_lane sw_lane_at(const sw_ms* m, long row, long h) {
 typedef struct {
   SW_T *Q, *K, *V, *G, *DO;     /* the chunk's rows: C x KP, C x KP, C x VP, C x GW, C x VP */
   SW_T *Qs, *Kd, *A, *dA, *O;   /* C x KP, C x KP, C x CP, C x CP, C x VP */
+  SW_T* QK;                     /* C x CP: Q K^T of the chunk, shared by the heads of a group (decay per head) */
+  int qk;                       /* QK holds the loaded chunk's product */
   SW_T *dQ, *dK, *dV, *St, *Vt; /* C x KP, C x KP, C x VP, VP x KP, VP x CP (backward) */
   SW_T *el;                     /* KP: e^{G_last} per key, or [0] */
   double *a, *b;                /* C x GW: the decay gradient's two halves (backward) */
@@ -56,7 +62,7 @@ typedef struct {
 static int sw_ck_alloc(sw_ck_tiles* c, void** raw, long extra, SW_T** states) {
   const size_t ck = (size_t)SW_C * SW_KP, cv = (size_t)SW_C * SW_VP, cc = (size_t)SW_C * SW_CP;
   const size_t gw = (size_t)(SW_CP + SW_W + 1) * SW_GW;
-  const size_t nt = 11 * ck + (size_t)(SW_C + 1) * SW_KP + 4 * cv + 2 * cc + (size_t)SW_VP * SW_KP
+  const size_t nt = 11 * ck + 2 * gw + 4 * cv + 3 * cc + (size_t)SW_VP * SW_KP
                     + (size_t)SW_VP * SW_CP + (size_t)SW_KP * SW_CP + (size_t)SW_GW * SW_C + 2 * (size_t)SW_TW + gw
                     + (size_t)extra * SW_STATE;
   const size_t nd = gw + 2 * (size_t)SW_C * SW_GW;
@@ -75,12 +81,15 @@ static int sw_ck_alloc(sw_ck_tiles* c, void** raw, long extra, SW_T** states) {
   SW_TAKE(c->d.NZ, gw);
   c->d.Nk = c->d.NZ + SW_GW;
   c->d.Nq = c->d.Nk - (SW_BONUS ? SW_GW : 0);
+  SW_TAKE(c->d.E, gw);
+  c->d.Eq = c->d.E + (SW_BONUS ? 0 : SW_GW);
+  SW_TAKE(c->d.Ei, gw);
+  for (int k = 0; k < SW_GW; ++k) c->d.E[k] = 1;
   SW_TAKE(c->Q, ck); SW_TAKE(c->K, ck); SW_TAKE(c->Qs, ck); SW_TAKE(c->Kd, ck); SW_TAKE(c->dQ, ck);
   SW_TAKE(c->dK, ck); SW_TAKE(c->s.xr, ck); SW_TAKE(c->s.yr, ck); SW_TAKE(c->s.ea, ck);
-  SW_TAKE(c->s.eb, ck); SW_TAKE(c->s.t1, ck); SW_TAKE(c->s.ex, (size_t)(SW_C + 1) * SW_KP);
-  for (int k = 0; k < SW_KP; ++k) c->s.ex[k] = 1;
+  SW_TAKE(c->s.eb, ck); SW_TAKE(c->s.t1, ck);
   SW_TAKE(c->V, cv); SW_TAKE(c->DO, cv); SW_TAKE(c->O, cv); SW_TAKE(c->dV, cv);
-  SW_TAKE(c->A, cc); SW_TAKE(c->dA, cc);
+  SW_TAKE(c->A, cc); SW_TAKE(c->dA, cc); SW_TAKE(c->QK, cc);
   SW_TAKE(c->St, (size_t)SW_VP * SW_KP); SW_TAKE(c->Vt, (size_t)SW_VP * SW_CP); SW_TAKE(c->s.yt, (size_t)SW_KP * SW_CP);
   SW_TAKE(c->G, (size_t)SW_GW * SW_C); SW_TAKE(c->s.tmp, SW_TW); SW_TAKE(c->el, SW_TW);
   if (states) SW_TAKE(*states, (size_t)extra * SW_STATE);
@@ -92,24 +101,36 @@ SW_INLINE void sw_ck_prefetch_row(const SW_T* p, int n) {
   for (int j = 0; j < n; j += 64 / (int)sizeof(SW_T)) __builtin_prefetch(p + j, 0, 1);  /* to L2 */
 }
 
-/* Rows of scan positions [s0, s0 + n) of lane x into the tiles: q (with q_rows), k, v, the log decays, dout.  Row i
- * of the chunk at s0 + ahead (next positions of the lane in scan order, nn of them) is prefetched as row i is copied:
- * rows of consecutive steps are H*K apart (a page apart at H*K = 1024 floats, where no hardware prefetcher follows),
- * and a burst of a whole chunk's prefetches would overflow the miss buffers. */
-static void sw_ck_load(const sw_ms* m, const sw_lane* x, long s0, int n, sw_ck_tiles* c, const SW_T* dout,
-                       int q_rows, long ahead, int nn) {
+/* Rows of scan positions [s0, s0 + n) of lane x into the tiles: q (with q_rows) and k, the rows its group shares.
+ * Row i of the chunk at s0 + ahead (nn rows of it) is prefetched as row i is copied: rows of consecutive steps are
+ * H*K apart (a page apart at H*K = 1024 floats, where no hardware prefetcher follows), and a burst of a whole chunk's
+ * prefetches would overflow the miss buffers. */
+static void sw_ck_load_qk(const sw_ms* m, const sw_lane* x, long s0, int n, sw_ck_tiles* c, int q_rows, long ahead,
+                          int nn) {
   for (int i = 0; i < n; ++i) {
     const long t = SW_AT(x->start, x->stop, s0 + i);
     if (i < nn) {
       const long tn = SW_AT(x->start, x->stop, s0 + ahead + i);
       if (q_rows) sw_ck_prefetch_row(m->q + SW_QK(m, x->b, tn, x->hq), SW_K);
       sw_ck_prefetch_row(m->k + SW_QK(m, x->b, tn, x->hq), SW_K);
+    }
+    if (q_rows) sw_copy_pad(c->Q + (long)i * SW_KP, m->q + SW_QK(m, x->b, t, x->hq), SW_K, SW_KP);
+    sw_copy_pad(c->K + (long)i * SW_KP, m->k + SW_QK(m, x->b, t, x->hq), SW_K, SW_KP);
+  }
+  c->qk = 0;
+}
+
+/* The head's rows of the chunk: v, the log decays and dout (when given); prefetches as sw_ck_load_qk. */
+static void sw_ck_load_head(const sw_ms* m, const sw_lane* x, long s0, int n, sw_ck_tiles* c, const SW_T* dout,
+                            long ahead, int nn) {
+  for (int i = 0; i < n; ++i) {
+    const long t = SW_AT(x->start, x->stop, s0 + i);
+    if (i < nn) {
+      const long tn = SW_AT(x->start, x->stop, s0 + ahead + i);
       sw_ck_prefetch_row(m->v + SW_VO(m, x->b, tn, x->h), SW_V);
       if (dout) sw_ck_prefetch_row(dout + SW_VO(m, x->b, tn, x->h), SW_V);
       if (SW_DECAY) sw_ck_prefetch_row(m->g + SW_G(m, x->b, tn, x->h), SW_KEYDECAY ? SW_K : 1);
     }
-    if (q_rows) sw_copy_pad(c->Q + (long)i * SW_KP, m->q + SW_QK(m, x->b, t, x->hq), SW_K, SW_KP);
-    sw_copy_pad(c->K + (long)i * SW_KP, m->k + SW_QK(m, x->b, t, x->hq), SW_K, SW_KP);
     sw_copy_pad(c->V + (long)i * SW_VP, m->v + SW_VO(m, x->b, t, x->h), SW_V, SW_VP);
     if (dout) sw_copy_pad(c->DO + (long)i * SW_VP, dout + SW_VO(m, x->b, t, x->h), SW_V, SW_VP);
 #if SW_DECAY == 2
@@ -120,6 +141,12 @@ static void sw_ck_load(const sw_ms* m, const sw_lane* x, long s0, int n, sw_ck_t
     c->G[i] = 0;
 #endif
   }
+}
+
+static void sw_ck_load(const sw_ms* m, const sw_lane* x, long s0, int n, sw_ck_tiles* c, const SW_T* dout,
+                       int q_rows, long ahead, int nn) {
+  sw_ck_load_qk(m, x, s0, n, c, q_rows, ahead, nn);
+  sw_ck_load_head(m, x, s0, n, c, dout, ahead, nn);
 }
 
 /* Steps of the chunk after chunk ci of lane x when it is before chunk c1 (0 otherwise). */
@@ -163,6 +190,10 @@ SW_INLINE SW_T sw_ck_beta(const sw_ms* m, const sw_lane* x, const sw_ck_tiles* c
 static void sw_ck_last(sw_ck_tiles* c) {
   const sw_ck_dec* d = &c->d;
   const int l = d->n - 1;
+  if (d->plain) {
+    memcpy(c->el, SW_GAT(d->E, d->n), sizeof(SW_T) * SW_GW);
+    return;
+  }
 #if SW_KEYDECAY
   sw_ck_fac(SW_GAT(d->Gk, l), SW_GAT(d->Nk, l), d->Z, d->NZ, 1.0, c->el, SW_KP);
 #else
@@ -174,10 +205,18 @@ static void sw_ck_last(sw_ck_tiles* c) {
 static void sw_ck_qs(sw_ck_tiles* c) {
   const sw_ck_dec* d = &c->d;
 #if SW_KEYDECAY
+  if (d->plain) {
+    sw_ck_scale_rows(c->Q, d->Eq, SW_KP, c->Qs, d->n);
+    return;
+  }
   for (int i = 0; i < d->n; ++i)
     sw_ck_fac(SW_GAT(d->Gq, i), SW_GAT(d->Nq, i), d->Z, d->NZ, 1.0, c->Qs + (long)i * SW_KP, SW_KP);
   sw_ck_scale_rows(c->Q, c->Qs, SW_KP, c->Qs, d->n);
 #else
+  if (d->plain) {
+    sw_ck_scale_by(c->Q, SW_KP, d->Eq, c->Qs, d->n, SW_KP);
+    return;
+  }
   sw_ck_fac_b(d->Gq, d->Nq, 0.0, 0, 1.0, c->s.tmp, d->n);
   sw_ck_scale_by(c->Q, SW_KP, c->s.tmp, c->Qs, d->n, SW_KP);
 #endif
@@ -198,7 +237,10 @@ static void sw_ck_kd(sw_ck_tiles* c, int reuse) {
   sw_ck_scale_rows(c->K, c->Kd, SW_KP, c->Kd, d->n);
 #else
   (void)reuse;
-  sw_ck_fac_b(d->Gk, d->Nk, d->Gk[l], d->Nk[l], -1.0, c->s.tmp, d->n);
+  if (d->plain)
+    for (int j = 0; j < d->n; j += SW_W) sw_vstore(c->s.tmp + j, sw_vload(d->Ei + j) * c->el[0]);
+  else
+    sw_ck_fac_b(d->Gk, d->Nk, d->Gk[l], d->Nk[l], -1.0, c->s.tmp, d->n);
   sw_ck_scale_by(c->K, SW_KP, c->s.tmp, c->Kd, d->n, SW_KP);
 #endif
 }
@@ -220,9 +262,12 @@ static int sw_ck_intra(const sw_ms* m, const sw_lane* x, sw_ck_tiles* c) {
   sw_ck_intra_key(&c->d, c->Q, c->K, SW_BONUS, c->A, &c->s);
   plain = c->d.plain;
 #else
-  sw_ck_transpose(c->K, SW_KP, n, SW_K, c->s.yt, SW_CP, SW_RUP(n));
-  sw_ck_lower_prod(n, SW_K, c->Q, SW_KP, c->s.yt, SW_CP, c->A);
-  sw_ck_weights(&c->d, c->A, c->A, SW_BONUS, &c->s);
+  if (!c->qk) {  /* Q K^T once per loaded chunk: the heads of a group share it */
+    sw_ck_transpose(c->K, SW_KP, n, SW_K, c->s.yt, SW_CP, SW_RUP(n));
+    sw_ck_lower_prod(n, SW_K, c->Q, SW_KP, c->s.yt, SW_CP, c->QK);
+    c->qk = 1;
+  }
+  sw_ck_weights(&c->d, c->QK, c->A, SW_BONUS, &c->s);
 #endif
   if (SW_BONUS)
     for (int i = 0; i < n; ++i) c->A[(long)i * SW_CP + i] = sw_ck_beta(m, x, c, i);
@@ -231,13 +276,14 @@ static int sw_ck_intra(const sw_ms* m, const sw_lane* x, sw_ck_tiles* c) {
 """
 
 FORWARD = r"""
-/* The recurrence itself over the chunk's n steps from S (a chunk that grows): o rows into c->O when out. */
-static void sw_ck_recurrent(const sw_ms* m, const sw_lane* x, sw_ck_tiles* c, int n, SW_T* S, int out) {
+/* The recurrence itself over the chunk's n steps from S (a chunk that grows): o rows into O (ldo apart) when out. */
+static void sw_ck_recurrent(const sw_ms* m, const sw_lane* x, sw_ck_tiles* c, int n, SW_T* S, SW_T* O, long ldo) {
+  const int out = O != NULL;
   SW_T* d = c->s.tmp;
   for (int i = 0; i < n; ++i) {
     sw_ck_step_decay(c, i, d);
     const SW_T *qi = c->Q + (long)i * SW_KP, *ki = c->K + (long)i * SW_KP, *vi = c->V + (long)i * SW_VP;
-    SW_T* oi = c->O + (long)i * SW_VP;
+    SW_T* oi = out ? O + i * ldo : NULL;
     if (out) {
       const SW_T beta = SW_BONUS ? sw_ck_beta(m, x, c, i) : (SW_T)0;
       for (int j = 0; j < SW_VP; j += SW_W) sw_vstore(oi + j, beta * sw_vload(vi + j));
@@ -254,20 +300,20 @@ static void sw_ck_recurrent(const sw_ms* m, const sw_lane* x, sw_ck_tiles* c, in
   }
 }
 
-/* One chunk of n steps (loaded in c) from the state S (updated); o rows into c->O when out. */
-static void sw_ck_forward(const sw_ms* m, const sw_lane* x, sw_ck_tiles* c, int n, SW_T* S, int out) {
+/* One chunk of n steps (loaded in c) from the state S (updated); o rows into O (ldo apart) unless O is NULL. */
+static void sw_ck_forward(const sw_ms* m, const sw_lane* x, sw_ck_tiles* c, int n, SW_T* S, SW_T* O, long ldo) {
   sw_ck_prefix(&c->d, c->G, n);
   if (c->d.grow) {
-    sw_ck_recurrent(m, x, c, n, S, out);
+    sw_ck_recurrent(m, x, c, n, S, O, ldo);
     return;
   }
   sw_ck_last(c);
   int reuse = 0;
-  if (out) {
+  if (O) {
     reuse = sw_ck_intra(m, x, c);
     if (!reuse) sw_ck_qs(c);
-    sw_gemm(n, SW_VP, SW_K, reuse ? c->s.xr : c->Qs, SW_KP, 1, S, SW_VP, c->O, SW_VP, 0);
-    sw_ck_trmm(n, SW_VP, c->A, SW_CP, c->V, SW_VP, c->O, SW_VP, 1);
+    sw_gemm(n, SW_VP, SW_K, reuse ? c->s.xr : c->Qs, SW_KP, 1, S, SW_VP, O, ldo, 0);
+    sw_ck_trmm(n, SW_VP, c->A, SW_CP, c->V, SW_VP, O, ldo, 1);
   }
   sw_ck_kd(c, reuse);
   sw_ck_decay_state(c, S);
@@ -281,20 +327,29 @@ static void sw_ck_sum_decays(const sw_ck_tiles* c, double* gs) {
     gs[k] += SW_GAT(c->d.Nk, l)[k] != 0 ? -INFINITY : SW_GAT(c->d.Gk, l)[k];
 }
 
-/* Chunks [c0, c1) of lane x from S: writes o when given; adds the summed log decays to gs when given. */
-static void sw_ck_lane_forward(const sw_ms* m, const sw_lane* x, long c0, long c1, sw_ck_tiles* c, SW_T* S,
+/* Chunks [c0, c1) of the heads [h0, h1) of one q/k group of sequence row, from their states S (SW_STATE apart):
+ * a chunk's rows of q and k (and Q K^T) are loaded once for all of them, then each head runs the chunk.  Writes o
+ * when given; adds each head's summed log decays to its row of gs (SW_GW apart) when given. */
+static void sw_ck_unit_forward(const sw_ms* m, long row, long h0, long h1, long c0, long c1, sw_ck_tiles* c, SW_T* S,
                                SW_T* o, double* gs) {
-  const long len = x->stop - x->start;
+  const sw_lane x0 = sw_lane_at(m, row, h0);
+  const long len = x0.stop - x0.start;
   for (long ci = c0; ci < c1; ++ci) {
     const long s0 = ci * SW_C;
-    const int n = (int)SW_MIN((long)SW_C, len - s0);
-    sw_ck_load(m, x, s0, n, c, NULL, o != NULL, SW_C, SW_CK_NEXT(x, ci, c1));
-    sw_ck_forward(m, x, c, n, S, o != NULL);
-    if (gs) sw_ck_sum_decays(c, gs);
-    if (o)
-      for (int i = 0; i < n; ++i)
-        memcpy(o + SW_VO(m, x->b, SW_AT(x->start, x->stop, s0 + i), x->h), c->O + (long)i * SW_VP,
-               sizeof(SW_T) * SW_V);
+    const int n = (int)SW_MIN((long)SW_C, len - s0), nn = SW_CK_NEXT(&x0, ci, c1);
+    sw_ck_load_qk(m, &x0, s0, n, c, o != NULL, SW_C, nn);
+    for (long h = h0; h < h1; ++h) {
+      const sw_lane x = sw_lane_at(m, row, h);
+      sw_ck_load_head(m, &x, s0, n, c, NULL, SW_C, nn);
+      /* o's rows take the products directly when they are whole vectors (scan order: H*V apart, back in reverse) */
+      const int direct = o && SW_V % SW_W == 0;
+      SW_T* O = direct ? o + SW_VO(m, x.b, SW_AT(x.start, x.stop, s0), h) : o ? c->O : NULL;
+      sw_ck_forward(m, &x, c, n, S + (h - h0) * SW_STATE, O, direct ? (SW_REVERSE ? -1 : 1) * m->H * SW_V : SW_VP);
+      if (gs) sw_ck_sum_decays(c, gs + (h - h0) * SW_GW);
+      if (o && !direct)
+        for (int i = 0; i < n; ++i)
+          memcpy(o + SW_VO(m, x.b, SW_AT(x.start, x.stop, s0 + i), h), c->O + (long)i * SW_VP, sizeof(SW_T) * SW_V);
+    }
   }
 }
 
@@ -327,8 +382,9 @@ static int sw_ck_forward_split(const sw_ms* m, SW_T* o, SW_T* hlast, long lanes,
       const sw_lane x = sw_lane_at(m, it / m->H, it % m->H);
       const long nc = SW_NCHUNKS(&x);
       memset(agg + w * SW_STATE, 0, sizeof(SW_T) * SW_STATE);
-      if (ok && p + 1 < P) sw_ck_lane_forward(m, &x, p * nc / P, (p + 1) * nc / P, &c, agg + w * SW_STATE, NULL,
-                                              gs + w * SW_GW);
+      if (ok && p + 1 < P)
+        sw_ck_unit_forward(m, x.row, x.h, x.h + 1, p * nc / P, (p + 1) * nc / P, &c, agg + w * SW_STATE, NULL,
+                           gs + w * SW_GW);
     }
 #pragma omp for schedule(static)
     for (long it = 0; it < lanes; ++it) {
@@ -347,7 +403,8 @@ static int sw_ck_forward_split(const sw_ms* m, SW_T* o, SW_T* hlast, long lanes,
       const long it = w / P, p = w % P;
       const sw_lane x = sw_lane_at(m, it / m->H, it % m->H);
       const long nc = SW_NCHUNKS(&x);
-      if (ok) sw_ck_lane_forward(m, &x, p * nc / P, (p + 1) * nc / P, &c, carry + w * SW_STATE, o, NULL);
+      if (ok) sw_ck_unit_forward(m, x.row, x.h, x.h + 1, p * nc / P, (p + 1) * nc / P, &c, carry + w * SW_STATE, o,
+                                 NULL);
       if (p + 1 == P) sw_ck_state_out(m, &x, carry + w * SW_STATE, hlast);
     }
     if (ok) free(raw);
@@ -358,7 +415,7 @@ static int sw_ck_forward_split(const sw_ms* m, SW_T* o, SW_T* hlast, long lanes,
 }
 
 static int sw_forward_chunked(const sw_ms* m, SW_T* o, SW_T* hlast) {
-  const long lanes = m->nseq * m->H;
+  const long lanes = m->nseq * m->H, groups = m->nseq * m->Hq, grp = m->H / m->Hq;
   const int nth = sw_threads();
   long longest = 0;
   for (long i = 0; i < m->nseq; ++i) {
@@ -368,7 +425,9 @@ static int sw_forward_chunked(const sw_ms* m, SW_T* o, SW_T* hlast) {
   }
   const long P = SW_MIN(nth / lanes, (longest + SW_C - 1) / SW_C / 2);
   if (P >= 2) return sw_ck_forward_split(m, o, hlast, lanes, P, (int)SW_MIN((long)nth, lanes * P));
-  const int nt = (int)SW_MIN((long)nth, lanes);
+  /* units: a q/k group of one sequence, its heads cut into slices when groups are fewer than the threads */
+  const long slices = SW_MIN(grp, (nth + groups - 1) / groups), units = groups * slices;
+  const int nt = (int)SW_MIN((long)nth, units);
   int status = SW_OK;
   (void)nt;
 #pragma omp parallel num_threads(nt)
@@ -376,18 +435,26 @@ static int sw_forward_chunked(const sw_ms* m, SW_T* o, SW_T* hlast) {
     void* raw;
     sw_ck_tiles c;
     SW_T* S = NULL;
-    const int ok = sw_ck_alloc(&c, &raw, 1, &S) == SW_OK;
+    const int ok = sw_ck_alloc(&c, &raw, (grp + slices - 1) / slices, &S) == SW_OK;
     if (!ok) {
 #pragma omp atomic write
       status = SW_ENOMEM;
     }
 #pragma omp for schedule(dynamic, 1)
-    for (long it = 0; it < lanes; ++it) {
+    for (long u = 0; u < units; ++u) {
       if (!ok) continue;
-      const sw_lane x = sw_lane_at(m, it / m->H, it % m->H);
-      sw_ck_state_in(m, &x, SW_HAS_H0 ? m->h0 : NULL, S);
-      sw_ck_lane_forward(m, &x, 0, SW_NCHUNKS(&x), &c, S, o, NULL);
-      sw_ck_state_out(m, &x, S, hlast);
+      const long gi = u / slices, sl = u % slices, row = gi / m->Hq, hq = gi % m->Hq;
+      const long h0 = hq * grp + sl * grp / slices, h1 = hq * grp + (sl + 1) * grp / slices;
+      for (long h = h0; h < h1; ++h) {
+        const sw_lane x = sw_lane_at(m, row, h);
+        sw_ck_state_in(m, &x, SW_HAS_H0 ? m->h0 : NULL, S + (h - h0) * SW_STATE);
+      }
+      const sw_lane x0 = sw_lane_at(m, row, h0);
+      sw_ck_unit_forward(m, row, h0, h1, 0, SW_NCHUNKS(&x0), &c, S, o, NULL);
+      for (long h = h0; h < h1; ++h) {
+        const sw_lane x = sw_lane_at(m, row, h);
+        sw_ck_state_out(m, &x, S + (h - h0) * SW_STATE, hlast);
+      }
     }
     if (ok) free(raw);
   }

@@ -102,10 +102,10 @@ static void sw_ck_product_backward(const sw_ms* m, const sw_lane* x, sw_ck_tiles
 #if SW_KEYDECAY
   if (d->plain) {
     sw_ck_trmm(n, SW_KP, c->dA, SW_CP, c->s.yr, SW_KP, c->dQ, SW_KP, 1);
-    sw_ck_scale_rows(c->dQ, c->s.fq, SW_KP, c->dQ, n);
+    sw_ck_scale_rows(c->dQ, d->Eq, SW_KP, c->dQ, n);
     sw_ck_scale_rows(c->dK, c->el, 0, c->dK, n);
     sw_ck_trmm_t(n, SW_KP, c->dA, SW_CP, c->s.xr, SW_KP, c->dK, SW_KP, 1);
-    sw_ck_scale_rows(c->dK, c->s.eb, SW_KP, c->dK, n);
+    sw_ck_scale_rows(c->dK, d->Ei, SW_KP, c->dK, n);
   } else {
     for (int i = 0; i < n; ++i) {
       sw_ck_fac(SW_GAT(d->Gq, i), SW_GAT(d->Nq, i), d->Z, d->NZ, 1.0, c->s.tmp, SW_KP);
@@ -116,9 +116,14 @@ static void sw_ck_product_backward(const sw_ms* m, const sw_lane* x, sw_ck_tiles
     sw_ck_intra_key_adjoint(d, c->Q, c->K, SW_BONUS, c->dA, c->dQ, c->dK, &c->s);
   }
 #else
-  sw_ck_fac_b(d->Gq, d->Nq, 0.0, 0, 1.0, c->s.tmp, n);
-  sw_ck_scale_by(c->dQ, SW_KP, c->s.tmp, c->dQ, n, SW_KP);
-  sw_ck_fac_b(d->Gk, d->Nk, d->Gk[l], d->Nk[l], -1.0, c->s.tmp, n);
+  if (d->plain) {
+    sw_ck_scale_by(c->dQ, SW_KP, d->Eq, c->dQ, n, SW_KP);
+    for (int j = 0; j < n; j += SW_W) sw_vstore(c->s.tmp + j, sw_vload(d->Ei + j) * c->el[0]);
+  } else {
+    sw_ck_fac_b(d->Gq, d->Nq, 0.0, 0, 1.0, c->s.tmp, n);
+    sw_ck_scale_by(c->dQ, SW_KP, c->s.tmp, c->dQ, n, SW_KP);
+    sw_ck_fac_b(d->Gk, d->Nk, d->Gk[l], d->Nk[l], -1.0, c->s.tmp, n);
+  }
   sw_ck_scale_by(c->dK, SW_KP, c->s.tmp, c->dK, n, SW_KP);
   sw_ck_weights(d, c->dA, c->dA, SW_BONUS, &c->s);
   sw_ck_trmm(n, SW_KP, c->dA, SW_CP, c->K, SW_KP, c->dQ, SW_KP, 1);
@@ -212,7 +217,7 @@ static void sw_ck_bwd_head(const sw_ms* m, const sw_bgrads* gr, long row, long h
     if (ci % every == 0) memcpy(w->Sb + ci / every * SW_STATE, w->S, sizeof(SW_T) * SW_STATE);
     const int n = (int)SW_MIN((long)SW_C, len - ci * SW_C);
     sw_ck_load(m, &x, ci * SW_C, n, c, NULL, 0, SW_C, SW_CK_NEXT(&x, ci, nc));
-    sw_ck_forward(m, &x, c, n, w->S, 0);
+    sw_ck_forward(m, &x, c, n, w->S, NULL, 0);
   }
   /* hlast's share of the decay gradient, then the adjoint from dhlast */
   double *r = w->r, *du = w->du;
@@ -240,7 +245,7 @@ static void sw_ck_bwd_head(const sw_ms* m, const sw_bgrads* gr, long row, long h
         if (ci + 1 < c1) {
           const int n = (int)SW_MIN((long)SW_C, len - ci * SW_C);
           sw_ck_load(m, &x, ci * SW_C, n, c, NULL, 0, 0, 0);
-          sw_ck_forward(m, &x, c, n, w->S, 0);
+          sw_ck_forward(m, &x, c, n, w->S, NULL, 0);
         }
       }
     }
