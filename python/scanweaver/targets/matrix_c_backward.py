@@ -60,6 +60,9 @@ static int sw_bws_alloc(sw_bws* w, const sw_ms* m) {
 static void sw_bws_free(sw_bws* w) { free(w->raw); }
 #define sw_bws_head(m, gr, row, b, start, stop, h, hq, qd, kd, w) \
   sw_bwd_head(m, gr, row, b, start, stop, h, hq, qd, kd, (w)->S, (w)->S + (long)SW_K * SW_VP)
+/* Nothing is shared by the heads of a unit (a q/k group's slice of heads). */
+#define sw_bws_unit_begin(m, row, h0, h1, w) ((void)0)
+#define sw_bws_unit_end(m, row, h0, h1, qd, kd, w) ((void)0)
 #endif
 
 /* Head h of sequence (row, b, [start, stop)): dq and dk summed into qd / kd (rows of the group hq). */
@@ -216,8 +219,10 @@ static int sw_backward_run(const sw_ms* m, sw_bgrads* gr) {
         memset(qd + SW_QK(m, b, t, hq), 0, sizeof(SW_T) * SW_K);
         memset(kd + SW_QK(m, b, t, hq), 0, sizeof(SW_T) * SW_K);
       }
-      for (long h = hq * grp + p * grp / P; h < hq * grp + (p + 1) * grp / P; ++h)
-        sw_bws_head(m, gr, row, b, start, stop, h, hq, qd, kd, &ws);
+      const long h0 = hq * grp + p * grp / P, h1 = hq * grp + (p + 1) * grp / P;
+      sw_bws_unit_begin(m, row, h0, h1, &ws);
+      for (long h = h0; h < h1; ++h) sw_bws_head(m, gr, row, b, start, stop, h, hq, qd, kd, &ws);
+      sw_bws_unit_end(m, row, h0, h1, qd, kd, &ws);
     }
     if (ok) sw_bws_free(&ws);
 #pragma omp for schedule(static)

@@ -51,6 +51,9 @@ typedef struct {
   SW_T *Qs, *Kd, *A, *dA, *O;   /* C x KP, C x KP, C x CP, C x CP, C x VP */
   SW_T* QK;                     /* C x CP: Q K^T of the chunk, shared by the heads of a group (decay per head) */
   int qk;                       /* QK holds the loaded chunk's product */
+  const SW_T* QKsh;             /* the backward's Q K^T of the chunk computed once for its unit, or NULL */
+  SW_T* Psh;                    /* the backward's sum over the unit's heads of P = dA o weights, or NULL */
+  double *ap, *bp;              /* C: row and column sums of P o Q K^T (the decay gradient's shared halves) */
   SW_T *dQ, *dK, *dV, *St, *Vt; /* C x KP, C x KP, C x VP, VP x KP, VP x CP (backward) */
   SW_T *el;                     /* KP: e^{G_last} per key, or [0] */
   double *a, *b;                /* C x GW: the decay gradient's two halves (backward) */
@@ -65,7 +68,7 @@ static int sw_ck_alloc(sw_ck_tiles* c, void** raw, long extra, SW_T** states) {
   const size_t nt = 11 * ck + 2 * gw + 4 * cv + 3 * cc + (size_t)SW_VP * SW_KP
                     + (size_t)SW_VP * SW_CP + (size_t)SW_KP * SW_CP + (size_t)SW_GW * SW_C + 2 * (size_t)SW_TW + gw
                     + (size_t)extra * SW_STATE;
-  const size_t nd = gw + 2 * (size_t)SW_C * SW_GW;
+  const size_t nd = gw + 2 * (size_t)SW_C * SW_GW + 2 * (size_t)SW_CP;
   char* p = (char*)sw_alloc(sizeof(SW_T) * (nt + 64 * (size_t)SW_W) + sizeof(double) * (nd + 8), raw);
   if (!p) return SW_ENOMEM;
   memset(p, 0, sizeof(SW_T) * (nt + 64 * (size_t)SW_W) + sizeof(double) * (nd + 8));
@@ -76,6 +79,10 @@ static int sw_ck_alloc(sw_ck_tiles* c, void** raw, long extra, SW_T** states) {
   q += gw;
   c->a = q; q += (size_t)SW_C * SW_GW;
   c->b = q; q += (size_t)SW_C * SW_GW;
+  c->ap = q; q += SW_CP;
+  c->bp = q; q += SW_CP;
+  c->QKsh = NULL;
+  c->Psh = NULL;
   SW_T* t = (SW_T*)(((uintptr_t)q + 63) & ~(uintptr_t)63);
 #define SW_TAKE(f, n) do { f = t; t += ((n) + SW_W - 1) / SW_W * SW_W; } while (0)
   SW_TAKE(c->d.NZ, gw);
@@ -231,6 +238,13 @@ static void sw_ck_kd(sw_ck_tiles* c, int reuse) {
     sw_ck_scale_rows(c->s.yr, c->el, 0, c->Kd, d->n);
     return;
   }
+  if (d->plain) {  /* e^{G_last} e^{-Gk}: both normal numbers */
+    for (int j = 0; j < d->n; ++j)
+      for (int k = 0; k < SW_KP; k += SW_W)
+        sw_vstore(c->Kd + (long)j * SW_KP + k, sw_vload(c->K + (long)j * SW_KP + k) *
+                                                 sw_vload(SW_GAT(d->Ei, j) + k) * sw_vload(c->el + k));
+    return;
+  }
   for (int j = 0; j < d->n; ++j)
     sw_ck_fac(SW_GAT(d->Gk, j), SW_GAT(d->Nk, j), SW_GAT(d->Gk, l), SW_GAT(d->Nk, l), -1.0,
               c->Kd + (long)j * SW_KP, SW_KP);
@@ -262,12 +276,12 @@ static int sw_ck_intra(const sw_ms* m, const sw_lane* x, sw_ck_tiles* c) {
   sw_ck_intra_key(&c->d, c->Q, c->K, SW_BONUS, c->A, &c->s);
   plain = c->d.plain;
 #else
-  if (!c->qk) {  /* Q K^T once per loaded chunk: the heads of a group share it */
+  if (!c->QKsh && !c->qk) {  /* Q K^T once per loaded chunk: the heads of a group share it */
     sw_ck_transpose(c->K, SW_KP, n, SW_K, c->s.yt, SW_CP, SW_RUP(n));
     sw_ck_lower_prod(n, SW_K, c->Q, SW_KP, c->s.yt, SW_CP, c->QK);
     c->qk = 1;
   }
-  sw_ck_weights(&c->d, c->QK, c->A, SW_BONUS, &c->s);
+  sw_ck_weights(&c->d, c->QKsh ? c->QKsh : c->QK, c->A, SW_BONUS, &c->s);
 #endif
   if (SW_BONUS)
     for (int i = 0; i < n; ++i) c->A[(long)i * SW_CP + i] = sw_ck_beta(m, x, c, i);

@@ -126,8 +126,24 @@ static void sw_ck_product_backward(const sw_ms* m, const sw_lane* x, sw_ck_tiles
   }
   sw_ck_scale_by(c->dK, SW_KP, c->s.tmp, c->dK, n, SW_KP);
   sw_ck_weights(d, c->dA, c->dA, SW_BONUS, &c->s);
-  sw_ck_trmm(n, SW_KP, c->dA, SW_CP, c->K, SW_KP, c->dQ, SW_KP, 1);
-  sw_ck_trmm_t(n, SW_KP, c->dA, SW_CP, c->Q, SW_KP, c->dK, SW_KP, 1);
+  if (c->Psh) {  /* P K and P^T Q once for the unit's heads; the decay gradient's halves from P o Q K^T */
+    for (int i = 0; i < n; ++i) c->ap[i] = c->bp[i] = 0;
+    for (int i = 0; i < n; ++i) {
+      const SW_T *p = c->dA + (long)i * SW_CP, *qk = c->QKsh + (long)i * SW_CP;
+      SW_T* ps = c->Psh + (long)i * SW_CP;
+      double ai = 0;
+      for (int j = 0; j < i + 1 - SW_BONUS; ++j) {
+        const double w = (double)(p[j] * qk[j]);
+        ai += w;
+        c->bp[j] += w;
+        ps[j] += p[j];
+      }
+      c->ap[i] = ai;
+    }
+  } else {
+    sw_ck_trmm(n, SW_KP, c->dA, SW_CP, c->K, SW_KP, c->dQ, SW_KP, 1);
+    sw_ck_trmm_t(n, SW_KP, c->dA, SW_CP, c->Q, SW_KP, c->dK, SW_KP, 1);
+  }
 #endif
   sw_ck_decay_state(c, dS);
   sw_gemm(SW_K, SW_VP, n, Qs, 1, SW_KP, c->DO, SW_VP, dS, SW_VP, 1);
@@ -143,19 +159,26 @@ static void sw_ck_backward(const sw_ms* m, const sw_lane* x, sw_ck_tiles* c, int
   for (int i = 0; i < n; ++i) {
     const SW_T *qi = c->Q + (long)i * SW_KP, *ki = c->K + (long)i * SW_KP;
     SW_T *dqi = c->dQ + (long)i * SW_KP, *dki = c->dK + (long)i * SW_KP;
-    double sa = 0, sb = 0;
-    for (int k = 0; k < SW_K; ++k) {
-      const double a = (double)(qi[k] * dqi[k]), b = (double)(ki[k] * dki[k]);
+    sw_vd va = (sw_vd){0}, vb = (sw_vd){0};
+    for (int k = 0; k < SW_KP; k += SW_W) {  /* pads of q and k are 0 */
+      const sw_vd a = __builtin_convertvector(sw_vload(qi + k) * sw_vload(dqi + k), sw_vd);
+      const sw_vd b = __builtin_convertvector(sw_vload(ki + k) * sw_vload(dki + k), sw_vd);
       if (SW_KEYDECAY) {
-        c->a[(long)i * SW_GW + k] = a;
-        c->b[(long)i * SW_GW + k] = b;
+        memcpy(c->a + (long)i * SW_GW + k, &a, sizeof a);
+        memcpy(c->b + (long)i * SW_GW + k, &b, sizeof b);
       }
-      sa += a;
-      sb += b;
+      va += a;
+      vb += b;
+    }
+    double sa = 0, sb = 0;
+    for (int k = 0; k < SW_W; ++k) {
+      sa += va[k];
+      sb += vb[k];
     }
     if (!SW_KEYDECAY) {
-      c->a[i] = sa;
-      c->b[i] = sb;
+      const int shared = c->Psh && !c->d.grow;
+      c->a[i] = sa + (shared ? c->ap[i] : 0);
+      c->b[i] = sb + (shared ? c->bp[i] : 0);
     }
     if (SW_BONUS) {
       const SW_T* up = m->u + x->h * SW_K;
@@ -172,7 +195,14 @@ static void sw_ck_backward(const sw_ms* m, const sw_lane* x, sw_ck_tiles* c, int
 
 /* The chunked form's workspace of one thread: chunk tiles, nsb chunk-boundary states, the state and its adjoint. */
 #if SW_CHUNKED
-typedef struct { void *raw, *raw_r; sw_ck_tiles c; SW_T *Sb, *S, *dS; double *r, *du; long nsb; } sw_bws;
+typedef struct {
+  void *raw, *raw_r, *raw_sh;
+  sw_ck_tiles c;
+  SW_T *Sb, *S, *dS;
+  SW_T *QKall, *Psum;  /* a decay per head with groups: Q K^T of every chunk of the unit, and P summed over its heads */
+  double *r, *du;
+  long nsb, use;
+} sw_bws;
 
 static int sw_bws_alloc(sw_bws* w, const sw_ms* m) {
   long nc = 0;
@@ -187,9 +217,21 @@ static int sw_bws_alloc(sw_bws* w, const sw_ms* m) {
   w->nsb = nc <= fit ? nc : SW_MAX(fit, 2 * root + 1);
   w->r = (double*)sw_alloc(sizeof(double) * (size_t)(SW_GW + SW_K), &w->raw_r);
   if (!w->r) return SW_ENOMEM;
+  w->QKall = w->Psum = NULL;
+  w->raw_sh = NULL;
+  w->use = 0;
+  if (!SW_KEYDECAY && m->H > m->Hq) {
+    w->QKall = (SW_T*)sw_alloc(sizeof(SW_T) * 2 * (size_t)(nc * SW_C * SW_CP), &w->raw_sh);
+    if (!w->QKall) {
+      free(w->raw_r);
+      return SW_ENOMEM;
+    }
+    w->Psum = w->QKall + nc * SW_C * SW_CP;
+  }
   w->du = w->r + SW_GW;
   if (sw_ck_alloc(&w->c, &w->raw, w->nsb + 2, &w->Sb) != SW_OK) {
     free(w->raw_r);
+    free(w->raw_sh);
     return SW_ENOMEM;
   }
   w->S = w->Sb + w->nsb * SW_STATE;
@@ -200,6 +242,75 @@ static int sw_bws_alloc(sw_bws* w, const sw_ms* m) {
 static void sw_bws_free(sw_bws* w) {
   free(w->raw);
   free(w->raw_r);
+  free(w->raw_sh);
+}
+
+/* A unit of heads [h0, h1) sharing q and k rows: with a decay per head and more than one head, Q K^T of every chunk
+ * once, and the sum of P over the heads zeroed. */
+static void sw_bws_unit_begin(const sw_ms* m, long row, long h0, long h1, sw_bws* w) {
+  w->use = w->QKall && h1 - h0 > 1;
+  if (!w->use) return;
+  const sw_lane x = sw_lane_at(m, row, h0);
+  const long nc = SW_NCHUNKS(&x), len = x.stop - x.start;
+  sw_ck_tiles* c = &w->c;
+  for (long ci = 0; ci < nc; ++ci) {
+    const int n = (int)SW_MIN((long)SW_C, len - ci * SW_C);
+    sw_ck_load_qk(m, &x, ci * SW_C, n, c, 1, SW_C, SW_CK_NEXT(&x, ci, nc));
+    sw_ck_transpose(c->K, SW_KP, n, SW_K, c->s.yt, SW_CP, SW_RUP(n));
+    sw_ck_lower_prod(n, SW_K, c->Q, SW_KP, c->s.yt, SW_CP, w->QKall + ci * SW_C * SW_CP);
+    memset(w->Psum + ci * SW_C * SW_CP, 0, sizeof(SW_T) * SW_C * SW_CP);
+  }
+}
+
+/* The unit's shared products: dq += P K and dk += P^T Q per chunk, P summed over its heads. */
+static void sw_bws_unit_end(const sw_ms* m, long row, long h0, long h1, SW_T* qd, SW_T* kd, sw_bws* w) {
+  (void)h1;
+  if (!w->use) return;
+  const sw_lane x = sw_lane_at(m, row, h0);
+  const long nc = SW_NCHUNKS(&x), len = x.stop - x.start;
+  sw_ck_tiles* c = &w->c;
+  for (long ci = 0; ci < nc; ++ci) {
+    const long s0 = ci * SW_C;
+    const int n = (int)SW_MIN((long)SW_C, len - s0);
+    sw_ck_load_qk(m, &x, s0, n, c, 1, SW_C, SW_CK_NEXT(&x, ci, nc));
+    const SW_T* P = w->Psum + ci * SW_C * SW_CP;
+    sw_ck_trmm(n, SW_KP, P, SW_CP, c->K, SW_KP, c->dQ, SW_KP, 0);
+    sw_ck_trmm_t(n, SW_KP, P, SW_CP, c->Q, SW_KP, c->dK, SW_KP, 0);
+    for (int i = 0; i < n; ++i) {
+      const long t = SW_AT(x.start, x.stop, s0 + i);
+      SW_T *dqt = qd + SW_QK(m, x.b, t, x.hq), *dkt = kd + SW_QK(m, x.b, t, x.hq);
+      for (int k = 0; k < SW_K; ++k) {
+        dqt[k] += c->dQ[(long)i * SW_KP + k];
+        dkt[k] += c->dK[(long)i * SW_KP + k];
+      }
+    }
+  }
+  w->use = 0;
+}
+
+/* dst[k] += src[k] for k < SW_K (a row of the caller's dq or dk, and of a tile). */
+SW_INLINE void sw_ck_add_row(SW_T* restrict dst, const SW_T* restrict src) {
+  int k = 0;
+  for (; k + SW_W <= SW_K; k += SW_W) sw_vstore(dst + k, sw_vload(dst + k) + sw_vload(src + k));
+  for (; k < SW_K; ++k) dst[k] += src[k];
+}
+
+/* Row i of the chunk into dg: the running sum r (in double, from the sequence's end) takes a_i - b_i, and
+ * dg_i = r (r - a_i for the bonus readout, whose q_i reads the state before step i's decay). */
+SW_INLINE void sw_ck_dg_row(SW_T* restrict dg, const sw_ck_tiles* c, int i, double* restrict r) {
+  const double *a = c->a + (long)i * SW_GW, *b = c->b + (long)i * SW_GW;
+  int k = 0;
+#if SW_KEYDECAY
+  for (; k + SW_W <= SW_K; k += SW_W) {
+    const sw_vd ak = sw_vdload(a + k), rk = sw_vdload(r + k) + (ak - sw_vdload(b + k));
+    memcpy(r + k, &rk, sizeof rk);
+    sw_vstore(dg + k, SW_TOV(SW_BONUS ? rk - ak : rk));
+  }
+#endif
+  for (; k < (SW_KEYDECAY ? SW_K : 1); ++k) {
+    r[k] += a[k] - b[k];
+    dg[k] = (SW_T)(SW_BONUS ? r[k] - a[k] : r[k]);
+  }
 }
 
 /* Head h of sequence row: dq and dk added into qd / kd (rows of the group hq), the rest written. */
@@ -253,26 +364,20 @@ static void sw_ck_bwd_head(const sw_ms* m, const sw_bgrads* gr, long row, long h
       const long s0 = ci * SW_C;
       const int n = (int)SW_MIN((long)SW_C, len - s0);
       sw_ck_load(m, &x, s0, n, c, gr->dout, 1, -SW_C, ci > 0 ? SW_C : 0);
+      c->QKsh = w->use ? w->QKall + ci * SW_C * SW_CP : NULL;
+      c->Psh = w->use ? w->Psum + ci * SW_C * SW_CP : NULL;
       sw_ck_backward(m, &x, c, n, every > 1 ? seg + (ci - c0) * SW_STATE : w->Sb + ci * SW_STATE, w->dS, du);
       for (int i = n - 1; i >= 0; --i) {
         const long t = SW_AT(x.start, x.stop, s0 + i);
-        SW_T *dqt = qd + SW_QK(m, x.b, t, x.hq), *dkt = kd + SW_QK(m, x.b, t, x.hq);
-        for (int k = 0; k < SW_K; ++k) {
-          dqt[k] += c->dQ[(long)i * SW_KP + k];
-          dkt[k] += c->dK[(long)i * SW_KP + k];
-        }
+        sw_ck_add_row(qd + SW_QK(m, x.b, t, x.hq), c->dQ + (long)i * SW_KP);
+        sw_ck_add_row(kd + SW_QK(m, x.b, t, x.hq), c->dK + (long)i * SW_KP);
         memcpy(gr->dv + SW_VO(m, x.b, t, x.h), c->dV + (long)i * SW_VP, sizeof(SW_T) * SW_V);
-        if (gr->dg && SW_DECAY) {
-          SW_T* dg = gr->dg + SW_G(m, x.b, t, x.h);
-          for (int k = 0; k < (SW_KEYDECAY ? SW_K : 1); ++k) {
-            const double a = c->a[(long)i * SW_GW + k];
-            r[k] += a - c->b[(long)i * SW_GW + k];
-            dg[k] = (SW_T)(SW_BONUS ? r[k] - a : r[k]);
-          }
-        }
+        if (gr->dg && SW_DECAY) sw_ck_dg_row(gr->dg + SW_G(m, x.b, t, x.h), c, i, r);
       }
     }
   }
+  c->QKsh = NULL;
+  c->Psh = NULL;
   if (gr->dh0)
     for (int k = 0; k < SW_K; ++k)
       memcpy(gr->dh0 + ((row * m->H + h) * SW_K + k) * SW_V, w->dS + (long)k * SW_VP, sizeof(SW_T) * SW_V);
