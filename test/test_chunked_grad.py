@@ -81,3 +81,31 @@ def test_float32_at_4096_steps_against_the_recurrent_backward(cpu, decay, readou
         scale = max(1.0, float(np.abs(r).max()))
         err = float(np.abs(got[n] - r).max()) / scale
         assert err < 2e-4, f"{n}: chunked and recurrent differ by {err:.2e} of max |{n}|"
+
+
+@pytest.mark.parametrize("decay,readout", [("key", "after"), ("scalar", "bonus")])
+def test_one_long_lane_on_two_threads_against_finite_differences(cpu, decay, readout):
+    """One lane and two threads: the backward runs parts of the lane from chunk-parallel carries (states forward,
+    adjoints in reverse), its decay gradient offset part by part; growth, resets and decays along the lane."""
+    rng = np.random.default_rng(31)
+    f = MatrixStateFeatures("float64", 5, 6, decay, readout, has_h0=True, has_dhlast=True)
+    a, sizes = operands(rng, f, 1, 60, 1, 1, kinds=("decay",))
+    shape = a["g"].shape
+    a["g"][0, :20] = rng.uniform(0.0, 0.02, shape[2:] if len(shape) > 3 else shape[2])
+    a["g"][0, 30:33] = -np.inf
+    o, h = loop_of(f, a)
+    do, dh = rng.normal(size=o.shape), rng.normal(size=h.shape)
+    grads = fused(cpu, f, {**a, "do": do, "dhlast": dh}, sizes, "backward", algorithm="chunked", chunk=7, threads=2)
+    eps = 1e-6
+    for name_in, grad in (("q", "dq"), ("k", "dk"), ("v", "dv"), ("g", "dg"), ("u", "du"), ("h0", "dh0")):
+        if name_in not in a:
+            continue
+        x = a[name_in]
+        direction = rng.normal(size=x.shape) * np.isfinite(x)
+        plus, minus = dict(a), dict(a)
+        with np.errstate(invalid="ignore"):
+            plus[name_in], minus[name_in] = x + eps * direction, x - eps * direction
+        numeric = (objective(f, plus, do, dh) - objective(f, minus, do, dh)) / (2 * eps)
+        analytic = float((np.where(np.isfinite(x), grads[grad], 0) * direction).sum())
+        assert abs(analytic - numeric) <= 1e-6 * max(1.0, abs(numeric)), \
+            f"{grad}: analytic {analytic:.10g}, finite differences {numeric:.10g}"

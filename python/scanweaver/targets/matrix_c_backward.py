@@ -60,7 +60,8 @@ static int sw_bws_alloc(sw_bws* w, const sw_ms* m) {
 static void sw_bws_free(sw_bws* w) { free(w->raw); }
 #define sw_bws_head(m, gr, row, b, start, stop, h, hq, qd, kd, w) \
   sw_bwd_head(m, gr, row, b, start, stop, h, hq, qd, kd, (w)->S, (w)->S + (long)SW_K * SW_VP)
-/* Nothing is shared by the heads of a unit (a q/k group's slice of heads). */
+/* Lanes are never cut into parts; nothing is shared by the heads of a unit (a q/k group's slice of heads). */
+#define sw_bws_split(m, gr, status) 0
 #define sw_bws_unit_begin(m, row, h0, h1, w) ((void)0)
 #define sw_bws_unit_end(m, row, h0, h1, qd, kd, w) ((void)0)
 #endif
@@ -199,6 +200,7 @@ static int sw_backward_run(const sw_ms* m, sw_bgrads* gr) {
   int status = SW_OK;
   const int nt = (int)SW_MIN((long)nth, base * P);
   (void)nt;
+  if (!sw_bws_split(m, gr, &status))
 #pragma omp parallel num_threads(nt)
   {
     sw_bws ws;

@@ -28,6 +28,8 @@ Entry: ``sw_forward_chunked(m, o, hlast)`` called by ``sw_matrix_state_forward``
 
 from __future__ import annotations
 
+from .matrix_c_chunked_parts import FORWARD_PARTS
+
 TILES = r"""
 /* ---- the diagonal family's chunks ---- */
 /* One lane: sequence row (batch index b, time range [start, stop)), head h and its q/k head hq. */
@@ -367,67 +369,9 @@ static void sw_ck_unit_forward(const sw_ms* m, long row, long h0, long h1, long 
   }
 }
 
-/* Few lanes for the threads: each lane cut into P parts of whole chunks (see the module notes). */
-static int sw_ck_forward_split(const sw_ms* m, SW_T* o, SW_T* hlast, long lanes, long P, int nth) {
-  void *raw_st, *raw_gs;
-  SW_T* st = (SW_T*)sw_alloc(sizeof(SW_T) * (size_t)(2 * lanes * P * SW_STATE), &raw_st);
-  double* gs = (double*)sw_alloc(sizeof(double) * (size_t)(lanes * P * SW_GW), &raw_gs);
-  if (!st || !gs) {
-    free(raw_st);
-    free(raw_gs);
-    return SW_ENOMEM;
-  }
-  memset(gs, 0, sizeof(double) * (size_t)(lanes * P * SW_GW));
-  SW_T *agg = st, *carry = st + lanes * P * SW_STATE;
-  int status = SW_OK;
-  (void)nth;
-#pragma omp parallel num_threads(nth)
-  {
-    void* raw;
-    sw_ck_tiles c;
-    const int ok = sw_ck_alloc(&c, &raw, 0, NULL) == SW_OK;
-    if (!ok) {
-#pragma omp atomic write
-      status = SW_ENOMEM;
-    }
-#pragma omp for schedule(static)
-    for (long w = 0; w < lanes * P; ++w) {
-      const long it = w / P, p = w % P;
-      const sw_lane x = sw_lane_at(m, it / m->H, it % m->H);
-      const long nc = SW_NCHUNKS(&x);
-      memset(agg + w * SW_STATE, 0, sizeof(SW_T) * SW_STATE);
-      if (ok && p + 1 < P)
-        sw_ck_unit_forward(m, x.row, x.h, x.h + 1, p * nc / P, (p + 1) * nc / P, &c, agg + w * SW_STATE, NULL,
-                           gs + w * SW_GW);
-    }
-#pragma omp for schedule(static)
-    for (long it = 0; it < lanes; ++it) {
-      const sw_lane x = sw_lane_at(m, it / m->H, it % m->H);
-      SW_T* cw = carry + it * P * SW_STATE;
-      sw_ck_state_in(m, &x, SW_HAS_H0 ? m->h0 : NULL, cw);
-      for (long p = 0; p + 1 < P; ++p) {
-        double* d = gs + (it * P + p) * SW_GW;
-        for (int k = 0; k < SW_GW; ++k) d[k] = exp(d[k]);
-        memcpy(cw + (p + 1) * SW_STATE, cw + p * SW_STATE, sizeof(SW_T) * SW_STATE);
-        sw_ck_carry(cw + (p + 1) * SW_STATE, agg + (it * P + p) * SW_STATE, d, SW_KEYDECAY, SW_VP, SW_VP);
-      }
-    }
-#pragma omp for schedule(static)
-    for (long w = 0; w < lanes * P; ++w) {
-      const long it = w / P, p = w % P;
-      const sw_lane x = sw_lane_at(m, it / m->H, it % m->H);
-      const long nc = SW_NCHUNKS(&x);
-      if (ok) sw_ck_unit_forward(m, x.row, x.h, x.h + 1, p * nc / P, (p + 1) * nc / P, &c, carry + w * SW_STATE, o,
-                                 NULL);
-      if (p + 1 == P) sw_ck_state_out(m, &x, carry + w * SW_STATE, hlast);
-    }
-    if (ok) free(raw);
-  }
-  free(raw_st);
-  free(raw_gs);
-  return status;
-}
+"""
 
+DRIVER = r"""
 static int sw_forward_chunked(const sw_ms* m, SW_T* o, SW_T* hlast) {
   const long lanes = m->nseq * m->H, groups = m->nseq * m->Hq, grp = m->H / m->Hq;
   const int nth = sw_threads();
@@ -476,5 +420,5 @@ static int sw_forward_chunked(const sw_ms* m, SW_T* o, SW_T* hlast) {
 }
 """
 
-#: The chunked forward's C text: the family's tiles and chunk pieces, then the forward itself.
-CHUNKED = TILES + FORWARD
+#: The chunked forward's C text: the family's tiles and chunk pieces, the parts of lanes, then the forward itself.
+CHUNKED = TILES + FORWARD + FORWARD_PARTS + DRIVER

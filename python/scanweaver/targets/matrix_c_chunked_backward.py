@@ -31,6 +31,8 @@ per-head function.
 
 from __future__ import annotations
 
+from .matrix_c_chunked_parts import BACKWARD_PARTS
+
 BACKWARD = r"""
 /* Bytes of chunk-boundary states one thread keeps before it checkpoints (sw_ck_bwd_head). */
 #define SW_CK_STATE_BUDGET (64L << 20)
@@ -313,78 +315,87 @@ SW_INLINE void sw_ck_dg_row(SW_T* restrict dg, const sw_ck_tiles* c, int i, doub
   }
 }
 
-/* Head h of sequence row: dq and dk added into qd / kd (rows of the group hq), the rest written. */
-static void sw_ck_bwd_head(const sw_ms* m, const sw_bgrads* gr, long row, long h, SW_T* qd, SW_T* kd, sw_bws* w) {
-  const sw_lane x = sw_lane_at(m, row, h);
+/* The backward of chunks [c0, c1) of lane x from Sin (the state at chunk c0's start) and w->dS (the adjoint of the
+ * state at chunk c1's end): dq and dk added into qd / kd, dv written, each step's dg the running sum w->r (per key,
+ * in double) continued from c1's end, du added into w->du; leaves the adjoint at c0's start in w->dS.  with_c: the
+ * range ends the lane, and w->r first takes the rows of dhlast o hlast. */
+static void sw_ck_bwd_range(const sw_ms* m, const sw_bgrads* gr, const sw_lane* x, long c0, long c1, const SW_T* Sin,
+                            int with_c, SW_T* qd, SW_T* kd, sw_bws* w) {
   sw_ck_tiles* c = &w->c;
-  const long nc = SW_NCHUNKS(&x), len = x.stop - x.start;
+  const long nc = c1 - c0, len = x->stop - x->start;
   long every = 1;
   while (nc > w->nsb && (nc + every - 1) / every + every > w->nsb) ++every;
   const long ncp = (nc + every - 1) / every;
   SW_T* seg = w->Sb + (every > 1 ? ncp : 0) * SW_STATE;
   /* 1: the chunk-boundary states (every chunk's, or every `every`-th as checkpoints) */
-  sw_ck_state_in(m, &x, SW_HAS_H0 ? m->h0 : NULL, w->S);
-  for (long ci = 0; ci < nc; ++ci) {
-    if (ci % every == 0) memcpy(w->Sb + ci / every * SW_STATE, w->S, sizeof(SW_T) * SW_STATE);
+  if (Sin != w->S) memcpy(w->S, Sin, sizeof(SW_T) * SW_STATE);
+  for (long ci = c0; ci < c1; ++ci) {
+    if ((ci - c0) % every == 0) memcpy(w->Sb + (ci - c0) / every * SW_STATE, w->S, sizeof(SW_T) * SW_STATE);
     const int n = (int)SW_MIN((long)SW_C, len - ci * SW_C);
-    sw_ck_load(m, &x, ci * SW_C, n, c, NULL, 0, SW_C, SW_CK_NEXT(&x, ci, nc));
-    sw_ck_forward(m, &x, c, n, w->S, NULL, 0);
+    sw_ck_load(m, x, ci * SW_C, n, c, NULL, 0, SW_C, SW_CK_NEXT(x, ci, c1));
+    sw_ck_forward(m, x, c, n, w->S, NULL, 0);
   }
-  /* hlast's share of the decay gradient, then the adjoint from dhlast */
   double *r = w->r, *du = w->du;
-  for (int k = 0; k < SW_GW; ++k) r[k] = 0;
-  for (int k = 0; k < SW_K; ++k) du[k] = 0;
-  for (int k = 0; k < SW_K; ++k) {
-    SW_T* gk = w->dS + (long)k * SW_VP;
-    if (SW_HAS_DHLAST && gr->dhlast) {
-      const SW_T* src = gr->dhlast + ((row * m->H + h) * SW_K + k) * SW_V;
-      sw_copy_pad(gk, src, SW_V, SW_VP);
-      double s = 0;
-      for (int j = 0; j < SW_V; ++j) s += (double)src[j] * w->S[(long)k * SW_VP + j];
-      r[SW_KEYDECAY ? k : 0] += s;
-    } else {
-      memset(gk, 0, sizeof(SW_T) * SW_VP);
+  if (with_c && SW_HAS_DHLAST && gr->dhlast)  /* hlast's share of the decay gradient */
+    for (int k = 0; k < SW_K; ++k) {
+      const SW_T* src = gr->dhlast + ((x->row * m->H + x->h) * SW_K + k) * SW_V;
+      double sum = 0;
+      for (int j = 0; j < SW_V; ++j) sum += (double)src[j] * w->S[(long)k * SW_VP + j];
+      r[SW_KEYDECAY ? k : 0] += sum;
     }
-  }
   /* 2: reverse pass, one segment of `every` chunks at a time */
   for (long sg = ncp - 1; sg >= 0; --sg) {
-    const long c0 = sg * every, c1 = SW_MIN(nc, c0 + every);
+    const long s0c = c0 + sg * every, s1c = SW_MIN(c1, s0c + every);
     if (every > 1) {
       memcpy(w->S, w->Sb + sg * SW_STATE, sizeof(SW_T) * SW_STATE);
-      for (long ci = c0; ci < c1; ++ci) {
-        memcpy(seg + (ci - c0) * SW_STATE, w->S, sizeof(SW_T) * SW_STATE);
-        if (ci + 1 < c1) {
+      for (long ci = s0c; ci < s1c; ++ci) {
+        memcpy(seg + (ci - s0c) * SW_STATE, w->S, sizeof(SW_T) * SW_STATE);
+        if (ci + 1 < s1c) {
           const int n = (int)SW_MIN((long)SW_C, len - ci * SW_C);
-          sw_ck_load(m, &x, ci * SW_C, n, c, NULL, 0, 0, 0);
-          sw_ck_forward(m, &x, c, n, w->S, NULL, 0);
+          sw_ck_load(m, x, ci * SW_C, n, c, NULL, 0, 0, 0);
+          sw_ck_forward(m, x, c, n, w->S, NULL, 0);
         }
       }
     }
-    for (long ci = c1 - 1; ci >= c0; --ci) {
+    for (long ci = s1c - 1; ci >= s0c; --ci) {
       const long s0 = ci * SW_C;
       const int n = (int)SW_MIN((long)SW_C, len - s0);
-      sw_ck_load(m, &x, s0, n, c, gr->dout, 1, -SW_C, ci > 0 ? SW_C : 0);
+      sw_ck_load(m, x, s0, n, c, gr->dout, 1, -SW_C, ci > c0 ? SW_C : 0);
       c->QKsh = w->use ? w->QKall + ci * SW_C * SW_CP : NULL;
       c->Psh = w->use ? w->Psum + ci * SW_C * SW_CP : NULL;
-      sw_ck_backward(m, &x, c, n, every > 1 ? seg + (ci - c0) * SW_STATE : w->Sb + ci * SW_STATE, w->dS, du);
+      sw_ck_backward(m, x, c, n, every > 1 ? seg + (ci - s0c) * SW_STATE : w->Sb + (ci - c0) * SW_STATE, w->dS, du);
       for (int i = n - 1; i >= 0; --i) {
-        const long t = SW_AT(x.start, x.stop, s0 + i);
-        sw_ck_add_row(qd + SW_QK(m, x.b, t, x.hq), c->dQ + (long)i * SW_KP);
-        sw_ck_add_row(kd + SW_QK(m, x.b, t, x.hq), c->dK + (long)i * SW_KP);
-        memcpy(gr->dv + SW_VO(m, x.b, t, x.h), c->dV + (long)i * SW_VP, sizeof(SW_T) * SW_V);
-        if (gr->dg && SW_DECAY) sw_ck_dg_row(gr->dg + SW_G(m, x.b, t, x.h), c, i, r);
+        const long t = SW_AT(x->start, x->stop, s0 + i);
+        sw_ck_add_row(qd + SW_QK(m, x->b, t, x->hq), c->dQ + (long)i * SW_KP);
+        sw_ck_add_row(kd + SW_QK(m, x->b, t, x->hq), c->dK + (long)i * SW_KP);
+        memcpy(gr->dv + SW_VO(m, x->b, t, x->h), c->dV + (long)i * SW_VP, sizeof(SW_T) * SW_V);
+        if (gr->dg && SW_DECAY) sw_ck_dg_row(gr->dg + SW_G(m, x->b, t, x->h), c, i, r);
       }
     }
   }
   c->QKsh = NULL;
   c->Psh = NULL;
-  if (gr->dh0)
-    for (int k = 0; k < SW_K; ++k)
-      memcpy(gr->dh0 + ((row * m->H + h) * SW_K + k) * SW_V, w->dS + (long)k * SW_VP, sizeof(SW_T) * SW_V);
+}
+
+/* The lane's adjoint (K rows of SW_VP) into / out of a (nseq, H, K, V) array (NULL: zeros in). */
+static void sw_ck_adj_in(const sw_ms* m, const sw_lane* x, const SW_T* src, SW_T* dS) {
+  sw_ck_state_in(m, x, SW_HAS_DHLAST ? src : NULL, dS);
+}
+
+/* Head h of sequence row: dq and dk added into qd / kd (rows of the group hq), the rest written. */
+static void sw_ck_bwd_head(const sw_ms* m, const sw_bgrads* gr, long row, long h, SW_T* qd, SW_T* kd, sw_bws* w) {
+  const sw_lane x = sw_lane_at(m, row, h);
+  for (int k = 0; k < SW_GW; ++k) w->r[k] = 0;
+  for (int k = 0; k < SW_K; ++k) w->du[k] = 0;
+  sw_ck_state_in(m, &x, SW_HAS_H0 ? m->h0 : NULL, w->S);
+  sw_ck_adj_in(m, &x, gr->dhlast, w->dS);
+  sw_ck_bwd_range(m, gr, &x, 0, SW_NCHUNKS(&x), w->S, 1, qd, kd, w);
+  sw_ck_state_out(m, &x, w->dS, gr->dh0);
   if (SW_BONUS && gr->du_part)
-    for (int k = 0; k < SW_K; ++k) gr->du_part[(row * m->H + h) * SW_K + k] = (SW_T)du[k];
+    for (int k = 0; k < SW_K; ++k) gr->du_part[(row * m->H + h) * SW_K + k] = (SW_T)w->du[k];
 }
 
 #define sw_bws_head(m, gr, row, b, start, stop, h, hq, qd, kd, w) sw_ck_bwd_head(m, gr, row, h, qd, kd, w)
+""" + BACKWARD_PARTS + r"""
 #endif
 """
