@@ -137,16 +137,18 @@ def _between(value, lo: int, hi: int) -> str | None:
     return None if lo <= value <= hi else f"it must be between {lo} and {hi}"
 
 
-#: The algorithms of the CPU forward: the fused recurrence, or the chunked (matmul) form.
+#: The longest chunk of the chunked form: its scratch holds a few chunk x chunk tiles per thread (4 MiB each at
+#: 1024 in float32), and its intra-chunk work grows with the chunk's square.
+MAX_CHUNK = 1024
+#: The algorithms of the CPU kernels: the fused recurrence, or the chunked (matmul) form.
 ALGORITHMS = ("recurrent", "chunked")
 #: The CPU (C) kernels' tunables.
 C_TUNABLES = (
     Tunable("algorithm", "recurrent", ALGORITHMS, "forward algorithm: the fused recurrence (the default: faster "
             "or level at every shape measured, bench/linear_rnn.py) or the chunked matmul form",
             lambda v: None if v in ALGORITHMS else f"it must be one of {', '.join(ALGORITHMS)}"),
-    Tunable("chunk", 64, (16, 32, 64, 128), "time steps per chunk of the chunked form",
-            lambda v: None if isinstance(v, int) and v % 8 == 0 and 8 <= v <= 256 else
-            "it must be a multiple of 8 between 8 and 256"),
+    Tunable("chunk", 64, (16, 32, 48, 64, 96, 128), "time steps per chunk of the chunked form (any length from 1 "
+            f"to {MAX_CHUNK}; results do not depend on it)", lambda v: _between(v, 1, MAX_CHUNK)),
     Tunable("block_v", 32, (16, 32, 64, 128), "value columns of the state per block (work item) of the recurrent form",
             lambda v: power_of_two(v) or _between(v, 4, 512)),
     Tunable("width", 8, (4, 8, 16), "lanes per vector; the default follows the CPU's vectors",

@@ -10,8 +10,10 @@ independent in the forward, so blocks of columns are threads' work as much as
 heads are.  When (sequence, head, block) items are fewer than the threads,
 each sequence is cut into parts in scan order: the parts but the last run
 from a zero state to their aggregate (end state and summed log decays, a
-scalar or a K-vector), the carries are chained ``C_{p+1} = exp(G_p) C_p + E_p``,
-and every part reruns from its carry writing o.
+scalar or a K-vector), the carries are chained ``C_{p+1} = exp(G_p) C_p + E_p``
+(in double, and ``E_p`` where ``C_p`` is 0, so that a part whose decays
+overflow never multiplies ``inf`` by a zero carry), and every part reruns from
+its carry writing o.
 
 Entry point (ABI order of :meth:`~scanweaver.fused.matrix_state.MatrixState.params`)::
 
@@ -231,10 +233,14 @@ static int sw_rec_split(const sw_ms* m, SW_T* o, SW_T* hlast, long items, long P
         const double* gp = gs + (it * P + p) * SW_KP;
         const SW_T* e = agg + (it * P + p) * SW_TILE;
         SW_T* nx = c + (p + 1) * SW_TILE;
+        /* C_{p+1} = exp(G_p) C_p + E_p in double; where C_p is 0 it is E_p: a part whose decays multiply to more
+         * than the type holds never multiplies inf by a zero carry (a zero prefix of a growing sequence) */
         for (int k = 0; k < SW_K; ++k) {
-          const SW_T dk = SW_DECAY == 2 ? (SW_T)exp(gp[k]) : SW_DECAY == 1 ? (SW_T)exp(gp[0]) : (SW_T)1;
-          for (int j = 0; j < SW_CB; ++j)
-            nx[k * SW_CB + j] = dk * c[p * SW_TILE + k * SW_CB + j] + e[k * SW_CB + j];
+          const double dk = SW_DECAY == 2 ? exp(gp[k]) : SW_DECAY == 1 ? exp(gp[0]) : 1.0;
+          for (int j = 0; j < SW_CB; ++j) {
+            const SW_T cj = c[p * SW_TILE + k * SW_CB + j], ej = e[k * SW_CB + j];
+            nx[k * SW_CB + j] = cj == 0 ? ej : (SW_T)(dk * (double)cj + (double)ej);
+          }
         }
       }
     }
