@@ -1,12 +1,11 @@
 """The chunked (WY / UT transform) forward of the fused ``delta_rule`` op on the cpu backend against the float64 loops
 of the recurrences (``delta_family.loop``: one matrix product per step, written from the models' formulas).
 
-DeltaNet, Gated DeltaNet and KDA run the chunked form; RWKV-7 (the ``dplr`` form) runs the recurrence under
-``algorithm="chunked"`` and is held to the same loops.  Cases: odd lengths, T = 1, lengths that straddle the chunks
-and equal them, packed sequences with an empty one, h0, grouped value heads, L2 normalisation, beta in [0, 2]
-(negative eigenvalues), log decays near 0 of both signs (a chunk that grows runs the recurrence itself), strong
-decays (chunks beyond the product form's range), exact resets (-inf), float32 at realistic K and V, half storage,
-and the public operations with ``algorithm="chunked"``.
+DeltaNet, Gated DeltaNet, KDA (the ``delta`` form) and RWKV-7 (the ``dplr`` form).  Cases: odd lengths, T = 1,
+lengths that straddle the chunks and equal them, packed sequences with an empty one, h0, grouped value heads, L2
+normalisation, beta in [0, 2] (negative eigenvalues), log decays near 0 of both signs (a chunk that grows runs the
+recurrence itself), strong decays (chunks beyond the product form's range), exact resets (-inf), float32 at
+realistic K and V, half storage, and the public operations with ``algorithm="chunked"``.
 """
 
 from __future__ import annotations
@@ -66,7 +65,7 @@ def test_float64_matches_the_loop(cpu, family, case):
     np.testing.assert_allclose(h, want_h, rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.parametrize("family", ["gated", "kda"])
+@pytest.mark.parametrize("family", ["gated", "kda", "rwkv7"])
 def test_log_decays_near_zero_of_both_signs(cpu, family):
     """Chunks with a positive log decay grow: they run the recurrence; the others the product form."""
     rng = np.random.default_rng(3)
@@ -80,7 +79,7 @@ def test_log_decays_near_zero_of_both_signs(cpu, family):
     np.testing.assert_allclose(h, want_h, rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.parametrize("family", ["gated", "kda"])
+@pytest.mark.parametrize("family", ["gated", "kda", "rwkv7"])
 def test_strong_decays_and_resets(cpu, family):
     """Log decays down to -30 per step (a chunk's sums far beyond the product form's range: sub-blocks and
     entries) and exact resets (-inf), one of them at a chunk's first step."""
@@ -96,7 +95,8 @@ def test_strong_decays_and_resets(cpu, family):
 
 @pytest.mark.parametrize("family,K,V,lo,hi,chunk", [
     ("deltanet", 64, 64, -1.0, -0.1, 64), ("gated", 128, 128, -20.0, -1e-4, 64), ("gated", 64, 48, -0.05, -1e-6, 32),
-    ("kda", 64, 128, -20.0, -1e-4, 64), ("kda", 128, 64, -0.5, -1e-4, 16), ("rwkv7", 64, 64, -8.0, -1e-3, 64)])
+    ("kda", 64, 128, -20.0, -1e-4, 64), ("kda", 128, 64, -0.5, -1e-4, 16), ("rwkv7", 64, 64, -8.0, -1e-3, 64),
+    ("rwkv7", 128, 32, -20.0, -1e-4, 32)])
 def test_float32_at_realistic_sizes(cpu, family, K, V, lo, hi, chunk):
     rng = np.random.default_rng(K + V + chunk)
     f, a, sizes = problem(rng, family, batch=1, T=157, H=2, Hq=1, K=K, V=V, lo=lo, hi=hi, dtype="float32",
@@ -111,11 +111,11 @@ def test_float32_at_realistic_sizes(cpu, family, K, V, lo, hi, chunk):
     np.testing.assert_allclose(h, want_h, atol=5e-5 * np.abs(want_h).max(), rtol=0)
 
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_half_storage_accumulates_in_float32(cpu, dtype):
+@pytest.mark.parametrize("dtype,family", [("float16", "gated"), ("bfloat16", "gated"), ("bfloat16", "rwkv7")])
+def test_half_storage_accumulates_in_float32(cpu, dtype, family):
     rng = np.random.default_rng(5)
-    f, a, sizes = problem(rng, "gated", batch=1, T=40, H=2, K=32, V=48, dtype=dtype)
-    want_o, want_h = loop("gated", a)
+    f, a, sizes = problem(rng, family, batch=1, T=40, H=2, K=32, V=48, dtype=dtype)
+    want_o, want_h = loop(family, a)
     o, h = run(cpu, f, a, sizes, chunk=16)
     assert o.dtype.name == dtype and h.dtype == np.float32
     ulp = {"float16": 2.0 ** -10, "bfloat16": 2.0 ** -7}[dtype]
@@ -123,9 +123,10 @@ def test_half_storage_accumulates_in_float32(cpu, dtype):
     np.testing.assert_allclose(h, want_h, atol=5e-5 * np.abs(want_h).max(), rtol=0)
 
 
-def test_results_do_not_depend_on_the_chunk(cpu):
+@pytest.mark.parametrize("family", ["kda", "rwkv7"])
+def test_results_do_not_depend_on_the_chunk(cpu, family):
     rng = np.random.default_rng(6)
-    f, a, sizes = problem(rng, "kda", batch=1, T=45, K=16, V=24)
+    f, a, sizes = problem(rng, family, batch=1, T=45, K=16, V=24)
     outs = [run(cpu, f, a, sizes, chunk=c) for c in (1, 7, 16, 45, 64)]
     for o, h in outs[1:]:
         np.testing.assert_allclose(o, outs[0][0], rtol=1e-11, atol=1e-11)

@@ -55,7 +55,7 @@ from its checkpoint in the reverse sweep.
 every kernel is checked against (the backward against finite differences in
 the tests).  The C kernels have the tunable ``algorithm``: ``recurrent``, or
 ``chunked``, the WY (UT transform) form of the forward on chunks of ``chunk``
-steps (``delta`` form; ``dplr`` and the backward stay recurrent).
+steps (both forms; the backward stays recurrent).
 
 Example:
     >>> import numpy as np
@@ -145,8 +145,8 @@ def storage(name: str) -> np.dtype:
 ALGORITHMS = ("recurrent", "chunked")
 #: The CPU (C) kernels' tunables.
 C_TUNABLES = (
-    Tunable("algorithm", "recurrent", ALGORITHMS, "forward algorithm: the fused recurrence, or the chunked WY form "
-            "(delta form only; RWKV-7 and the backward run the recurrence)",
+    Tunable("algorithm", "recurrent", ALGORITHMS, "forward algorithm: the fused recurrence (the default: faster or "
+            "level at the shapes of bench/delta_chunked.py) or the chunked WY form (the backward runs the recurrence)",
             lambda v: None if v in ALGORITHMS else f"it must be one of {', '.join(ALGORITHMS)}"),
     Tunable("chunk", 64, (16, 32, 64, 128), "time steps per chunk of the chunked form (any length from 1 to "
             f"{MAX_CHUNK}; results do not depend on it)", lambda v: _between(v, 1, MAX_CHUNK)),

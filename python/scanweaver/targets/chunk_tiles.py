@@ -5,7 +5,7 @@ decays, the C x C products, the backward's gradients; ``sw_ck_alloc``), the
 recurrent form's decay of one step (``sw_ck_step_decay``), and the factors of
 a chunk's prefix applied to tiles: ``sw_ck_last`` (``e^{G_last}``),
 ``sw_ck_scale_q`` / ``sw_ck_qs`` (rows times ``e^{Gq}`` from the chunk's
-start), ``sw_ck_kd`` (``K o e^{G_last - Gk}`` to its end) and
+start), ``sw_ck_scale_k`` / ``sw_ck_kd`` (``K o e^{G_last - Gk}`` to its end) and
 ``sw_ck_decay_state``.  Every factor is 0 across a reset and has a
 non-positive exponent, or one within ``SW_RANGE`` on a plain chunk.  The
 diagonal family (:mod:`.matrix_c_chunked`) and the delta-rule family's WY form
@@ -139,35 +139,38 @@ static void sw_ck_scale_q(sw_ck_tiles* c, const SW_T* X, SW_T* Y) {
 /* Qs = Q o e^{Gq}. */
 static void sw_ck_qs(sw_ck_tiles* c) { sw_ck_scale_q(c, c->Q, c->Qs); }
 
-/* Kd = K o e^{G_last - Gk} (rows to the chunk's end); reuse: from the plain intra's yr = K o e^{-Gk}. */
-static void sw_ck_kd(sw_ck_tiles* c, int reuse) {
+/* Y = X o e^{G_last - Gk} (rows to the chunk's end; Y and X apart); reuse: from the plain intra's yr = X o e^{-Gk}. */
+static void sw_ck_scale_k(sw_ck_tiles* c, const SW_T* X, SW_T* Y, int reuse) {
   const sw_ck_dec* d = &c->d;
   const int l = d->n - 1;
 #if SW_KEYDECAY
   if (reuse) {
-    sw_ck_scale_rows(c->s.yr, c->el, 0, c->Kd, d->n);
+    sw_ck_scale_rows(c->s.yr, c->el, 0, Y, d->n);
     return;
   }
   if (d->plain) {  /* e^{G_last} e^{-Gk}: both normal numbers */
     for (int j = 0; j < d->n; ++j)
       for (int k = 0; k < SW_KP; k += SW_W)
-        sw_vstore(c->Kd + (long)j * SW_KP + k, sw_vload(c->K + (long)j * SW_KP + k) *
+        sw_vstore(Y + (long)j * SW_KP + k, sw_vload(X + (long)j * SW_KP + k) *
                                                  sw_vload(SW_GAT(d->Ei, j) + k) * sw_vload(c->el + k));
     return;
   }
   for (int j = 0; j < d->n; ++j)
     sw_ck_fac(SW_GAT(d->Gk, j), SW_GAT(d->Nk, j), SW_GAT(d->Gk, l), SW_GAT(d->Nk, l), -1.0,
-              c->Kd + (long)j * SW_KP, SW_KP);
-  sw_ck_scale_rows(c->K, c->Kd, SW_KP, c->Kd, d->n);
+              Y + (long)j * SW_KP, SW_KP);
+  sw_ck_scale_rows(X, Y, SW_KP, Y, d->n);
 #else
   (void)reuse;
   if (d->plain)
     for (int j = 0; j < d->n; j += SW_W) sw_vstore(c->s.tmp + j, sw_vload(d->Ei + j) * c->el[0]);
   else
     sw_ck_fac_b(d->Gk, d->Nk, d->Gk[l], d->Nk[l], -1.0, c->s.tmp, d->n);
-  sw_ck_scale_by(c->K, SW_KP, c->s.tmp, c->Kd, d->n, SW_KP);
+  sw_ck_scale_by(X, SW_KP, c->s.tmp, Y, d->n, SW_KP);
 #endif
 }
+
+/* Kd = K o e^{G_last - Gk}. */
+static void sw_ck_kd(sw_ck_tiles* c, int reuse) { sw_ck_scale_k(c, c->K, c->Kd, reuse); }
 
 /* S = e^{G_last} o S (rows of the state by their key's factor, or all by one). */
 static void sw_ck_decay_state(const sw_ck_tiles* c, SW_T* S) {

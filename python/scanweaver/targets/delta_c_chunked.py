@@ -22,9 +22,14 @@ decay of ``-inf`` is an exact reset; a chunk with a positive (or NaN) log
 decay runs the recurrence itself (:c:func:`sw_wy_recurrent`), so growth is
 computed as the recurrence defines it.  Work items are the lanes, over the
 threads (a long lane is not split: the chunk's transition is dense, K x K).
-The ``dplr`` form (RWKV-7) and the backward stay recurrent.
 
-Entry: ``sw_forward_chunked(m, o, hlast)`` called by ``sw_delta_rule_forward`` when ``SW_CHUNKED``.
+The ``dplr`` form (RWKV-7, :c:func:`sw_dplr_chunk`) solves for ``w_i = S_{i-1}^T
+a_i`` the same way, with the q-side prefix one step back (``G_{i-1}``, the
+engine's shift of RWKV-6's bonus readout) for the strict products of a, then
+reads out and carries both W (through b) and V (through k).  The backward
+stays recurrent.
+
+Entry: ``sw_forward_chunked(m, o, hlast)``, called by ``sw_delta_rule_forward`` when ``SW_CHUNKED``.
 
 Example:
     >>> from scanweaver.targets.delta_c_chunked import WY
@@ -37,7 +42,7 @@ from __future__ import annotations
 WY = r"""
 /* ---- the delta rule's chunks (WY form) ---- */
 /* Steps [t0, t0 + n) of value head h (q/k head hq) of batch b into the tiles: q and k (normalised), v, the log
- * decays, beta. */
+ * decays, beta (delta) or the rows of a and b (dplr: in the tiles dQ and dK, unused by the forward). */
 static void sw_wy_load(const sw_dr* m, long b, long h, long hq, long t0, int n, sw_ck_tiles* c) {
   for (int i = 0; i < n; ++i) {
     const long t = t0 + i;
@@ -56,10 +61,16 @@ static void sw_wy_load(const sw_dr* m, long b, long h, long hq, long t0, int n, 
 #else
     c->G[i] = 0;
 #endif
+#if SW_DPLR
+    sw_load_row(c->dQ + (long)i * SW_KP, m->a + SW_HK(m, b, t, h), SW_K, SW_KP);
+    sw_load_row(c->dK + (long)i * SW_KP, m->b + SW_HK(m, b, t, h), SW_K, SW_KP);
+#else
     c->bt[i] = sw_in(m->beta[SW_BT(m, b, t, h)]);
+#endif
   }
 }
 
+#if !SW_DPLR
 /* The recurrence itself over the chunk's n steps from S (a chunk that grows): the new values u in dV, o rows in O. */
 static void sw_wy_recurrent(sw_ck_tiles* c, int n, SW_T* S) {
   SW_T* d = c->s.tmp;
@@ -93,29 +104,28 @@ static void sw_wy_recurrent(sw_ck_tiles* c, int n, SW_T* S) {
     }
   }
 }
+#endif
 
-/* A (masked, rows SW_CP apart) = X K^T o Gamma, j < i with strict (X = K), j <= i otherwise (X = Q).  For a decay
- * per head (or none) K^T is transposed into s.yt when kt (the first call of a chunk) and reused after.  Returns 1
- * when the plain key intra left X o e^{G} (s.xr) and K o e^{-G} (s.yr) behind. */
-static int sw_wy_intra(sw_ck_tiles* c, const SW_T* X, int strict, SW_T* A, int kt) {
+/* A (masked, rows SW_CP apart) = X Y^T o Gamma, j < i with strict, j <= i otherwise.  For a decay per head (or
+ * none) Y^T is transposed into s.yt when fresh and reused otherwise.  Returns 1 when the plain key intra left
+ * X o e^{Gq} (s.xr) and Y o e^{-Gk} (s.yr) behind. */
+static int sw_wy_intra(sw_ck_tiles* c, const SW_T* X, const SW_T* Y, int strict, SW_T* A, int fresh) {
   const int n = c->d.n;
 #if SW_KEYDECAY
-  (void)kt;
-  sw_ck_intra_key(&c->d, X, c->K, strict, A, &c->s);
+  (void)fresh, (void)n;
+  sw_ck_intra_key(&c->d, X, Y, strict, A, &c->s);
   return c->d.plain;
 #else
-  if (kt) sw_ck_transpose(c->K, SW_KP, n, SW_K, c->s.yt, SW_CP, SW_RUP(n));
+  if (fresh) sw_ck_transpose(Y, SW_KP, n, SW_K, c->s.yt, SW_CP, SW_RUP(n));
   sw_ck_lower_prod(n, SW_K, X, SW_KP, c->s.yt, SW_CP, c->QK);
   sw_ck_weights(&c->d, c->QK, A, strict, &c->s);
   return 0;
 #endif
 }
 
-/* U (in place of R, n rows of SW_VP) with U_i = beta_i (R_i - sum_{j<i} N_ij U_j), N strictly lower (negated here):
+/* U (in place of R, n rows of SW_VP) with U_i = beta_i (R_i + sum_{j<i} N_ij U_j) (beta NULL: 1), N strictly lower:
  * blocks of SW_MR rows, the earlier rows by one product, the block's own rows one by one. */
-static void sw_wy_solve(SW_T* N, const SW_T* beta, SW_T* U, int n) {
-  for (int i = 1; i < n; ++i)
-    for (int j = 0; j < i; ++j) N[(long)i * SW_CP + j] = -N[(long)i * SW_CP + j];
+static void sw_wy_solve(const SW_T* N, const SW_T* beta, SW_T* U, int n) {
   for (int i0 = 0; i0 < n; i0 += SW_MR) {
     const int i1 = SW_MIN(n, i0 + SW_MR);
     if (i0) sw_gemm(i1 - i0, SW_VP, i0, N + (long)i0 * SW_CP, SW_CP, 1, U, SW_VP, U + (long)i0 * SW_VP, SW_VP, 1);
@@ -126,11 +136,13 @@ static void sw_wy_solve(SW_T* N, const SW_T* beta, SW_T* U, int n) {
         const SW_T* uj = U + (long)j * SW_VP;
         for (int c = 0; c < SW_VP; c += SW_W) sw_vstore(ui + c, sw_vload(ui + c) + a * sw_vload(uj + c));
       }
-      for (int c = 0; c < SW_VP; c += SW_W) sw_vstore(ui + c, beta[i] * sw_vload(ui + c));
+      if (beta)
+        for (int c = 0; c < SW_VP; c += SW_W) sw_vstore(ui + c, beta[i] * sw_vload(ui + c));
     }
   }
 }
 
+#if !SW_DPLR
 /* One chunk of n steps (loaded in c) from the state S (updated); o rows into c->O. */
 static void sw_wy_chunk(sw_ck_tiles* c, int n, SW_T* S) {
   sw_ck_prefix(&c->d, c->G, n);
@@ -139,12 +151,14 @@ static void sw_wy_chunk(sw_ck_tiles* c, int n, SW_T* S) {
     return;
   }
   sw_ck_last(c);
-  sw_wy_intra(c, c->K, 1, c->dA, 1);
+  sw_wy_intra(c, c->K, c->K, 1, c->dA, 1);
+  for (int i = 1; i < n; ++i)  /* N = -(K K^T o Gamma) */
+    for (int j = 0; j < i; ++j) c->dA[(long)i * SW_CP + j] = -c->dA[(long)i * SW_CP + j];
   sw_ck_scale_q(c, c->K, c->Kd);  /* R = V - (K o e^{G}) S_0 into dV */
   sw_gemm(n, SW_VP, SW_K, c->Kd, SW_KP, 1, S, SW_VP, c->dV, SW_VP, 0);
   for (long e = 0; e < (long)n * SW_VP; e += SW_W) sw_vstore(c->dV + e, sw_vload(c->V + e) - sw_vload(c->dV + e));
   sw_wy_solve(c->dA, c->bt, c->dV, n);
-  const int reuse = sw_wy_intra(c, c->Q, 0, c->A, 0);
+  const int reuse = sw_wy_intra(c, c->Q, c->K, 0, c->A, 0);
   if (!reuse) sw_ck_qs(c);
   sw_gemm(n, SW_VP, SW_K, reuse ? c->s.xr : c->Qs, SW_KP, 1, S, SW_VP, c->O, SW_VP, 0);
   sw_ck_trmm(n, SW_VP, c->A, SW_CP, c->dV, SW_VP, c->O, SW_VP, 1);
@@ -152,6 +166,74 @@ static void sw_wy_chunk(sw_ck_tiles* c, int n, SW_T* S) {
   sw_ck_decay_state(c, S);
   sw_gemm(SW_K, SW_VP, n, c->Kd, 1, SW_KP, c->dV, SW_VP, S, SW_VP, 1);
 }
+#endif
+
+#if SW_DPLR
+/* The q-side prefix one step back (Gq_i = G_{i-1}: a_i reads S_{i-1}) or at the step (the readout of S_i). */
+static void sw_wy_shift(sw_ck_dec* d, int back) {
+  d->Gq = d->Gk - (back ? SW_GW : 0);
+  d->Nq = d->Nk - (back ? SW_GW : 0);
+  d->Eq = d->E + (back ? 0 : SW_GW);
+}
+
+/* The dplr recurrence itself over the chunk's n steps from S (a chunk that grows): w_i = S_{i-1}^T a_i in dV, o in
+ * O. */
+static void sw_dplr_recurrent(sw_ck_tiles* c, int n, SW_T* S) {
+  SW_T* d = c->s.tmp;
+  for (int i = 0; i < n; ++i) {
+    sw_ck_step_decay(c, i, d);
+    const SW_T *qi = c->Q + (long)i * SW_KP, *ki = c->K + (long)i * SW_KP, *vi = c->V + (long)i * SW_VP;
+    const SW_T *ai = c->dQ + (long)i * SW_KP, *bi = c->dK + (long)i * SW_KP;
+    SW_T *wi = c->dV + (long)i * SW_VP, *oi = c->O + (long)i * SW_VP;
+    for (int j = 0; j < SW_VP; j += SW_W) sw_vstore(wi + j, sw_vzero), sw_vstore(oi + j, sw_vzero);
+    for (int k = 0; k < SW_K; ++k)
+      for (int j = 0; j < SW_VP; j += SW_W)
+        sw_vstore(wi + j, sw_vload(wi + j) + ai[k] * sw_vload(S + (long)k * SW_VP + j));
+    for (int k = 0; k < SW_K; ++k) {
+      const SW_T dk = d[SW_KEYDECAY ? k : 0], bk = bi[k], kk = ki[k], qq = qi[k];
+      SW_T* row = S + (long)k * SW_VP;
+      for (int j = 0; j < SW_VP; j += SW_W) {
+        const sw_v s = dk * sw_vload(row + j) + bk * sw_vload(wi + j) + kk * sw_vload(vi + j);
+        sw_vstore(row + j, s);
+        sw_vstore(oi + j, sw_vload(oi + j) + qq * s);
+      }
+    }
+  }
+}
+
+/* One dplr chunk (RWKV-7) of n steps from S (updated); o rows into c->O.  With w_i = S_{i-1}^T a_i (rows of W):
+ * W = (A o e^{G_{i-1}}) S_0 + (A K^T o Gamma') V + (A B^T o Gamma') W (strict, Gamma' from G_{i-1}), solved by
+ * forward substitution; O = (Q o e^G) S_0 + (Q B^T o Gamma) W + (Q K^T o Gamma) V (inclusive);
+ * S_end = e^{G_last} o S_0 + (B o e^{G_last - G})^T W + (K o e^{G_last - G})^T V. */
+static void sw_dplr_chunk(sw_ck_tiles* c, int n, SW_T* S) {
+  SW_T *Ar = c->dQ, *Br = c->dK, *W = c->dV;
+  sw_ck_prefix(&c->d, c->G, n);
+  if (c->d.grow) {
+    sw_dplr_recurrent(c, n, S);
+    return;
+  }
+  sw_ck_last(c);
+  sw_wy_shift(&c->d, 1);
+  sw_wy_intra(c, Ar, c->K, 1, c->A, 1);
+  sw_ck_scale_q(c, Ar, c->Qs);
+  sw_gemm(n, SW_VP, SW_K, c->Qs, SW_KP, 1, S, SW_VP, W, SW_VP, 0);
+  sw_ck_trmm(n, SW_VP, c->A, SW_CP, c->V, SW_VP, W, SW_VP, 1);
+  sw_wy_intra(c, Ar, Br, 1, c->dA, 1);
+  sw_wy_solve(c->dA, NULL, W, n);
+  sw_wy_shift(&c->d, 0);
+  sw_ck_qs(c);
+  sw_gemm(n, SW_VP, SW_K, c->Qs, SW_KP, 1, S, SW_VP, c->O, SW_VP, 0);
+  sw_wy_intra(c, c->Q, Br, 0, c->dA, 1);
+  sw_ck_trmm(n, SW_VP, c->dA, SW_CP, W, SW_VP, c->O, SW_VP, 1);
+  sw_wy_intra(c, c->Q, c->K, 0, c->A, 1);
+  sw_ck_trmm(n, SW_VP, c->A, SW_CP, c->V, SW_VP, c->O, SW_VP, 1);
+  sw_ck_decay_state(c, S);
+  sw_ck_scale_k(c, Br, c->Kd, 0);
+  sw_gemm(SW_K, SW_VP, n, c->Kd, 1, SW_KP, W, SW_VP, S, SW_VP, 1);
+  sw_ck_kd(c, 0);
+  sw_gemm(SW_K, SW_VP, n, c->Kd, 1, SW_KP, c->V, SW_VP, S, SW_VP, 1);
+}
+#endif
 
 static int sw_forward_chunked(const sw_dr* m, sw_s* o, SW_T* hlast) {
   const long items = m->nseq * m->H;
@@ -178,7 +260,11 @@ static int sw_forward_chunked(const sw_dr* m, sw_s* o, SW_T* hlast) {
       for (long s0 = start; s0 < stop; s0 += SW_C) {
         const int n = (int)SW_MIN((long)SW_C, stop - s0);
         sw_wy_load(m, b, h, hq, s0, n, &c);
+#if SW_DPLR
+        sw_dplr_chunk(&c, n, S);
+#else
         sw_wy_chunk(&c, n, S);
+#endif
         for (int i = 0; i < n; ++i) sw_store_row(o + SW_VO(m, b, s0 + i, h), c.O + (long)i * SW_VP, SW_V);
       }
       sw_state_out(m, hlast, row, h, 0, SW_V, SW_VP, S);

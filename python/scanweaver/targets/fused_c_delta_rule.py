@@ -1,8 +1,8 @@
 """C (CPU) rendering of the fused delta rule (:mod:`scanweaver.fused.delta_rule`): recurrent and chunked forms.
 
 The tunable ``algorithm`` picks the forward: ``recurrent`` (below) or ``chunked``, the WY form of
-:mod:`.delta_c_chunked` on the chunk engine (chunks of ``chunk`` steps; the ``delta`` form only: RWKV-7's
-``dplr`` form runs the recurrence under either value).  The backward is the recurrent one under both.
+:mod:`.delta_c_chunked` on the chunk engine (chunks of ``chunk`` steps, both forms).  The backward is the
+recurrent one under both.
 
 Forward: one work item per (sequence, value head, block of ``block_v`` value
 columns) (the columns of the state evolve independently); blocks of
@@ -135,9 +135,9 @@ def defines(features: DeltaRuleFeatures, config: dict) -> str:
 
 
 def chunked(features: DeltaRuleFeatures, config: dict) -> bool:
-    """True when the forward runs the chunked (WY) form: ``algorithm`` chunked and the ``delta`` form (RWKV-7's
-    ``dplr`` form and every backward run the recurrence)."""
-    return config.get("algorithm") == "chunked" and features.form == "delta"
+    """True when the forward runs the chunked (WY) form (``algorithm`` chunked; every backward runs the
+    recurrence)."""
+    return config.get("algorithm") == "chunked"
 
 
 def render(renderer, call) -> str:
