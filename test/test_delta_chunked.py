@@ -16,6 +16,7 @@ from delta_family import FAMILIES, PUBLIC, call_public, loop, problem
 
 import scanweaver
 from scanweaver.fused import REGISTRY as FUSED
+from scanweaver.fused.delta_rule import backward_reference
 from scanweaver.runtime import get_backend
 
 OP = FUSED.get("delta_rule")
@@ -142,3 +143,20 @@ def test_public_operations_take_the_chunked_form(op):
     o, h = call_public(getattr(scanweaver, op), op, a, 0.5, backend="cpu", algorithm="chunked", chunk=4)
     np.testing.assert_allclose(np.asarray(o), want_o, rtol=1e-10, atol=1e-10)
     np.testing.assert_allclose(np.asarray(h), want_h, rtol=1e-10, atol=1e-10)
+
+
+def test_the_backward_under_the_chunked_algorithm_is_the_recurrent_one(cpu):
+    """The backward has one algorithm (the recurrent sweep from checkpoints): ``algorithm="chunked"`` leaves it
+    exact."""
+    rng = np.random.default_rng(8)
+    f, a, sizes = problem(rng, "gated", batch=1, T=13, K=6, V=7, dhlast=True)
+    wide = {n: (x if n == "cu_seqlens" else np.asarray(x, np.float64)) for n, x in a.items()}
+    do = rng.normal(size=a["v"].shape)
+    want = backward_reference(wide["q"], wide["k"], wide["v"], wide["beta"], g=wide["g"], h0=wide["h0"], do=do,
+                              dhlast=wide["dhlast"])
+    cfg = OP.resolve("c", {"algorithm": "chunked", "chunk": 4}, cpu.fused_defaults(OP.name, f, sizes), "test")
+    out = {p.name: np.full(shape, np.nan, dtype) for p, enabled, shape, dtype in
+           OP.layout("backward", f, tuple(sorted(sizes.items()))) if p.kind == "out" and enabled}
+    cpu.run_fused(OP.call("backward", f, cfg), {**a, "do": do, **out}, sizes)
+    for n, g in out.items():
+        np.testing.assert_allclose(g, want[n], rtol=1e-10, atol=1e-10, err_msg=n)
