@@ -148,8 +148,9 @@ C_TUNABLES = (
     Tunable("algorithm", "recurrent", ALGORITHMS, "forward algorithm: the fused recurrence (the default: faster or "
             "level at the shapes of bench/delta_chunked.py) or the chunked WY form (the backward runs the recurrence)",
             lambda v: None if v in ALGORITHMS else f"it must be one of {', '.join(ALGORITHMS)}"),
-    Tunable("chunk", 64, (16, 32, 64, 128), "time steps per chunk of the chunked form (any length from 1 to "
-            f"{MAX_CHUNK}; results do not depend on it)", lambda v: _between(v, 1, MAX_CHUNK)),
+    Tunable("chunk", 32, (16, 32, 64, 128), "time steps per chunk of the chunked form (any length from 1 to "
+            f"{MAX_CHUNK}; results do not depend on it; 16 or 32 ran fastest, bench/delta_chunked.py)",
+            lambda v: _between(v, 1, MAX_CHUNK)),
     Tunable("block_v", 64, (16, 32, 64, 128), "value columns of the state per work item (columns are independent)",
             lambda v: power_of_two(v) or _between(v, 4, 512)),
     Tunable("checkpoint", 8, (4, 8, 16, 32), "backward: steps between saved states (a chunk's states are "
