@@ -74,9 +74,10 @@ def inputs(family: str, B: int, T: int, H: int, K: int, V: int) -> dict:
 
 
 class Ours:
-    """The fused op on the cpu backend: forward, and forward + backward, on preallocated outputs."""
+    """The fused op on the cpu backend: forward, and forward + backward, on preallocated outputs (``tunables``
+    of the C kernels beside ``threads``)."""
 
-    def __init__(self, family: str, a: dict, threads: int):
+    def __init__(self, family: str, a: dict, threads: int, **tunables):
         B, T, H, K = a["q"].shape
         gate, form = FAMILIES[family]
         self.f = DeltaRuleFeatures("float32", K, a["v"].shape[-1], gate=gate, form=form)
@@ -86,7 +87,7 @@ class Ours:
         self.out = {p: {n: np.empty(s, np.float32) for n, s in OP.shapes(p, self.f, self.sizes).items()
                         if n.startswith(("o", "hlast", "d")) and n != "do" and OP.enabled(n, self.f)}
                     for p in ("forward", "backward")}
-        self.calls = {p: OP.call(p, self.f, OP.resolve("c", {"threads": threads},
+        self.calls = {p: OP.call(p, self.f, OP.resolve("c", {"threads": threads, **tunables},
                                                        self.cpu.fused_defaults(OP.name, self.f, self.sizes), "bench"))
                       for p in ("forward", "backward")}
 

@@ -53,8 +53,9 @@ from its checkpoint in the reverse sweep.
 
 :func:`forward_reference` and :func:`backward_reference` are the definition
 every kernel is checked against (the backward against finite differences in
-the tests).  Kernels have the tunable ``algorithm`` (``recurrent``; a
-chunked form is another value of it).
+the tests).  The C kernels have the tunable ``algorithm``: ``recurrent``, or
+``chunked``, the WY (UT transform) form of the forward on chunks of ``chunk``
+steps (both forms; the backward stays recurrent).
 
 Example:
     >>> import numpy as np
@@ -78,7 +79,7 @@ import numpy as np
 from ..errors import ScanInputError
 from ..schedules.base import Tunable, non_negative, power_of_two
 from .base import PARTS, FusedOp, Param, register
-from .matrix_state import GPU_TUNABLES, _between, _heads, _segments, check_offsets
+from .matrix_state import GPU_TUNABLES, MAX_CHUNK, _between, _heads, _segments, check_offsets
 
 GATES = ("none", "scalar", "key")
 FORMS = ("delta", "dplr")
@@ -140,12 +141,16 @@ def storage(name: str) -> np.dtype:
     return np.dtype(name)
 
 
-#: The CPU forward's algorithms (a chunked form is another value of ``algorithm``).
-ALGORITHMS = ("recurrent",)
+#: The CPU forward's algorithms: the fused recurrence, or the chunked WY (UT transform) form.
+ALGORITHMS = ("recurrent", "chunked")
 #: The CPU (C) kernels' tunables.
 C_TUNABLES = (
-    Tunable("algorithm", "recurrent", ALGORITHMS, "forward and backward algorithm: the fused recurrence",
+    Tunable("algorithm", "recurrent", ALGORITHMS, "forward algorithm: the fused recurrence (the default: faster or "
+            "level at the shapes of bench/delta_chunked.py) or the chunked WY form (the backward runs the recurrence)",
             lambda v: None if v in ALGORITHMS else f"it must be one of {', '.join(ALGORITHMS)}"),
+    Tunable("chunk", 32, (16, 32, 64, 128), "time steps per chunk of the chunked form (any length from 1 to "
+            f"{MAX_CHUNK}; results do not depend on it; 16 or 32 ran fastest, bench/delta_chunked.py)",
+            lambda v: _between(v, 1, MAX_CHUNK)),
     Tunable("block_v", 64, (16, 32, 64, 128), "value columns of the state per work item (columns are independent)",
             lambda v: power_of_two(v) or _between(v, 4, 512)),
     Tunable("checkpoint", 8, (4, 8, 16, 32), "backward: steps between saved states (a chunk's states are "

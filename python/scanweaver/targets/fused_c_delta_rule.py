@@ -1,4 +1,8 @@
-"""C (CPU) rendering of the fused delta rule (:mod:`scanweaver.fused.delta_rule`): the recurrent form.
+"""C (CPU) rendering of the fused delta rule (:mod:`scanweaver.fused.delta_rule`): recurrent and chunked forms.
+
+The tunable ``algorithm`` picks the forward: ``recurrent`` (below) or ``chunked``, the WY form of
+:mod:`.delta_c_chunked` on the chunk engine (chunks of ``chunk`` steps, both forms).  The backward is the
+recurrent one under both.
 
 Forward: one work item per (sequence, value head, block of ``block_v`` value
 columns) (the columns of the state evolve independently); blocks of
@@ -28,8 +32,11 @@ from __future__ import annotations
 
 from ..fused.delta_rule import GATES, DeltaRule, DeltaRuleFeatures
 from .c_source import THREADS, tunable_defines
+from .chunk_engine import engine_source
+from .chunk_tiles import CHUNK_TILES
 from .cvec import vector_prelude
 from .delta_c_backward import BACKWARD
+from .delta_c_chunked import WY
 from .delta_c_common import COMMON
 from .fused import KERNELS, FusedKernel
 from .fused_c_mamba1 import HEAD, TAIL
@@ -73,6 +80,9 @@ int sw_delta_rule_forward(const sw_s* q, const sw_s* k, const sw_s* v, const sw_
   if (batch <= 0 || H <= 0 || nseq <= 0) return SW_OK;
   const int bad = sw_check(&m);
   if (bad) return bad;
+#if SW_CHUNKED
+  return sw_forward_chunked(&m, o, hlast);
+#endif
   const long items = nseq * H * SW_NCB;
   const int nt = (int)SW_MIN((long)sw_threads(), items);
   int status = SW_OK;
@@ -118,9 +128,16 @@ def defines(features: DeltaRuleFeatures, config: dict) -> str:
     flags = {"SW_K": f.K, "SW_V": f.V, "SW_GATE": GATES.index(f.gate), "SW_DPLR": int(f.form == "dplr"),
              "SW_L2": int(f.l2norm), "SW_HAS_H0": int(f.has_h0), "SW_HAS_SEQLENS": int(f.has_seqlens),
              "SW_HAS_DHLAST": int(f.has_dhlast), "SW_STORE": STORE_CODE[f.dtype], "SW_GV": GROUP_VECTORS,
-             "SW_CBB": backward_columns(f, config)}
+             "SW_CBB": backward_columns(f, config), "SW_CHUNKED": int(chunked(f, config)),
+             "SW_DECAY": GATES.index(f.gate), "SW_BONUS": 0}
     lines = [f"#define {k} {v}" for k, v in flags.items()]
-    return "\n".join(lines + tunable_defines(("block_v", "checkpoint", "threads"), config))
+    return "\n".join(lines + tunable_defines(("chunk", "block_v", "checkpoint", "threads"), config))
+
+
+def chunked(features: DeltaRuleFeatures, config: dict) -> bool:
+    """True when the forward runs the chunked (WY) form (``algorithm`` chunked; every backward runs the
+    recurrence)."""
+    return config.get("algorithm") == "chunked"
 
 
 def render(renderer, call) -> str:
@@ -128,8 +145,9 @@ def render(renderer, call) -> str:
     f, cfg = call.features, call.params
     title = (f"/* scanweaver fused C kernel: delta_rule {call.part}, {f.dtype}, K={f.K}, V={f.V}, gate {f.gate}, "
              f"form {f.form}, l2norm {int(f.l2norm)}, {cfg['algorithm']}, width {cfg['width']} */")
-    body = FORWARD if call.part == "forward" else BACKWARD
-    parts = [title, defines(f, cfg), HEAD, THREADS, vector_prelude(f.state_dtype, cfg["width"]), COMMON, body, TAIL]
+    wy = call.part == "forward" and chunked(f, cfg)
+    body = [engine_source(), CHUNK_TILES, WY, FORWARD] if wy else [FORWARD if call.part == "forward" else BACKWARD]
+    parts = [title, defines(f, cfg), HEAD, THREADS, vector_prelude(f.state_dtype, cfg["width"]), COMMON, *body, TAIL]
     return "\n".join(parts)
 
 

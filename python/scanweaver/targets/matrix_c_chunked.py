@@ -28,6 +28,7 @@ Entry: ``sw_forward_chunked(m, o, hlast)`` called by ``sw_matrix_state_forward``
 
 from __future__ import annotations
 
+from .chunk_tiles import CHUNK_TILES
 from .matrix_c_chunked_parts import FORWARD_PARTS
 
 TILES = r"""
@@ -45,70 +46,6 @@ static sw_lane sw_lane_at(const sw_ms* m, long row, long h) {
 }
 
 #define SW_NCHUNKS(x) (((x)->stop - (x)->start + SW_C - 1) / SW_C)
-#define SW_STATE ((long)SW_K * SW_VP)
-
-/* One thread's tiles of a chunk. */
-typedef struct {
-  SW_T *Q, *K, *V, *G, *DO;     /* the chunk's rows: C x KP, C x KP, C x VP, C x GW, C x VP */
-  SW_T *Qs, *Kd, *A, *dA, *O;   /* C x KP, C x KP, C x CP, C x CP, C x VP */
-  SW_T* QK;                     /* C x CP: Q K^T of the chunk, shared by the heads of a group (decay per head) */
-  int qk;                       /* QK holds the loaded chunk's product */
-  const SW_T* QKsh;             /* the backward's Q K^T of the chunk computed once for its unit, or NULL */
-  SW_T* Psh;                    /* the backward's sum over the unit's heads of P = dA o weights, or NULL */
-  double *ap, *bp;              /* C: row and column sums of P o Q K^T (the decay gradient's shared halves) */
-  SW_T *dQ, *dK, *dV, *St, *Vt; /* C x KP, C x KP, C x VP, VP x KP, VP x CP (backward) */
-  SW_T *el;                     /* KP: e^{G_last} per key, or [0] */
-  double *a, *b;                /* C x GW: the decay gradient's two halves (backward) */
-  sw_ck_scratch s;
-  sw_ck_dec d;
-} sw_ck_tiles;
-
-/* Tiles and extra states of extra x SW_STATE elements (the caller's), aligned for whole vectors. */
-static int sw_ck_alloc(sw_ck_tiles* c, void** raw, long extra, SW_T** states) {
-  const size_t ck = (size_t)SW_C * SW_KP, cv = (size_t)SW_C * SW_VP, cc = (size_t)SW_C * SW_CP;
-  const size_t gw = (size_t)(SW_CP + SW_W + 1) * SW_GW;
-  const size_t nt = 11 * ck + 2 * gw + 4 * cv + 3 * cc + (size_t)SW_VP * SW_KP
-                    + (size_t)SW_VP * SW_CP + (size_t)SW_KP * SW_CP + (size_t)SW_GW * SW_C + 2 * (size_t)SW_TW + gw
-                    + (size_t)extra * SW_STATE;
-  const size_t nd = gw + 2 * (size_t)SW_C * SW_GW + 2 * (size_t)SW_CP;
-  char* p = (char*)sw_alloc(sizeof(SW_T) * (nt + 64 * (size_t)SW_W) + sizeof(double) * (nd + 8), raw);
-  if (!p) return SW_ENOMEM;
-  memset(p, 0, sizeof(SW_T) * (nt + 64 * (size_t)SW_W) + sizeof(double) * (nd + 8));
-  double* q = (double*)p;
-  c->d.Z = q;
-  c->d.Gk = q + SW_GW;
-  c->d.Gq = c->d.Gk - (SW_BONUS ? SW_GW : 0);
-  q += gw;
-  c->a = q; q += (size_t)SW_C * SW_GW;
-  c->b = q; q += (size_t)SW_C * SW_GW;
-  c->ap = q; q += SW_CP;
-  c->bp = q; q += SW_CP;
-  c->QKsh = NULL;
-  c->Psh = NULL;
-  SW_T* t = (SW_T*)(((uintptr_t)q + 63) & ~(uintptr_t)63);
-#define SW_TAKE(f, n) do { f = t; t += ((n) + SW_W - 1) / SW_W * SW_W; } while (0)
-  SW_TAKE(c->d.NZ, gw);
-  c->d.Nk = c->d.NZ + SW_GW;
-  c->d.Nq = c->d.Nk - (SW_BONUS ? SW_GW : 0);
-  SW_TAKE(c->d.E, gw);
-  c->d.Eq = c->d.E + (SW_BONUS ? 0 : SW_GW);
-  SW_TAKE(c->d.Ei, gw);
-  for (int k = 0; k < SW_GW; ++k) c->d.E[k] = 1;
-  SW_TAKE(c->Q, ck); SW_TAKE(c->K, ck); SW_TAKE(c->Qs, ck); SW_TAKE(c->Kd, ck); SW_TAKE(c->dQ, ck);
-  SW_TAKE(c->dK, ck); SW_TAKE(c->s.xr, ck); SW_TAKE(c->s.yr, ck); SW_TAKE(c->s.ea, ck);
-  SW_TAKE(c->s.eb, ck); SW_TAKE(c->s.t1, ck);
-  SW_TAKE(c->V, cv); SW_TAKE(c->DO, cv); SW_TAKE(c->O, cv); SW_TAKE(c->dV, cv);
-  SW_TAKE(c->A, cc); SW_TAKE(c->dA, cc); SW_TAKE(c->QK, cc);
-  SW_TAKE(c->St, (size_t)SW_VP * SW_KP); SW_TAKE(c->Vt, (size_t)SW_VP * SW_CP); SW_TAKE(c->s.yt, (size_t)SW_KP * SW_CP);
-  SW_TAKE(c->G, (size_t)SW_GW * SW_C); SW_TAKE(c->s.tmp, SW_TW); SW_TAKE(c->el, SW_TW);
-  if (states) SW_TAKE(*states, (size_t)extra * SW_STATE);
-#undef SW_TAKE
-  return SW_OK;
-}
-
-SW_INLINE void sw_ck_prefetch_row(const SW_T* p, int n) {
-  for (int j = 0; j < n; j += 64 / (int)sizeof(SW_T)) __builtin_prefetch(p + j, 0, 1);  /* to L2 */
-}
 
 /* Rows of scan positions [s0, s0 + n) of lane x into the tiles: q (with q_rows) and k, the rows its group shares.
  * Row i of the chunk at s0 + ahead (nn rows of it) is prefetched as row i is copied: rows of consecutive steps are
@@ -176,97 +113,12 @@ static void sw_ck_state_out(const sw_ms* m, const sw_lane* x, const SW_T* S, SW_
       memcpy(dst + ((x->row * m->H + x->h) * SW_K + k) * SW_V, S + (long)k * SW_VP, sizeof(SW_T) * SW_V);
 }
 
-/* The decay of one step as the recurrent form computes it: d[k] (per key) or d[0]. */
-SW_INLINE void sw_ck_step_decay(const sw_ck_tiles* c, int i, SW_T* d) {
-#if SW_DECAY == 2
-  for (int k = 0; k < SW_KP; k += SW_W) sw_vstore(d + k, sw_vexp(sw_vload(c->G + (long)i * SW_KP + k)));
-#elif SW_DECAY == 1
-  d[0] = (SW_T)exp((double)c->G[i]);
-#else
-  d[0] = 1;
-#endif
-}
-
 /* beta_i = q_i . (u o k_i), the bonus readout's diagonal (rows of the tiles). */
 SW_INLINE SW_T sw_ck_beta(const sw_ms* m, const sw_lane* x, const sw_ck_tiles* c, int i) {
   const SW_T *qi = c->Q + (long)i * SW_KP, *ki = c->K + (long)i * SW_KP, *up = m->u + x->h * SW_K;
   SW_T beta = 0;
   for (int k = 0; k < SW_K; ++k) beta += qi[k] * up[k] * ki[k];
   return beta;
-}
-
-/* e^{G_last} per key (or [0]) into c->el. */
-static void sw_ck_last(sw_ck_tiles* c) {
-  const sw_ck_dec* d = &c->d;
-  const int l = d->n - 1;
-  if (d->plain) {
-    memcpy(c->el, SW_GAT(d->E, d->n), sizeof(SW_T) * SW_GW);
-    return;
-  }
-#if SW_KEYDECAY
-  sw_ck_fac(SW_GAT(d->Gk, l), SW_GAT(d->Nk, l), d->Z, d->NZ, 1.0, c->el, SW_KP);
-#else
-  c->el[0] = d->Nk[l] != 0 ? (SW_T)0 : (SW_T)exp(d->Gk[l]);
-#endif
-}
-
-/* Qs = Q o e^{Gq} (rows from the chunk's start). */
-static void sw_ck_qs(sw_ck_tiles* c) {
-  const sw_ck_dec* d = &c->d;
-#if SW_KEYDECAY
-  if (d->plain) {
-    sw_ck_scale_rows(c->Q, d->Eq, SW_KP, c->Qs, d->n);
-    return;
-  }
-  for (int i = 0; i < d->n; ++i)
-    sw_ck_fac(SW_GAT(d->Gq, i), SW_GAT(d->Nq, i), d->Z, d->NZ, 1.0, c->Qs + (long)i * SW_KP, SW_KP);
-  sw_ck_scale_rows(c->Q, c->Qs, SW_KP, c->Qs, d->n);
-#else
-  if (d->plain) {
-    sw_ck_scale_by(c->Q, SW_KP, d->Eq, c->Qs, d->n, SW_KP);
-    return;
-  }
-  sw_ck_fac_b(d->Gq, d->Nq, 0.0, 0, 1.0, c->s.tmp, d->n);
-  sw_ck_scale_by(c->Q, SW_KP, c->s.tmp, c->Qs, d->n, SW_KP);
-#endif
-}
-
-/* Kd = K o e^{G_last - Gk} (rows to the chunk's end); reuse: from the plain intra's yr = K o e^{-Gk}. */
-static void sw_ck_kd(sw_ck_tiles* c, int reuse) {
-  const sw_ck_dec* d = &c->d;
-  const int l = d->n - 1;
-#if SW_KEYDECAY
-  if (reuse) {
-    sw_ck_scale_rows(c->s.yr, c->el, 0, c->Kd, d->n);
-    return;
-  }
-  if (d->plain) {  /* e^{G_last} e^{-Gk}: both normal numbers */
-    for (int j = 0; j < d->n; ++j)
-      for (int k = 0; k < SW_KP; k += SW_W)
-        sw_vstore(c->Kd + (long)j * SW_KP + k, sw_vload(c->K + (long)j * SW_KP + k) *
-                                                 sw_vload(SW_GAT(d->Ei, j) + k) * sw_vload(c->el + k));
-    return;
-  }
-  for (int j = 0; j < d->n; ++j)
-    sw_ck_fac(SW_GAT(d->Gk, j), SW_GAT(d->Nk, j), SW_GAT(d->Gk, l), SW_GAT(d->Nk, l), -1.0,
-              c->Kd + (long)j * SW_KP, SW_KP);
-  sw_ck_scale_rows(c->K, c->Kd, SW_KP, c->Kd, d->n);
-#else
-  (void)reuse;
-  if (d->plain)
-    for (int j = 0; j < d->n; j += SW_W) sw_vstore(c->s.tmp + j, sw_vload(d->Ei + j) * c->el[0]);
-  else
-    sw_ck_fac_b(d->Gk, d->Nk, d->Gk[l], d->Nk[l], -1.0, c->s.tmp, d->n);
-  sw_ck_scale_by(c->K, SW_KP, c->s.tmp, c->Kd, d->n, SW_KP);
-#endif
-}
-
-/* S = e^{G_last} o S (rows of the state by their key's factor, or all by one). */
-static void sw_ck_decay_state(const sw_ck_tiles* c, SW_T* S) {
-  for (int k = 0; k < SW_K; ++k) {
-    const SW_T e = c->el[SW_KEYDECAY ? k : 0];
-    for (int j = 0; j < SW_VP; j += SW_W) sw_vstore(S + (long)k * SW_VP + j, sw_vload(S + (long)k * SW_VP + j) * e);
-  }
 }
 
 /* The intra-chunk matrix A of Q and K (masked; the bonus diagonal for RWKV-6); returns 1 when the plain intra left
@@ -421,4 +273,4 @@ static int sw_forward_chunked(const sw_ms* m, SW_T* o, SW_T* hlast) {
 """
 
 #: The chunked forward's C text: the family's tiles and chunk pieces, the parts of lanes, then the forward itself.
-CHUNKED = TILES + FORWARD + FORWARD_PARTS + DRIVER
+CHUNKED = CHUNK_TILES + TILES + FORWARD + FORWARD_PARTS + DRIVER

@@ -1,0 +1,83 @@
+"""The delta-rule family's two CPU forwards, measured in one run: the fused recurrence against the chunked WY form.
+
+For DeltaNet, Gated DeltaNet, KDA and RWKV-7 (float32, the operands of bench/delta_rule.py: unit keys, beta in
+(0, 1), log decays in [-2, -0.01]; RWKV-7: a = -kappa, b = kappa * iclr), the median time of ``--repeats``
+forward calls of the fused ``delta_rule`` op through the cpu backend's ``run_fused`` with
+``algorithm="recurrent"`` and with ``algorithm="chunked"`` at each chunk length, on ``--threads`` threads;
+``speedup`` is the recurrent time over the chunked one, ``rel_err`` the chunked
+output's largest difference from the recurrent one over the latter's largest magnitude.
+
+Usage::
+
+    python bench/delta_chunked.py [--json] [--quick] [--repeats N] [--threads 2] [--only gated,kda]
+
+``--json`` writes bench/results/delta_chunked.json (``--quick``: bench/out/delta_chunked_quick.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from delta_rule import Ours, inputs, timed  # noqa: E402
+
+#: (B, T, H, K, V) measured, and the chunk lengths of the chunked form.
+SHAPES = ((1, 4096, 8, 128, 128), (1, 4096, 16, 64, 64), (4, 1024, 8, 128, 128))
+CHUNKS = (16, 32, 64, 128)
+QUICK, QUICK_CHUNKS = ((1, 256, 2, 32, 32),), (16, 64)
+FAMILIES = ("deltanet", "gated", "kda", "rwkv7")
+
+
+def measure(family: str, shape: tuple, threads: int, repeats: int, chunks: tuple) -> dict:
+    """One row: the recurrent forward's seconds, each chunk length's seconds, speedups and errors."""
+    a = inputs(family, *shape)
+    rec = Ours(family, a, threads, algorithm="recurrent")
+    want = rec.forward().copy()
+    row = {"family": family, "shape": dict(zip("BTHKV", shape, strict=True)),
+           "recurrent_s": timed(rec.forward, repeats)}
+    for c in chunks:
+        ck = Ours(family, a, threads, algorithm="chunked", chunk=c)
+        got = ck.forward().copy()
+        row[f"chunked_{c}_s"] = timed(ck.forward, repeats)
+        row[f"speedup_{c}"] = row["recurrent_s"] / row[f"chunked_{c}_s"]
+        row[f"rel_err_{c}"] = float(np.abs(got.astype(np.float64) - want).max() / np.abs(want).max())
+    return row
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--only", default=",".join(FAMILIES))
+    args = ap.parse_args(argv)
+    shapes, chunks = (QUICK, QUICK_CHUNKS) if args.quick else (SHAPES, CHUNKS)
+    rows = []
+    for shape in shapes:
+        for family in args.only.split(","):
+            row = measure(family, shape, args.threads, args.repeats, chunks)
+            rows.append(row)
+            best = max(chunks, key=lambda c: row[f"speedup_{c}"])
+            print(f"{family:9s} {shape}: recurrent {row['recurrent_s'] * 1e3:8.1f} ms, " + ", ".join(
+                f"chunk {c} {row[f'chunked_{c}_s'] * 1e3:8.1f} ms (x{row[f'speedup_{c}']:.2f})" for c in chunks)
+                + f"; best chunk {best}, rel err {row[f'rel_err_{best}']:.1e}", flush=True)
+    if args.json:
+        root = Path(__file__).resolve().parent
+        path = root / ("out/delta_chunked_quick.json" if args.quick else "results/delta_chunked.json")
+        path.parent.mkdir(exist_ok=True)
+        meta = {"threads": args.threads, "repeats": args.repeats, "machine": platform.machine(),
+                "processor": platform.processor(), "dtype": "float32"}
+        path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
