@@ -262,7 +262,9 @@ def tune_fused(op: str = "mamba1", *, backend: str = "cpu", shape=(2, 768, 16, 2
                                  check=lambda y: problem.check(target.fused_result(y, answer.shape), answer),
                                  progress=progress, iterations=iterations,
                                  answer=target.fused_answer(answer.astype(dtype)))
-    default_cfg = FUSED.get(op).resolve(family, {}, be.fused_defaults(op, problem.features, problem.sizes), "tune")
+    base, _ = FUSED.get(op).defaults(family, "forward", problem.features, problem.sizes,
+                                     be.fused_defaults(op, problem.features, problem.sizes))
+    default_cfg = FUSED.get(op).resolve(family, {}, base, "tune")
     default_cfg = {k: v for k, v in default_cfg.items() if k not in fixed}
     default = space.join(space.schedules[0], default_cfg) if space.contains(space.join(space.schedules[0],
                                                                                      default_cfg)) else None
