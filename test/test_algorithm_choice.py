@@ -19,8 +19,9 @@ from scanweaver.runtime import REGISTRY as BACKENDS
 from scanweaver.tuning import store
 
 OP = FUSED.get("matrix_state")
-STEPS, STATE = OP.chunked_from["backward"]
-K = V = 64  # K * V >= STATE: the rule's size
+K = V = 64
+#: The fewest steps per sequence from which the rule runs the backward chunked at this K * V.
+STEPS = min(s for s, n in OP.chunked_from["backward"] if n <= K * V)
 SHORT, LONG = 7, STEPS + 37  # below the rule's steps; past them, not a multiple of any chunk
 
 pytestmark = pytest.mark.skipif(not BACKENDS["cpu"].availability().ok,
@@ -91,7 +92,7 @@ def answers():
 
 
 def test_the_default_follows_the_rule_at_a_short_and_a_long_T(isolated_store, answers):
-    assert STATE <= K * V < 4 * STATE and SHORT < STEPS < LONG
+    assert SHORT < STEPS < LONG
     seen = {}
     for T in (SHORT, LONG):
         a, want_o, want = answers[T]
@@ -109,10 +110,11 @@ def test_the_default_follows_the_rule_at_a_short_and_a_long_T(isolated_store, an
 def test_the_rule_needs_the_state_size_and_counts_steps_per_packed_sequence():
     from scanweaver.fused.matrix_state import MatrixStateFeatures
 
-    big, small = MatrixStateFeatures("float32", 64, 64), MatrixStateFeatures("float32", 32, 64)
+    big, small = MatrixStateFeatures("float32", K, V), MatrixStateFeatures("float32", 32, 32)
     one = {"batch": 1, "T": 4 * STEPS, "H": 4, "Hq": 4, "nseq": 1}
     assert OP.algorithm("c", "backward", big, one) == "chunked"
-    assert OP.algorithm("c", "backward", small, one) == "recurrent"  # K * V below the rule's size
+    assert OP.algorithm("c", "forward", big, one) == "recurrent"
+    assert OP.algorithm("c", "backward", small, one) == "recurrent"  # K * V below every pair's size
     assert OP.algorithm("c", "backward", big, {**one, "nseq": 8}) == "recurrent"  # eight packed sequences of T/8
     assert OP.algorithm("gpu", "backward", big, one) is None  # the GPU kernels have one algorithm
 

@@ -99,10 +99,11 @@ class FusedOp(ABC):
     parts: ClassVar[tuple[str, ...]] = PARTS
     tunables: ClassVar[dict[str, tuple[Tunable, ...]]] = {}
     implementations: ClassVar[dict[str, tuple[str, ...]]] = {}
-    #: Part -> ``(steps, state)``: the chunked form is the default of ``part`` (where the kernels have one, an
-    #: ``algorithm`` tunable with a ``chunked`` value) from ``steps`` steps per sequence and ``K * V >= state``
-    #: on; parts not named keep the tunable's declared default.  Operations set their own from measurements.
-    chunked_from: ClassVar[dict[str, tuple[int, int]]] = {}
+    #: Part -> ``((steps, state), ...)``: the chunked form is the default of ``part`` (where the kernels have
+    #: one, an ``algorithm`` tunable with a ``chunked`` value) when some pair holds: at least ``steps`` steps per
+    #: sequence and ``K * V >= state``; parts not named keep the tunable's declared default.  Operations set
+    #: their own from measurements.
+    chunked_from: ClassVar[dict[str, tuple[tuple[int, int], ...]]] = {}
 
     @abstractmethod
     def params(self, part: str) -> tuple[Param, ...]:
@@ -202,13 +203,12 @@ class FusedOp(ABC):
 
     def algorithm(self, family: str, part: str, features: Any, sizes: dict[str, int]) -> str | None:
         """The default algorithm of ``part``: ``chunked`` where :attr:`chunked_from` says so for this shape
-        (steps per sequence and the state's ``K * V`` at least its thresholds), else the ``algorithm``
-        tunable's declared default; ``None`` where ``family``'s kernels have no chunked form."""
+        (steps per sequence and the state's ``K * V`` at least one pair of its thresholds), else the
+        ``algorithm`` tunable's declared default; ``None`` where ``family``'s kernels have no chunked form."""
         if not self.chooses(family):
             return None
-        rule = self.chunked_from.get(part)
-        state = getattr(features, "K", 1) * getattr(features, "V", 1)
-        if rule is not None and self.steps(sizes) >= rule[0] and state >= rule[1]:
+        steps, state = self.steps(sizes), getattr(features, "K", 1) * getattr(features, "V", 1)
+        if any(steps >= s and state >= n for s, n in self.chunked_from.get(part, ())):
             return "chunked"
         return next(t.default for t in self.tunables_for(family) if t.name == "algorithm")
 
