@@ -210,7 +210,7 @@ class FusedOp(ABC):
         steps, state = self.steps(sizes), getattr(features, "K", 1) * getattr(features, "V", 1)
         if any(steps >= s and state >= n for s, n in self.chunked_from.get(part, ())):
             return "chunked"
-        return next(t.default for t in self.tunables_for(family) if t.name == "algorithm")
+        return str(next(t.default for t in self.tunables_for(family) if t.name == "algorithm"))
 
     def defaults(self, family: str, part: str, features: Any, sizes: dict[str, int], backend: dict[str, object],
                  hints: dict[str, object] | None = None) -> tuple[dict[str, object], bool]:
