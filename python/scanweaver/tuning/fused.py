@@ -9,7 +9,9 @@ configuration's output is checked against the float64 NumPy definition, and
 the best goes into the tuned store under the operation's signature
 (:meth:`~scanweaver.fused.FusedOp.signature`), where the fused calls of
 :func:`scanweaver.mamba_selective_scan` find it (``scanweaver.mamba.last.source
-== "tuned"``).
+== "tuned"``), and those of the matrix-state operations (``matrix_state``: its
+``algorithm`` for their forward, its other tunables for both parts;
+``scanweaver.matrix.last``).
 
 Example:
     >>> from scanweaver.tuning.fused import tune_fused
