@@ -175,9 +175,10 @@ class MatrixState(FusedOp):
     tunables = {"c": C_TUNABLES, "gpu": MATRIX_GPU_TUNABLES}
     implementations = {"numpy": PARTS, "c": PARTS, "opencl": PARTS, "cuda": PARTS}
     #: The algorithm rule (bench/results/linear_rnn_algorithms.json, float32 on every core): the chunked backward
-    #: from 1024 steps per sequence with K * V >= 4096, and from 256 with K * V >= 8192 (the recurrent backward
-    #: took 1.0-1.8x its time at every such shape measured, Mamba-2, GLA and RWKV-6); the forward stays recurrent
-    #: (the chunked one won by at most 1.1x, on Mamba-2's one q/k group with many lanes, lost by up to 1.8x on GLA).
+    #: from 1024 steps per sequence with K * V >= 4096, and from 256 with K * V >= 8192 (faster at 23 of the 24
+    #: such shapes measured, Mamba-2, GLA and RWKV-6: the recurrent one took 1.05-2.95x its time); the forward
+    #: stays recurrent (the chunked one won by up to 1.2x on Mamba-2's one q/k group, lost by up to 2x on GLA and
+    #: RWKV-6).  docs/matrix-state.md#algorithms has the figures.
     chunked_from = {"backward": ((1024, 4096), (256, 8192))}
 
     def work(self, features: MatrixStateFeatures, sizes: dict[str, int]) -> int:
