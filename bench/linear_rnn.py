@@ -19,7 +19,8 @@ round-robin (a loaded machine slows them alike):
   every core against one thread;
 * the algorithm table (``--table``): which algorithm is faster, forward and backward, over a sweep of shapes
   (T, K = V, heads, a decay per head with groups or per key, batch), written to
-  ``bench/results/linear_rnn_algorithms.json`` for the algorithm choice of ``auto``.
+  ``bench/results/linear_rnn_algorithms.json``, from which the default algorithm rule is read
+  (``MatrixState.chunked_from``).
 
 Usage::
 

@@ -3,8 +3,9 @@
 Over a sweep of shapes (the decay per head with one q/k group of Mamba-2, a decay per key of GLA, RWKV-6's bonus
 readout; T from 64 to 4096; K, V from 32 to 128; 4 or 32 lanes of batch x heads), the recurrent and the chunked
 forward and backward of the fused ``matrix_state`` op on every core, float32, timed round-robin (median of
-``repeats``).  Each entry names the faster algorithm of each part and both times, so that ``auto`` can pick from
-measurements (the lead's runner reads ``bench/results/linear_rnn_algorithms.json``).
+``repeats``).  Each entry names the faster algorithm of each part and both times; the default algorithm rule
+(``MatrixState.chunked_from`` in ``scanweaver/fused/matrix_state.py``) is read off
+``bench/results/linear_rnn_algorithms.json``.
 
 Example:
     >>> from linear_rnn_table import sweep

@@ -103,3 +103,44 @@ def test_a_real_tune_of_the_matrix_state_kernel_covers_both_algorithms(isolated_
     assert report.best is not None and report.best.schedule == "fused:matrix_state"
     with pytest.raises(ScanInputError, match=r"\(batch, T, H, K, V\)"):
         tune_fused("matrix_state", shape=(1, 70, 2, 16))
+
+
+def test_the_cli_tunes_the_matrix_state_algorithm_and_later_calls_use_it(isolated_store, capsys):
+    """``scanweaver tune --op matrix_state``: a real tune of both algorithms, stored, then used by a later call of
+    the tuned features (GLA's decay per key): the forward runs the stored algorithm and chunk, the backward the
+    stored chunk with the rule's algorithm (the tune measured the forward); results as the float64 loop."""
+    import json
+
+    from scanweaver import matrix
+    from scanweaver.cli import main
+    from scanweaver.fused import REGISTRY as FUSED
+
+    if not REGISTRY["cpu"].availability().ok:
+        pytest.skip(f"cpu backend unavailable: {REGISTRY['cpu'].availability().reason}")
+    batch, T, H, K, V = 1, 70, 2, 16, 24
+    assert main(["tune", "--op", "matrix_state", "--backend", "cpu", "--shape", f"{batch},{T},{H},{K},{V}",
+                 "--values", "algorithm=recurrent,chunked", "--values", "chunk=16,32", "--values", "block_v=16",
+                 "--values", "width=8", "--values", "threads=1", "--max-fevals", "3", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    best = report["best_config"]
+    assert report["best_schedule"] == "fused:matrix_state" and best["algorithm"] in ("recurrent", "chunked")
+    assert report["evaluated"] == 3
+    rng = np.random.default_rng(3)
+    q, k = rng.standard_normal((2, batch, T, H, K)).astype(np.float32)
+    v = rng.standard_normal((batch, T, H, V)).astype(np.float32)
+    g = np.log(rng.uniform(0.9, 0.999, (batch, T, H, K))).astype(np.float32)
+    o, _ = scanweaver.linear_attention(q, k, v, g, scale=1.0, backend="cpu", chunk_size=64)
+    info = matrix.last
+    assert (info.part, info.source, info.algorithm, info.config["chunk"]) == ("forward", "tuned", best["algorithm"],
+                                                                              best["chunk"])
+    S, want = np.zeros((H, K, V)), np.zeros((batch, T, H, V))
+    for t in range(T):  # S_t = exp(g_t)[:, None] * S_{t-1} + k_t v_t^T, o_t = S_t^T q_t, in float64
+        S = np.exp(g[0, t].astype(np.float64))[:, :, None] * S + k[0, t, :, :, None] * v[0, t, :, None, :]
+        want[0, t] = np.einsum("hk,hkv->hv", q[0, t].astype(np.float64), S)
+    np.testing.assert_allclose(o, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    ops = matrix.operands("test", q, k, v, g, decay="key")
+    matrix.backward(ops, np.ones_like(v), backend="cpu")
+    rule = FUSED.get("matrix_state").algorithm("c", "backward", ops.features(), ops.sizes)
+    assert (matrix.last.part, matrix.last.source, matrix.last.algorithm) == ("backward", "tuned", rule)
+    matrix.forward(ops, backend="cpu", algorithm="chunked" if best["algorithm"] == "recurrent" else "recurrent")
+    assert matrix.last.source == "explicit" and matrix.last.algorithm != best["algorithm"]

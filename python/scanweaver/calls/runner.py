@@ -13,7 +13,9 @@ Every operation built on a fused kernel (:mod:`scanweaver.fused`: ``mamba1``,
   Backends are ranked by the accumulation dtype (``features.state_dtype`` where
   the operation has one: float16/bfloat16 storage runs where float32 does).
 * :func:`resolve` gives the tunables: the call's, else the tuned store's entry
-  for this device and problem size, else the backend's documented defaults;
+  for this device and problem size, else the call's hints (``chunk_size``: the
+  chunked algorithm with that chunk), else the backend's documented defaults
+  with the algorithm the operation's measured rule picks for the shape;
   resolved once per signature and kept until a tuned store changes.
 * :func:`run` runs one part and records what ran in :data:`last` (per
   operation) and :data:`LAST` (the most recent call of any).
@@ -49,7 +51,8 @@ class FusedInfo:
         backend: the backend's name.
         part: ``forward`` or ``backward``.
         config: the tunables it ran with (``algorithm`` among them where the kernel has several).
-        source: where they came from: ``explicit`` (the call's), ``tuned`` (the store's) or ``default``.
+        source: where they came from: ``explicit`` (the call's), ``tuned`` (the store's), ``hint`` (the
+            call's ``chunk_size`` over the defaults) or ``default`` (the defaults and the algorithm rule).
         op: the fused operation.
         fallback: why another backend than the one asked for ran (``""`` when none did).
     """
@@ -144,9 +147,19 @@ _memo = _Memo()
 
 
 def resolve(be: Backend, op: str, part: str, features: Any, sizes: dict[str, int], tunables: dict, *,
-            api: str) -> tuple[dict, str]:
-    """``(config, source)`` of a call: ``tunables`` (``explicit``), else the tuned store's entry (``tuned``),
-    else the backend's defaults (``default``), validated by the operation's declared tunables.
+            api: str, hints: dict | None = None) -> tuple[dict, str]:
+    """``(config, source)`` of a call, validated by the operation's declared tunables.
+
+    Over the declared defaults, in this order, each over the last:
+
+    1. the backend's defaults by shape, with the algorithm of the operation's rule
+       (:meth:`~scanweaver.fused.FusedOp.algorithm`: ``chunked`` from the measured thresholds on, where the
+       kernel has an ``algorithm`` tunable with a chunked form): ``default``;
+    2. ``hints`` (``{"chunk": n}``, fla's and mamba-ssm's ``chunk_size``): ``chunk = n`` and the chunked
+       algorithm where the kernel has them (:meth:`~scanweaver.fused.FusedOp.defaults`): ``hint``;
+    3. the tuned store's entry for this device and problem size, when the call gives no tunables: ``tuned``
+       (tunes measure the forward: the entry's ``algorithm`` is the forward's; the backward keeps that of 1-2);
+    4. ``tunables``, the call's own: ``explicit`` (the store is not read: the call chose).
 
     Raises:
         ScanInputError: an unknown tunable for the backend's family, or a value its rule refuses.
@@ -155,7 +168,8 @@ def resolve(be: Backend, op: str, part: str, features: Any, sizes: dict[str, int
     from ..tuning import store
 
     try:
-        key = (be.name, op, part, features, tuple(sorted(sizes.items())), tuple(sorted(tunables.items())))
+        key = (be.name, op, part, features, tuple(sorted(sizes.items())), tuple(sorted(tunables.items())),
+               tuple(sorted((hints or {}).items())))
         hash(key)
     except TypeError:
         key = None
@@ -168,14 +182,15 @@ def resolve(be: Backend, op: str, part: str, features: Any, sizes: dict[str, int
         return dict(hit[0]), hit[1]
     fused = FUSED.get(op)
     family = family_of(be.target)
-    defaults = be.fused_defaults(op, features, sizes)
-    source = "explicit" if tunables else "default"
+    defaults, hinted = fused.defaults(family, part, features, sizes, be.fused_defaults(op, features, sizes), hints)
+    source = "explicit" if tunables else "hint" if hinted else "default"
     if not tunables and fused.tunables_for(family):
         lanes, L = fused.problem(features, sizes)
         entry = store.lookup(backend=be.name, device=be.availability().device, signature=fused.signature(features),
                              dtype=features.dtype, lanes=lanes, L=L)
         if entry is not None and entry[0] == store.FUSED_PREFIX + op:
-            defaults, source = {**defaults, **dict(entry[1])}, "tuned"
+            tuned = {k: v for k, v in dict(entry[1]).items() if part == "forward" or k != "algorithm"}
+            defaults, source = {**defaults, **tuned}, "tuned"
     cfg = fused.resolve(family, tunables, defaults, api)
     reason = misfit(be, op, part, features, cfg)
     if reason:
@@ -205,7 +220,7 @@ def latest(*ops: str) -> FusedInfo | None:
 
 
 def run(op: str, part: str, features: Any, arrays: dict[str, Any], sizes: dict[str, int], *, backend: str = "auto",
-        tunables: dict | None = None, api: str, fallback: bool = False) -> FusedInfo:
+        tunables: dict | None = None, api: str, fallback: bool = False, hints: dict | None = None) -> FusedInfo:
     """Runs ``part`` of fused operation ``op`` on ``arrays`` (its ``out`` arrays are written in place).
 
     Args:
@@ -218,6 +233,8 @@ def run(op: str, part: str, features: Any, arrays: dict[str, Any], sizes: dict[s
         tunables: the call's tunables (``{}``: the store's, else the defaults).
         api: the public call's name (errors start with it).
         fallback: run on the best backend that has the part when ``backend`` has none, or none that fits.
+        hints: ``{"chunk": n}`` (``chunk_size``): the chunked algorithm with chunks of n where the backend
+            has it, unless the tuned store or the call's tunables say otherwise (:func:`resolve`).
 
     Returns:
         what ran (also in :data:`last`).
@@ -232,7 +249,7 @@ def run(op: str, part: str, features: Any, arrays: dict[str, Any], sizes: dict[s
             f"it has no fused {op} {part} kernel"
         why = f"backend {backend!r}: {reason}; {be.name!r} ran it"
         given = {}  # the tunables were meant for the backend asked for
-    cfg, source = resolve(be, op, part, features, sizes, given, api=api)
+    cfg, source = resolve(be, op, part, features, sizes, given, api=api, hints=hints)
     fused = FUSED.get(op)
     be.run_fused(fused.call(part, features, cfg), arrays, sizes)
     return record(FusedInfo(be.name, part, cfg, source, op, why))

@@ -1,5 +1,11 @@
 """``scanweaver tune``: tune the selective scan on a backend with Kernel Tuner and store the best configuration.
 
+``--op NAME`` tunes a fused operation's forward kernel instead: ``mamba1`` (shape B,D,N,L) or ``matrix_state``
+(shape B,T,H,K,V: GLA's features, a log decay per key; on ``cpu`` the search covers ``algorithm`` (recurrent,
+chunked), ``chunk``, ``block_v``, ``width``, ``threads``).  The stored entry is used by later calls of the
+same features on that device and size bucket, forward and backward, over the algorithm rule and
+``chunk_size`` (their ``last.source == "tuned"``); a call's own tunables still win.
+
 ``--show`` lists what every store this process reads holds instead (the shared stores of
 ``$SCANWEAVER_TUNED``, then the per-user one); ``--export FILE`` writes them to one file and
 ``--import FILE`` merges such a file into the store tunes write to.  Examples::
@@ -7,6 +13,7 @@
     scanweaver tune --backend cpu --shape 8,512,4096
     scanweaver tune --backend opencl --shape 4,1024 --strategy random_sample --max-fevals 20 --json
     scanweaver tune --op mamba1 --backend cpu --shape 2,768,16,2048    # the fused Mamba-1 kernel
+    scanweaver tune --op matrix_state --shape 1,2048,8,64,64 --values algorithm=recurrent,chunked
     scanweaver tune --backend julia --device cpu --shape 8,4096 --strategy random_sample --max-fevals 4
     scanweaver tune --backend cuda --parallel 8 --ray-address auto   # one shard per GPU of a Ray cluster
     scanweaver tune --show
@@ -24,15 +31,21 @@ from ..errors import ScanInputError
 from . import command, parse_shape
 
 
-def _values(text: str) -> tuple[str, tuple[int, ...]]:
-    """``name=v1,v2`` -> (name, (v1, v2))."""
-    name, _, vals = text.partition("=")
+def _value(text: str) -> int | str:
+    """One candidate value: an int where it reads as one, else the word (``chunked``)."""
     try:
-        parsed = tuple(int(v) for v in vals.split(",") if v.strip())
+        return int(text)
     except ValueError:
-        parsed = ()
+        return text
+
+
+def _values(text: str) -> tuple[str, tuple[int | str, ...]]:
+    """``name=v1,v2`` -> (name, (v1, v2)): ints, or words such as ``algorithm=recurrent,chunked``."""
+    name, _, vals = text.partition("=")
+    parsed = tuple(_value(v.strip()) for v in vals.split(",") if v.strip())
     if not name.strip() or not parsed:
-        raise argparse.ArgumentTypeError(f"--values must look like chunk=512,1024, got {text!r}")
+        raise argparse.ArgumentTypeError(f"--values must look like chunk=512,1024 or algorithm=recurrent,chunked, "
+                                         f"got {text!r}")
     return name.strip(), parsed
 
 
@@ -91,7 +104,8 @@ def import_(path: str, as_json: bool) -> int:
     return 0
 
 
-@command("tune", help="auto-tune the selective scan with Kernel Tuner and store the best configuration")
+@command("tune", help="auto-tune the selective scan, or a fused kernel (--op), with Kernel Tuner and store the best "
+                         "configuration")
 class Tune:
     @staticmethod
     def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -99,12 +113,15 @@ class Tune:
         p.add_argument("--device", help="the julia backend's KernelAbstractions device: cpu, cuda, amdgpu, oneapi "
                                         "or metal (default: $SCANWEAVER_JULIA_DEVICE, else cuda)")
         p.add_argument("--shape", type=parse_shape, default=(8, 512, 4096),
-                       help="operand shape B,D,L (any leading sizes; last is L), default 8,512,4096")
+                       help="operand shape B,D,L (any leading sizes; last is L), default 8,512,4096; with --op "
+                            "the operation's shape (mamba1: B,D,N,L; matrix_state: B,T,H,K,V)")
         p.add_argument("--dtype", default="float32", choices=("float32", "float64"))
         p.add_argument("--schedule", action="append", help="tune only this schedule family (repeatable)")
         p.add_argument("--recurrence", default="selective_scan", choices=("selective_scan", "selective_scan_h"),
                        help="selective_scan (with c) or selective_scan_h (y = h)")
-        p.add_argument("--op", help="tune a fused operation's kernel instead (mamba1: shape B,D,N,L)")
+        p.add_argument("--op", help="tune a fused operation's forward kernel instead (mamba1: shape B,D,N,L; "
+                                    "matrix_state: shape B,T,H,K,V, its algorithm and chunk among the tunables); "
+                                    "later calls of its features and size use the stored entry")
         p.add_argument("--strategy", default="brute_force",
                        help="Kernel Tuner strategy: brute_force, random_sample, bayes_opt, genetic_algorithm, ...")
         p.add_argument("--max-fevals", type=int,
@@ -112,7 +129,8 @@ class Tune:
                             "(brute_force then measures a random sample of that many)")
         p.add_argument("--time-limit", type=float, help="seconds for the whole tune")
         p.add_argument("--values", type=_values, action="append", metavar="NAME=V1,V2",
-                       help="candidate values of one tunable instead of the declared ones (repeatable)")
+                       help="candidate values of one tunable instead of the declared ones (repeatable), e.g. "
+                            "chunk=32,64 or algorithm=recurrent,chunked")
         p.add_argument("--confirm", type=int, default=0, metavar="N",
                        help="re-measure best and default alternately N times after the search; the table's "
                             "best/default speedup and what is stored then follow those medians")

@@ -91,6 +91,7 @@ class FusedOp(ABC):
             keyword arguments of the public entry point and Kernel Tuner search-space keys.
         implementations: target name -> the parts that target renders, e.g.
             ``{"numpy": PARTS, "c": PARTS, "opencl": ("forward",)}``.
+        chunked_from: the algorithm rule of :meth:`algorithm` (part -> thresholds).
     """
 
     name: ClassVar[str]
@@ -98,6 +99,11 @@ class FusedOp(ABC):
     parts: ClassVar[tuple[str, ...]] = PARTS
     tunables: ClassVar[dict[str, tuple[Tunable, ...]]] = {}
     implementations: ClassVar[dict[str, tuple[str, ...]]] = {}
+    #: Part -> ``((steps, state), ...)``: the chunked form is the default of ``part`` (where the kernels have
+    #: one, an ``algorithm`` tunable with a ``chunked`` value) when some pair holds: at least ``steps`` steps per
+    #: sequence and ``K * V >= state``; parts not named keep the tunable's declared default.  Operations set
+    #: their own from measurements.
+    chunked_from: ClassVar[dict[str, tuple[tuple[int, int], ...]]] = {}
 
     @abstractmethod
     def params(self, part: str) -> tuple[Param, ...]:
@@ -184,6 +190,56 @@ class FusedOp(ABC):
         channels or heads, and their length)."""
         lanes = sizes.get("nseq", sizes.get("batch", 1)) * sizes.get("H", sizes.get("dim", 1))
         return lanes, sizes.get("T", sizes.get("L", 1))
+
+    def steps(self, sizes: dict[str, int]) -> int:
+        """Mean steps per sequence of a call (``T`` or ``L``, over the packed sequences where there are several
+        in a row): what the algorithm rule compares with :attr:`chunked_from`."""
+        T, batch = sizes.get("T", sizes.get("L", 1)), sizes.get("batch", 1)
+        return T * batch // max(1, sizes.get("nseq", batch))
+
+    def chooses(self, family: str) -> bool:
+        """True when the kernels of ``family`` have an ``algorithm`` tunable with a ``chunked`` value."""
+        return any(t.name == "algorithm" and "chunked" in t.values for t in self.tunables_for(family))
+
+    def algorithm(self, family: str, part: str, features: Any, sizes: dict[str, int]) -> str | None:
+        """The default algorithm of ``part``: ``chunked`` where :attr:`chunked_from` says so for this shape
+        (steps per sequence and the state's ``K * V`` at least one pair of its thresholds), else the
+        ``algorithm`` tunable's declared default; ``None`` where ``family``'s kernels have no chunked form."""
+        if not self.chooses(family):
+            return None
+        steps, state = self.steps(sizes), getattr(features, "K", 1) * getattr(features, "V", 1)
+        if any(steps >= s and state >= n for s, n in self.chunked_from.get(part, ())):
+            return "chunked"
+        return str(next(t.default for t in self.tunables_for(family) if t.name == "algorithm"))
+
+    def defaults(self, family: str, part: str, features: Any, sizes: dict[str, int], backend: dict[str, object],
+                 hints: dict[str, object] | None = None) -> tuple[dict[str, object], bool]:
+        """The defaults of a call before the tuned store and the caller's tunables: ``backend`` (the backend's
+        defaults by shape), with the algorithm of :meth:`algorithm`, then ``hints`` (``{"chunk": n}``, from
+        fla's and mamba-ssm's ``chunk_size``): where ``family``'s kernels have a ``chunk`` tunable whose rule
+        takes ``n``, it becomes ``chunk``, and where they have a chunked form, ``algorithm`` is ``chunked``;
+        a hint they cannot take is dropped.  Returns ``(defaults, whether a hint was taken)``.
+
+        Example:
+            >>> from scanweaver.fused import REGISTRY
+            >>> from scanweaver.fused.matrix_state import MatrixStateFeatures
+            >>> op, f = REGISTRY.get("matrix_state"), MatrixStateFeatures("float32", 64, 64)
+            >>> op.defaults("c", "forward", f, {"batch": 1, "T": 16, "H": 1, "Hq": 1, "nseq": 1}, {},
+            ...             {"chunk": 32})
+            ({'algorithm': 'chunked', 'chunk': 32}, True)
+        """
+        cfg = dict(backend)
+        alg = self.algorithm(family, part, features, sizes)
+        if alg is not None:
+            cfg["algorithm"] = alg
+        chunk = (hints or {}).get("chunk")
+        tun = next((t for t in self.tunables_for(family) if t.name == "chunk"), None)
+        if chunk is None or tun is None or (tun.rule is not None and tun.rule(chunk)):
+            return cfg, False
+        cfg["chunk"] = chunk
+        if alg is not None:
+            cfg["algorithm"] = "chunked"
+        return cfg, True
 
     def runs_on(self, target: str, part: str | None = None) -> bool:
         """True when ``target`` renders this operation (its ``part``, if given)."""

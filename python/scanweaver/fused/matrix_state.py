@@ -144,8 +144,8 @@ MAX_CHUNK = 1024
 ALGORITHMS = ("recurrent", "chunked")
 #: The CPU (C) kernels' tunables.
 C_TUNABLES = (
-    Tunable("algorithm", "recurrent", ALGORITHMS, "forward algorithm: the fused recurrence (the default: faster "
-            "or level at every shape measured, bench/linear_rnn.py) or the chunked matmul form",
+    Tunable("algorithm", "recurrent", ALGORITHMS, "the fused recurrence or the chunked matmul form; by default "
+            "the rule of MatrixState.chunked_from (measured by bench/linear_rnn.py --table)",
             lambda v: None if v in ALGORITHMS else f"it must be one of {', '.join(ALGORITHMS)}"),
     Tunable("chunk", 64, (16, 32, 48, 64, 96, 128), "time steps per chunk of the chunked form (any length from 1 "
             f"to {MAX_CHUNK}; results do not depend on it)", lambda v: _between(v, 1, MAX_CHUNK)),
@@ -174,6 +174,12 @@ class MatrixState(FusedOp):
     parts = PARTS
     tunables = {"c": C_TUNABLES, "gpu": MATRIX_GPU_TUNABLES}
     implementations = {"numpy": PARTS, "c": PARTS, "opencl": PARTS, "cuda": PARTS}
+    #: The algorithm rule (bench/results/linear_rnn_algorithms.json, float32 on every core): the chunked backward
+    #: from 1024 steps per sequence with K * V >= 4096, and from 256 with K * V >= 8192 (faster at 23 of the 24
+    #: such shapes measured, Mamba-2, GLA and RWKV-6: the recurrent one took 1.05-2.95x its time); the forward
+    #: stays recurrent (the chunked one won by up to 1.2x on Mamba-2's one q/k group, lost by up to 2x on GLA and
+    #: RWKV-6).  docs/matrix-state.md#algorithms has the figures.
+    chunked_from = {"backward": ((1024, 4096), (256, 8192))}
 
     def work(self, features: MatrixStateFeatures, sizes: dict[str, int]) -> int:
         """``batch * T * H * K * V`` state elements per forward call."""

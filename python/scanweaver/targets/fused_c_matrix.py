@@ -123,12 +123,13 @@ def timed(call) -> str:
 
 
 def defaults(features: MatrixStateFeatures, sizes: dict) -> dict:
-    """Defaults by shape: the recurrent form, with whole rows of the state up to 128 value columns per block
+    """Defaults by shape (the algorithm is the operation's rule, :meth:`~scanweaver.fused.FusedOp.algorithm`):
+    for the recurrent form, whole rows of the state up to 128 value columns per block
     (one item per head: the packed rows of q, k and the decays are read and exponentiated once per step;
     measured faster than narrower blocks at V = 64 and 128 by bench/linear_rnn.py), and one thread, with no
     OpenMP region, below :data:`ONE_THREAD_WORK` state elements per call (decode: a parallel region costs
     more than the work, and on a loaded machine it waits for a descheduled thread)."""
-    cfg: dict = {"algorithm": "recurrent", "block_v": min(128, max(16, 1 << (features.V - 1).bit_length()))}
+    cfg: dict = {"block_v": min(128, max(16, 1 << (features.V - 1).bit_length()))}
     if MatrixState().work(features, sizes) < ONE_THREAD_WORK:
         cfg["threads"] = 1
     return cfg

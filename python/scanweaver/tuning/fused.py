@@ -9,7 +9,9 @@ configuration's output is checked against the float64 NumPy definition, and
 the best goes into the tuned store under the operation's signature
 (:meth:`~scanweaver.fused.FusedOp.signature`), where the fused calls of
 :func:`scanweaver.mamba_selective_scan` find it (``scanweaver.mamba.last.source
-== "tuned"``).
+== "tuned"``), and those of the matrix-state operations (``matrix_state``: its
+``algorithm`` for their forward, its other tunables for both parts;
+``scanweaver.matrix.last``).
 
 Example:
     >>> from scanweaver.tuning.fused import tune_fused
@@ -262,7 +264,9 @@ def tune_fused(op: str = "mamba1", *, backend: str = "cpu", shape=(2, 768, 16, 2
                                  check=lambda y: problem.check(target.fused_result(y, answer.shape), answer),
                                  progress=progress, iterations=iterations,
                                  answer=target.fused_answer(answer.astype(dtype)))
-    default_cfg = FUSED.get(op).resolve(family, {}, be.fused_defaults(op, problem.features, problem.sizes), "tune")
+    base, _ = FUSED.get(op).defaults(family, "forward", problem.features, problem.sizes,
+                                     be.fused_defaults(op, problem.features, problem.sizes))
+    default_cfg = FUSED.get(op).resolve(family, {}, base, "tune")
     default_cfg = {k: v for k, v in default_cfg.items() if k not in fixed}
     default = space.join(space.schedules[0], default_cfg) if space.contains(space.join(space.schedules[0],
                                                                                      default_cfg)) else None

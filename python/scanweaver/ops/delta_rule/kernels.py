@@ -8,7 +8,9 @@ backend's defaults; what ran is :data:`scanweaver.matrix.last`
 (``runner.last["delta_rule"]``).  A backward asked of a backend whose rendering
 does not run it (the GPU kernels' backward is DeltaNet's) runs on the best one
 that does, and the report says so.  The algorithm is the kernels' tunable
-``algorithm`` (today ``recurrent``); nothing here chooses it.
+``algorithm``, chosen by the runner (:meth:`scanweaver.fused.FusedOp.algorithm`,
+``chunk_size``, the tuned store, the call's ``algorithm=``), as for every fused
+operation.
 
 Example:
     >>> import numpy as np
@@ -28,24 +30,18 @@ import numpy as np
 
 from ...calls import runner
 from ...calls.runner import FusedInfo
-from ...fused import REGISTRY as FUSED
 from .operands import DeltaOperands
 
 #: The fused operation this module runs.
 OP = "delta_rule"
 
 
-def chunk_tunables(backend: str, ops: DeltaOperands, part: str, chunk_size: int | None, api: str) -> dict:
-    """fla's ``chunk_size=`` as the chunk-length tunable (``chunk``) of the backend that runs ``part`` where its
-    rendering has one, else nothing: the result does not depend on it, only the speed."""
-    from ...targets.fused import family_of
-
-    if chunk_size is None:
-        return {}
-    be = runner.backend_for(OP, part, backend, ops.state_dtype, api=api, features=ops.features(),
-                            fallback=part == "backward")
-    names = {t.name for t in FUSED.get(OP).tunables_for(family_of(be.target))}
-    return {"chunk": int(chunk_size)} if "chunk" in names else {}
+def chunk_hints(chunk_size: int | None) -> dict:
+    """fla's ``chunk_size=`` as the runner's hint ``{"chunk": n}``: where the backend that runs the part has a
+    chunked form whose ``chunk`` rule takes n, that form runs with chunks of n, unless the tuned store or the
+    call's own tunables say otherwise (:func:`scanweaver.calls.runner.resolve`); elsewhere it is dropped: the
+    result does not depend on it, only the speed."""
+    return {} if chunk_size is None else {"chunk": int(chunk_size)}
 
 
 def _record_empty(ops: DeltaOperands, part: str, backend: str, api: str, features) -> None:
@@ -67,9 +63,8 @@ def forward(ops: DeltaOperands, *, backend: str = "auto", api: str = OP, chunk_s
         hlast[...] = 0 if ops.h0 is None else ops.h0
         _record_empty(ops, "forward", backend, api, feats)
         return o, hlast
-    given = {**chunk_tunables(backend, ops, "forward", chunk_size, api), **tunables}
     runner.run(OP, "forward", feats, {**ops.arrays(), "o": o, "hlast": hlast}, ops.sizes, backend=backend,
-               tunables=given, api=api)
+               tunables=tunables, api=api, hints=chunk_hints(chunk_size))
     return o, hlast
 
 
@@ -90,7 +85,6 @@ def backward(ops: DeltaOperands, do: np.ndarray | None, dhlast: np.ndarray | Non
             out["dh0"][...] = dh
         _record_empty(ops, "backward", backend, api, feats)
         return out
-    given = {**chunk_tunables(backend, ops, "backward", chunk_size, api), **tunables}
     runner.run(OP, "backward", feats, {**ops.arrays(), "do": do, "dhlast": dh, **out}, ops.sizes, backend=backend,
-               tunables=given, api=api, fallback=True)
+               tunables=tunables, api=api, fallback=True, hints=chunk_hints(chunk_size))
     return out

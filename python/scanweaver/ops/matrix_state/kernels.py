@@ -19,7 +19,6 @@ from ...arrays import contiguous
 from ...calls import runner
 from ...calls.runner import FusedInfo
 from ...errors import ScanInputError
-from ...fused import REGISTRY as FUSED
 from .operands import MatrixOperands
 
 #: The fused operation this module runs.
@@ -48,21 +47,14 @@ def check_chunk_size(api: str, chunk_size) -> int | None:
     return int(chunk_size)
 
 
-def chunk_tunables(backend: str, dtype: np.dtype, part: str, chunk_size: int | None, api: str) -> dict:
-    """``chunk_size=`` (checked by :func:`check_chunk_size`) as the chunk-length tunable (``chunk``) of the
-    backend that runs ``part``, where its rendering has one and takes that length; else nothing, and the
-    backend's own chunk runs (tuned or default: :data:`scanweaver.matrix.last` says which): the result does
-    not depend on it, only the speed."""
-    from ...targets.fused import family_of
-
+def chunk_hints(api: str, chunk_size) -> dict:
+    """``chunk_size=`` (checked by :func:`check_chunk_size`) as the runner's hint ``{"chunk": n}``: where the
+    backend that runs the part has a chunked form whose ``chunk`` rule takes n, that form runs with chunks of n,
+    unless the tuned store or the call's own tunables say otherwise (:func:`scanweaver.calls.runner.resolve`);
+    elsewhere the hint is dropped.  The result does not depend on it, only the speed;
+    :data:`scanweaver.matrix.last` says what ran (``source == "hint"`` where the hint decided)."""
     chunk_size = check_chunk_size(api, chunk_size)
-    if chunk_size is None:
-        return {}
-    be = runner.backend_for(OP, part, backend, dtype, api=api, fallback=part == "backward")
-    chunk = next((t for t in FUSED.get(OP).tunables_for(family_of(be.target)) if t.name == "chunk"), None)
-    if chunk is None or (chunk.rule is not None and chunk.rule(chunk_size)):
-        return {}
-    return {"chunk": chunk_size}
+    return {} if chunk_size is None else {"chunk": chunk_size}
 
 
 def forward(ops: MatrixOperands, *, backend: str = "auto", return_state: bool = True, api: str = OP,
@@ -71,16 +63,16 @@ def forward(ops: MatrixOperands, *, backend: str = "auto", return_state: bool = 
     feats = ops.features()
     o = ops.xp.empty(ops.v.shape, ops.dtype)
     hlast = ops.xp.empty(ops.state_shape, ops.dtype) if return_state else None
-    given = {**chunk_tunables(backend, ops.dtype, "forward", chunk_size, api), **tunables}
+    hints = chunk_hints(api, chunk_size)
     if ops.v.shape[1] == 0:
         if hlast is not None:
             hlast[...] = 0 if ops.h0 is None else ops.h0
         be = runner.backend_for(OP, "forward", backend, ops.dtype, api=api, features=feats)
-        cfg, source = runner.resolve(be, OP, "forward", feats, ops.sizes, given, api=api)
+        cfg, source = runner.resolve(be, OP, "forward", feats, ops.sizes, tunables, api=api, hints=hints)
         runner.record(FusedInfo(be.name, "forward", cfg, source, OP))
     else:
         runner.run(OP, "forward", feats, {**ops.arrays(), "o": o, "hlast": hlast}, ops.sizes, backend=backend,
-                   tunables=given, api=api)
+                   tunables=tunables, api=api, hints=hints)
     return o, hlast
 
 
@@ -97,14 +89,14 @@ def backward(ops: MatrixOperands, do: np.ndarray, dhlast: np.ndarray | None = No
     out = {"dq": xp.zeros_like(ops.q), "dk": xp.zeros_like(ops.k), "dv": xp.zeros_like(ops.v),
            "dg": None if ops.g is None else xp.zeros_like(ops.g), "du": None if ops.u is None else
            xp.zeros_like(ops.u), "dh0": None if ops.h0 is None else xp.zeros(ops.state_shape, ops.dtype)}
-    given = {**chunk_tunables(backend, ops.dtype, "backward", chunk_size, api), **tunables}
+    hints = chunk_hints(api, chunk_size)
     if ops.v.shape[1] == 0:
         if out["dh0"] is not None and dh is not None:
             out["dh0"][...] = dh
         be = runner.backend_for(OP, "backward", backend, ops.dtype, api=api, fallback=True)
-        cfg, source = runner.resolve(be, OP, "backward", feats, ops.sizes, {}, api=api)
+        cfg, source = runner.resolve(be, OP, "backward", feats, ops.sizes, {}, api=api, hints=hints)
         runner.record(FusedInfo(be.name, "backward", cfg, source, OP))
     else:
         runner.run(OP, "backward", feats, {**ops.arrays(), "do": do, "dhlast": dh, **out}, ops.sizes,
-                   backend=backend, tunables=given, api=api, fallback=True)
+                   backend=backend, tunables=tunables, api=api, fallback=True, hints=hints)
     return out
