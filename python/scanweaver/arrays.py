@@ -103,13 +103,14 @@ def returned_dtype(dtype, wide: np.dtype) -> np.dtype:
 
 def check_state_dtype(api: str, name: str, dtype, compute: np.dtype) -> None:
     """Raises :class:`ScanInputError` unless an initial state ``name`` of ``dtype`` fits operands accumulated in
-    ``compute``: a real floating-point (:func:`is_real`) or integer dtype, or a complex one with complex operands.
+    ``compute``: a real floating-point (:func:`is_real`, or any other of kind ``f``) or integer dtype, or a complex
+    one with complex operands.
 
     Example:
         >>> check_state_dtype("demo", "h0", np.float16, np.dtype(np.float32))
     """
     d = np.dtype(dtype)
-    if is_real(d) or d.kind in "iu" or (compute.kind == "c" and is_floating(d)):
+    if is_real(d) or d.kind in "fiu" or (compute.kind == "c" and is_floating(d)):
         return
     need = "a float or complex dtype" if compute.kind == "c" else "a real float dtype"
     raise ScanInputError(f"{api}: {name} has dtype {d}; it needs {need}")
