@@ -181,11 +181,17 @@ def _mamba2(draw, rng, p: Problem, x, h0, cu, mode: str, cap: float) -> Problem:
         dt[:, rng.integers(T)] = 1e3 if cap > 10 else 8.0
     if mode == "mixed":
         dt[rng.random(dt.shape) < 0.2] = 0.0
+    softplus = draw(st.booleans())
+    if softplus and mode != "spike":  # raw dt of either sign, then softplus(dt + dt_bias) > 0
+        dt = np.where(dt == 0.0, -30.0, rng.normal(0.0, 2.0, dt.shape))
     p.arrays = _round({"x": x, "dt": dt, "A": A, "B": rng.standard_normal((batch, T, G, N)),
                        "C": rng.standard_normal((batch, T, G, N)),
                        "D": rng.standard_normal(H) if draw(st.booleans()) else None,
+                       "z": rng.standard_normal(x.shape) if draw(st.booleans()) else None,
+                       "dt_bias": rng.normal(0.0, 0.5, H) if softplus and draw(st.booleans()) else None,
                        "h0": None if h0 is None else rng.standard_normal((h0.shape[0], H, P, N)), "cu_seqlens": cu},
                       p.dtype)
+    p.options = {"softplus": softplus}
     return p
 
 
@@ -210,7 +216,13 @@ def _delta(draw, rng, p: Problem, q, k, v, h0, cu, mode: str, cap: float, fixed:
             beta[rng.random(beta.shape) < 0.3] = 0.0
             beta[rng.random(beta.shape) < 0.3] = 2.0
         arrays["beta"] = beta
-    p.arrays, p.options = _round(arrays, p.dtype), {"scale": float(rng.uniform(0.1, 1.5)), "l2norm": l2norm}
+    sigmoid = None  # use_beta_sigmoid_in_kernel: beta = c * sigmoid(raw), c = 2 with allow_neg_eigval
+    if p.op in ("gated_delta_rule", "kda") and draw(st.booleans()):
+        sigmoid = 2.0 if draw(st.booleans()) else 1.0
+        arrays["beta"] = np.where(rng.random(beta.shape) < 0.2, rng.choice([-1e4, 1e4], beta.shape),
+                                  rng.normal(0.0, 3.0, beta.shape))
+    p.arrays = _round(arrays, p.dtype)
+    p.options = {"scale": float(rng.uniform(0.1, 1.5)), "l2norm": l2norm, "sigmoid": sigmoid}
     return p
 
 
@@ -221,13 +233,17 @@ def run(p: Problem, backend: str) -> tuple:
         named = {"g": a.get("g"), "beta": a.get("beta"), "a": a.get("a"), "b": a.get("b")}
         named = {**{n: a[n] for n in ("q", "k", "v", "h0", "cu_seqlens")}, **named}
         fn = getattr(scanweaver, p.op)
+        if o["sigmoid"] is not None:
+            return fn(named["q"], named["k"], named["v"], named["g"], named["beta"], o["scale"], named["h0"], True,
+                      o["l2norm"], use_beta_sigmoid_in_kernel=True, allow_neg_eigval=o["sigmoid"] == 2.0,
+                      cu_seqlens=named["cu_seqlens"], backend=backend, **p.tunables)
         return call_public(fn, p.op, named, scale=o["scale"], l2norm=o["l2norm"], backend=backend, **p.tunables)
     kw = {"backend": backend, **p.tunables}
     if p.op == "mamba2_scan":
         cu = a["cu_seqlens"]
-        out = scanweaver.mamba2_scan(a["x"], a["dt"], a["A"], a["B"], a["C"], D=a["D"], initial_states=a["h0"],
-                                     cu_seqlens=cu, return_final_states=True, return_varlen_states=cu is not None,
-                                     **kw)
+        out = scanweaver.mamba2_scan(a["x"], a["dt"], a["A"], a["B"], a["C"], D=a["D"], z=a["z"], dt_bias=a["dt_bias"],
+                                     initial_states=a["h0"], cu_seqlens=cu, dt_softplus=o["softplus"],
+                                     return_final_states=True, return_varlen_states=cu is not None, **kw)
         return out[0], out[-1]
     common = dict(scale=o["scale"], initial_state=a["h0"], output_final_state=True, cu_seqlens=a["cu_seqlens"], **kw)
     if p.op == "rwkv6":
@@ -246,9 +262,13 @@ def oracle(p: Problem) -> tuple[np.ndarray, np.ndarray]:
     cu = p.arrays.get("cu_seqlens")
     if p.op in DELTA:
         named = {n: x for n, x in a.items() if x is not None}
+        if p.options["sigmoid"] is not None:
+            with np.errstate(over="ignore"):  # exp(1e4): inf, and the logistic 0, as it should be
+                named["beta"] = p.options["sigmoid"] / (1.0 + np.exp(-named["beta"]))
         return loop(PUBLIC[p.op], {**named, "cu_seqlens": cu}, scale=p.options["scale"], l2norm=p.options["l2norm"])
     if p.op == "mamba2_scan":
-        return mamba2_loop(a["x"], a["dt"], a["A"], a["B"], a["C"], D=a["D"], h0=a["h0"], cu=cu)
+        return mamba2_loop(a["x"], a["dt"], a["A"], a["B"], a["C"], D=a["D"], z=a["z"], dt_bias=a["dt_bias"],
+                           softplus=p.options["softplus"], h0=a["h0"], cu=cu)
     q, k, v = a["q"], a["k"], a["v"]
     full = (*v.shape[:3], q.shape[3])
     if p.op == "retention":
