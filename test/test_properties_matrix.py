@@ -182,13 +182,17 @@ def _mamba2(draw, rng, p: Problem, x, h0, cu, mode: str, cap: float) -> Problem:
     if mode == "mixed":
         dt[rng.random(dt.shape) < 0.2] = 0.0
     softplus = draw(st.booleans())
+    bias = rng.normal(0.0, 0.5, H) if softplus and draw(st.booleans()) else None
     if softplus and mode != "spike":  # raw dt of either sign, then softplus(dt + dt_bias) > 0
         dt = np.where(dt == 0.0, -30.0, rng.normal(0.0, 2.0, dt.shape))
+    if softplus:  # growing heads: no product over the sequence past e^cap with the steps softplus makes
+        steps = np.logaddexp(0.0, dt + (0.0 if bias is None else bias)).sum(axis=1).max(axis=0)
+        A = np.where(A > 0, np.minimum(A, cap / np.maximum(steps, 1e-30)), A)
     p.arrays = _round({"x": x, "dt": dt, "A": A, "B": rng.standard_normal((batch, T, G, N)),
                        "C": rng.standard_normal((batch, T, G, N)),
                        "D": rng.standard_normal(H) if draw(st.booleans()) else None,
                        "z": rng.standard_normal(x.shape) if draw(st.booleans()) else None,
-                       "dt_bias": rng.normal(0.0, 0.5, H) if softplus and draw(st.booleans()) else None,
+                       "dt_bias": bias,
                        "h0": None if h0 is None else rng.standard_normal((h0.shape[0], H, P, N)), "cu_seqlens": cu},
                       p.dtype)
     p.options = {"softplus": softplus}
@@ -302,6 +306,7 @@ def check(p: Problem, backend: str) -> None:
     tol = TOL[p.dtype]
     for name, g, w in (("o", got[0], want[0]), ("final state", got[1], want[1])):
         g = np.asarray(g, np.float64)
+        assert np.isfinite(w).all(), f"{p}: the problem is not finite ({name} of the loop): a bug of the test"
         assert g.shape == w.shape, f"{p}: {name} has shape {g.shape}, the loop's {w.shape}"
         assert np.isfinite(g).all(), f"{p}: {name} has {np.count_nonzero(~np.isfinite(g))} non-finite values " \
                                      "where the loop's are finite"
