@@ -171,12 +171,6 @@ def test_one_rule_tells_the_floating_dtypes():
         assert not is_real(d) and not is_floating(d), d
 
 
-#: The public matrix and JAX entry points still test dtypes themselves (``dtype.kind == "f"`` in
-#: matrix/operands.py ``array`` and its ``out_dtype``; ``np.issubdtype(dtype, np.inexact)`` in jax.py
-#: ``_floating``), which misses bfloat16: they take arrays.is_real / is_floating in the public-layer restructure.
-PUBLIC_CHECKS = "the public layer's own dtype tests miss bfloat16 until they call arrays.is_real / is_floating"
-
-
 def _matrix_loop(q, k, v, logd, bonus=None):
     """o_t = S_t^T q_t (or S_{t-1}^T q_t + (q_t . (u * k_t)) v_t with ``bonus`` u), S_t = exp(logd_t)[:, None]
     S_{t-1} + k_t v_t^T, per batch row and head, in float64; logd (batch, T, H[, K])."""
@@ -198,7 +192,6 @@ def _matrix_loop(q, k, v, logd, bonus=None):
     return o
 
 
-@pytest.mark.xfail(strict=True, reason=PUBLIC_CHECKS)
 @pytest.mark.parametrize("op", ["linear_attention", "rwkv6", "mamba2_scan"])
 def test_bfloat16_numpy_inputs_to_the_matrix_operations(rng, op):
     bf16 = bfloat16()
@@ -220,11 +213,10 @@ def test_bfloat16_numpy_inputs_to_the_matrix_operations(rng, op):
         d64, x64 = np.asarray(dt, np.float64), np.asarray(v, np.float64)
         want = _matrix_loop(np.repeat(Cm, H, 2), np.repeat(Bm, H, 2), d64[..., None] * x64,
                             d64 * np.asarray(A, np.float64))  # the state transposed: (N, P), read by C
-    assert np.dtype(got.dtype) in (np.dtype(bf16), np.dtype(np.float32)), got.dtype
+    assert np.dtype(got.dtype) == np.dtype(bf16), "o comes back in the input dtype"
     np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=2**-7, atol=2**-7 * np.abs(want).max())
 
 
-@pytest.mark.xfail(strict=True, reason=PUBLIC_CHECKS)
 @pytest.mark.parametrize("op", ["linear_attention", "selective_scan"])
 def test_jax_bfloat16_inputs(rng, op):
     jnp = pytest.importorskip("jax.numpy")
@@ -239,3 +231,121 @@ def test_jax_bfloat16_inputs(rng, op):
         got, _ = scanweaver.linear_attention(*args[:3], g=args[3], scale=1.0)
         want = _matrix_loop(*(np.asarray(a, np.float64) for a in args))
     np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=2**-7, atol=2**-7 * np.abs(want).max())
+
+
+#: The named operations whose whole-sequence forms return ``(o, final state)``.
+NAMED = ("linear_attention", "simple_gla", "retention", "rwkv6", "mamba2_scan", "delta_rule", "gated_delta_rule",
+         "kda", "rwkv7")
+
+
+def _framework(name: str):
+    """(module with the entry points, NumPy bfloat16 -> that framework's bfloat16 array, back to float64)."""
+    if name == "numpy":
+        return scanweaver, lambda a: a, lambda a: np.asarray(a, np.float64)
+    if name == "jax":
+        jnp = pytest.importorskip("jax.numpy", reason="JAX is not installed (pip install scanweaver[jax])")
+        return scanweaver, jnp.asarray, lambda a: np.asarray(a, np.float64)
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed (pip install scanweaver[torch])")
+    return (scanweaver, lambda a: torch.tensor(np.asarray(a, np.float32)).to(torch.bfloat16),
+            lambda t: t.detach().float().numpy().astype(np.float64))
+
+
+def _named_problem(rng, op: str, bf16):
+    """``(call(fn, conv), o oracle, state oracle)`` of one small problem in bfloat16 (the oracle reads the rounded
+    values in float64)."""
+    from delta_family import PUBLIC, call_public, loop, problem
+    from matrix_loops import la_loop, mamba2_loop
+
+    B, T, H, K, V = 1, 11, 2, 4, 3
+
+    def rnd(x):
+        return np.asarray(x).astype(bf16)
+
+    def f64(*xs):
+        return [np.asarray(x, np.float64) for x in xs]
+
+    if op in PUBLIC:
+        _, a, _ = problem(rng, PUBLIC[op], batch=B, T=T, H=H, Hq=H, K=K, V=V, h0=False, dtype="bfloat16")
+        want = loop(PUBLIC[op], {n: np.asarray(x, np.float64) for n, x in a.items()}, scale=1.0)
+        return lambda fn, conv: call_public(fn, op, {n: conv(x) for n, x in a.items()}, scale=1.0), *want
+    q, k = rnd(rng.standard_normal((B, T, H, K))), rnd(rng.standard_normal((B, T, H, K)))
+    v = rnd(rng.standard_normal((B, T, H, V)))
+    if op == "mamba2_scan":
+        dt, A = rnd(rng.uniform(0.1, 1, (B, T, H))), rnd(-rng.uniform(0.5, 1, H))
+        want = mamba2_loop(*f64(v, dt, A, k[:, :, :1], q[:, :, :1]))
+        return (lambda fn, conv: fn(conv(v), conv(dt), conv(A), conv(k[:, :, :1]), conv(q[:, :, :1]),
+                                    return_final_states=True)), *want
+    g = rnd(-rng.uniform(0.05, 1, (B, T, H, K)))
+    if op == "linear_attention":
+        return (lambda fn, conv: fn(conv(q), conv(k), conv(v), g=conv(g), scale=1.0, output_final_state=True),
+                *la_loop(*f64(q, k, v, g), 1.0))
+    if op == "rwkv6":
+        u = rnd(rng.standard_normal((H, K)))
+        return (lambda fn, conv: fn(conv(q), conv(k), conv(v), conv(g), conv(u), scale=1.0, output_final_state=True),
+                *la_loop(*f64(q, k, v, g), 1.0, bonus=np.asarray(u, np.float64)))
+    if op == "simple_gla":
+        gs = g[..., 0]
+        return (lambda fn, conv: fn(conv(q), conv(k), conv(v), g=conv(gs), scale=1.0, output_final_state=True),
+                *la_loop(*f64(q, k, v), np.broadcast_to(np.asarray(gs, np.float64)[..., None], g.shape), 1.0))
+    gamma = np.log(1 - 2.0 ** (-5.0 - np.arange(H)))  # retention: one decay per head
+    return (lambda fn, conv: fn(conv(q), conv(k), conv(v), scale=1.0, output_final_state=True),
+            *la_loop(*f64(q, k, v), np.broadcast_to(gamma[:, None], g.shape), 1.0))
+
+
+@pytest.mark.parametrize("framework", ["numpy", "jax", "torch"])
+@pytest.mark.parametrize("op", NAMED)
+def test_every_named_operation_takes_bfloat16(rng, op, framework):
+    """bfloat16 operands are storage: computed in float32, o returned in bfloat16, the final state in float32."""
+    bf16 = bfloat16()
+    mod, conv, back = _framework(framework)
+    if framework != "numpy":
+        mod = __import__(f"scanweaver.{framework}", fromlist=[op])
+    call, want_o, want_s = _named_problem(rng, op, bf16)
+    o, state = call(getattr(mod, op), conv)
+    assert str(o.dtype).endswith("bfloat16"), f"{op}[{framework}]: o is {o.dtype}, the input dtype is bfloat16"
+    assert str(state.dtype).endswith("float32"), f"{op}[{framework}]: the final state is {state.dtype}"
+    for got, want in ((back(o), want_o), (back(state), want_s)):
+        np.testing.assert_allclose(got, want, rtol=2**-7, atol=2**-7 * np.abs(want).max())
+
+
+def test_beta_through_the_sigmoid_keeps_bfloat16_storage(rng):
+    """use_beta_sigmoid_in_kernel with bfloat16 beta: beta stays bfloat16, so the state is float32 (not float64)."""
+    bf16 = bfloat16()
+    q, k = (rng.standard_normal((1, 6, 2, 4)).astype(bf16) for _ in range(2))
+    v = rng.standard_normal((1, 6, 2, 3)).astype(bf16)
+    g, beta = (-rng.uniform(0.05, 1, (1, 6, 2))).astype(bf16), rng.standard_normal((1, 6, 2)).astype(bf16)
+    o, state = scanweaver.gated_delta_rule(q, k, v, g, beta, output_final_state=True, use_beta_sigmoid_in_kernel=True)
+    assert o.dtype == np.dtype(bf16) and state.dtype == np.float32
+
+
+def test_bfloat16_h0_is_a_real_state(rng):
+    """h0 in bfloat16 passes the one state-dtype rule (arrays.check_state_dtype), for NumPy and Dask alike."""
+    bf16 = bfloat16()
+    a, b, x, _ = operands(rng, (2, 13), np.float32)
+    h0 = rng.standard_normal(2).astype(bf16)
+    y = scanweaver.selective_scan(a, b, x, h0=h0, backend="numpy")
+    want = oracle([a, b, x, np.ones_like(a)], h0=np.asarray(h0, np.float64))[0]
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    with pytest.raises(ScanInputError, match=r"h0 has dtype <U1; it needs a real float dtype"):
+        scanweaver.selective_scan(a, b, x, h0=np.array(["x", "y"]), backend="numpy")
+    da = pytest.importorskip("dask.array", reason="Dask is not installed (pip install scanweaver[dask])")
+    import scanweaver.dask as swd
+
+    got = swd.selective_scan(*(da.from_array(v, chunks=(2, 7)) for v in (a, b, x)), h0=da.from_array(h0))
+    np.testing.assert_allclose(np.asarray(got.compute()), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32], ids=lambda d: np.dtype(d).name)
+def test_retention_decays_do_not_widen_the_call(rng, dtype):
+    """retention derives its decays itself: float32 (and float16) operands keep a float32 state, not float64."""
+    from matrix_loops import la_loop
+
+    q, k, v = (rng.standard_normal((1, 9, 2, 3)).astype(dtype) for _ in range(3))
+    o, state = scanweaver.retention(q, k, v, scale=1.0, output_final_state=True)
+    assert o.dtype == np.dtype(dtype) and state.dtype == np.float32
+    gamma = np.log(1 - 2.0 ** (-5.0 - np.arange(2)))
+    want_o, want_s = la_loop(*(np.asarray(x, np.float64) for x in (q, k, v)),
+                             np.broadcast_to(gamma[:, None], (1, 9, 2, 3)), 1.0)
+    tol = 2e-3 if dtype == np.float16 else 1e-5
+    np.testing.assert_allclose(o, want_o, rtol=tol, atol=tol * np.abs(want_o).max())
+    np.testing.assert_allclose(state, want_s, rtol=1e-5, atol=1e-5 * np.abs(want_s).max())

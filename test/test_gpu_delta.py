@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from delta_family import FAMILIES, inputs_of, loop, problem
 
+import scanweaver
 from scanweaver.errors import ScanInputError
 from scanweaver.fused import REGISTRY as FUSED
 from scanweaver.fused.delta_rule import DeltaRuleFeatures, forward_reference
@@ -72,6 +73,19 @@ def test_gpu_kernels_name_what_they_do_not_run():
     with pytest.raises(ScanInputError, match="float32 or float64, got float16"):
         be.run_fused(OP.call("forward", f, OP.resolve("gpu", {}, be.fused_defaults(OP.name, f, sizes), "t")),
                      {**a, **out}, sizes)
+
+
+def test_half_operands_on_the_gpu_kernels_are_refused_naming_them_and_the_way_out():
+    opencl()
+    rng = np.random.default_rng(1)
+    q, k = rng.normal(size=(2, 1, 5, 2, 4)).astype(np.float16)
+    v = rng.normal(size=(1, 5, 2, 3)).astype(np.float16)
+    beta = rng.uniform(0, 1, (1, 5, 2)).astype(np.float16)
+    with pytest.raises(ScanInputError, match=r"^delta_rule: .*float32 or float64; the operands \(q, k, v and the "
+                                             r"gates\) are float16: convert them to float32, or use backend='cpu'"):
+        scanweaver.delta_rule(q, k, v, beta, backend="opencl")
+    o = scanweaver.delta_rule(q, k, v, beta)[0]  # auto passes over the GPU kernels
+    assert o.dtype == np.float16 and np.isfinite(o.astype(np.float32)).all()
 
 
 NVCC = shutil.which("nvcc")

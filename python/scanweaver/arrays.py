@@ -63,6 +63,59 @@ def is_floating(dtype) -> bool:
         return False
 
 
+def is_real_operand(dtype) -> bool:
+    """True for a dtype a real operand of the named operations may have: :func:`is_real`, or an integer or
+    boolean dtype (those compute in float64, see :func:`real_compute_dtype`).
+
+    Example:
+        >>> is_real_operand(np.int32), is_real_operand(np.float16), is_real_operand(np.complex64)
+        (True, True, False)
+    """
+    try:
+        d = np.dtype(dtype)
+    except TypeError:
+        return False
+    return is_real(d) or d.kind in "iub"
+
+
+def real_compute_dtype(dtypes) -> np.dtype:
+    """The accumulation dtype of real operands of ``dtypes``: :func:`compute_dtype`, float64 when they are all
+    integers or booleans.
+
+    Example:
+        >>> [real_compute_dtype(d).name for d in ([np.float16, np.float16], [np.int32], [np.float32, np.float64])]
+        ['float32', 'float64', 'float64']
+    """
+    wide = compute_dtype(dtypes)
+    return wide if wide.kind == "f" else np.dtype(np.float64)
+
+
+def returned_dtype(dtype, wide: np.dtype) -> np.dtype:
+    """The dtype a named operation returns its output in, from its leading operand's ``dtype``: that dtype when
+    it is a real floating-point one (:func:`is_real`, float16 and bfloat16 included), else ``wide``.
+
+    Example:
+        >>> returned_dtype(np.float16, np.dtype(np.float32)).name, returned_dtype(np.int64, np.dtype(np.float64)).name
+        ('float16', 'float64')
+    """
+    return np.dtype(dtype) if is_real(dtype) else np.dtype(wide)
+
+
+def check_state_dtype(api: str, name: str, dtype, compute: np.dtype) -> None:
+    """Raises :class:`ScanInputError` unless an initial state ``name`` of ``dtype`` fits operands accumulated in
+    ``compute``: a real floating-point (:func:`is_real`, or any other of kind ``f``) or integer dtype, or a complex
+    one with complex operands.
+
+    Example:
+        >>> check_state_dtype("demo", "h0", np.float16, np.dtype(np.float32))
+    """
+    d = np.dtype(dtype)
+    if is_real(d) or d.kind in "fiu" or (compute.kind == "c" and is_floating(d)):
+        return
+    need = "a float or complex dtype" if compute.kind == "c" else "a real float dtype"
+    raise ScanInputError(f"{api}: {name} has dtype {d}; it needs {need}")
+
+
 def as_array(api: str, name: str, value: object) -> np.ndarray:
     """``value`` as a NumPy array of a supported dtype, else :class:`ScanInputError`.
 
@@ -260,10 +313,7 @@ def prepare(api: str, operands: dict[str, object], h0: object = None, reset: obj
     h0v = None
     if h0 is not None:
         h = np.asarray(h0)
-        kinds = "fiuc" if dtype.kind == "c" else "fiu"
-        if h.dtype.kind not in kinds and not is_half(h.dtype):
-            need = "a float or complex dtype" if dtype.kind == "c" else "a real float dtype"
-            raise ScanInputError(f"{api}: h0 has dtype {h.dtype}; it needs {need}")
+        check_state_dtype(api, "h0", h.dtype, dtype)
         want = batch if state_size == 1 else (*batch, state_size)
         if h.shape != want:
             rule = ("the operands' leading shape" if state_size == 1
@@ -322,7 +372,7 @@ def module_array(api: str, name: str, value: object, xp=None):
     if not isinstance(value, xp.ndarray):
         raise ScanInputError(f"{api}: {name} is a {type(value).__name__}; with device operands every array must be "
                              "on the same device")
-    if np.dtype(value.dtype).kind not in "fc":
+    if not is_floating(value.dtype):
         raise ScanInputError(f"{api}: {name} has dtype {value.dtype}; it needs a float dtype")
     return value
 

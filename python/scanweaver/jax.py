@@ -34,6 +34,7 @@ import functools
 import jax
 import numpy as np
 
+from .arrays import is_floating
 from .calls import route
 from .core.recurrence import Recurrence
 from .calls.declare import CALL_ARRAYS, OPERATIONS, Operation, make_entry
@@ -45,10 +46,6 @@ from .errors import ScanInputError, ScanWeaverError
 def _full(values, present: tuple[bool, ...]) -> list:
     it = iter(values)
     return [next(it) if p else None for p in present]
-
-
-def _floating(dtype) -> bool:
-    return np.issubdtype(np.dtype(dtype), np.inexact)
 
 
 @functools.lru_cache(maxsize=256)
@@ -85,8 +82,8 @@ def _op(name: str, present: tuple[bool, ...], options: str):
 
     def op_bwd(saved, cotangents):
         args, residuals = saved
-        needs = [_floating(a.dtype) for a in args]
-        full_needs = [False if a is None else _floating(a.dtype) for a in _full(args, present)]
+        needs = [is_floating(a.dtype) for a in args]
+        full_needs = [False if a is None else is_floating(a.dtype) for a in _full(args, present)]
         specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a, need in zip(args, needs, strict=True) if need]
 
         def host(*arrays):
@@ -137,7 +134,7 @@ _failures: list[ScanWeaverError] = []
 def _check_floating(api: str, values: dict) -> None:
     """Raises :class:`ScanInputError` naming the first array that is not of a floating or complex dtype."""
     for name, v in values.items():
-        if v is not None and hasattr(v, "dtype") and not _floating(v.dtype):
+        if v is not None and hasattr(v, "dtype") and not is_floating(v.dtype):
             raise ScanInputError(f"scanweaver.jax.{api}: {name} has dtype {v.dtype}; it needs a floating dtype")
 
 

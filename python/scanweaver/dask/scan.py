@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from ..core.recurrence import Recurrence
-from ..arrays import as_array, compute_dtype, result_dtype, seqlens_positions
+from ..arrays import as_array, check_state_dtype, compute_dtype, result_dtype, seqlens_positions
 from ..errors import ScanInputError, ScanWeaverError, api_boundary
 from .blocks import RecurrenceBlocks
 from .graph import Layout, build, choose, parallelism
@@ -71,8 +71,7 @@ def _shape(api: str, ops: dict, broadcast: bool) -> tuple[int, ...]:
 
 def _h0(api: str, h0, batch_chunks: tuple, state_size: int, dtype: np.dtype):
     h = as_dask(api, "h0", h0)
-    if h.dtype.kind not in ("fiuc" if dtype.kind == "c" else "fiu"):
-        raise ScanInputError(f"{api}: h0 has dtype {h.dtype}; it needs a real float dtype")
+    check_state_dtype(api, "h0", h.dtype, dtype)
     want = tuple(sum(c) for c in batch_chunks) + ((state_size,) if state_size > 1 else ())
     if tuple(h.shape) != want:
         raise ScanInputError(f"{api}: h0 has shape {tuple(h.shape)}; it needs the operands' leading shape"

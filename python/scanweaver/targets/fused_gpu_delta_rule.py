@@ -294,7 +294,9 @@ def fits(part: str, features: DeltaRuleFeatures, config: dict | None = None) -> 
     them then, and a backward falls back to a backend that runs it): half storage, and a backward other than
     DeltaNet's (q/k heads that differ from the value heads are found from the sizes, by :func:`plan`)."""
     if features.dtype not in ("float32", "float64"):
-        return f"the GPU kernels store float32 or float64, not {features.dtype}"
+        return (f"the GPU kernels store float32 or float64; the operands (q, k, v and the gates) are {features.dtype}: "
+                "convert them to float32, or use backend='cpu' or 'numpy' (which store float16 and bfloat16 as given) "
+                "or 'auto'")
     if part == "backward" and (features.gate != "none" or features.form != "delta" or features.l2norm):
         return (f"the GPU backward is DeltaNet's (gate none, form delta, no l2norm); got gate {features.gate}, "
                 f"form {features.form}, l2norm {features.l2norm}")

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...arrays import is_real
 from ...errors import ScanInputError
 from .kernels import backward, forward
 from .operands import DeltaOperands, operands
@@ -83,7 +84,7 @@ def prepare(family: str, inputs: list, options: dict) -> DeltaOperands:
     c = _beta_scale(options)
     if c is not None and named.get("beta") is not None:
         raw = np.asarray(named["beta"])
-        named["beta"] = (c * _sigmoid(raw)).astype(raw.dtype if raw.dtype.kind == "f" else np.float64)
+        named["beta"] = (c * _sigmoid(raw)).astype(raw.dtype if is_real(raw.dtype) else np.float64)
     names = {}
     if family == "rwkv7":
         named = {"q": named["r"], "g": named["w"], **{n: named[n] for n in ("k", "v", "a", "b")}}

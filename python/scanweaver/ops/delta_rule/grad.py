@@ -32,7 +32,7 @@ import functools
 
 import numpy as np
 
-from ...arrays import host_arrays, is_half
+from ...arrays import host_arrays, returned_dtype
 from ...calls.pairs import PAIRS, KernelPair
 from ...errors import ScanInputError
 from .families import INPUTS, family_backward, family_forward
@@ -75,7 +75,7 @@ def _shapes(family: str, specs: list, options: dict) -> list:
                                  f"{'none' if spec[name] is None else tuple(spec[name][0])}")
     (B, _, _, K), v = spec[qn][0], tuple(spec["v"][0])
     store = storage_dtype([s[1] for n, s in spec.items() if s is not None and n != "initial_state"])
-    out = spec["v"][1] if np.dtype(spec["v"][1]).kind == "f" or is_half(spec["v"][1]) else store
+    out = returned_dtype(spec["v"][1], store)
     cu = options.get("cu_seqlens")
     nseq = B if cu is None else len(cu) - 1
     state = (nseq, v[2], v[3], K) if options.get("state_v_first") else (nseq, v[2], K, v[3])

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...arrays import aligned, as_array, compute_dtype, is_half
+from ...arrays import aligned, as_array, is_half, is_real_operand, real_compute_dtype, returned_dtype
 from ...checks import check_seqlens
 from ...errors import ScanInputError
 from ...fused.delta_rule import DeltaRuleFeatures
@@ -49,7 +49,7 @@ def array(api: str, name: str, value, ndim: int, need: str) -> np.ndarray:
     arr = as_array(api, name, value)
     if arr.ndim != ndim:
         raise ScanInputError(f"{api}: {name} has shape {tuple(arr.shape)}; it needs {need}")
-    if arr.dtype.kind not in "fiub" and not is_half(arr.dtype):
+    if not is_real_operand(arr.dtype):
         raise ScanInputError(f"{api}: {name} has dtype {arr.dtype}; it needs a real floating-point dtype "
                              "(float16, bfloat16, float32 or float64)")
     return arr
@@ -72,8 +72,7 @@ def storage_dtype(dtypes) -> np.dtype:
     dtypes = [np.dtype(d) for d in dtypes]
     if all(d == dtypes[0] for d in dtypes) and _stored(dtypes[0]):
         return dtypes[0]
-    wide = compute_dtype(dtypes)
-    return wide if wide.kind == "f" else np.dtype(np.float64)
+    return real_compute_dtype(dtypes)
 
 
 @functools.lru_cache(maxsize=64)
@@ -189,6 +188,6 @@ def operands(api: str, family: str, q, k, v, *, g=None, beta=None, a=None, b=Non
         h0 = array(api, nm["h0"], h0, 4, f"(N, HV, K, V) = {(nseq, HV, K, V)}")
         check_shape(api, nm["h0"], h0, (nseq, HV, K, V), "(N, HV, K, V) (N: B, or the sequences of cu_seqlens)")
         h0 = aligned(np.ascontiguousarray(h0, dtype=accumulation(store)))
-    out = v.dtype if v.dtype.kind == "f" or is_half(v.dtype) else store
+    out = returned_dtype(v.dtype, store)
     return DeltaOperands(conv["q"], conv["k"], conv["v"], conv.get("g"), conv.get("beta"), conv.get("a"),
                          conv.get("b"), h0, cu, gate, form, bool(l2norm), np.dtype(out))

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...arrays import real_compute_dtype
 from ...errors import ScanInputError
 from .kernels import backward, forward
 from .operands import MatrixOperands, array, check_shape, operands
@@ -59,10 +60,11 @@ def scale_option(api: str, scale) -> float | None:
     return value
 
 
-def retention_decays(H: int, xp=None) -> np.ndarray:
+def retention_decays(H: int, xp=None, dtype=np.float64) -> np.ndarray:
     """RetNet's log decays per head, as flash-linear-attention's ``chunk_retention`` derives them:
-    ``log(1 - 2**(-5 - arange(H)))`` (Sun et al. 2023, "Retentive Network", section 2.2)."""
-    d = np.log1p(-(2.0 ** (-5.0 - np.arange(H, dtype=np.float64))))
+    ``log(1 - 2**(-5 - arange(H)))`` (Sun et al. 2023, "Retentive Network", section 2.2), in ``dtype`` (the
+    operands' accumulation dtype, so that derived decays do not widen the call)."""
+    d = np.log1p(-(2.0 ** (-5.0 - np.arange(H, dtype=np.float64)))).astype(dtype)
     return d if xp is None else xp.asarray(d)
 
 
@@ -80,7 +82,7 @@ def la_prepare(inputs: list, options: dict, xp=None) -> tuple[MatrixOperands, st
     qa = array(api, "q", q, 4, "(batch, T, H, K)", xp=xp)
     va = array(api, "v", v, 4, "(batch, T, H, V)", xp=xp)
     if options.get("retention"):
-        decay = retention_decays(va.shape[2], xp)
+        decay = retention_decays(va.shape[2], xp, real_compute_dtype([qa.dtype, va.dtype]))
     given = [n for n, x in (("g", g), ("g_head", g_head), ("decay", decay)) if x is not None]
     if len(given) > 1:
         raise ScanInputError(f"{api}: give at most one of {names['g']} (per key dim), {names['g_head']} (per head "

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...arrays import compute_dtype
+from ...arrays import real_compute_dtype, returned_dtype
 from ...calls.device import place
 from ...calls.pairs import PAIRS, KernelPair
 from ...checks import seqlens_option
@@ -71,9 +71,8 @@ def _nseq(batch: int, options: dict) -> int:
 def _la_shapes(specs: list, options: dict, api: str = attention.LA) -> list:
     q = _spec(specs, 0, api, "q" if api == attention.LA else "r", 4)
     v = _spec(specs, 2, api, "v", 4)
-    wide = compute_dtype([s[1] for s in specs if s is not None])
-    wide = wide if wide.kind == "f" else np.dtype(np.float64)
-    out = specs[2][1] if np.dtype(specs[2][1]).kind == "f" else wide
+    wide = real_compute_dtype([s[1] for s in specs if s is not None])
+    out = returned_dtype(specs[2][1], wide)
     K, V = (v[3], q[3]) if options.get("state_v_first") else (q[3], v[3])
     return [(v, np.dtype(out)), ((_nseq(v[0], options), v[2], K, V), wide)]
 
@@ -81,9 +80,8 @@ def _la_shapes(specs: list, options: dict, api: str = attention.LA) -> list:
 def _mamba2_shapes(specs: list, options: dict) -> list:
     x = _spec(specs, 0, mamba2.API, "x", 4)
     B = _spec(specs, 3, mamba2.API, "B", 4)
-    wide = compute_dtype([s[1] for s in specs if s is not None])
-    wide = wide if wide.kind == "f" else np.dtype(np.float64)
-    out = specs[0][1] if np.dtype(specs[0][1]).kind == "f" else wide
+    wide = real_compute_dtype([s[1] for s in specs if s is not None])
+    out = returned_dtype(specs[0][1], wide)
     return [(x, np.dtype(out)), ((_nseq(x[0], options), x[2], x[3], B[3]), wide)]
 
 

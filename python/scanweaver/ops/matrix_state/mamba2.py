@@ -25,7 +25,7 @@ import math
 
 import numpy as np
 
-from ...arrays import compute_dtype
+from ...arrays import real_compute_dtype, returned_dtype
 from ...errors import ScanInputError
 from .attention import pick
 from .kernels import backward, forward
@@ -101,9 +101,8 @@ class Prepared:
         self.softplus = bool(options.get("dt_softplus", False))
         self.limit = limit_of(options.get("dt_limit", ("0.0", "inf")))
         self.clamped = self.limit != (0.0, math.inf)
-        wide = compute_dtype([a.dtype for a in (x, dt, A, B, C, D, z, dt_bias, h0) if a is not None])
-        wide = wide if wide.kind == "f" else np.dtype(np.float64)
-        self.out_dtype = np.dtype(x.dtype) if np.dtype(x.dtype).kind == "f" else wide
+        wide = real_compute_dtype([a.dtype for a in (x, dt, A, B, C, D, z, dt_bias, h0) if a is not None])
+        self.out_dtype = returned_dtype(x.dtype, wide)
         cast = [None if a is None else mod.asarray(a, dtype=wide) for a in (x, dt, A, B, C, D, z, dt_bias, h0)]
         self.x, self.dt_in, self.A, self.B, self.C, self.D, self.z, self.dt_bias, self.h0 = cast
         raw = self.dt_in if self.dt_bias is None else self.dt_in + self.dt_bias

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ...arrays import check_seqlens, compute_dtype, contiguous, module_array
+from ...arrays import check_seqlens, contiguous, is_real_operand, module_array, real_compute_dtype, returned_dtype
 from ...errors import ScanInputError
 from ...fused.matrix_state import MatrixStateFeatures
 
@@ -29,7 +29,7 @@ def array(api: str, name: str, value, ndim: int, need: str, real: bool = True, x
     arr = module_array(api, name, value, xp)
     if arr.ndim != ndim:
         raise shape_error(api, name, arr, need)
-    if real and arr.dtype.kind not in "fiub":
+    if real and not is_real_operand(arr.dtype):
         raise ScanInputError(f"{api}: {name} has dtype {arr.dtype}; it needs a real floating-point dtype "
                              "(float16, bfloat16, float32 or float64)")
     return arr
@@ -146,15 +146,13 @@ def operands(api: str, q, k, v, g=None, *, decay: str, readout: str = "after", u
         h0 = array(api, nm["h0"], h0, 4, f"(N, H, K, V) = {(nseq, H, K, V)}", xp=xp)
         check_shape(api, nm["h0"], h0, (nseq, H, K, V), "(N, H, K, V)")
         got.append(h0)
-    wide = compute_dtype([q.dtype, k.dtype, v.dtype, *(x.dtype for x in got)])
-    if wide.kind != "f":
-        wide = np.dtype(np.float64)
+    wide = real_compute_dtype([q.dtype, k.dtype, v.dtype, *(x.dtype for x in got)])
 
     def conv(x):
         return None if x is None else contiguous(x, wide, xp)
 
     dev_cs = cs if cs is None or xp is None else xp.asarray(cs)
-    out = np.dtype(out_dtype) if out_dtype is not None else np.dtype(v.dtype) if np.dtype(v.dtype).kind == "f" else wide
+    out = np.dtype(out_dtype) if out_dtype is not None else returned_dtype(v.dtype, wide)
     return MatrixOperands(conv(q), conv(k), conv(v), conv(g) if decay != "none" else None,
                           conv(u) if readout == "bonus" else None, conv(h0), dev_cs, decay, readout, bool(reverse), out,
                           np if xp is None else xp, cs)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...arrays import is_real
 from ...calls.declare import operation
 from ...errors import ScanInputError
 from .mamba2 import SOFTPLUS_THRESHOLD
@@ -103,7 +104,7 @@ def mamba2_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_
     if state is None or len(_shape(state)) not in (3, 4):
         raise ScanInputError(f"{API}: state has shape {None if state is None else _shape(state)}; it needs "
                              "(batch, H, P, N), or (batch, P, N) without heads")
-    if xp is np and not (isinstance(state, np.ndarray) and state.flags.writeable and state.dtype.kind == "f"):
+    if xp is np and not (isinstance(state, np.ndarray) and state.flags.writeable and is_real(state.dtype)):
         flags = getattr(state, "flags", None)
         got = f"{'a read-only ' if flags is not None and not flags.writeable else ''}{type(state).__name__} of " \
             f"{getattr(state, 'dtype', type(state).__name__)}"
