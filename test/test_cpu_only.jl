@@ -148,9 +148,124 @@ end
         (ScanWeaver.mamba_reduce_kernel!, (magg, mops, vals...), 2 * D * batch),
         (ScanWeaver.mamba_carry_kernel!, (mcarry, mh, magg, mops, vals...), N * D * batch),
     ]
-    for (kernel, args, n) in [scans; mamba]
+    ckpt, hs = zeros(Float32, N, 2, D, batch), zeros(Float32, N, chunk, D, batch)
+    grads = ScanWeaver.MambaGrads(
+        similar(u),
+        similar(u),
+        zeros(Float32, N, D),
+        zeros(Float32, size(B)),
+        zeros(Float32, size(C)),
+        zeros(Float32, D),
+        similar(u),
+        zeros(Float32, D),
+        nothing,
+    )
+    mamba_back = (grads, ckpt, hs, mops, similar(u), nothing, vals...)
+    mamba = Any[mamba; (ScanWeaver.mamba_backward_kernel!, mamba_back, D * batch)]
+    nk, nv, H = 3, 4, 2
+    q, k = rand(Float32, nk, H, L, batch), rand(Float32, nk, H, L, batch)
+    v, g, u_ = rand(Float32, nv, H, L, batch),
+        -rand(Float32, nk, H, L, batch),
+        rand(Float32, nk, H)
+    S = zeros(Float32, nv, nk, H, batch)
+    flags = (Val(:key), Val(true), Val(false), Val(wg))
+    matrix = [
+        (
+            ScanWeaver.matrix_state_kernel!,
+            (similar(v), S, q, k, v, g, u_, S, nothing, Val(nk), flags...),
+            nv * H * batch,
+        ),
+        (
+            ScanWeaver.matrix_values_kernel!,
+            (similar(v), S, q, k, g, u_, v, S, nothing, batch, Val(nk), flags...),
+            nv * H * batch,
+        ),
+        (
+            ScanWeaver.matrix_keys_kernel!,
+            (
+                similar(q),
+                similar(k),
+                similar(g),
+                zeros(Float32, nk, H, batch),
+                q,
+                k,
+                v,
+                g,
+                u_,
+                S,
+                v,
+                S,
+                nothing,
+                batch,
+                Val(nv),
+                flags...,
+            ),
+            nk * H * batch,
+        ),
+    ]
+    for (kernel, args, n) in [scans; mamba; matrix]
         @test !boxes_a_variable(kernel(CPU(), wg), args, n)
     end
+end
+
+@testset "the CPU runs item kernels without KernelAbstractions, as the kernels would" begin
+    rng = Xoshiro(31)
+    nk, nv, H, Hq, L, batch = 5, 37, 4, 2, 29, 2
+    for decay in (:none, :scalar, :key), bonus in (false, true), reverse in (false, true)
+        q, k = randn(rng, Float32, nk, Hq, L, batch), randn(rng, Float32, nk, Hq, L, batch)
+        v = randn(rng, Float32, nv, H, L, batch)
+        g = decay === :none ?
+            nothing :
+            -rand(rng, Float32, (decay === :key ? (nk,) : ())..., H, L, batch)
+        u = bonus ? randn(rng, Float32, nk, H) : nothing
+        h0 = randn(rng, Float32, nv, nk, H, batch)
+        args(o, S) = (
+            o,
+            S,
+            q,
+            k,
+            v,
+            g,
+            u,
+            h0,
+            nothing,
+            Val(nk),
+            Val(decay),
+            Val(bonus),
+            Val(reverse),
+            Val(8),
+        )
+        o_ka, S_ka = similar(v), similar(h0)
+        ScanWeaver.matrix_state_kernel!(CPU(), 8)(
+            args(o_ka, S_ka)...;
+            ndrange = nv * H * batch,
+        )
+        o_cpu, S_cpu = similar(v), similar(h0)
+        ScanWeaver.launch_matrix_state!(CPU(), 8, args(o_cpu, S_cpu)) # the SIMD blocks
+        @test o_cpu ≈ o_ka && S_cpu ≈ S_ka
+        o_item, S_item = similar(v, Float64), similar(h0)
+        ScanWeaver.launch_matrix_state!(
+            CPU(),
+            8,
+            args(o_item, S_item),
+        ) # per-column items (types differ)
+        @test o_item ≈ o_ka && S_item ≈ S_ka
+        want = matrix_reference(q, k, v; g, u, h0, reverse)
+        @test matches(o_cpu, want[1]; rtol = 1.0f-4) &&
+            matches(S_cpu, want[2]; rtol = 1.0f-4)
+    end
+    out = zeros(Int, 100)
+    for tasks in (1, 3, 100)
+        fill!(out, 0)
+        ScanWeaver.cpu_items!((w, o) -> (o[w] += w), 100, (out,); work = 10^6, tasks)
+        @test out == 1:100
+    end
+    @test_throws ErrorException ScanWeaver.cpu_items!(
+        (w, o) -> w == 50 && error("item 50"),
+        100,
+        (out,);
+        work = 10^6,
+    )
 end
 
 @testset "Kernel Tuner launchers take its 0-dimensional flags and check sizes (CPU)" begin

@@ -137,6 +137,16 @@ C_TUNABLES = (
             lambda v: non_negative(v) or _between(v, 0, 1024)),
 )
 
+#: ScanWeaver.jl's (``julia`` backend) tunables: the device, and the workgroup of its kernels on a GPU.
+JULIA_TUNABLES = (
+    Tunable("workgroup_size", 64, (32, 64, 128, 256), "work-items per workgroup on a GPU (one per state column "
+            "forward, per column or key row backward); the CPU runs blocks of columns as Julia tasks",
+            lambda v: positive(v) or _between(v, 1, 1024)),
+    Tunable("device", "cpu", ("cpu", "cuda", "amdgpu", "oneapi", "metal"), "the KernelAbstractions device",
+            lambda v: None if v in ("cpu", "cuda", "amdgpu", "oneapi", "metal") else
+            "it must be one of cpu, cuda, amdgpu, oneapi, metal"),
+)
+
 _IN = ("q", "k", "v")
 _OPT_IN = ("g", "u", "h0", "cu_seqlens")
 #: batch, T, H (heads of v/o), Hq (heads of q/k), nseq (rows of h0/hlast: batch, or the packed sequences).
@@ -152,8 +162,8 @@ class MatrixState(FusedOp):
     name = "matrix_state"
     description = "matrix-state scan S_t = exp(g_t)*S_{t-1} + k_t v_t^T read by q_t (Mamba-2, GLA, RetNet, RWKV-6)"
     parts = PARTS
-    tunables = {"c": C_TUNABLES, "gpu": GPU_TUNABLES}
-    implementations = {"numpy": PARTS, "c": PARTS, "opencl": PARTS, "cuda": PARTS}
+    tunables = {"c": C_TUNABLES, "gpu": GPU_TUNABLES, "julia": JULIA_TUNABLES}
+    implementations = {"numpy": PARTS, "c": PARTS, "opencl": PARTS, "cuda": PARTS, "julia": PARTS}
 
     def work(self, features: MatrixStateFeatures, sizes: dict[str, int]) -> int:
         """``batch * T * H * K * V`` state elements per forward call."""

@@ -136,11 +136,17 @@ MATRIX_STATE_KERNELS = (
 )
 
 
+#: ScanWeaver.jl's fused Mamba-1 backward (``src/mamba/backward.jl``); not yet a Kernel Tuner problem.
+MAMBA_BACKWARD_KERNELS = (
+    KernelSignature("mamba_backward_kernel!", ("grads", "ckpt", "hs", "ops", "dout", "dhlast"), _MAMBA_VALS),
+)
+
+
 def all_kernels() -> dict[str, KernelSignature]:
-    """Every ``@kernel`` of ScanWeaver.jl by name: the schedules', the fused Mamba scan's and the matrix-state
-    kernels'."""
+    """Every ``@kernel`` of ScanWeaver.jl by name: the schedules', the fused Mamba scan's (forward and
+    backward) and the matrix-state kernels'."""
     kernels = {k.name: k for s in (*SCHEDULES.values(), MAMBA) for k in s.kernels}
-    return {**kernels, **{k.name: k for k in MATRIX_STATE_KERNELS}}
+    return {**kernels, **{k.name: k for k in (*MAMBA_BACKWARD_KERNELS, *MATRIX_STATE_KERNELS)}}
 
 
 DTYPES = {"float32": np.float32, "float64": np.float64, "complex64": np.complex64, "complex128": np.complex128}

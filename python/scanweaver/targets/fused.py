@@ -10,7 +10,7 @@ keyed ``"<op>/<family>"``.
 
 Example:
     >>> from scanweaver.targets.fused import implements
-    >>> implements("opencl", "mamba1", "backward"), implements("julia", "mamba1", "backward")
+    >>> implements("opencl", "mamba1", "backward"), implements("julia", "delta_rule", "backward")
     (True, False)
 """
 
