@@ -89,4 +89,5 @@ end
     end
     include("test_cpu_only.jl")
     include("test_gradients.jl")
+    include("doc_examples.jl")
 end
