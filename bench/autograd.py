@@ -63,7 +63,7 @@ def ours(ops: dict, repeats: int) -> tuple[dict, dict]:
 
     import scanweaver.torch as swt
     from scanweaver.api import SELECTIVE
-    from scanweaver.autodiff import _adjoint, prepare_call
+    from scanweaver.core.autodiff import _adjoint, prepare_call
     from scanweaver.runtime.base import Cotangents
     from scanweaver.runtime.cpu_adjoint import fused_backward
 

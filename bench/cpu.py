@@ -30,7 +30,8 @@ import numpy as np
 import scanweaver
 from scanweaver.arrays import prepare
 from scanweaver.runtime import get_backend
-from scanweaver.runtime.host import cpu_model, cpu_threads, vector_isa
+from scanweaver.runtime.host import cpu_model, cpu_threads
+from scanweaver.runtime.toolchain import vector_isa
 from scanweaver.runtime import roofline
 from scanweaver.runtime.roofline import bytes_per_element
 
@@ -74,17 +75,9 @@ def kernel_call(ops: dict, schedule: str) -> tuple:
 
 
 def interleaved_medians(calls: dict, repeats: int) -> dict:
-    """Median seconds of each call, timed round-robin (one warm-up each), so that every
-    kernel sees the same drift of a shared machine."""
-    for fn in calls.values():
-        fn()
-    times = {name: [] for name in calls}
-    for _ in range(repeats):
-        for name, fn in calls.items():
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(ts) for name, ts in times.items()}
+    """Median seconds of each call, timed round-robin (one warm-up each, :func:`roofline.interleave`), so
+    that every kernel sees the same drift of a shared machine."""
+    return {name: r.median for name, r in roofline.interleave(calls, repeats, min_seconds=0.0).items()}
 
 
 def numpy_loop_time(ops: dict, repeats: int) -> tuple[float, int]:
@@ -108,7 +101,8 @@ def bench_shape(lanes: int, L: int, repeats: int) -> dict:
     ops = operands(lanes, L)
     chunked, config = kernel_call(ops, "chunked")
     sequential, _ = kernel_call(ops, "sequential")
-    med = interleaved_medians({"roofline": roofline.bind(lanes, L, "float32"), "chunked": chunked,
+    threads = int(config.get("threads", 0))  # the roofline runs on the kernel's own thread count
+    med = interleaved_medians({"roofline": roofline.bind(lanes, L, "float32", threads), "chunked": chunked,
                                "sequential": sequential}, repeats)
     roof, ours, seq = med["roofline"], med["chunked"], med["sequential"]
     api = median_time(lambda: scanweaver.selective_scan(**ops, backend="cpu"), max(1, repeats // 2))

@@ -26,7 +26,8 @@ import time
 import numpy as np
 
 import scanweaver
-from scanweaver.runtime.host import cpu_model, cpu_threads, vector_isa
+from scanweaver.runtime.host import cpu_model, cpu_threads
+from scanweaver.runtime.toolchain import vector_isa
 
 SHAPES = ((1, 2**22), (64, 2**16))
 #: A stable resonant section: poles at radius 0.9, angle 0.3 rad.

@@ -293,11 +293,21 @@ def main(argv=None) -> int:
         report.update(status="no_gpu", reason=f"cuda backend unavailable: {reason}")
         print(json.dumps(report) if quiet else f"gpu_check: NO GPU RUN: {report['reason']}",
               file=sys.stdout if quiet else sys.stderr)
+        if args.out:
+            with open(args.out, "w") as fh:
+                fh.write(json.dumps(report, indent=1) + "\n")
         return 0 if args.allow_no_gpu else 3
     be = get_backend("cuda")
     report["device"] = avail.device
     log(f"device: {avail.device}", quiet)
+
+    def partial() -> None:  # what is done so far, so that a time limit keeps it
+        if args.out:
+            with open(args.out, "w") as fh:
+                fh.write(json.dumps({**report, "status": "partial"}, indent=1, default=str) + "\n")
+
     report["checks"] = check_correctness(scanweaver, list(be.schedules), quiet)
+    partial()
     for name, shape in SPEED_CASES:
         try:
             report["cases"].append(run_case(scanweaver, cp, be, name, shape, deadline, quiet))
@@ -305,6 +315,7 @@ def main(argv=None) -> int:
             report["cases"].append({"case": name, "shape": list(shape), "error": f"{type(exc).__name__}: {exc}",
                                     "trace": traceback.format_exc(limit=4)})
             cp.get_default_memory_pool().free_all_blocks()
+        partial()
     report["elapsed_s"] = time.time() - t0
     checks_ok = all(r["ok"] for r in report["checks"])
     timed_ok = all(r["ok"] for c in report["cases"] for r in c.get("runs", []) + [c.get("default", {"ok": True})])

@@ -7,8 +7,9 @@ Loading:
 * mamba-ssm's ``ssd_minimal_discrete``: its pure-PyTorch file, taken at bench time from the PyPI sdist
   (``pip download --no-deps --no-binary :all: mamba-ssm``) into the git-ignored ``bench/out/peers``, its one
   import of the Triton kernels dropped;
-* flash-linear-attention (``pip install fla-core``): ``naive_recurrent_gla``, ``naive_chunk_simple_gla``,
-  ``naive_recurrent_rwkv6`` loaded from their files (the package itself imports Triton);
+* flash-linear-attention (``pip install fla-core``): ``naive_recurrent_gla``, ``naive_chunk_simple_gla``
+  (its chunk code: a decay per head, so the Mamba-2 shapes), ``naive_recurrent_rwkv6`` loaded from their files
+  (the package itself imports Triton);
 * llama.cpp's ggml (``pip install ggml-python``): ``ggml_ssm_scan`` (Mamba-2 form: A one value per head),
   ``ggml_gated_linear_attn`` (K == V), ``ggml_rwkv_wkv6``; their graph compute only, on inputs copied into
   their layouts beforehand (their decays as multipliers exp(g), made beforehand too);
@@ -78,24 +79,35 @@ def torch_ssd(a: dict, chunk: int = 64, compiled: bool = False):
     return run
 
 
-def torch_gla(a: dict, form: str):
+def torch_gla(a: dict):
+    """fla's ``naive_recurrent_gla`` (a decay per key)."""
     import torch
 
     K = a["q"].shape[-1]
     q, k, v, g = (torch.from_numpy(a[n]) for n in ("q", "k", "v", "g"))
-    if form == "recurrent":
-        fn = fla_naive("gla/naive.py").naive_recurrent_gla
+    fn = fla_naive("gla/naive.py").naive_recurrent_gla
 
-        def run():
-            with torch.no_grad():
-                return fn(q * K ** 0.5, k, v, g)[0].numpy()
-        return run
-    fn = fla_naive("simple_gla/naive.py").naive_chunk_simple_gla
-
-    def run_chunk():
+    def run():
         with torch.no_grad():
-            return fn(q * K ** 0.5, k, v, g, chunk_size=64)[0].numpy()
-    return run_chunk
+            return fn(q * K ** 0.5, k, v, g)[0].numpy()
+    return run
+
+
+def torch_chunk_simple_gla(a: dict, compiled: bool = False):
+    """fla's naive chunk code (``naive_chunk_simple_gla``, a decay per head) on the op's inputs (q, k repeated to
+    every head of their group), eager or ``torch.compile`` d."""
+    import torch
+
+    rep = a["v"].shape[2] // a["q"].shape[2]
+    q, k = (torch.from_numpy(a[n]).repeat_interleave(rep, 2) for n in ("q", "k"))
+    v, g = torch.from_numpy(a["v"]), torch.from_numpy(a["g"])
+    chunk = fla_naive("simple_gla/naive.py").naive_chunk_simple_gla
+    fn = torch.compile(chunk) if compiled else chunk
+
+    def run():
+        with torch.no_grad():
+            return fn(q, k, v, g, chunk_size=64, scale=1.0)[0].numpy()
+    return run
 
 
 def torch_rwkv6(a: dict):
@@ -215,8 +227,9 @@ def ggml_peer(a: dict, kind: str, threads: int):
 
 def torch_grad(a: dict, kind: str, do: np.ndarray, compiled: bool = False):
     """Forward + backward of a peer through torch autograd: ``run() -> dv`` (the gradient of ``sum(o * do)``
-    with respect to every input; mamba-ssm's ``ssd_minimal_discrete`` for ``ssd``, fla's naive recurrent code
-    for ``gla`` and ``rwkv6``), eager or ``torch.compile`` d."""
+    with respect to every input; mamba-ssm's ``ssd_minimal_discrete`` for ``ssd``, fla's naive chunk code for
+    ``simple_gla_chunk`` (a decay per head), fla's naive recurrent code for ``gla`` and ``rwkv6``), eager or
+    ``torch.compile`` d."""
     import torch
 
     names = ("q", "k", "v", "g", "u") if kind == "rwkv6" else ("q", "k", "v", "g")
@@ -229,6 +242,11 @@ def torch_grad(a: dict, kind: str, do: np.ndarray, compiled: bool = False):
 
         def fwd(q, k, v, g):
             return mod.ssd_minimal_discrete(v, g, k.repeat_interleave(rep, 2), q.repeat_interleave(rep, 2), 64)[0]
+    elif kind == "simple_gla_chunk":
+        chunk = fla_naive("simple_gla/naive.py").naive_chunk_simple_gla
+
+        def fwd(q, k, v, g):
+            return chunk(q.repeat_interleave(rep, 2), k.repeat_interleave(rep, 2), v, g, chunk_size=64, scale=1.0)[0]
     elif kind == "gla":
         gla = fla_naive("gla/naive.py").naive_recurrent_gla
 

@@ -38,7 +38,7 @@ from collections.abc import Callable
 import numpy as np
 
 import scanweaver
-from scanweaver.logspace import log_scan
+from scanweaver import log_scan
 from scanweaver.runtime import REGISTRY
 
 

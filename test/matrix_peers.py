@@ -5,6 +5,9 @@
 * mamba-ssm has only an sdist that compiles CUDA; ``.ci/run`` extracts its pure-Python files
   into ``.deps/mamba_ssm_ref`` (git-ignored; ``SCANWEAVER_MAMBA_SSM_REF`` names another folder),
   and only the named reference functions are taken from them (their modules import Triton).
+* :func:`parameters` reads a peer function's parameter names from its source (the public calls,
+  ``chunk_gla`` or ``mamba_chunk_scan_combined``, sit in modules that import Triton), so that the
+  porting tests can hold ScanWeaver's positional order to the peer's.
 
 Each loader returns ``None`` when the peer is not installed; tests skip with the reason.
 """
@@ -23,9 +26,8 @@ FLA_WHY = "flash-linear-attention is not installed (pip install fla-core==0.6.0 
 MAMBA_WHY = f"mamba-ssm's reference files are not in {MAMBA_REF} (.ci/run extracts them from the PyPI sdist)"
 
 
-@functools.cache
-def fla(module: str):
-    """``fla/ops/<module>.py`` loaded by path (e.g. ``gla/naive``), or None."""
+def fla_file(module: str) -> Path | None:
+    """The path of ``fla/ops/<module>.py`` (e.g. ``gla/chunk``), or None when fla is not installed."""
     try:
         spec = importlib.util.find_spec("fla")
     except (ImportError, ValueError):
@@ -33,7 +35,14 @@ def fla(module: str):
     if spec is None or not spec.submodule_search_locations:
         return None
     path = Path(spec.submodule_search_locations[0]) / "ops" / f"{module}.py"
-    if not path.exists() or importlib.util.find_spec("einops") is None:
+    return path if path.exists() else None
+
+
+@functools.cache
+def fla(module: str):
+    """``fla/ops/<module>.py`` loaded by path (e.g. ``gla/naive``), or None."""
+    path = fla_file(module)
+    if path is None or importlib.util.find_spec("einops") is None:
         return None
     mod_spec = importlib.util.spec_from_file_location(f"_fla_{module.replace('/', '_')}", path)
     mod = importlib.util.module_from_spec(mod_spec)
@@ -66,3 +75,47 @@ def mamba_ref() -> dict | None:
         defs = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in names]
         exec(compile(ast.Module(defs, type_ignores=[]), str(MAMBA_REF / fname), "exec"), env)
     return env
+
+
+#: mamba-ssm's other references (the decode step, Mamba-1's scan) and the files that define them; each is
+#: loaded on its own, so that an older extraction without these files still serves the SSD references.
+_MAMBA_MORE = {"selective_state_update_ref": "selective_state_update.py",
+               "selective_scan_ref": "selective_scan_interface.py"}
+
+
+@functools.cache
+def mamba_fn(name: str):
+    """mamba-ssm's pure-PyTorch reference ``name`` (a key of :data:`_MAMBA_MORE`), or None."""
+    path = MAMBA_REF / _MAMBA_MORE[name]
+    if not path.exists() or importlib.util.find_spec("einops") is None:
+        return None
+    import torch
+    import torch.nn.functional as F
+    from einops import rearrange, repeat
+
+    env = {"torch": torch, "F": F, "rearrange": rearrange, "repeat": repeat}
+    tree = ast.parse(path.read_text())
+    defs = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name]
+    exec(compile(ast.Module(defs, type_ignores=[]), str(path), "exec"), env)
+    return env[name]
+
+
+def parameters(path: Path | None, name: str) -> list[tuple[str, object]] | None:
+    """``[(parameter, default)]`` of function ``name`` in source file ``path``, in order (``...`` for no
+    default, and for a default that is no literal), read without importing the file; None when absent."""
+    if path is None or not path.exists():
+        return None
+    tree = ast.parse(path.read_text())
+    fn = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
+    if fn is None:
+        return None
+    args = fn.args.posonlyargs + fn.args.args
+    defaults = [...] * (len(args) - len(fn.args.defaults)) + [_literal(d) for d in fn.args.defaults]
+    return [(a.arg, d) for a, d in zip(args, defaults, strict=True)]
+
+
+def _literal(node):
+    try:
+        return ast.literal_eval(node)
+    except ValueError:
+        return ...

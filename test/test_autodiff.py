@@ -13,7 +13,7 @@ import pytest
 
 import scanweaver
 from scanweaver.api import SELECTIVE
-from scanweaver.autodiff import backward, forward, prepare_call
+from scanweaver.core.autodiff import backward, forward, prepare_call
 from scanweaver.ir.derivative import diff
 from scanweaver.ir import expr as E
 from scanweaver.ir.functions import FUNCTIONS, NUMPY

@@ -72,3 +72,54 @@ def test_ir_unknown_tunable_is_an_error_not_a_traceback():
     out = sw("ir", "--target", "numpy", "--schedule", "chunked", "--param", "chunkz=3")
     assert out.returncode == 1
     assert "unknown tunable" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_version():
+    import scanweaver
+
+    out = sw("--version")
+    assert out.returncode == 0 and out.stdout.strip() == f"scanweaver {scanweaver.__version__}"
+
+
+def test_run_says_it_builds_and_explains_each_figure():
+    from scanweaver.cli.run import EXPLAIN
+
+    out = sw("run", "--backend", "numpy", "--shape", "2,3,129", "--repeats", "1")
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.startswith("scanweaver run: building the numpy scan")  # said before the first build
+    lines = out.stdout.splitlines()
+    for key, meaning in EXPLAIN.items():
+        (line,) = [ln for ln in lines if ln.split()[0] == key]
+        assert line.rstrip().endswith(meaning)
+    (frac,) = [ln for ln in lines if ln.startswith("roofline_fraction")]
+    assert "roofline time / scan time" in frac
+    (config,) = [ln for ln in lines if ln.startswith("config")]
+    assert "(default)" in config or "(tuned)" in config  # which configuration ran, without --json
+
+
+def test_devices_lists_julia_once_with_its_devices():
+    out = sw("devices")
+    assert out.returncode == 0, out.stderr
+    assert [ln.split()[0] for ln in out.stdout.splitlines() if ln.startswith("julia")] == ["julia"]
+    assert "cpu" in out.stdout.split("julia", 1)[1] and "metal" in out.stdout.split("julia", 1)[1]
+    rows = {r["backend"]: r for r in json.loads(sw("devices", "--json").stdout)}
+    assert not any(name.startswith("julia:") for name in rows)
+    assert [d["name"] for d in rows["julia"]["devices"]] == ["cpu", "cuda", "amdgpu", "oneapi", "metal"]
+
+
+def test_bench_bar_chart_has_a_colour_legend():
+    pytest.importorskip("matplotlib")
+    from scanweaver.benchmarks.harness import Result, Run
+    from scanweaver.benchmarks.plots import KIND_LABELS, _pyplot, bar_figure
+
+    def row(kind: str, label: str, s: float) -> Result:
+        return Result(case="c", shape=(1, 4, 256), dtype="float32", group="shape", entry=label, label=label,
+                      kind=kind, recurrence="time-varying", paper=False, checked=True, status="ok",
+                      median_s=s, q25_s=s * 0.9, q75_s=s * 1.1, min_s=s * 0.8, max_s=s * 1.2, repeats=3)
+
+    plt = _pyplot()
+    fig = bar_figure(plt, [row("ours", "ScanWeaver cpu", 1e-4), row("peer", "numpy loop", 1e-2),
+                           row("bound", "roofline", 5e-5)], Run("s", None, [], {"cpu": "cpu"}, []))
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    plt.close(fig)
+    assert sorted(labels) == sorted(KIND_LABELS[k] for k in ("ours", "peer", "bound"))

@@ -7,8 +7,10 @@ defaults).  Correctness of the same kernel text is checked on OpenCL.
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +19,7 @@ import scanweaver
 from scanweaver.ir.stages import Features
 from scanweaver.targets.gpu import emit_source
 from scanweaver.targets.gpu import SCHEDULES
+from scanweaver.tools.ptxas import matrix_configurations, matrix_report, nvcc_version
 
 NVCC = shutil.which("nvcc")
 pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH (CUDA toolkit not installed)")
@@ -89,3 +92,31 @@ def test_lookback_votes_and_reduces_across_a_warp(tmp_path):
     ptx = (tmp_path / "kernel.out").read_text()
     assert "vote.sync.ballot" in ptx and "shfl.sync.down" in ptx
     assert "atom.global.exch.b64" in ptx, "float32 states are published packed with their status in one word"
+
+
+@scanweaver.recurrence
+def masked(h, g, x):
+    return np.clip(g, 0.0, 0.99) * h + np.where(x > 0, x, 0.1 * x) * (x != 0.5)
+
+
+def test_comparisons_and_where_compile(tmp_path):
+    stages = masked.lower(backend="numpy", schedule="reduce_then_scan", dtype="float32")
+    source = emit_source(stages, "cuda")
+    assert "!= 0 ?" in source
+    nvcc(tmp_path, source, "-cubin", "-arch=sm_90")
+
+
+MATRIX = matrix_configurations()
+
+
+@pytest.mark.parametrize("index", range(len(MATRIX)), ids=[f"{e['label']}-{e['dtype']}" for e in MATRIX])
+def test_matrix_state_kernels_at_the_model_shapes_spill_nothing(index):
+    """Every matrix-state kernel at the model shapes compiles for sm_90 without spills or a stack frame; with
+    the nvcc that made ``test/data/ptxas_matrix_state_sm90.json``, ptxas reports exactly what it records."""
+    report = matrix_report(MATRIX[index], nvcc=NVCC)
+    assert len(report) == 4 and not any("error" in r for r in report.values()), report
+    for name, r in report.items():
+        assert r["spill_stores"] == r["spill_loads"] == r["stack"] == 0 and r["registers"] <= 255, (name, r)
+    doc = json.loads((Path(__file__).parent / "data" / "ptxas_matrix_state_sm90.json").read_text())
+    if nvcc_version(NVCC) == doc["nvcc"]:
+        assert report == doc["entries"][index]["kernels"], "regenerate: python -m scanweaver.tools.ptxas --matrix-state"

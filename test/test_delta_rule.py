@@ -54,7 +54,8 @@ def backend_or_skip(name: str) -> str:
     return name
 
 
-@pytest.mark.parametrize("backend, packed", [("numpy", False), ("numpy", True), ("opencl", True)])
+@pytest.mark.parametrize("backend, packed", [("numpy", False), ("numpy", True), ("cpu", False), ("cpu", True),
+                                             ("opencl", True)])
 def test_delta_rule_matches_the_float64_loop(rng, backend, packed):
     q, k, v, beta = operands(rng, batch=1 if packed else 2, T=11)
     cu = np.array([0, 4, 4, 11]) if packed else None
@@ -106,7 +107,7 @@ def test_numpy_backend_runs_the_fused_backward(rng):
     do = rng.normal(size=v.shape)
     op = FUSED.get("delta_rule")
     features = DeltaRuleFeatures("float64", 4, 5)
-    sizes = {"batch": 2, "T": 9, "H": 3, "nseq": 2}
+    sizes = {"batch": 2, "T": 9, "H": 3, "Hq": 3, "nseq": 2}
     out = {n: np.full(s, np.nan) for n, s in op.shapes("backward", features, sizes).items()
            if n in ("dq", "dk", "dv", "dbeta")}
     get_backend("numpy").run_fused(op.call("backward", features, {}), {"q": q, "k": k, "v": v, "beta": beta,
@@ -128,13 +129,13 @@ def test_bad_input_names_the_argument(rng):
         scanweaver.delta_rule(q, k, v, beta, initial_state=np.zeros((2, 3, 5, 4)))
     with pytest.raises(ScanInputError, match="dtype complex"):
         scanweaver.delta_rule(q.astype(complex), k, v, beta)
-    with pytest.raises(BackendUnavailable, match="no delta_rule forward kernel"):
-        scanweaver.delta_rule(q, k, v, beta, backend="cpu")
+    with pytest.raises(BackendUnavailable, match="no fused delta_rule forward kernel"):
+        scanweaver.delta_rule(q, k, v, beta, backend="julia")
 
 
 #: (dtype, packed, has_h0, has_dhlast, K, V, config): V split over workgroups, tiles that do not divide T.
-GPU_CASES = [("float64", False, True, True, 4, 6, {"workgroup_size": 8, "time_tile": 4}),
-             ("float32", True, False, False, 5, 19, {"workgroup_size": 8, "time_tile": 3})]
+GPU_CASES = [("float64", False, True, True, 4, 6, {"workgroup_size": 8, "time_tile": 4, "key_split": 2}),
+             ("float32", True, False, False, 5, 19, {"workgroup_size": 8, "time_tile": 3, "key_split": 4})]
 
 
 def gpu_problem(rng, dtype, packed, has_h0, has_dhlast, K, V):
@@ -147,7 +148,7 @@ def gpu_problem(rng, dtype, packed, has_h0, has_dhlast, K, V):
               "h0": rng.normal(size=state).astype(dtype) if has_h0 else None,
               "dhlast": rng.normal(size=state).astype(dtype) if has_dhlast else None}
     return DeltaRuleFeatures(dtype, K, V, has_h0, packed, has_dhlast), {"batch": batch, "T": T, "H": H,
-                                                                          "nseq": nseq}, arrays
+                                                                          "Hq": H, "nseq": nseq}, arrays
 
 
 @pytest.mark.parametrize("case", GPU_CASES, ids=[c[0] for c in GPU_CASES])

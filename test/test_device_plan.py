@@ -17,7 +17,7 @@ import pytest
 
 import scanweaver
 from conftest import loop_reference, make_operands
-from scanweaver import fastpath
+from scanweaver.core import fastpath
 from scanweaver.api import SELECTIVE, CallInfo
 from scanweaver.ir.stages import Features
 from scanweaver.runtime import REGISTRY, ScanArrays, get_backend

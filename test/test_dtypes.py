@@ -156,3 +156,86 @@ def test_complex_on_a_backend_without_it_is_an_error_naming_it():
         scanweaver.selective_scan(a, a, a, backend=real_only[0])
     suggested = re.search(r"use backend='(\w+)'", str(err.value)).group(1)
     assert "complex64" in REGISTRY[suggested].dtypes and REGISTRY[suggested].availability().ok, str(err.value)
+
+
+def test_one_rule_tells_the_floating_dtypes():
+    """arrays.is_real / is_floating: the one test of a dtype the scans take (kind == "f" misses bfloat16)."""
+    from scanweaver.arrays import is_floating, is_real
+
+    bf16 = bfloat16()
+    for d in (np.float16, bf16, np.float32, np.float64, np.dtype(">f4"), np.dtype(">f8")):
+        assert is_real(d) and is_floating(d), d
+    for d in (np.complex64, np.complex128):
+        assert is_floating(d) and not is_real(d)
+    for d in (np.int32, np.bool_, np.uint8, object, np.dtype("V2"), "float128" if hasattr(np, "float128") else "U3"):
+        assert not is_real(d) and not is_floating(d), d
+
+
+#: The public matrix and JAX entry points still test dtypes themselves (``dtype.kind == "f"`` in
+#: matrix/operands.py ``array`` and its ``out_dtype``; ``np.issubdtype(dtype, np.inexact)`` in jax.py
+#: ``_floating``), which misses bfloat16: they take arrays.is_real / is_floating in the public-layer restructure.
+PUBLIC_CHECKS = "the public layer's own dtype tests miss bfloat16 until they call arrays.is_real / is_floating"
+
+
+def _matrix_loop(q, k, v, logd, bonus=None):
+    """o_t = S_t^T q_t (or S_{t-1}^T q_t + (q_t . (u * k_t)) v_t with ``bonus`` u), S_t = exp(logd_t)[:, None]
+    S_{t-1} + k_t v_t^T, per batch row and head, in float64; logd (batch, T, H[, K])."""
+    q, k, v, logd = (np.asarray(x, np.float64) for x in (q, k, v, logd))
+    batch, T, H, K = q.shape
+    o = np.zeros(v.shape)
+    for b in range(batch):
+        for h in range(H):
+            S = np.zeros((K, v.shape[-1]))
+            for t in range(T):
+                d = np.exp(logd[b, t, h]) * np.ones(K)
+                new = d[:, None] * S + np.outer(k[b, t, h], v[b, t, h])
+                if bonus is None:
+                    o[b, t, h] = new.T @ q[b, t, h]
+                else:
+                    u = np.asarray(bonus, np.float64)[h]
+                    o[b, t, h] = S.T @ q[b, t, h] + (q[b, t, h] @ (u * k[b, t, h])) * v[b, t, h]
+                S = new
+    return o
+
+
+@pytest.mark.xfail(strict=True, reason=PUBLIC_CHECKS)
+@pytest.mark.parametrize("op", ["linear_attention", "rwkv6", "mamba2_scan"])
+def test_bfloat16_numpy_inputs_to_the_matrix_operations(rng, op):
+    bf16 = bfloat16()
+    B, T, H, K, V = 1, 9, 2, 4, 3
+    q, k = (rng.standard_normal((B, T, H, K)).astype(bf16) for _ in range(2))
+    v = rng.standard_normal((B, T, H, V)).astype(bf16)
+    if op == "linear_attention":
+        g = (-rng.uniform(0.05, 1, (B, T, H, K))).astype(bf16)
+        got, _ = scanweaver.linear_attention(q, k, v, g=g, scale=1.0)
+        want = _matrix_loop(q, k, v, g)
+    elif op == "rwkv6":
+        w, u = (-rng.uniform(0.05, 1, (B, T, H, K))).astype(bf16), rng.standard_normal((H, K)).astype(bf16)
+        got, _ = scanweaver.rwkv6(q, k, v, w, u, scale=1.0)
+        want = _matrix_loop(q, k, v, w, bonus=u)
+    else:  # x (B, T, H, P=V), dt (B, T, H), A (H,), B = k, C = q with one group
+        dt, A = rng.uniform(0.1, 1, (B, T, H)).astype(bf16), (-rng.uniform(0.5, 1, H)).astype(bf16)
+        Bm, Cm = k[:, :, :1], q[:, :, :1]
+        got = scanweaver.mamba2_scan(v, dt, A, Bm, Cm)
+        d64, x64 = np.asarray(dt, np.float64), np.asarray(v, np.float64)
+        want = _matrix_loop(np.repeat(Cm, H, 2), np.repeat(Bm, H, 2), d64[..., None] * x64,
+                            d64 * np.asarray(A, np.float64))  # the state transposed: (N, P), read by C
+    assert np.dtype(got.dtype) in (np.dtype(bf16), np.dtype(np.float32)), got.dtype
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=2**-7, atol=2**-7 * np.abs(want).max())
+
+
+@pytest.mark.xfail(strict=True, reason=PUBLIC_CHECKS)
+@pytest.mark.parametrize("op", ["linear_attention", "selective_scan"])
+def test_jax_bfloat16_inputs(rng, op):
+    jnp = pytest.importorskip("jax.numpy")
+    if op == "selective_scan":
+        ops = operands(rng, (3, 17), np.float32)
+        got = scanweaver.selective_scan(*(jnp.asarray(x, jnp.bfloat16) for x in ops))
+        want, _ = oracle([np.asarray(jnp.asarray(x, jnp.bfloat16), np.float64) for x in ops])
+    else:
+        q, k, v = (rng.standard_normal((1, 7, 2, 4)) for _ in range(3))
+        g = -rng.uniform(0.05, 1, (1, 7, 2, 4))
+        args = [jnp.asarray(x, jnp.bfloat16) for x in (q, k, v, g)]
+        got, _ = scanweaver.linear_attention(*args[:3], g=args[3], scale=1.0)
+        want = _matrix_loop(*(np.asarray(a, np.float64) for a in args))
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=2**-7, atol=2**-7 * np.abs(want).max())

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import scanweaver
-from scanweaver import api
+from scanweaver.core import recurrence as api
 from scanweaver.api import SELECTIVE
 from scanweaver.errors import ScanInputError
 from scanweaver.runtime import REGISTRY

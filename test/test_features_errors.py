@@ -9,7 +9,7 @@ import pytest
 
 import scanweaver
 from scanweaver import ScanInputError
-from scanweaver.logspace import log_scan
+from scanweaver import log_scan
 from scanweaver.runtime import REGISTRY
 from conftest import make_operands
 
@@ -79,26 +79,37 @@ def test_reset_mask_of_the_wrong_shape(rng):
 
 
 CU_BAD = [
-    ([0, 5, 5, 10], r"strictly increasing .*cu_seqlens\[1\] = 5 followed by cu_seqlens\[2\] = 5"),
-    ([0, 6, 3, 10], r"strictly increasing .*cu_seqlens\[1\] = 6 followed by cu_seqlens\[2\] = 3"),
-    ([0, 4, 9], r"must end at the sequence length L = 10; got cu_seqlens\[-1\] = 9"),
-    ([0, 4, 12], r"must end at the sequence length L = 10; got cu_seqlens\[-1\] = 12"),
-    ([1, 4, 10], r"must start at 0; got cu_seqlens\[0\] = 1"),
-    ([0.0, 4.0, 10.0], r"1-D integer array .*got shape \(3,\) dtype float64"),
-    ([[0, 10]], r"1-D integer array .*got shape \(1, 2\)"),
-    ([], r"non-empty 1-D integer array"),
+    ([0, 6, 3, 10], r"never decreasing.*got cu_seqlens\[1\] = 6 followed by cu_seqlens\[2\] = 3"),
+    ([0, 4, 9], r"ending at T; got cu_seqlens\[-1\] = 9"),
+    ([0, 4, 12], r"ending at T; got cu_seqlens\[-1\] = 12"),
+    ([1, 4, 10], r"starting at 0.*got cu_seqlens\[0\] = 1"),
+    ([0.0, 4.0, 10.0], r"got shape \(3,\), dtype float64"),
+    ([0, 3.5, 10], r"got shape \(3,\), dtype float64"),
+    ([[0, 10]], r"got shape \(1, 2\)"),
+    ([[0, 4], [4, 10]], r"got shape \(2, 2\)"),
+    ([], r"got shape \(0,\)"),
 ]
+
+def test_empty_packed_sequences_are_allowed(rng):
+    ops = make_operands(rng, (3, 10))
+    cu = [0, 5, 5, 10]
+    from conftest import loop_reference
+
+    reset = np.zeros((3, 10), bool)
+    reset[:, 5] = True
+    want, _ = loop_reference(**ops, reset=reset)
+    np.testing.assert_allclose(scanweaver.selective_scan(**ops, cu_seqlens=cu, backend="numpy"), want, rtol=1e-12)
 
 
 @pytest.mark.parametrize("cu, message", CU_BAD)
 def test_cu_seqlens_validation(rng, cu, message):
     ops = make_operands(rng, (3, 10))
-    with pytest.raises(ScanInputError, match="^selective_scan: cu_seqlens .*" + message):
+    with pytest.raises(ScanInputError, match="^selective_scan: cu_seqlens must be 1-D integers .*" + message):
         scanweaver.selective_scan(**ops, cu_seqlens=cu, backend="numpy")
 
 
 def test_cu_seqlens_on_mamba_is_validated(rng):
-    with pytest.raises(ScanInputError, match="mamba_selective_scan: cu_seqlens must end at .* L = 11"):
+    with pytest.raises(ScanInputError, match=r"mamba_selective_scan: cu_seqlens must be .*T = 11.*\[-1\] = 10"):
         scanweaver.mamba_selective_scan(**mamba_ops(rng), cu_seqlens=[0, 3, 10], backend="numpy")
 
 

@@ -8,6 +8,7 @@ fails the test instead of stopping the run.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -64,3 +65,66 @@ def test_a_child_forked_after_threaded_kernels_does_not_hang(how):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"status": 0}
     assert proc.stderr.count("forked after compiled kernels ran") == 1, proc.stderr[-2000:]
+
+
+MATRIX_SCRIPT = r"""
+import json, os, sys
+import numpy as np
+import scanweaver
+
+rng = np.random.default_rng(1)
+B, T, H, K, V = 2, 512, 4, 32, 32
+q, k = (rng.standard_normal((B, T, H, K)).astype(np.float32) for _ in range(2))
+v = rng.standard_normal((B, T, H, V)).astype(np.float32)
+g = -rng.uniform(0.01, 0.5, (B, T, H, K)).astype(np.float32)
+
+def run():
+    return scanweaver.linear_attention(q, k, v, g=g, backend="cpu", threads=2)[0]
+
+want = run()  # two threads in the parent: libgomp's pool now exists
+pid = os.fork()
+if pid == 0:
+    os._exit(0 if np.allclose(run(), want, rtol=1e-5, atol=1e-6) else 3)
+_, status = os.waitpid(pid, 0)
+print(json.dumps({"status": os.waitstatus_to_exitcode(status)}))
+"""
+
+
+def test_a_child_forked_after_a_threaded_matrix_kernel_does_not_hang():
+    """The matrix-state kernels read the same thread policy as the scans, so the fork cap reaches them."""
+    if toolchain.missing_reason():
+        pytest.skip(f"no C toolchain: {toolchain.missing_reason()}")
+    try:
+        proc = subprocess.run([sys.executable, "-c", MATRIX_SCRIPT], capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the forked child hung in its first matrix-state kernel after the fork")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"status": 0}
+
+
+THREADS_SCRIPT = r"""
+import json, os
+os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})  # one processor: at most 4 threads on it
+import numpy as np
+import scanweaver
+
+rng = np.random.default_rng(2)
+B, T, H, K, V = 2, 512, 4, 16, 16
+q, k = (rng.standard_normal((B, T, H, K)).astype(np.float32) for _ in range(2))
+v = rng.standard_normal((B, T, H, V)).astype(np.float32)
+before = len(os.listdir("/proc/self/task"))
+scanweaver.linear_attention(q, k, v, g_head=-rng.uniform(0, 1, (B, T, H)).astype(np.float32), backend="cpu",
+                            threads=1024)
+print(json.dumps({"started": len(os.listdir("/proc/self/task")) - before}))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or not os.path.isdir("/proc/self/task"),
+                    reason="needs Linux's sched_setaffinity and /proc/self/task to count threads")
+def test_the_matrix_kernels_clamp_threads_to_four_per_processor():
+    if toolchain.missing_reason():
+        pytest.skip(f"no C toolchain: {toolchain.missing_reason()}")
+    proc = subprocess.run([sys.executable, "-c", THREADS_SCRIPT], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    started = json.loads(proc.stdout.strip().splitlines()[-1])["started"]
+    assert started <= 4, f"threads=1024 on one processor started {started} OS threads (at most 4 per processor)"

@@ -147,6 +147,6 @@ def test_bad_offsets_and_tunables_are_clear_errors(cpu):
     a["cu_seqlens"] = np.array([0, 7, 5], np.int64)
     with pytest.raises(ScanInputError, match="cu_seqlens"):
         forward(cpu, f, a, sizes)
-    for bad in ({"chunk": 12}, {"block_v": 3}, {"algorithm": "fast"}, {"threads": 5000}, {"width": 32}):
+    for bad in ({"chunk": 0}, {"chunk": 1025}, {"block_v": 3}, {"algorithm": "fast"}, {"threads": 5000}, {"width": 32}):
         with pytest.raises(ScanInputError, match=next(iter(bad))):
             OP.resolve("c", bad, {}, "test")

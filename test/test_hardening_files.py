@@ -128,3 +128,89 @@ def test_a_bad_threads_cutoff_is_measured_again(bad, monkeypatch):
     stored = json.loads(path.read_text())[key]["threads_cutoff"]
     assert stored == value
     assert calibrate.one_thread(10) is True
+
+
+STORE_SCRIPT = r"""
+import json, os, resource, sys, warnings
+resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+import numpy as np
+import scanweaver
+from scanweaver.tuning import store
+
+rng = np.random.default_rng(0)
+a = rng.uniform(0.5, 1, (4, 64)).astype(np.float32)
+b, x, c = (rng.standard_normal((4, 64)).astype(np.float32) for _ in range(3))
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    want = scanweaver.selective_scan(a, b, x, c, backend="numpy", schedule="sequential")
+    ok = all(np.allclose(scanweaver.selective_scan(a, b, x, c, backend="numpy"), want) for _ in range(3))
+    for _ in range(3):  # what every scan on a tuned backend asks
+        ok = ok and store.lookup(backend="cpu", device="any", signature="0", dtype="float32", lanes=4, L=64) is None
+print(json.dumps({"ok": ok, "warnings": [str(w.message) for w in caught if "tuned-config" in str(w.message)]}))
+"""
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "huge"])
+def test_a_store_that_is_no_regular_file_or_too_large_is_refused_with_one_warning(tmp_path, kind):
+    """SCANWEAVER_TUNED naming a FIFO (which blocked), /dev/zero (read until memory ran out) or a file over the
+    size limit: never opened for a blocking or unbounded read; one warning names the reason; scans run."""
+    import os
+    import subprocess
+    import sys
+
+    from scanweaver.tuning import atomic
+
+    if kind == "fifo":
+        if not hasattr(os, "mkfifo"):
+            pytest.skip("no FIFOs on this platform")
+        path = tmp_path / "tuned.fifo"
+        os.mkfifo(path)
+        reason = "is a FIFO, not a regular file"
+    elif kind == "device":
+        path = "/dev/zero"
+        if not os.path.exists(path):
+            pytest.skip("no /dev/zero on this platform")
+        reason = "is a character device, not a regular file"
+    else:
+        path = tmp_path / "tuned.json"
+        with open(path, "wb") as f:  # sparse: no disk used
+            f.truncate(atomic.MAX_READ_BYTES + 1)
+        reason = "over the 64 MiB limit"
+    env = {**os.environ, "SCANWEAVER_TUNED": str(path), "SCANWEAVER_CACHE_DIR": str(tmp_path / "cache")}
+    try:
+        proc = subprocess.run([sys.executable, "-c", STORE_SCRIPT], capture_output=True, text=True, timeout=60,
+                              env=env)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"reading the store {path} hung")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["ok"]
+    assert len(got["warnings"]) == 1 and reason in got["warnings"][0] and str(path) in got["warnings"][0], got
+
+
+def test_writers_refuse_a_store_that_is_no_regular_file(tmp_path):
+    import os
+
+    if not hasattr(os, "mkfifo"):
+        pytest.skip("no FIFOs on this platform")
+    import threading
+
+    path = tmp_path / "tuned.fifo"
+    os.mkfifo(path)
+    result: list = []
+
+    def write_side():
+        try:
+            store._load_for_write(path)
+            result.append(None)
+        except Exception as exc:  # noqa: BLE001  (the test inspects it)
+            result.append(exc)
+
+    reader = threading.Thread(target=write_side, daemon=True)
+    reader.start()
+    reader.join(10)
+    if reader.is_alive():  # release the blocked open with a writer that closes at once, then fail
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+        reader.join(10)
+        pytest.fail("a writer blocked opening a FIFO named as the store")
+    assert isinstance(result[0], store.StoreFormatError) and "is a FIFO, not a regular file" in str(result[0])

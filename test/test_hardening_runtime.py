@@ -156,7 +156,7 @@ def test_plan_caches_evict_safely_from_many_threads():
         import sys, threading
         import numpy as np
         import scanweaver
-        from scanweaver import fastpath
+        from scanweaver.core import fastpath
         fastpath.MAX_PLANS = 2
         sys.setswitchinterval(1e-6)
         errors = []

@@ -59,7 +59,7 @@ def test_one_lane_and_many_lanes(rng):
 
 def test_the_gate_is_computed_inside_the_kernel(rng):
     scanweaver.mamba_selective_scan(**operands(rng), backend="numpy", fused=False)
-    stages = scanweaver.mamba._s6_step.last.stages
+    stages = scanweaver.ops.mamba1.scan_path._s6_step.last.stages
     assert "exp(delta * A)" in stages.text()["affine_scan"]
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import scanweaver
-from scanweaver.mamba import api as mamba_api
+from scanweaver.ops.mamba1 import api as mamba_api
 from scanweaver.runtime import REGISTRY
 
 pytestmark = pytest.mark.skipif(not REGISTRY.get("cpu").availability().ok, reason="the cpu backend needs a compiler")

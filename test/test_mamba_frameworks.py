@@ -178,7 +178,7 @@ def _jax_check(jax):
         return (y * jax.nn.silu(z) if gate else y), h
 
     def ours(u, delta, A, B, C, D, z, bias, h0):
-        return swj.mamba_selective_scan(u, delta, A, B, C, D, z, bias, True, h0, True)
+        return swj.mamba_selective_scan(u, delta, A, B, C, D, z, bias, True, True, h0=h0)
 
     def loss(f):  # every output term: y weighted, and the final state
         return lambda *a: (f(*a)[0] * w).sum() + (f(*a)[1] * v).sum()

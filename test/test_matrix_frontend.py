@@ -140,14 +140,10 @@ def test_stages_print_and_the_cli_shows_them():
     assert "stage matrix_scan" in out.stdout and "(state transposed)" in out.stdout
 
 
-def test_readme_matrix_example_runs():
-    import re
-    from pathlib import Path
+def test_documented_matrix_example_computes_what_it_says():
+    from doc_examples import namespace_after
 
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    block = next(b for b in re.findall(r"```python\n(.*?)```", text, flags=re.S) if "mamba2_step" in b)
-    ns: dict = {}
-    exec(compile(block, "README.md", "exec"), ns)  # noqa: S102  (our own README)
+    ns = namespace_after("mamba2_step")
     want, _ = scanweaver.linear_attention(ns["q"], ns["k"], ns["v"], g=ns["g"], scale=1.0)
     np.testing.assert_allclose(ns["o2"], want, rtol=1e-12)
     assert ns["h"].shape == (2, 4, 8, 16) and ns["y1"].shape == (2, 4, 8)
@@ -175,3 +171,39 @@ def test_matrix_steps_on_tensors_have_gradients():
     check(lambda *z: ssd(*z, return_state=True), (x, dt, A, B, C))
     r, w, u = t(1, 4, 1, 2), t(1, 4, 1, 2), t(1, 2)
     check(lambda *z: rwkv(*z[:3], -torch.exp(z[3]), z[4], return_state=True), (r, k, v, w, u))
+
+
+BUDGET_SCRIPT = r"""
+import resource
+resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+import numpy as np
+import scanweaver
+from scanweaver import ScanInputError
+
+def squares(S, q, k, v, a):
+    for _ in range(26):
+        a = a * a
+    return a * S + np.outer(k, v), q @ S
+
+def chain(S, q, k, v, a):
+    for _ in range(300):
+        a = a + 1.0
+    return a * S + np.outer(k, v), q @ S
+
+for step, want in ((squares, "expand to"), (chain, "nest 201 operations deep")):
+    try:
+        scanweaver.recurrence(step, state_shape=("K", "V"))
+    except ScanInputError as e:
+        assert step.__name__ in str(e) and want in str(e) and "at most" in str(e), str(e)
+    else:
+        raise SystemExit(f"{step.__name__} was traced")
+print("refused")
+"""
+
+
+def test_the_expression_budget_covers_matrix_steps():
+    """A gate squared 26 times (2**26 terms written out) or a chain 300 deep is refused when traced, by the same
+    budget and message as the vector front end, in a subprocess under a 2 GiB address-space limit."""
+    proc = subprocess.run([sys.executable, "-c", BUDGET_SCRIPT], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.stdout.strip().endswith("refused")

@@ -73,6 +73,42 @@ def test_mamba2_gradcheck(D_shape):
     _check(fn, (x, dt, A, B, C, D, z, bias, h0))
 
 
+def test_ported_calls_gradcheck():
+    """simple_gla (g and g_gamma), retention and state_v_first (cotangents of the V-first final state too)."""
+    B, T, H, K, V = 1, 5, 2, 3, 2
+    q, k = (_t(RNG.normal(size=(B, T, H, K))) for _ in range(2))
+    v, h0 = _t(RNG.normal(size=(B, T, H, V))), _t(RNG.normal(size=(B, H, K, V)))
+    g, g_gamma = _t(-RNG.uniform(0.05, 1.5, (B, T, H))), _t(-RNG.uniform(0.05, 1.5, H))
+    _check(lambda q, k, v, g, h0: scanweaver.simple_gla(q, k, v, g, None, 0.8, h0, True), (q, k, v, g, h0))
+    _check(lambda q, k, v, g, h0: scanweaver.simple_gla(q, k, v, None, g, None, h0, True), (q, k, v, g_gamma, h0))
+    _check(lambda q, k, v, h0: scanweaver.retention(q, k, v, None, h0, True), (q, k, v, h0))
+    gk, hv = _t(-RNG.uniform(0.05, 1.5, (B, T, H, K))), _t(RNG.normal(size=(B, H, V, K)))
+    _check(lambda q, k, v, g, h0: scanweaver.linear_attention(q, k, v, g, None, h0, True, True), (q, k, v, gk, hv))
+
+
+def test_mamba2_seq_idx_and_varlen_gradcheck():
+    b, L, H, P, G, N = 2, 6, 2, 2, 1, 2
+    x, dt = _t(RNG.normal(size=(b, L, H, P))), _t(RNG.normal(size=(b, L, H)))
+    A, bias = _t(-RNG.uniform(0.5, 1.5, H)), _t(RNG.normal(size=H))
+    B, C = _t(RNG.normal(size=(b, L, G, N))), _t(RNG.normal(size=(b, L, G, N)))
+    D, h0 = _t(RNG.normal(size=H)), _t(RNG.normal(size=(b, H, P, N)))
+    seq = torch.tensor([[0, 0, 1, 1, 1, 2], [4, 4, 4, 4, 0, 0]])
+
+    def fn(x, dt, A, B, C, D, bias, h0):
+        return scanweaver.mamba2_scan(x, dt, A, B, C, 64, D, None, bias, h0, seq, None, True, return_final_states=True)
+
+    _check(fn, (x, dt, A, B, C, D, bias, h0))
+    cu = [0, 2, 2, 6]
+
+    def varlen(x, dt, A, B, C, h0):
+        return scanweaver.mamba2_scan(x, dt, A, B, C, None, None, None, None, h0, seq[:1], cu,
+                                      return_final_states=True, return_varlen_states=True)
+
+    h0s = _t(RNG.normal(size=(3, H, P, N)))
+    _check(varlen, (x[:1].detach().requires_grad_(), dt[:1].detach().requires_grad_(), A,
+                    B[:1].detach().requires_grad_(), C[:1].detach().requires_grad_(), h0s))
+
+
 def test_mamba2_clamp_stops_the_gradient():
     b, L, H, P, N = 1, 4, 2, 2, 3
     dt = _t(np.full((b, L, H), 5.0))  # softplus(5) ~ 5.007, clamped to 1.0: no gradient
@@ -191,6 +227,34 @@ def test_jax_mamba2_grad_under_jit():
     want = jax.jit(jax.grad(ref, argnums=tuple(range(8))))(*args)
     for a, b_ in zip(got, want, strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b_), rtol=2e-4, atol=2e-4)
+
+
+def test_jax_ported_calls_grad_under_jit():
+    """scanweaver.jax.simple_gla / retention (decays from the options) against jax.grad of a lax.scan definition."""
+    jax = _jax()
+    import jax.numpy as jnp
+    import scanweaver.jax as swj
+
+    B, T, H, K, V = 1, 6, 3, 2, 3
+    q, k = (_f32(RNG.normal(size=(B, T, H, K))) for _ in range(2))
+    v, w = (_f32(RNG.normal(size=(B, T, H, V))) for _ in range(2))
+    h0 = _f32(RNG.normal(size=(B, H, K, V)))
+    g_gamma = _f32(-RNG.uniform(0.05, 1, H))
+    retnet = jnp.log(1 - 2.0 ** (-5.0 - jnp.arange(H, dtype=jnp.float32)))
+    full = lambda g: jnp.broadcast_to(g[None, None, :, None], (B, T, H, K))  # noqa: E731
+
+    def loss(o, h):
+        return (o * w).sum() + (h ** 2).sum()
+
+    cases = [(lambda q, k, v, g, h0: loss(*swj.simple_gla(q, k, v, None, g, None, h0, True)),
+              lambda q, k, v, g, h0: loss(*_la_scan(jnp, jax, q, k, v, full(g), h0, K ** -0.5))),
+             (lambda q, k, v, g, h0: loss(*swj.retention(q, k, v, None, h0, True)) + 0 * g.sum(),
+              lambda q, k, v, g, h0: loss(*_la_scan(jnp, jax, q, k, v, full(retnet), h0, K ** -0.5)) + 0 * g.sum())]
+    for ours, ref in cases:
+        got = jax.jit(jax.grad(ours, argnums=(0, 1, 2, 3, 4)))(q, k, v, g_gamma, h0)
+        want = jax.jit(jax.grad(ref, argnums=(0, 1, 2, 3, 4)))(q, k, v, g_gamma, h0)
+        for a, b in zip(got, want, strict=True):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=2e-4)
 
 
 def test_float32_gradients_at_2048_against_autograd_through_the_peers():

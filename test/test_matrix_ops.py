@@ -16,63 +16,9 @@ import scanweaver
 from scanweaver import ScanInputError
 
 import matrix_peers as peers
+from matrix_loops import la_loop, mamba2_loop
 
 RNG = np.random.default_rng(22)
-
-
-def _segs(batch, T, cu):
-    return [(b, b, 0, T) for b in range(batch)] if cu is None else \
-        [(i, 0, cu[i], cu[i + 1]) for i in range(len(cu) - 1)]
-
-
-def la_loop(q, k, v, gk, scale, h0=None, cu=None, reverse=False, bonus=None):
-    """float64 loop: S_t = exp(gk_t)[:, None] S + k v^T; o = scale * S^T q (bonus: RWKV-6's readout)."""
-    batch, T, Hq, K = q.shape
-    H, V = v.shape[2:]
-    grp = H // Hq
-    segs = _segs(batch, T, cu)
-    o = np.zeros(v.shape)
-    hl = np.zeros((len(segs), H, K, V))
-    for row, b, s, e in segs:
-        for h in range(H):
-            S = np.zeros((K, V)) if h0 is None else np.array(h0[row, h], float)
-            for t in (range(e - 1, s - 1, -1) if reverse else range(s, e)):
-                qt, kt, vt = q[b, t, h // grp], k[b, t, h // grp], v[b, t, h]
-                kv = np.outer(kt, vt)
-                if bonus is None:
-                    S = np.exp(gk[b, t, h])[:, None] * S + kv
-                    o[b, t, h] = scale * qt @ S
-                else:
-                    o[b, t, h] = scale * qt @ (S + bonus[h][:, None] * kv)
-                    S = np.exp(gk[b, t, h])[:, None] * S + kv
-            hl[row, h] = S
-    return o, hl
-
-
-def mamba2_loop(x, dt, A, B, C, D=None, z=None, dt_bias=None, softplus=False, limit=(0.0, math.inf), h0=None, cu=None):
-    """float64 loop of Mamba-2 in mamba-ssm's layout (state (P, N))."""
-    batch, L, H, P = x.shape
-    G, N = B.shape[2:]
-    dt = dt + (0 if dt_bias is None else dt_bias)
-    if softplus:
-        dt = np.where(dt > 20, dt, np.log1p(np.exp(np.minimum(dt, 20))))
-    if limit != (0.0, math.inf):
-        dt = np.clip(dt, *limit)
-    segs = _segs(batch, L, cu)
-    y = np.zeros(x.shape)
-    hl = np.zeros((len(segs), H, P, N))
-    for row, b, s, e in segs:
-        for h in range(H):
-            S = np.zeros((P, N)) if h0 is None else np.array(h0[row, h], float)
-            for t in range(s, e):
-                S = np.exp(dt[b, t, h] * A[h]) * S + np.outer(dt[b, t, h] * x[b, t, h], B[b, t, h // (H // G)])
-                y[b, t, h] = S @ C[b, t, h // (H // G)]
-            hl[row, h] = S
-    if D is not None:
-        y = y + (D[:, None] if D.ndim == 1 else D) * x
-    if z is not None:
-        y = y * z / (1 + np.exp(-z))
-    return y, hl
 
 
 def _close(a, b, tol=1e-10):
@@ -206,7 +152,7 @@ def test_float16_storage():
     (lambda: scanweaver.linear_attention(np.ones((2, 4, 2, 3)), np.ones((2, 4, 2, 3)), np.ones((2, 4, 2, 5)),
                                          cu_seqlens=[0, 4]), "needs batch 1"),
     (lambda: scanweaver.linear_attention(np.ones((1, 4, 2, 3)), np.ones((1, 4, 2, 3)), np.ones((1, 4, 2, 5)),
-                                         cu_seqlens=[0, 3]), "end at T = 4"),
+                                         cu_seqlens=[0, 3]), "ending at T; got cu_seqlens\\[-1\\] = 3"),
     (lambda: scanweaver.linear_attention(np.ones((1, 4, 2, 3)), np.ones((1, 4, 2, 3)), np.ones((1, 4, 2, 5)),
                                          initial_state=np.ones((1, 2, 5, 3))), r"initial_state has shape"),
     (lambda: scanweaver.linear_attention(np.ones((1, 4, 2, 3)), np.ones((1, 4, 2, 3)), np.ones((1, 4, 2, 5)),

@@ -66,8 +66,8 @@ def test_modules_use_upstream_dialects_and_one_function_per_schedule_op(schedule
 
 def test_every_expression_function_has_a_lowering_and_constants_are_exact():
     for name, fn in FUNCTIONS.items():
-        body = Body("f64", {"x": "%x", "y": "%y"})
-        body.expr(call(name, *(inp(v) for v in "xy"[:fn.arity])))
+        body = Body("f64", {"x": "%x", "y": "%y", "z": "%z"})
+        body.expr(call(name, *(inp(v) for v in "xyz"[:fn.arity])))
         assert body.lines, name
     assert float(float_literal(0.1, "f64")) == 0.1
     assert float_literal(float("inf"), "f32") == "0x7F800000"

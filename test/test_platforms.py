@@ -180,7 +180,7 @@ def test_devices_report_the_vector_isa_and_openmp():
     if not REGISTRY["cpu"].availability().ok:
         pytest.skip(f"cpu backend unavailable: {REGISTRY['cpu'].availability().reason}")
     details = REGISTRY["cpu"]().details()
-    isa, vbytes = host.vector_isa()
+    isa, vbytes = toolchain.vector_isa()
     assert details["vectors"] == f"{isa}, {vbytes}-byte vectors in the chunked kernel"
     assert isa in {name for _, name in host.ISAS} | {"generic"} and vbytes in (16, 32, 64)
     tc = toolchain.find_toolchain()

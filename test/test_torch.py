@@ -145,7 +145,7 @@ def test_torch_compile_fullgraph_and_opcheck():
     got = torch.autograd.grad(compiled(a, b, x, c, h0), (a, b, x, c, h0))
     for g, w in zip(got, eager, strict=True):
         torch.testing.assert_close(g, w)
-    opts = scanweaver.differentiable.scan_options(scanweaver.api.SELECTIVE)
+    opts = scanweaver.ops.scan.grad.scan_options(scanweaver.api.SELECTIVE)
     torch.library.opcheck(swt._forward, ("scan", [a, b, x, c], [True] * 4 + [False, False], repr(opts)))
 
 
@@ -255,19 +255,15 @@ def test_plain_api_takes_tensors_and_returns_tensors_with_gradients():
         torch.testing.assert_close(t.grad, w, rtol=1e-5, atol=1e-5)
     z = gated(torch.full((2, 12), 0.1), torch.full((2, 12), -1.0), x.detach(), c.detach())
     assert isinstance(z, torch.Tensor) and z.shape == (2, 12)
-    with pytest.raises(scanweaver.ScanInputError, match="out= takes NumPy arrays"):
+    with pytest.raises(scanweaver.ScanInputError, match="out must be a torch.Tensor or None; got ndarray"):
         scanweaver.selective_scan(a, b, x, out=np.empty((2, 12), np.float32))
 
 
-def test_readme_training_example_runs():
-    import re
-    from pathlib import Path
+def test_documented_training_example_computes_gradients():
+    from doc_examples import namespace_after
 
-    pytest.importorskip("jax", reason="the README's training example uses JAX too")
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    block = next(b for b in re.findall(r"```python\n(.*?)```", text, flags=re.S) if "scanweaver.torch" in b)
-    namespace: dict = {}
-    exec(compile(block, "README.md", "exec"), namespace)  # noqa: S102  (our own README)
+    pytest.importorskip("jax", reason="the training example uses JAX too")
+    namespace = namespace_after('grads = ')
     assert namespace["A"].grad.shape == (64, 1) and namespace["h0"].grad.shape == (4, 64)
     assert set(namespace["grads"]) == {"a", "b", "x", "c"}
 
@@ -295,7 +291,7 @@ def test_training_steps_reuse_their_buffers():
 def test_repeated_forwards_use_the_call_plan_and_prepare_only_for_the_backward(monkeypatch):
     """A forward that recomputes its states needs nothing prepared: it is the plain call (and its plan);
     the backward prepares the call once.  Results equal the prepared path's."""
-    from scanweaver import autodiff
+    from scanweaver.core import autodiff
 
     rng = np.random.default_rng(5)
     a, b, x, c = (torch.tensor(v) for v in (rng.uniform(0.5, 1.0, (2, 3, 40)), *rng.standard_normal((3, 2, 3, 40))))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import scanweaver
-from scanweaver.logspace import log_scan
+from scanweaver import log_scan
 from scanweaver.runtime import REGISTRY
 from conftest import loop_reference, make_operands
 

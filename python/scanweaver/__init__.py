@@ -4,9 +4,33 @@
 juliacall are imported when the feature that needs them is first used.
 """
 
-from .api import Recurrence, recurrence, selective_scan
-from .plans import plan
-from .autodiff import vjp
+from . import mamba, matrix  # noqa: F401  (public namespaces: scanweaver.mamba.last, scanweaver.matrix.last)
+from .api import (
+    Recurrence,
+    delta_rule,
+    delta_rule_step,
+    gated_delta_rule,
+    gated_delta_rule_step,
+    kda,
+    kda_step,
+    linear_attention,
+    linear_attention_step,
+    log_scan,
+    mamba2_scan,
+    mamba2_state_update,
+    mamba2_step,
+    mamba_selective_scan,
+    recurrence,
+    retention,
+    rwkv6,
+    rwkv6_step,
+    rwkv7,
+    rwkv7_step,
+    selective_scan,
+    simple_gla,
+)
+from .core.autodiff import vjp
+from .core.plans import plan
 from .errors import (
     BackendUnavailable,
     CompileError,
@@ -17,10 +41,6 @@ from .errors import (
 )
 from .frontend import sigmoid, silu, softplus
 from .tuning import tune
-from .logspace import log_scan
-from .mamba import mamba_selective_scan
-from .matrix import linear_attention, linear_attention_step, mamba2_scan, mamba2_step, rwkv6, rwkv6_step
-from .matrix.delta_rule import delta_rule
 
 __version__ = "0.1.0"
 
@@ -33,17 +53,27 @@ __all__ = [
     "ScanWeaverError",
     "VerificationError",
     "delta_rule",
+    "delta_rule_step",
+    "gated_delta_rule",
+    "gated_delta_rule_step",
+    "kda",
+    "kda_step",
     "linear_attention",
     "linear_attention_step",
     "log_scan",
     "mamba2_scan",
+    "mamba2_state_update",
     "mamba2_step",
     "mamba_selective_scan",
     "plan",
     "recurrence",
+    "retention",
     "rwkv6",
     "rwkv6_step",
+    "rwkv7",
+    "rwkv7_step",
     "selective_scan",
+    "simple_gla",
     "sigmoid",
     "silu",
     "softplus",

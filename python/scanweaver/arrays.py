@@ -18,8 +18,11 @@ Mixed operands promote as NumPy does after widening the half types, so
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
+from .checks import check_seqlens
 from .errors import ScanInputError
 from .runtime.base import ScanArrays
 
@@ -33,6 +36,31 @@ ACCEPTED = "float16, bfloat16, float32, float64, complex64 and complex128"
 def is_half(dtype: np.dtype) -> bool:
     """True for the storage-only dtypes float16 and bfloat16."""
     return np.dtype(dtype).name in HALF
+
+
+def is_real(dtype) -> bool:
+    """True for the real dtypes the scans take: float16, bfloat16 (storage), float32, float64, in any byte order.
+
+    The one test of "a real floating-point dtype": ``dtype.kind == "f"`` misses bfloat16 (ml_dtypes' kind is
+    ``V``) and ``np.issubdtype(dtype, np.inexact)`` does too.
+
+    Example:
+        >>> is_real(np.float16), is_real(np.int32), is_real(np.complex64)
+        (True, False, False)
+    """
+    try:
+        d = np.dtype(dtype).newbyteorder("=")
+    except TypeError:
+        return False
+    return d in SUPPORTED or is_half(d)
+
+
+def is_floating(dtype) -> bool:
+    """True for every dtype the scans take (:func:`is_real`, or complex64 / complex128)."""
+    try:
+        return is_real(dtype) or np.dtype(dtype).newbyteorder("=") in COMPLEX
+    except TypeError:
+        return False
 
 
 def as_array(api: str, name: str, value: object) -> np.ndarray:
@@ -53,11 +81,10 @@ def as_array(api: str, name: str, value: object) -> np.ndarray:
         arr = np.asarray(float(value)) if type(value) is int else np.asarray(value)
     except Exception as exc:
         raise ScanInputError(f"{api}: {name} cannot be read as an array: {exc}") from exc
-    if arr.dtype in SUPPORTED or arr.dtype in COMPLEX or is_half(arr.dtype):
-        return arr
-    native = arr.dtype.newbyteorder("=") if arr.dtype.byteorder not in ("=", "|") else None
-    if native is not None and (native in SUPPORTED or native in COMPLEX or is_half(native)):
-        return arr.astype(native)  # non-native byte order (e.g. big-endian data read from a file)
+    if is_floating(arr.dtype):
+        native = arr.dtype.newbyteorder("=")
+        # non-native byte order (e.g. big-endian data read from a file) converted once
+        return arr if arr.dtype.byteorder in ("=", "|") or native == arr.dtype else arr.astype(native)
     raise ScanInputError(
         f"{api}: {name} has dtype {arr.dtype}; supported dtypes are {ACCEPTED} "
         f"(convert with {name}.astype(np.float32))"
@@ -156,27 +183,7 @@ def seqlens_positions(api: str, cu_seqlens: object, L: int, reverse: bool = Fals
     Raises:
         ScanInputError: naming ``cu_seqlens`` and its bad values.
     """
-    cu = np.asarray(cu_seqlens)
-    if cu.ndim != 1 or cu.dtype.kind not in "iu" or cu.size == 0:
-        raise ScanInputError(
-            f"{api}: cu_seqlens must be a non-empty 1-D integer array of sequence offsets "
-            f"[0, ..., L]; got shape {cu.shape} dtype {cu.dtype}"
-        )
-    cu = cu.astype(np.int64)
-    if cu[0] != 0:
-        raise ScanInputError(f"{api}: cu_seqlens must start at 0; got cu_seqlens[0] = {cu[0]}")
-    steps = np.diff(cu)
-    bad = np.flatnonzero(steps <= 0)
-    if bad.size:
-        i = int(bad[0])
-        raise ScanInputError(
-            f"{api}: cu_seqlens must be strictly increasing (no empty sequences); got "
-            f"cu_seqlens[{i}] = {cu[i]} followed by cu_seqlens[{i + 1}] = {cu[i + 1]}"
-        )
-    if cu[-1] != L:
-        raise ScanInputError(
-            f"{api}: cu_seqlens must end at the sequence length L = {L}; got cu_seqlens[-1] = {cu[-1]}"
-        )
+    cu = check_seqlens(api, cu_seqlens, L)
     return cu[1:-1] - 1 if reverse else cu[1:-1]
 
 
@@ -277,3 +284,52 @@ def prepare(api: str, operands: dict[str, object], h0: object = None, reset: obj
         rmask = np.ascontiguousarray(seg, dtype=np.uint8) if rmask is None else rmask | seg
     return ScanArrays(inputs=inputs, h0=h0v, reset=rmask, batch_shape=batch, dtype=dtype, out_dtype=out_dtype,
                       layouts=layouts)
+
+
+def device_module(values) -> Any:
+    """The array module of the device arrays among ``values`` (CuPy for CuPy arrays, e.g. views of CUDA
+    tensors; any library registered as a :class:`~scanweaver.runtime.device_plan.Family` with a module), else
+    ``None`` (host arrays)."""
+    from .runtime import REGISTRY
+    from .runtime.device_plan import array_module
+
+    REGISTRY.load()  # the backends register their array libraries when imported
+    for v in values:
+        xp = array_module(v)
+        if xp is not None:
+            return xp
+    return None
+
+
+def host_arrays(values) -> tuple[list, Any]:
+    """``values`` with every device array copied to a NumPy array, and the device module the results should go
+    back to (``None``: they were host arrays).  For calls that run on a backend that takes host arrays only."""
+    xp = device_module(values)
+    if xp is None:
+        return list(values), None
+    return [xp.asnumpy(v) if v is not None and isinstance(v, xp.ndarray) else v for v in values], xp
+
+
+def module_array(api: str, name: str, value: object, xp=None):
+    """``value`` checked as an array of array module ``xp``: :func:`as_array` for NumPy (``None``); for a
+    device module, one of its own float arrays, kept where it is (nothing is copied to the host).
+
+    Raises:
+        ScanInputError: naming the argument, what it is and what it needs.
+    """
+    if xp is None or xp is np:
+        return as_array(api, name, value)
+    if not isinstance(value, xp.ndarray):
+        raise ScanInputError(f"{api}: {name} is a {type(value).__name__}; with device operands every array must be "
+                             "on the same device")
+    if np.dtype(value.dtype).kind not in "fc":
+        raise ScanInputError(f"{api}: {name} has dtype {value.dtype}; it needs a float dtype")
+    return value
+
+
+def contiguous(value, dtype: np.dtype, xp=None):
+    """``value`` as a C-contiguous, aligned array of ``dtype`` in array module ``xp`` (``None``: NumPy); no copy
+    when it already is one."""
+    if xp is None or xp is np:
+        return aligned(np.ascontiguousarray(value, dtype=dtype))
+    return xp.ascontiguousarray(value, dtype=dtype)

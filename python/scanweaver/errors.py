@@ -12,6 +12,8 @@ import types
 from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
+from . import environment
+
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -45,6 +47,24 @@ class BackendUnavailable(ScanWeaverError):
 
 class UnknownPluginError(ScanInputError):
     """A schedule, backend, target or other plug-in name is not registered; the message lists the known ones."""
+
+
+def unknown_keyword(api: str, key: str, parameters, tunables) -> str:
+    """The message for keyword ``key`` of call ``api`` that is neither one of its ``parameters`` nor of its
+    ``tunables``, naming both lists and the nearest name.
+
+    Example:
+        >>> msg = unknown_keyword("scan", "revers", ["reverse", "h0"], ["chunk"])
+        >>> msg.split("; ")[-1]
+        "did you mean 'reverse'?"
+    """
+    import difflib
+
+    parameters, tunables = list(parameters), sorted(tunables)
+    near = difflib.get_close_matches(str(key), parameters + tunables, n=1)
+    hint = f"; did you mean {near[0]!r}?" if near else ""
+    return (f"{api}: unknown keyword {key!r}: it is neither a parameter ({', '.join(parameters)}) nor a tunable "
+            f"({', '.join(tunables) or 'none'}){hint}")
 
 
 #: Set to ``full`` (or ``off``) to see ScanWeaver's own frames in the tracebacks of its errors.
@@ -88,7 +108,7 @@ def api_boundary(fn: Callable[P, R]) -> Callable[P, R]:
         try:
             return fn(*args, **kwargs)
         except ScanWeaverError as exc:
-            if os.environ.get(TRACEBACK_ENV, "").lower() in ("full", "off", "0"):
+            if environment.choice(TRACEBACK_ENV, ("full", "off", "0"), "hidden") != "hidden":
                 raise
             hidden = not getattr(exc, "_scanweaver_filtered", False)
             exc._scanweaver_filtered = True  # type: ignore[attr-defined]

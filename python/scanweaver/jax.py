@@ -5,7 +5,7 @@ are ``jax.custom_vjp`` functions whose forward and backward run ScanWeaver's
 compiled kernels through ``jax.pure_callback``: they work under ``jax.jit``,
 ``jax.grad`` (and ``jax.vjp``) and ``jax.vmap`` (the callback receives the
 batch as a leading axis, which the scans treat as more lanes).  Every
-:class:`~scanweaver.differentiable.KernelPair` gets the same treatment
+:class:`~scanweaver.calls.pairs.KernelPair` gets the same treatment
 (:func:`call`).
 
 Copies: the callback hands the kernels host NumPy arrays (no copy on the
@@ -27,13 +27,18 @@ Example:
 
 from __future__ import annotations
 
+import sys
+
 import functools
 
 import jax
 import numpy as np
 
-from .api import SELECTIVE, SELECTIVE_NO_C, Recurrence
-from .differentiable import PAIRS, parse_options, scan_options
+from .calls import route
+from .core.recurrence import Recurrence
+from .calls.declare import CALL_ARRAYS, OPERATIONS, Operation, make_entry
+from .calls.pairs import PAIRS, options_text, parse_options
+from .ops.scan.grad import scan_options
 from .errors import ScanInputError, ScanWeaverError
 
 
@@ -103,7 +108,7 @@ def call(name: str, inputs: list, options: dict) -> list:
     """Runs kernel pair ``name`` on JAX arrays (``None`` for absent optional inputs); returns its outputs.
 
     Args:
-        name: a name in :data:`scanweaver.differentiable.PAIRS`.
+        name: a name in :data:`scanweaver.calls.pairs.PAIRS`.
         inputs: arrays or ``None``, in the pair's order.
         options: a dict of Python literals for the pair's kernels.
     """
@@ -138,7 +143,7 @@ def _check_floating(api: str, values: dict) -> None:
 
 def apply(rec: Recurrence, *operands, h0=None, reset=None, reverse: bool = False, return_state: bool = False,
           cu_seqlens=None, backend: str = "auto", schedule: str = "auto", config="auto", states: str = "recompute",
-          **tunables):
+          out=None, **tunables):
     """Runs recurrence ``rec`` on JAX arrays, differentiably (see :meth:`scanweaver.Recurrence.__call__`).
 
     Args:
@@ -154,9 +159,16 @@ def apply(rec: Recurrence, *operands, h0=None, reset=None, reverse: bool = False
     Returns:
         ``y``, or ``(y, h_last)``.
     """
+    if out is not None:
+        raise ScanInputError(f"{rec.name}: out= takes NumPy or device arrays; with {FRAMEWORK} operands the result "
+                             f"is a new {FRAMEWORK} array (drop out=)")
     if len(operands) != len(rec.inputs):
         raise ScanInputError(f"{rec.name}: takes {len(rec.inputs)} operands ({', '.join(rec.inputs)}), "
                              f"got {len(operands)}")
+    missing = [n for n, v in zip(rec.inputs, operands, strict=True) if v is None]
+    if missing:
+        raise ScanInputError(f"{rec.name}: operand(s) {', '.join(missing)} missing (None); needs "
+                             f"{', '.join(rec.inputs)} as arrays")
     _check_floating(rec.name, {**dict(zip(rec.inputs, operands, strict=True)), "h0": h0})
     opts = scan_options(rec, reverse=reverse, cu_seqlens=None if cu_seqlens is None else np.asarray(cu_seqlens),
                         backend=backend, schedule=schedule, config=config, states=states, **tunables)
@@ -164,81 +176,30 @@ def apply(rec: Recurrence, *operands, h0=None, reset=None, reverse: bool = False
     return (y, h_last) if return_state else y
 
 
-def selective_scan(a, b, x, c=None, *, h0=None, reset=None, reverse: bool = False, return_state: bool = False,
-                   cu_seqlens=None, backend: str = "auto", schedule: str = "auto", config="auto",
-                   states: str = "recompute", **tunables):
-    """h_t = a_t*h_{t-1} + b_t*x_t, y_t = c_t*h_t over the last axis of JAX arrays, with gradients.
+def _entry(op: Operation):
+    """``scanweaver.jax.<op>``: the declared operation on JAX arrays, differentiable under ``jax.grad``/``jit``."""
 
-    The semantics of :func:`scanweaver.selective_scan`; see :func:`apply`.
-    """
-    rec = SELECTIVE_NO_C if c is None else SELECTIVE
-    operands = (a, b, x) if c is None else (a, b, x, c)
-    return apply(rec, *operands, h0=h0, reset=reset, reverse=reverse, return_state=return_state,
-                 cu_seqlens=cu_seqlens, backend=backend, schedule=schedule, config=config, states=states, **tunables)
+    def run(args: dict):
+        op.check(args)
+        if op.recurrence is not None:
+            rec = op.recurrence(args)
+            rest = {k: v for k, v in args.items() if k != "tunables" and (k not in op.arrays or k in CALL_ARRAYS)}
+            return apply(rec, *(args[n] for n in rec.inputs), **rest, **args["tunables"])
+        if op.pair is None:  # written in the caller's array library: differentiable by JAX itself
+            return op.run_numpy(args)
+        _check_floating(op.name, {n: args.get(n) for n in op.arrays})
+        options = op.options(args)
+        options_text(op.name, options)
+        return op.finish(call(op.pair, op.pair_inputs(args), options), args)
 
-
-def mamba_selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus: bool = False,
-                         h0=None, return_state: bool = False, *, cu_seqlens=None, backend: str = "auto", **tunables):
-    """Mamba-1's selective scan on JAX arrays, differentiable under ``jax.grad`` and ``jax.jit``: the fused
-    kernels of :func:`scanweaver.mamba_selective_scan`, forward and backward, through ``jax.pure_callback``.
-
-    ``cu_seqlens`` must be concrete (not traced); ``jax.vmap`` is not supported (batch is already an axis).
-
-    Example:
-        >>> import jax, jax.numpy as jnp, scanweaver.jax as swj
-        >>> k = jax.random.split(jax.random.PRNGKey(0), 5)
-        >>> u, dt = jax.random.normal(k[0], (1, 4, 16)), jax.random.uniform(k[1], (1, 4, 16))
-        >>> A, B, C = -jax.random.uniform(k[2], (4, 3)), *jax.random.normal(k[3], (2, 1, 3, 16))
-        >>> jax.jit(jax.grad(lambda u: swj.mamba_selective_scan(u, dt, A, B, C).sum()))(u).shape
-        (1, 4, 16)
-    """
-    from .mamba.grad import options
-
-    _check_floating("mamba_selective_scan", {"u": u, "delta": delta, "A": A, "B": B, "C": C, "D": D, "z": z,
-                                             "delta_bias": delta_bias, "h0": h0})
-    opts = options(delta_softplus, None if cu_seqlens is None else np.asarray(cu_seqlens), backend, **tunables)
-    y, h_last = call("mamba1", [u, delta, A, B, C, D, z, delta_bias, h0], opts)
-    return (y, h_last) if return_state else y
+    return make_entry(op, run, __name__)
 
 
-def linear_attention(q, k, v, *, g=None, g_head=None, decay=None, scale=None, initial_state=None,
-                     output_final_state: bool = False, cu_seqlens=None, reverse: bool = False, backend: str = "auto",
-                     **tunables):
-    """:func:`scanweaver.linear_attention` on JAX arrays, differentiable under ``jax.grad`` and ``jax.jit``
-    (``cu_seqlens`` concrete).
+#: The framework this adapter takes (the router's name for it).
+FRAMEWORK = "jax"
+#: Entry points, one per declared operation this adapter carries (same signature as the NumPy one).
+ENTRIES = {op.name: _entry(op) for op in OPERATIONS.values() if FRAMEWORK in op.frameworks}
+globals().update(ENTRIES)
+route.register(FRAMEWORK, sys.modules[__name__])
 
-    Example:
-        >>> import jax, jax.numpy as jnp, scanweaver.jax as swj
-        >>> q, k, v = jax.random.normal(jax.random.PRNGKey(0), (3, 1, 8, 2, 4))
-        >>> g = jax.nn.log_sigmoid(jax.random.normal(jax.random.PRNGKey(1), (1, 8, 2, 4)))
-        >>> jax.jit(jax.grad(lambda g: swj.linear_attention(q, k, v, g=g)[0].sum()))(g).shape
-        (1, 8, 2, 4)
-    """
-    from .matrix.grad import la_options
-
-    opts = la_options(scale, reverse, cu_seqlens, backend, **tunables)
-    o, h = call("linear_attention", [q, k, v, g, g_head, decay, initial_state], opts)
-    return o, (h if output_final_state else None)
-
-
-def rwkv6(r, k, v, w, u, *, scale=None, initial_state=None, output_final_state: bool = False, cu_seqlens=None,
-          backend: str = "auto", **tunables):
-    """:func:`scanweaver.rwkv6` on JAX arrays, differentiable under ``jax.grad`` and ``jax.jit``."""
-    from .matrix.grad import rwkv6_options
-
-    o, h = call("rwkv6", [r, k, v, w, u, initial_state], rwkv6_options(scale, cu_seqlens, backend, **tunables))
-    return o, (h if output_final_state else None)
-
-
-def mamba2_scan(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus: bool = False,
-                dt_limit=(0.0, float("inf")), initial_states=None, return_final_states: bool = False,
-                cu_seqlens=None, chunk_size=None, backend: str = "auto", **tunables):
-    """:func:`scanweaver.mamba2_scan` on JAX arrays, differentiable under ``jax.grad`` and ``jax.jit``."""
-    from .matrix.grad import mamba2_options
-
-    opts = mamba2_options(dt_softplus, dt_limit, cu_seqlens, chunk_size, backend, **tunables)
-    out, h = call("mamba2", [x, dt, A, B, C, D, z, dt_bias, initial_states], opts)
-    return (out, h) if return_final_states else out
-
-
-__all__ = ["apply", "call", "linear_attention", "mamba2_scan", "mamba_selective_scan", "rwkv6", "selective_scan"]
+__all__ = ["apply", "call", *sorted(ENTRIES)]

@@ -6,7 +6,7 @@ and have gradients for every operand, ``h0`` and through the final state.
 They are two ``torch.library`` custom ops, ``scanweaver::forward`` and
 ``scanweaver::backward``, with a registered autograd formula, so they work
 in eager mode, under ``torch.compile`` (no graph break) and with
-``torch.library.opcheck``.  Every :class:`~scanweaver.differentiable.KernelPair`
+``torch.library.opcheck``.  Every :class:`~scanweaver.calls.pairs.KernelPair`
 goes through the same two ops (:func:`call`).
 
 Devices: CPU tensors run on the ``cpu`` backend (or ``backend=``) as NumPy
@@ -17,7 +17,7 @@ tensors are computed in float32 (NumPy has no bfloat16) and cast back.
 
 The backward is stage ``adjoint`` of :mod:`scanweaver.ir.adjoint`, run by the
 same backend as the forward (``states=`` chooses recomputing or saving the
-states; see :mod:`scanweaver.autodiff`).  Second derivatives are not
+states; see :mod:`scanweaver.core.autodiff`).  Second derivatives are not
 supported.
 
 Example:
@@ -32,13 +32,17 @@ Example:
 
 from __future__ import annotations
 
+import sys
+
 
 import numpy as np
 import torch
 
-from . import differentiable
-from .api import SELECTIVE, SELECTIVE_NO_C, Recurrence
-from .differentiable import PAIRS, parse_options, scan_options
+from .calls import route
+from .core.recurrence import Recurrence
+from .calls.declare import CALL_ARRAYS, OPERATIONS, Operation, make_entry
+from .calls.pairs import PAIRS, options_text, parse_options
+from .ops.scan.grad import scan_options
 from .errors import ScanInputError
 
 _DTYPES = {torch.float16: np.float16, torch.float32: np.float32, torch.float64: np.float64,
@@ -157,7 +161,7 @@ def call(name: str, inputs: list, options: dict | str) -> list[torch.Tensor]:
     """Runs kernel pair ``name`` on tensors (``None`` for absent optional inputs); returns its outputs.
 
     Args:
-        name: a name in :data:`scanweaver.differentiable.PAIRS`.
+        name: a name in :data:`scanweaver.calls.pairs.PAIRS`.
         inputs: tensors or ``None``, in the pair's order.
         options: a dict of Python literals for the pair's kernels (or its ``repr``).
     """
@@ -167,13 +171,22 @@ def call(name: str, inputs: list, options: dict | str) -> list[torch.Tensor]:
     return _forward(name, [t for t in inputs if t is not None], present, text)[:n]
 
 
-def _check_tensors(api: str, required: dict, optional: dict) -> None:
-    """Raises :class:`ScanInputError` naming the first argument that is not a tensor (``None`` allowed for
-    ``optional`` ones)."""
-    for name, t in (*required.items(), *optional.items()):
-        if not isinstance(t, torch.Tensor) and not (t is None and name in optional):
-            raise ScanInputError(f"scanweaver.torch.{api}: {name} must be a torch.Tensor"
-                                 f"{' or None' if name in optional else ''}; got {type(t).__name__}")
+def _check_tensors(api: str, values: dict) -> None:
+    """Raises :class:`ScanInputError` naming the first argument that is neither a tensor nor ``None``."""
+    for name, t in values.items():
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise ScanInputError(f"scanweaver.torch.{api}: {name} must be a torch.Tensor or None; got "
+                                 f"{type(t).__name__}")
+
+
+def _needs_grad(tensors) -> bool:
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+
+
+def _on_device(tensors) -> bool:
+    """True when every tensor given is a CUDA tensor (and there is one)."""
+    given = [t for t in tensors if isinstance(t, torch.Tensor)]
+    return bool(given) and all(t.is_cuda for t in given)
 
 
 @torch.compiler.assume_constant_result
@@ -185,8 +198,12 @@ def _scan_options(rec: Recurrence, reverse, cu_seqlens, backend, schedule, confi
 
 def apply(rec: Recurrence, *operands, h0=None, reset=None, reverse: bool = False, return_state: bool = False,
           cu_seqlens=None, backend: str = "auto", schedule: str = "auto", config="auto", states: str = "recompute",
-          **tunables):
+          out=None, **tunables):
     """Runs recurrence ``rec`` on tensors, differentiably (see :meth:`scanweaver.Recurrence.__call__`).
+
+    CUDA tensors that need no gradient run on the ``cuda`` backend as CuPy views of their memory, on
+    PyTorch's current stream, with no copy and no synchronisation (``out=`` allowed); everything else runs
+    through the ``scan`` kernel pair with an autograd formula.
 
     Args:
         rec: a ``@scanweaver.recurrence``.
@@ -196,6 +213,7 @@ def apply(rec: Recurrence, *operands, h0=None, reset=None, reverse: bool = False
         reverse, cu_seqlens, backend, schedule, config, **tunables: as for the NumPy call.
         return_state: also return the final state (differentiable too).
         states: ``"recompute"`` (default) or ``"save"``: how the backward gets the states.
+        out: a CUDA tensor to write ``y`` into, for calls that need no gradient.
 
     Returns:
         ``y`` (the operands' shape and dtype), or ``(y, h_last)``.
@@ -203,7 +221,23 @@ def apply(rec: Recurrence, *operands, h0=None, reset=None, reverse: bool = False
     if len(operands) != len(rec.inputs):
         raise ScanInputError(f"{rec.name}: takes {len(rec.inputs)} operands ({', '.join(rec.inputs)}), "
                              f"got {len(operands)}")
-    _check_tensors(rec.name, dict(zip(rec.inputs, operands, strict=True)), {"h0": h0, "reset": reset})
+    missing = [n for n, t in zip(rec.inputs, operands, strict=True) if t is None]
+    if missing:
+        raise ScanInputError(f"{rec.name}: operand(s) {', '.join(missing)} missing (None); needs "
+                             f"{', '.join(rec.inputs)} as tensors")
+    _check_tensors(rec.name, {**dict(zip(rec.inputs, operands, strict=True)), "h0": h0, "reset": reset, "out": out})
+    tensors = [*operands, h0, reset]
+    if not _needs_grad(tensors) and _on_device([*tensors, out]):
+        with _stream(tensors):
+            result = rec(*(to_array(t) for t in operands), h0=to_array(h0), reset=to_array(reset), reverse=reverse,
+                         return_state=return_state, cu_seqlens=cu_seqlens, backend=backend, schedule=schedule,
+                         config=config, out=to_array(out), **tunables)
+        if return_state:
+            return (out if out is not None else from_array(result[0])), from_array(result[1])
+        return out if out is not None else from_array(result)
+    if out is not None:
+        raise ScanInputError(f"{rec.name}: out= takes CUDA tensors that need no gradient (or NumPy or device "
+                             f"arrays); with these operands the result is a new tensor (drop out=)")
     if isinstance(cu_seqlens, torch.Tensor):
         cu_seqlens = cu_seqlens.tolist()
     opts = _scan_options(rec, reverse, None if cu_seqlens is None else tuple(cu_seqlens), backend, schedule,
@@ -217,68 +251,29 @@ def apply(rec: Recurrence, *operands, h0=None, reset=None, reverse: bool = False
     return (y, h_last) if return_state else y
 
 
-def selective_scan(a, b, x, c=None, *, h0=None, reset=None, reverse: bool = False, return_state: bool = False,
-                   cu_seqlens=None, backend: str = "auto", schedule: str = "auto", config="auto",
-                   states: str = "recompute", **tunables):
-    """h_t = a_t*h_{t-1} + b_t*x_t, y_t = c_t*h_t over the last axis of tensors, with gradients.
-
-    The semantics of :func:`scanweaver.selective_scan`; gradients for ``a``, ``b``, ``x``,
-    ``c``, ``h0`` and through the final state (``return_state=True``).  See :func:`apply`.
-    """
-    rec = SELECTIVE_NO_C if c is None else SELECTIVE
-    operands = (a, b, x) if c is None else (a, b, x, c)
-    return apply(rec, *operands, h0=h0, reset=reset, reverse=reverse, return_state=return_state,
-                 cu_seqlens=cu_seqlens, backend=backend, schedule=schedule, config=config, states=states, **tunables)
-
-
-@torch.compiler.assume_constant_result
-def _mamba_options(delta_softplus, cu_seqlens, backend, tunables) -> str:
-    """The ``mamba1`` pair's options as text; a constant for ``torch.compile``."""
-    from .mamba.grad import options
-
-    return repr(options(delta_softplus, cu_seqlens, backend, **dict(tunables)))
+def _static(value):
+    """A non-array argument as a constant for :func:`_options`: a tensor (offsets, sequence indices, a
+    0-d scale) as its values in nested tuples, with its shape and its kind of number, so the operation's
+    checks see what the caller passed (a float or 2-D ``cu_seqlens`` is refused, not truncated)."""
+    if isinstance(value, torch.Tensor):
+        return _frozen(value.detach().cpu().tolist())
+    if isinstance(value, dict):
+        return tuple(sorted((k, _static(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(_static(v) for v in value)
+    return value
 
 
-def mamba_selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus: bool = False,
-                         h0=None, return_state: bool = False, *, cu_seqlens=None, backend: str = "auto", **tunables):
-    """Mamba-1's selective scan on tensors with gradients: the fused kernels of
-    :func:`scanweaver.mamba_selective_scan` (``mamba_ssm``'s ``selective_scan_ref`` semantics).
-
-    Gradients for ``u``, ``delta``, ``A``, ``B``, ``C``, ``D``, ``z``, ``delta_bias``, ``h0`` and
-    through the final state (``return_state=True``); the backward recomputes the states from
-    per-chunk checkpoints, so nothing of size (batch, D, N, L) is kept between the passes.
-    bfloat16 tensors compute in float32.
-
-    Example:
-        >>> import torch, scanweaver.torch as swt
-        >>> u = torch.randn(1, 4, 16, requires_grad=True)
-        >>> y = swt.mamba_selective_scan(u, torch.rand(1, 4, 16), -torch.rand(4, 3), torch.randn(1, 3, 16),
-        ...                              torch.randn(1, 3, 16), delta_softplus=True)
-        >>> y.sum().backward(); u.grad.shape
-        torch.Size([1, 4, 16])
-    """
-    _check_tensors("mamba_selective_scan", {"u": u, "delta": delta, "A": A, "B": B, "C": C},
-                   {"D": D, "z": z, "delta_bias": delta_bias, "h0": h0})
-    if isinstance(cu_seqlens, torch.Tensor):
-        cu_seqlens = cu_seqlens.tolist()
-    opts = _mamba_options(bool(delta_softplus), None if cu_seqlens is None else tuple(cu_seqlens), backend,
-                          tuple(sorted(tunables.items())))
-    ins = [u, delta, A, B, C, D, z, delta_bias, h0]
-    bf16 = u.dtype == torch.bfloat16
-    ins = [t.float() if t is not None and t.dtype == torch.bfloat16 else t for t in ins]
-    y, h_last = call("mamba1", ins, opts)
-    if bf16:
-        y = y.to(torch.bfloat16)
-    return (y, h_last) if return_state else y
+def _frozen(value):
+    return tuple(_frozen(v) for v in value) if isinstance(value, list) else value
 
 
 @torch.compiler.assume_constant_result
-def _matrix_options(kind: str, args: tuple, tunables: tuple) -> str:
-    """The options of the matrix-state pair ``kind`` as text; a constant for ``torch.compile``."""
-    from .matrix import grad
-
-    make = {"linear_attention": grad.la_options, "rwkv6": grad.rwkv6_options, "mamba2": grad.mamba2_options}[kind]
-    return repr(make(*args, **dict(tunables)))
+def _options(name: str, static: tuple) -> str:
+    """Operation ``name``'s kernel-pair options as text; a constant for ``torch.compile`` (it runs when tracing)."""
+    args = dict(static)
+    args["tunables"] = dict(args.get("tunables") or ())
+    return options_text(name, OPERATIONS.get(name).options(args))
 
 
 def _float32(tensors: list) -> tuple[list, bool]:
@@ -287,54 +282,35 @@ def _float32(tensors: list) -> tuple[list, bool]:
     return [t.float() if t is not None and t.dtype == torch.bfloat16 else t for t in tensors], bf16
 
 
-def _seqlens(cu_seqlens):
-    if isinstance(cu_seqlens, torch.Tensor):
-        cu_seqlens = cu_seqlens.tolist()
-    return None if cu_seqlens is None else tuple(int(c) for c in cu_seqlens)
+def _entry(op: Operation):
+    """``scanweaver.torch.<op>``: the declared operation on tensors, with gradients for every input."""
+
+    def run(args: dict):
+        op.check(args)
+        if op.recurrence is not None:  # a compiled recurrence: apply() (CUDA without gradients: the device path)
+            rec = op.recurrence(args)
+            rest = {k: v for k, v in args.items() if k != "tunables" and (k not in op.arrays or k in CALL_ARRAYS)}
+            return apply(rec, *(args[n] for n in rec.inputs), **rest, **args["tunables"])
+        if op.pair is None:  # written in the caller's array library: differentiable by PyTorch itself
+            return op.run_numpy(args)
+        static = tuple(sorted((k, _static(v)) for k, v in args.items() if k not in op.arrays))
+        opts = _options(op.name, static)
+        inputs = op.pair_inputs(args)
+        _check_tensors(op.name, {n: args.get(n) for n in op.arrays})
+        ins, bf16 = _float32(inputs)
+        outs = call(op.pair, ins, opts)
+        if bf16:
+            outs[0] = outs[0].to(torch.bfloat16)
+        return op.finish(outs, args)
+
+    return make_entry(op, run, __name__)
 
 
-def linear_attention(q, k, v, *, g=None, g_head=None, decay=None, scale=None, initial_state=None,
-                     output_final_state: bool = False, cu_seqlens=None, reverse: bool = False, backend: str = "auto",
-                     **tunables):
-    """:func:`scanweaver.linear_attention` on tensors, with gradients for q, k, v, the decay given (g, g_head
-    or decay), initial_state and through the final state.
+#: The framework this adapter takes (the router's name for it).
+FRAMEWORK = "torch"
+#: Entry points, one per declared operation this adapter carries (same signature as the NumPy one).
+ENTRIES = {op.name: _entry(op) for op in OPERATIONS.values() if FRAMEWORK in op.frameworks}
+globals().update(ENTRIES)
+route.register(FRAMEWORK, sys.modules[__name__])
 
-    Example:
-        >>> import torch, scanweaver.torch as swt
-        >>> q, k, v = torch.randn(3, 1, 8, 2, 4).unbind(0)
-        >>> g = torch.nn.functional.logsigmoid(torch.randn(1, 8, 2, 4)).requires_grad_()
-        >>> o, _ = swt.linear_attention(q, k, v, g=g)
-        >>> o.sum().backward(); g.grad.shape
-        torch.Size([1, 8, 2, 4])
-    """
-    opts = _matrix_options("linear_attention", (scale, bool(reverse), _seqlens(cu_seqlens), backend),
-                           tuple(sorted(tunables.items())))
-    ins, bf16 = _float32([q, k, v, g, g_head, decay, initial_state])
-    o, h = call("linear_attention", ins, opts)
-    return (o.to(torch.bfloat16) if bf16 else o), (h if output_final_state else None)
-
-
-def rwkv6(r, k, v, w, u, *, scale=None, initial_state=None, output_final_state: bool = False, cu_seqlens=None,
-          backend: str = "auto", **tunables):
-    """:func:`scanweaver.rwkv6` on tensors, with gradients for r, k, v, w, u, initial_state and the final state."""
-    opts = _matrix_options("rwkv6", (scale, _seqlens(cu_seqlens), backend), tuple(sorted(tunables.items())))
-    ins, bf16 = _float32([r, k, v, w, u, initial_state])
-    o, h = call("rwkv6", ins, opts)
-    return (o.to(torch.bfloat16) if bf16 else o), (h if output_final_state else None)
-
-
-def mamba2_scan(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus: bool = False,
-                dt_limit=(0.0, float("inf")), initial_states=None, return_final_states: bool = False,
-                cu_seqlens=None, chunk_size=None, backend: str = "auto", **tunables):
-    """:func:`scanweaver.mamba2_scan` on tensors, with gradients for x, dt, A, B, C, D, z, dt_bias (through the
-    softplus and the dt_limit clamp), initial_states and through the final states."""
-    opts = _matrix_options("mamba2", (bool(dt_softplus), tuple(float(v) for v in dt_limit), _seqlens(cu_seqlens),
-                                      chunk_size, backend), tuple(sorted(tunables.items())))
-    ins, bf16 = _float32([x, dt, A, B, C, D, z, dt_bias, initial_states])
-    out, h = call("mamba2", ins, opts)
-    out = out.to(torch.bfloat16) if bf16 else out
-    return (out, h) if return_final_states else out
-
-
-__all__ = ["apply", "call", "differentiable", "from_array", "linear_attention", "mamba2_scan", "mamba_selective_scan",
-           "rwkv6", "selective_scan", "to_array"]
+__all__ = ["apply", "call", "from_array", "to_array", *sorted(ENTRIES)]

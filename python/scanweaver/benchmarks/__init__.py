@@ -18,7 +18,7 @@ from .suites import SUITES, get
 
 
 def run_suite(suite: str = "all", *, quick: bool = False, backend: str | None = None, dtype: str = "float32",
-              progress: bool = True, log=None) -> Run:
+              progress: bool = True, log=None, budget_s: float = float("inf"), on_case=None) -> Run:
     """Runs suite ``paper``, ``peers`` or ``all`` and returns every result.
 
     Args:
@@ -28,8 +28,11 @@ def run_suite(suite: str = "all", *, quick: bool = False, backend: str | None = 
         dtype: ``float32`` or ``float64``.
         progress: show a progress bar on stderr.
         log: called with one line per entry when no bar is shown.
+        budget_s: entries not started within this many seconds are skipped, with that reason.
+        on_case: called with the run so far after every case.
     """
-    return run(get(suite, quick, dtype), Settings.for_mode(quick), backend=backend, progress=progress, log=log)
+    return run(get(suite, quick, dtype), Settings.for_mode(quick), backend=backend, progress=progress, log=log,
+               budget_s=budget_s, on_case=on_case)
 
 
 __all__ = ["SUITES", "Case", "Result", "Run", "Settings", "get", "run", "run_suite"]

@@ -161,8 +161,9 @@ def _result(peer: Peer, case: Case) -> Result:
                   checked=peer.checked)
 
 
-def measure(peer: Peer, case: Case, data: Operands, settings: Settings) -> Result:
-    """Checks ``peer`` on ``case`` against the oracle, then times it (see the module docstring)."""
+def measure(peer: Peer, case: Case, data: Operands, settings: Settings, keep: dict | None = None) -> Result:
+    """Checks ``peer`` on ``case`` against the oracle, then times it (see the module docstring); the timed
+    call goes into ``keep[peer.name]`` when given (for :func:`beside_roofline`)."""
     res = _result(peer, case)
     try:
         reason = peer.availability() or peer.skip_reason(case, settings)
@@ -185,6 +186,8 @@ def measure(peer: Peer, case: Case, data: Operands, settings: Settings) -> Resul
                 return res
         del out
         times = time_calls(fn, settings)
+        if keep is not None:
+            keep[peer.name] = fn
     except Exception as exc:  # a peer that raises is reported, and the run goes on
         res.status, res.reason = "error", f"{type(exc).__name__}: {exc}"[:300]
         return res
@@ -194,7 +197,8 @@ def measure(peer: Peer, case: Case, data: Operands, settings: Settings) -> Resul
 
 
 def run(plan, settings: Settings, backend: str | None = None, progress: bool = True,
-        log: Callable[[str], None] | None = None) -> Run:
+        log: Callable[[str], None] | None = None, budget_s: float = float("inf"),
+        on_case: Callable[[Run], None] | None = None) -> Run:
     """Runs every selected entry on every case of ``plan``.
 
     Args:
@@ -203,6 +207,8 @@ def run(plan, settings: Settings, backend: str | None = None, progress: bool = T
         backend: restrict ScanWeaver entries to one backend (``None``: all available).
         progress: show a progress bar (rich or tqdm when installed) on stderr.
         log: receives one line per finished entry when no bar is shown.
+        budget_s: entries not started within this many seconds are skipped, with that reason.
+        on_case: receives the run so far after every case (to write it before a time limit cuts the run).
     """
     peers = entries(backend)
     work = [(case, [p for p in peers if plan.selects(case, p)]) for case in plan.cases]
@@ -213,24 +219,65 @@ def run(plan, settings: Settings, backend: str | None = None, progress: bool = T
     try:
         for case, selected in work:
             data = Operands(case)
+            calls: dict = {}
             for peer in selected:
                 bar.describe(f"{case.name}: {peer.label}")
                 t0 = time.perf_counter()
-                res = measure(peer, case, data, settings)
+                if t0 - start < budget_s:
+                    res = measure(peer, case, data, settings, calls)
+                else:
+                    res = _result(peer, case)
+                    res.reason = f"time budget: {t0 - start:.0f} s of {budget_s:g} s spent before it started"
                 res.wall_s = time.perf_counter() - t0
                 results.append(res)
                 bar.advance()
                 if log is not None and not bar.visible:
                     log(_line(res))
-            del data
+            beside_roofline(case, [r for r in results if r.case == case.name], calls, settings)
+            del data, calls
             gc.collect()
+            if on_case is not None:
+                on_case(_run(plan, settings, list(results), backend, start))
     finally:
         bar.close()
+    return _run(plan, settings, results, backend, start)
+
+
+def _run(plan, settings: Settings, results: list[Result], backend: str | None, start: float) -> Run:
     meta = machine.describe()
     meta["suite"] = plan.name
     meta["backend"] = backend or "all"
     meta["elapsed_s"] = round(time.perf_counter() - start, 1)
     return Run(plan.name, settings, results, meta, list(plan.cases))
+
+
+def beside_roofline(case: Case, results: list[Result], calls: dict, settings: Settings) -> None:
+    """Times our default path interleaved with the roofline on its own thread count and records the verdict
+    of :func:`scanweaver.runtime.roofline.judge` in its ``details["roofline"]`` (what the report's roofline
+    fraction and ``quiet`` come from); nothing when the default path did not run on this host's cores."""
+    from ..runtime import get_backend
+    from ..runtime.roofline import compare, scan_threads
+
+    me = next((r for r in results if r.kind == "ours" and r.entry.endswith(":auto") and r.status == "ok"), None)
+    if me is None or me.entry not in calls or not me.details.get("backend") or case.device == "cuda":
+        return
+    backend = me.details["backend"]
+    threads = scan_threads(backend, me.details.get("config", {}), get_backend(backend).availability().device)
+    if threads is None:
+        me.details["roofline"] = {"fraction": None, "quiet": None,
+                                  "note": f"the default path ran on an accelerator ({backend}); the roofline is a "
+                                          "kernel of this host's cores"}
+        return
+    B, D, L = case.shape
+    try:
+        cmp = compare(calls[me.entry], B * D, L, case.dtype, threads, repeats=settings.min_repeats,
+                      min_seconds=min(settings.budget_s, 1.0))
+    except Exception as exc:  # the comparison is a report figure: its failure is reported, the run goes on
+        me.details["roofline"] = {"fraction": None, "quiet": None, "note": f"{type(exc).__name__}: {exc}"[:300]}
+        return
+    me.details["roofline"] = {"fraction": cmp.fraction, "quiet": cmp.quiet, "note": cmp.reason,
+                              "threads": cmp.threads, "scan_s": cmp.seconds, "roofline_s": cmp.roofline_s,
+                              "spreads": cmp.spreads}
 
 
 def _line(r: Result) -> str:

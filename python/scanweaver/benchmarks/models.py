@@ -14,14 +14,16 @@ Entries (each skipped with the reason where it cannot run):
   ``selective_scan_ref`` in PyTorch on the GPU (mamba-ssm's CUDA extension needs a build with
   nvcc and a package registry, which the GPU machine lacks, so it is not an entry);
 * ``mamba2``: ``scanweaver.mamba2_scan`` and mamba-ssm's Triton ``mamba_chunk_scan_combined``;
-* ``gla``: ``scanweaver.linear_attention`` and flash-linear-attention's Triton ``chunk_gla``.
+* ``gla``: ``scanweaver.linear_attention`` and flash-linear-attention's Triton ``chunk_gla``;
+* ``gated_delta``: ``scanweaver.gated_delta_rule`` (where this tree has it) and flash-linear-attention's Triton
+  ``chunk_gated_delta_rule``.
 
 mamba-ssm and flash-linear-attention come from ``.deps/site`` (``bench/gpu_deps.sh``).
 
 Example:
     >>> from scanweaver.benchmarks import models
     >>> sorted({e.model for e in models.ENTRIES})
-    ['gla', 'mamba1', 'mamba2']
+    ['gated_delta', 'gla', 'mamba1', 'mamba2']
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ from . import model_refs
 #: Model -> (check shape, timed shape, quick timed shape); sizes as in :func:`.model_refs.inputs`.
 SHAPES = {"mamba1": ((1, 32, 8, 300), (4, 1536, 16, 2048), (1, 64, 16, 256)),
           "mamba2": ((1, 300, 4, 16, 16), (4, 2048, 32, 64, 128), (1, 256, 4, 16, 16)),
-          "gla": ((1, 300, 2, 32, 32), (4, 2048, 16, 128, 128), (1, 256, 2, 32, 32))}
+          "gla": ((1, 300, 2, 32, 32), (4, 2048, 16, 128, 128), (1, 256, 2, 32, 32)),
+          "gated_delta": ((1, 300, 2, 32, 32), (4, 2048, 16, 128, 128), (1, 256, 2, 32, 32))}
 #: Largest relative error (to the reference's largest value) of an output or gradient that passes: float32
 #: kernels whose chunked forms take products in TF32 (Triton's default for float32 dots) land near 1e-3.
 TOLERANCE = 1e-2
@@ -109,6 +112,17 @@ def _gla_peer():
     return lambda i: chunk_gla(i["q"], i["k"], i["v"], i["g"])[0]
 
 
+def _gated_delta_ours():
+    fn = _scanweaver("gated_delta_rule")
+    return lambda i: _first(fn(i["q"], i["k"], i["v"], i["g"], i["beta"]))
+
+
+def _gated_delta_peer():
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+    return lambda i: chunk_gated_delta_rule(i["q"], i["k"], i["v"], i["g"], i["beta"])[0]
+
+
 def _first(result):
     return result[0] if isinstance(result, tuple) else result
 
@@ -132,6 +146,9 @@ ENTRIES = (
     ModelEntry("mamba-ssm-chunk-scan", "mamba-ssm mamba_chunk_scan_combined (Triton)", "mamba2", "peer", _mamba2_peer),
     ModelEntry("scanweaver-gla", "scanweaver.linear_attention (GLA)", "gla", "ours", _gla_ours),
     ModelEntry("fla-chunk-gla", "flash-linear-attention chunk_gla (Triton)", "gla", "peer", _gla_peer),
+    ModelEntry("scanweaver-gated-delta", "scanweaver.gated_delta_rule", "gated_delta", "ours", _gated_delta_ours),
+    ModelEntry("fla-chunk-gated-delta-rule", "flash-linear-attention chunk_gated_delta_rule (Triton)", "gated_delta",
+               "peer", _gated_delta_peer),
 )
 #: Why the mamba-ssm CUDA kernel is not an entry.
 NOTES = ("mamba-ssm's CUDA extension (selective_scan_cuda) is not an entry: it builds with nvcc from its sources "

@@ -6,8 +6,10 @@ from pathlib import Path
 
 from .harness import Result, Run
 
-#: Colours by kind, so our rows stand out.
+#: Colours by kind, so our rows stand out, and what each means in the bar charts' legend.
 COLOURS = {"ours": "tab:blue", "peer": "tab:orange", "bound": "tab:gray"}
+KIND_LABELS = {"ours": "ScanWeaver", "peer": "peer library", "bound": "roofline (memory bound)"}
+OTHER_COLOUR = "tab:green"
 
 
 def _pyplot():
@@ -35,7 +37,7 @@ def write_plots(run: Run, out: Path) -> list[str]:
         rows = [r for r in run.results if r.case == case.name and r.status == "ok" and case.group == "shape"]
         if rows:
             path = out / f"{run.suite}_{case.name}.png"
-            _bars(plt, rows, path, case.name, run)
+            _save(plt, bar_figure(plt, rows, run), path)
             msgs.append(f"wrote {path}")
     return msgs
 
@@ -69,18 +71,27 @@ def _latency(plt, rows: list[Result], path: Path, run: Run) -> None:
     plt.close(fig)
 
 
-def _bars(plt, rows: list[Result], path: Path, name: str, run: Run) -> None:
+def _save(plt, fig, path: Path) -> None:
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def bar_figure(plt, rows: list[Result], run: Run):
+    """Horizontal bars of ns per element for one shape, coloured by kind, with a legend of the colours."""
     rows = sorted(rows, key=lambda r: r.ns_per_element, reverse=True)
     fig, ax = plt.subplots(figsize=(8, 0.45 * len(rows) + 1.6))
     ax.barh([r.label for r in rows], [r.ns_per_element for r in rows],
             xerr=[[(r.median_s - r.q25_s) / r.elements * 1e9 for r in rows],
                   [(r.q75_s - r.median_s) / r.elements * 1e9 for r in rows]],
-            color=[COLOURS.get(r.kind, "tab:green") for r in rows])
+            color=[COLOURS.get(r.kind, OTHER_COLOUR) for r in rows])
+    kinds = list(dict.fromkeys(r.kind for r in rows))
+    ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=COLOURS.get(k, OTHER_COLOUR)) for k in kinds],
+              labels=[KIND_LABELS.get(k, k) for k in kinds], fontsize=7,
+              loc="upper right")  # the fastest (shortest) bars are at the top
     ax.set_xscale("log")
     ax.set_xlabel("ns per element (median; lower is faster)")
     ax.set_title(f"(B, D, L) = {tuple(rows[0].shape)}, {rows[0].dtype}, on {run.meta['cpu']}", fontsize=10)
     ax.tick_params(axis="y", labelsize=8)
     ax.grid(True, axis="x", which="both", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fig

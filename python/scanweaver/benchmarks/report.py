@@ -47,23 +47,48 @@ def by_case(run: Run) -> dict[str, list[Result]]:
     return out
 
 
+def _spread(r: Result) -> float:
+    """Interquartile range over median of a result's timed calls."""
+    return (r.q75_s - r.q25_s) / r.median_s if r.median_s else 0.0
+
+
+def _roofline(me: Result, bound: Result | None) -> dict:
+    """The roofline fraction of our default path, judged by :func:`scanweaver.runtime.roofline.busy_reason`:
+    from its interleaved timing beside the roofline on its own threads (``details["roofline"]``, made by the
+    harness on the host), else from the bound's separate timing (the GPU roofline); an impossible fraction
+    (above :data:`~scanweaver.runtime.roofline.MAX_FRACTION`) is reported as ``None``, with ``quiet`` false."""
+    from ..runtime.roofline import MAX_FRACTION, busy_reason
+
+    pair = me.details.get("roofline")
+    if pair is not None:
+        return {"roofline_fraction": pair["fraction"], "quiet": pair["quiet"], "note": pair["note"]}
+    if bound is None:
+        return {"roofline_fraction": None, "quiet": None, "note": ""}
+    raw = bound.median_s / me.median_s
+    why = busy_reason({"ours": _spread(me), "roofline": _spread(bound)}, raw)
+    return {"roofline_fraction": raw if raw <= MAX_FRACTION else None, "quiet": not why, "note": why}
+
+
 def case_ratios(results: list[Result]) -> dict:
-    """Speedups of our default path over each timed entry of one case, and its roofline fraction."""
+    """Speedups of our default path over each timed entry of one case, and its roofline fraction (with
+    ``quiet`` and a ``note`` saying why it is uncertain or missing)."""
     me = ours(results)
     if me is None:
         return {}
     ratios = {"ours": me.entry, "ours_median_s": me.median_s, "speedup": {}, "roofline_fraction": None,
-              "fastest_general_peer": None, "speedup_vs_fastest_general_peer": None}
+              "quiet": None, "note": "", "fastest_general_peer": None, "speedup_vs_fastest_general_peer": None}
     general = []
+    bound = None
     for r in results:
         if r.status != "ok" or r is me:
             continue
         if r.entry in ROOFLINES:
-            ratios["roofline_fraction"] = r.median_s / me.median_s
+            bound = r
         else:
             ratios["speedup"][r.entry] = r.median_s / me.median_s
         if r.kind == "peer" and r.recurrence == "time-varying":
             general.append(r)
+    ratios.update(_roofline(me, bound))
     if general:
         best = min(general, key=lambda r: r.median_s)
         ratios["fastest_general_peer"] = best.entry
@@ -116,6 +141,10 @@ def _row(r: Result, me: Result | None) -> str:
         return f"| {r.label} | {r.status} | - | - | - | - | - | {r.reason} |"
     spread = f"{fmt_ms(r.q25_s)}-{fmt_ms(r.q75_s)}"
     vs = "1 (ours)" if r is me else ("-" if me is None else f"{r.median_s / me.median_s:.3g}")
+    if me is not None and r.entry in ROOFLINES:  # the bound's ratio is the roofline fraction: judged, never raw
+        rf = _roofline(me, r)
+        vs = ("n/a (busy)" if rf["roofline_fraction"] is None else
+              f"{rf['roofline_fraction']:.3g}{' (busy)' if rf['quiet'] is False else ''}")
     err = "unchecked" if r.error is None else f"{r.error:.1e}"
     ran = ""
     if r.details.get("schedule"):
@@ -152,17 +181,27 @@ def markdown(run: Run) -> str:
 
 def ratios_markdown(run: Run) -> list[str]:
     """The ratio table: per case, our roofline fraction and speedups."""
-    lines = ["## Ratios (same run)", "", "| case | ours (ms) | roofline fraction | fastest general peer | "
-             "speedup over it |", "|---|---|---|---|---|"]
+    lines = ["## Ratios (same run)", "",
+             "Roofline fraction = roofline time / our time, both interleaved on our thread count (1 = as fast as "
+             "an elementwise kernel moving the same bytes); `busy` = the machine was busy while they ran.", "",
+             "| case | ours (ms) | roofline fraction | fastest general peer | speedup over it |",
+             "|---|---|---|---|---|"]
+    busy = []
     for name, rows in by_case(run).items():
         rat = case_ratios(rows)
         if not rat:
             continue
         rf = rat["roofline_fraction"]
         sp = rat["speedup_vs_fastest_general_peer"]
-        lines.append(f"| {name} | {fmt_ms(rat['ours_median_s'])} | {'-' if rf is None else f'{rf:.2f}'} | "
+        shown = "-" if rf is None else f"{rf:.2f}"
+        if rat["quiet"] is False:
+            shown = f"{shown} (busy)" if rf is not None else "n/a (busy)"
+            busy.append(f"- {name}: {rat['note']}")
+        lines.append(f"| {name} | {fmt_ms(rat['ours_median_s'])} | {shown} | "
                      f"{rat['fastest_general_peer'] or '-'} | {'-' if sp is None else f'{sp:.1f}x'} |")
     lines.append("")
+    if busy:
+        lines += ["Uncertain figures (run again on a quiet machine):", "", *busy, ""]
     tg = targets(run)
     if tg:
         lines += ["## Targets (headline shape)", ""]
@@ -200,14 +239,17 @@ def notes_markdown(run: Run) -> list[str]:
 
 
 def to_json(run: Run) -> dict:
-    """The JSON record: meta, settings, every result, ratios per case, targets, paper comparison."""
+    """The JSON record: meta, settings, every result, ratios per case, targets, paper comparison; ``quiet`` is
+    false when any case's roofline comparison says the machine was busy."""
+    ratios = {name: case_ratios(rows) for name, rows in by_case(run).items()}
     return {
         "meta": run.meta,
         "settings": run.settings.__dict__,
         "cases": [{"name": c.name, "shape": list(c.shape), "dtype": c.dtype, "group": c.group,
                    "headline": c.headline} for c in run.cases],
         "results": [r.to_dict() for r in run.results],
-        "ratios": {name: case_ratios(rows) for name, rows in by_case(run).items()},
+        "ratios": ratios,
+        "quiet": not any(r.get("quiet") is False for r in ratios.values()),
         "targets": targets(run),
         "paper": paper_rows(run),
     }

@@ -61,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="scanweaver",
         description="ScanWeaver: compile, tune and run parallel affine recurrences (selective scans).",
     )
+    from .. import __version__
+
+    parser.add_argument("--version", action="version", version=f"scanweaver {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for mod in MODULES:
         if mod in COMMANDS:

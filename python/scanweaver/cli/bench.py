@@ -28,6 +28,9 @@ def add_bench_arguments(p: argparse.ArgumentParser, suite: str = "all") -> None:
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="operand dtype")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--budget", type=float, default=float("inf"), metavar="SECONDS",
+                   help="entries not started within this many seconds are skipped with that reason; the files are "
+                        "written after every case, so a time limit keeps what ran (default: no limit)")
     p.add_argument("--models-budget", type=float, default=240.0, metavar="SECONDS",
                    help="gpu suite: seconds for the model scans (Mamba-1, Mamba-2, GLA); entries not started "
                         "by then are skipped with that reason; 0 skips them (default 240)")
@@ -45,8 +48,10 @@ def run_bench(args: argparse.Namespace) -> int:
             print(f"scanweaver bench: error: --backend must be one of {', '.join(sorted(REGISTRY))}, "
                   f"got {args.backend!r}", file=sys.stderr)
             return 2
+    budget = getattr(args, "budget", float("inf"))
+    partial = None if budget == float("inf") else (lambda so_far: report.write(so_far, args.out, plots=False))
     run = run_suite(args.suite, quick=args.quick, backend=args.backend, dtype=args.dtype,
-                    progress=not args.no_progress, log=stderr_log)
+                    progress=not args.no_progress, log=stderr_log, budget_s=budget, on_case=partial)
     msgs = report.write(run, args.out, plots=not args.no_plots)
     if args.json:
         print(json.dumps(report.to_json(run), indent=2, default=str))

@@ -9,7 +9,7 @@ from . import command
 
 
 def backend_rows() -> list[dict]:
-    """One row per registered backend (and per Julia device where the Julia façade exists)."""
+    """One row per registered backend; the julia row lists its KernelAbstractions devices under ``devices``."""
     from ..runtime import REGISTRY
 
     rows = []
@@ -18,21 +18,32 @@ def backend_rows() -> list[dict]:
         details = REGISTRY[name]().details() if avail.ok else {}
         rows.append({"backend": name, "available": avail.ok, "device": avail.device, "reason": avail.reason,
                      "schedules": list(REGISTRY[name].schedules), "details": details})
-    try:
+    julia = next((r for r in rows if r["backend"] == "julia"), None)
+    if julia is not None:
         from ..julia import julia_devices
-    except ImportError:
-        return rows
-    for dev in julia_devices():
-        rows.append({"backend": f"julia:{dev['name']}", "available": dev["ok"], "device": dev.get("device", ""),
-                     "reason": dev.get("reason", ""), "schedules": []})
+
+        julia["devices"] = [{"name": d["name"], "available": d["ok"], "reason": d.get("reason", "")}
+                            for d in julia_devices()]
     return rows
+
+
+def _julia_lines(row: dict) -> list[str]:
+    """The julia row's devices: one line when none can be checked (Julia missing), else one per device."""
+    devs = row.get("devices", [])
+    if not devs:
+        return []
+    pad = " " * 29
+    if not row["available"]:
+        return [f"{pad}devices: {', '.join(d['name'] for d in devs)} (none until Julia starts)"]
+    return [f"{pad}device {d['name']:<7} {'available' if d['available'] else 'unavailable'}: {d['reason']}"
+            for d in devs]
 
 
 @command("devices", help="list every backend, available or not, and why not")
 class Devices:
     @staticmethod
     def add_arguments(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--json", action="store_true", help="print a JSON list")
+        p.add_argument("--json", action="store_true", help="print a JSON list (julia's devices under 'devices')")
 
     @staticmethod
     def run(args: argparse.Namespace) -> int:
@@ -46,4 +57,6 @@ class Devices:
             print(f"{r['backend']:<16} {state:<12} {detail}")
             for k, v in r.get("details", {}).items():
                 print(f"{'':<29}{k}: {v}")
+            for line in _julia_lines(r):
+                print(line)
         return 0

@@ -33,30 +33,23 @@ def errors(y: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
     return abs_err, abs_err / scale if scale > 0 else abs_err
 
 
-def roofline_call(lanes: int, L: int):
-    """A call of the elementwise roofline kernel for this size, or None without a C compiler."""
-    from ..runtime import roofline
-
-    try:
-        return roofline.bind(lanes, L, "float32")
-    except Exception:  # no compiler: the fraction is reported as null
-        return None
-
-
-def interleaved(calls: dict, repeats: int, min_seconds: float = 0.2) -> dict:
-    """Median seconds of each call, timed round-robin after one warm-up each, so that all of
-    them see the same state of a shared machine."""
-    for fn in calls.values():
-        fn()
-    times: dict = {name: [] for name in calls}
-    start = time.perf_counter()
-    while min(len(t) for t in times.values()) < repeats or (
-            time.perf_counter() - start < min_seconds and len(times["scan"]) < 50):
-        for name, fn in calls.items():
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
-    return {name: float(np.median(t)) for name, t in times.items()}
+#: One line per figure of the table: what it means.
+EXPLAIN = {
+    "backend": "where it ran (--backend auto picks the fastest available)",
+    "schedule": "how the scan was split into parallel work",
+    "config": "the schedule's tunables: 'tuned' from `scanweaver tune`, else the built-in defaults",
+    "shape": "B, D, L: B*D independent sequences of length L",
+    "dtype": "element type",
+    "time_ms": "median of the timed scans (output preallocated, warm-up excluded)",
+    "ns_per_element": "time_ms per element of B*D*L",
+    "gbps": "bytes moved (a, b, x, c read, y written) per second",
+    "roofline_fraction": "roofline time / scan time: 1 = as fast as an elementwise kernel moving the same "
+                         "bytes on the same threads (a memory-bound scan's ceiling)",
+    "quiet": "whether the timings can be trusted: no = the machine was busy while they ran",
+    "max_abs_err": "largest |y - y_ref| against a float64 sequential loop",
+    "max_rel_err": "max_abs_err / max |y_ref|",
+    "ok": "max_rel_err within the dtype's tolerance",
+}
 
 
 @command("run", help="build, run and check the selective scan on random data (the main job)")
@@ -68,29 +61,38 @@ class Run:
         p.add_argument("--shape", type=parse_shape, default=(8, 512, 4096), help="B,D,L (default 8,512,4096)")
         p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
         p.add_argument("--repeats", type=int, default=5, help="timed repeats after warm-up (default 5)")
-        p.add_argument("--json", action="store_true", help="print one JSON object")
+        p.add_argument("--json", action="store_true",
+                       help="print one JSON object (quiet=false when the machine was busy; roofline_fraction is "
+                            "then null if it came out impossible)")
 
     @staticmethod
     def run(args: argparse.Namespace) -> int:
+        import sys
+
         import scanweaver
         from ..api import SELECTIVE
+        from ..runtime import get_backend
+        from ..runtime.roofline import compare, scan_threads
         from ..targets.reference import oracle
 
         ops = random_problem(args.shape, args.dtype)
         call = lambda: scanweaver.selective_scan(**ops, backend=args.backend, schedule=args.schedule)  # noqa: E731
+        print(f"scanweaver run: building the {args.backend} scan and checking it against a float64 loop "
+              "(a first build compiles its kernel: seconds; later runs reuse it) ...", file=sys.stderr, flush=True)
+        t0 = time.perf_counter()
         y = call()
         info = SELECTIVE.last
+        print(f"scanweaver run: built and ran {info.backend}/{info.schedule} in {time.perf_counter() - t0:.1f} s; "
+              "timing it beside the roofline ...", file=sys.stderr, flush=True)
         lanes, L = int(np.prod(args.shape[:-1], dtype=np.int64)), args.shape[-1]
         ref, _ = oracle(info.stages.affine, {k: v.reshape(lanes, L) for k, v in ops.items()})
         abs_err, rel_err = errors(y.reshape(lanes, L), ref)
         out = np.empty_like(y)  # the timed calls reuse one output, as a loop over batches would
-        timed = {"scan": lambda: scanweaver.selective_scan(**ops, backend=args.backend, schedule=args.schedule,
-                                                            out=out)}
-        roof_fn = roofline_call(lanes, L) if args.dtype == "float32" else None
-        if roof_fn is not None:
-            timed["roofline"] = roof_fn
-        med = interleaved(timed, args.repeats)
-        seconds, roof = med["scan"], med.get("roofline")
+        timed = lambda: scanweaver.selective_scan(**ops, backend=args.backend, schedule=args.schedule,  # noqa: E731
+                                                  out=out)
+        threads = scan_threads(info.backend, info.config, get_backend(info.backend).availability().device)
+        cmp = compare(timed, lanes, L, args.dtype, threads, args.repeats)
+        seconds = cmp.seconds
         nbytes = 5 * lanes * L * np.dtype(args.dtype).itemsize
         result = {
             "backend": info.backend,
@@ -102,8 +104,11 @@ class Run:
             "time_ms": seconds * 1e3,
             "ns_per_element": seconds * 1e9 / max(lanes * L, 1),
             "gbps": nbytes / seconds / 1e9 if seconds > 0 else None,
-            "roofline_ms": roof * 1e3 if roof else None,
-            "roofline_fraction": roof / seconds if roof and seconds > 0 else None,
+            "roofline_ms": cmp.roofline_s * 1e3 if cmp.roofline_s is not None else None,
+            "roofline_threads": cmp.threads,
+            "roofline_fraction": cmp.fraction,
+            "quiet": cmp.quiet,
+            "note": cmp.reason,
             "max_abs_err": abs_err,
             "max_rel_err": rel_err,
             "ok": bool(rel_err <= TOLERANCE[args.dtype]),
@@ -118,15 +123,29 @@ class Run:
 def _fmt(v: object) -> str:
     if v is None:
         return "n/a"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
     if isinstance(v, float):
         return f"{v:.4g}"
     return str(v)
 
 
 def print_table(result: dict) -> None:
-    """Two-column table of a run result."""
-    keys = ["backend", "schedule", "config", "shape", "dtype", "time_ms", "ns_per_element", "gbps",
-            "roofline_fraction", "max_abs_err", "max_rel_err", "ok"]
-    width = max(len(k) for k in keys)
-    for k in keys:
-        print(f"{k:<{width}}  {_fmt(result[k])}")
+    """The run's figures, one line each with what it means, then what makes them uncertain."""
+    shown = dict(result)
+    cfg = " ".join(f"{k}={v}" for k, v in sorted(result["config"].items()))
+    shown["config"] = f"{cfg or '-'} ({result['config_source']})"
+    if result["roofline_fraction"] is None:
+        shown["roofline_fraction"] = "n/a (see the note below)" if result["note"] else None
+    elif result["roofline_threads"] is not None:
+        threads = result["roofline_threads"]
+        on = "the free cores" if threads == 0 else f"{threads} thread{'s' if threads != 1 else ''}"
+        shown["roofline_fraction"] = f"{result['roofline_fraction']:.3g} (both on {on})"
+    values = {k: _fmt(shown[k]) for k in EXPLAIN}
+    width = max(len(k) for k in EXPLAIN)
+    vwidth = max(len(v) for v in values.values())
+    for k, v in values.items():
+        print(f"{k:<{width}}  {v:<{vwidth}}  {EXPLAIN[k]}")
+    if result["note"]:
+        print(f"note: {result['note']}" + ("; the times above are uncertain: run again on a quiet machine"
+                                           if not result["quiet"] else ""))

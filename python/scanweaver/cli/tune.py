@@ -107,17 +107,22 @@ class Tune:
         p.add_argument("--op", help="tune a fused operation's kernel instead (mamba1: shape B,D,N,L)")
         p.add_argument("--strategy", default="brute_force",
                        help="Kernel Tuner strategy: brute_force, random_sample, bayes_opt, genetic_algorithm, ...")
-        p.add_argument("--max-fevals", type=int, help="evaluation budget")
+        p.add_argument("--max-fevals", type=int,
+                       help="the most configurations to measure, the default's included, with any strategy "
+                            "(brute_force then measures a random sample of that many)")
         p.add_argument("--time-limit", type=float, help="seconds for the whole tune")
         p.add_argument("--values", type=_values, action="append", metavar="NAME=V1,V2",
                        help="candidate values of one tunable instead of the declared ones (repeatable)")
         p.add_argument("--confirm", type=int, default=0, metavar="N",
-                       help="re-measure best and default alternately N times after the search")
+                       help="re-measure best and default alternately N times after the search; the table's "
+                            "best/default speedup and what is stored then follow those medians")
         p.add_argument("--parallel", type=int, metavar="N",
                        help="spread the search space over N Ray workers, one device each (scanweaver[cluster])")
         p.add_argument("--ray-address", metavar="ADDR",
                        help="the Ray cluster (default: $RAY_ADDRESS, else a new local Ray instance)")
-        p.add_argument("--fresh", action="store_true", help="re-measure instead of reusing Kernel Tuner's cache")
+        p.add_argument("--fresh", action="store_true",
+                       help="re-measure instead of reusing Kernel Tuner's cache (a reuse is reported in the notes)")
+        p.add_argument("--no-progress", action="store_true", help="no progress bar (--json implies it)")
         p.add_argument("--no-store", action="store_true", help="do not record the result in the store")
         p.add_argument("--out", help="directory for tune.json, tune.txt and tune.png")
         p.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -141,7 +146,8 @@ class Tune:
 
         common = dict(backend=args.backend, shape=args.shape, dtype=args.dtype, strategy=args.strategy,
                       max_fevals=args.max_fevals, time_limit=args.time_limit, values=dict(args.values or []),
-                      fresh=args.fresh, record=not args.no_store, progress=not args.json, out=args.out,
+                      fresh=args.fresh, record=not args.no_store, progress=not (args.json or args.no_progress),
+                      out=args.out,
                       device=args.device)
         if args.op:
             from ..tuning.fused import tune_fused

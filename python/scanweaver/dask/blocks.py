@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..dispatch import pick_backend, resolve
+from ..core.dispatch import pick_backend, resolve
 from ..errors import ScanInputError, ScanWeaverError
 from ..ir.expr import is_const
 from ..ir.stages import Features

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..arrays import aligned, compute_dtype, seqlens_positions
-from ..errors import ScanInputError, api_boundary
+from ..errors import ScanInputError
 from ..ir.functions import NUMPY
-from ..mamba import _groups
-from ..mamba import mamba_selective_scan as mamba_in_memory
+from ..ops.mamba1 import _groups
+from ..ops.mamba1 import mamba_selective_scan as mamba_in_memory
 from .blocks import BlockContext, BlockKernel
 from .graph import Layout, build, choose, parallelism
 from .scan import as_dask
@@ -95,10 +95,10 @@ class MambaBlocks(BlockKernel):
         return p.astype(compute_dtype([np.asarray(b).dtype for b in blocks]))
 
 
-@api_boundary
 def mamba_selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus: bool = False,
-                         h0=None, return_state: bool = False, *, cu_seqlens=None, log_space: bool = False,
-                         backend: str = "auto", schedule: str = "auto", method: str = "auto", **tunables):
+                         return_last_state: bool = False, *, h0=None, return_state: bool = False, cu_seqlens=None,
+                         log_space: bool = False, backend: str = "auto", schedule: str = "auto",
+                         fused: bool | None = None, method: str = "auto", **tunables):
     """:func:`scanweaver.mamba_selective_scan` over Dask arrays, chunked along batch, D and L.
 
     ``u``, ``delta``, ``z`` are ``(batch, D, L)`` and give the output's
@@ -117,6 +117,10 @@ def mamba_selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, del
         >>> y.chunks
         ((1,), (1, 1), (4, 4, 1))
     """
+    return_state = return_state or return_last_state
+    if fused is False:
+        raise ScanInputError(f"{API}: fused=False is not available over Dask; each block runs the fused kernel "
+                             "wherever the backend has it")
     if log_space:
         raise ScanInputError(f"{API}: log_space=True is not available over Dask; compute blocks in memory with "
                              "scanweaver.mamba_selective_scan(..., log_space=True)")

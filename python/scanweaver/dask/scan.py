@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from ..api import SELECTIVE, SELECTIVE_NO_C, Recurrence
+from ..core.recurrence import Recurrence
 from ..arrays import as_array, compute_dtype, result_dtype, seqlens_positions
 from ..errors import ScanInputError, ScanWeaverError, api_boundary
 from .blocks import RecurrenceBlocks
@@ -50,9 +50,12 @@ def unify(arrays: list, ndim: int) -> list:
 
 
 def _shape(api: str, ops: dict, broadcast: bool) -> tuple[int, ...]:
-    for n, a in ops.items():
-        if a.ndim == 0:
-            raise ScanInputError(f"{api}: {n} is a scalar; operands need layout (..., L), scanned over the last axis")
+    """The operands' common shape ``(..., L)``: broadcast as the in-memory call does (scalars included) for a
+    recurrence that broadcasts, else one shape shared by all."""
+    if all(a.ndim == 0 for a in ops.values()) or (not broadcast and any(a.ndim == 0 for a in ops.values())):
+        n = next(n for n, a in ops.items() if a.ndim == 0)
+        raise ScanInputError(f"{api}: {n} is a scalar; operands need layout (..., L), scanned over the last axis"
+                             f"{'' if broadcast else ' (every operand of this recurrence has that shape)'}")
     shapes = {n: tuple(a.shape) for n, a in ops.items()}
     desc = ", ".join(f"{n}{s}" for n, s in shapes.items())
     if broadcast:
@@ -161,21 +164,3 @@ def apply(rec: Recurrence, *args, h0=None, reset=None, reverse: bool = False, re
                      sorted(kernel.call.items(), key=str), out_dtype.str)
     return build(kernel, layout, name=rec.name.replace("_", "-"), token=token, method=chosen, reverse=bool(reverse),
                  resets=positions, return_state=return_state)
-
-
-@api_boundary
-def selective_scan(a, b, x, c=None, *, h0=None, reset=None, reverse: bool = False, return_state: bool = False,
-                   cu_seqlens=None, backend: str = "auto", schedule: str = "auto", config="auto",
-                   method: str = "auto", **tunables):
-    """:func:`scanweaver.selective_scan` over Dask arrays (see :func:`apply` for the arguments).
-
-    Example:
-        >>> import dask.array as da, numpy as np, scanweaver.dask
-        >>> a = da.full((1, 6), 0.5, chunks=(1, 4)); b = x = da.ones((1, 6), chunks=(1, 4))
-        >>> scanweaver.dask.selective_scan(a, b, x, backend="numpy").compute().tolist()
-        [[1.0, 1.5, 1.75, 1.875, 1.9375, 1.96875]]
-    """
-    rec = SELECTIVE_NO_C if c is None else SELECTIVE
-    operands = (a, b, x) if c is None else (a, b, x, c)
-    return apply(rec, *operands, h0=h0, reset=reset, reverse=reverse, return_state=return_state,
-                 cu_seqlens=cu_seqlens, backend=backend, schedule=schedule, config=config, method=method, **tunables)

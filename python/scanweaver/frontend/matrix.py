@@ -17,8 +17,18 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import NotAffineError, ScanWeaverError
+from .trace import MAX_DEPTH, MAX_EXPANDED
 
 ONE = "1"
+
+
+class OverBudget(Exception):
+    """Raised while tracing when a value grows past the front end's expression budget (:func:`.trace.check_budget`;
+    not a :class:`ScanWeaverError`, so that no retry of the trace swallows it)."""
+
+    def __init__(self, depth: int, expanded: int):
+        super().__init__(f"depth {depth}, expanded size {expanded}")
+        self.depth, self.expanded = depth, expanded
 
 
 class Ax:
@@ -62,7 +72,8 @@ class M:
     product of two vectors, ``outer = (row, col)``; ``log`` is the text and fn of the logarithm when the value
     is ``exp(x)``.  Linear values carry ``factors`` (free values multiplying S), ``const`` (the added free
     part), ``extra`` (structure that no fused form has: ``dense`` or ``low rank``) and ``base``
-    (the :class:`M` it came from, to tell the state before an update from after it).
+    (the :class:`M` it came from, to tell the state before an update from after it).  ``depth`` and
+    ``expanded`` measure the expression (``parts``: the values it is built from) against the front end's budget.
     """
 
     __array_priority__ = 1000
@@ -80,6 +91,11 @@ class M:
         self.vector: M | None = kw.get("vector")
         self.axis: str = kw.get("axis", "")
         self.src: frozenset = kw.get("src", frozenset())
+        parts: tuple[M, ...] = kw.get("parts", ())
+        self.depth: int = 1 + max((p.depth for p in parts), default=0)
+        self.expanded: int = 1 + sum(p.expanded for p in parts)
+        if self.depth > MAX_DEPTH or self.expanded > MAX_EXPANDED:
+            raise OverBudget(self.depth, self.expanded)
 
     def __repr__(self) -> str:
         return f"M({self.text})"
@@ -96,7 +112,7 @@ class M:
         o = _m(o)
         if o.kind != "free":
             raise NotAffineError(f"recurrence: ({self.text} / {o.text}) divides by the state S; it is not affine")
-        inv = M("free", o.shape, f"(1 / {o.text})", fn=_lift(lambda a: 1.0 / a, o), src=o.src)
+        inv = M("free", o.shape, f"(1 / {o.text})", fn=_lift(lambda a: 1.0 / a, o), src=o.src, parts=(o,))
         return _mul(self, inv)
     def __rtruediv__(self, o): return _m(o).__truediv__(self)
     def __matmul__(self, o): return _matmul(self, _m(o))
@@ -104,7 +120,8 @@ class M:
     def __pow__(self, o):
         if self.kind != "free":
             raise NotAffineError(f"recurrence: ({self.text} ** {o}) is not affine in the state S")
-        return M("free", self.shape, f"({self.text} ** {o})", fn=_lift(lambda a: a ** o, self), src=self.src)
+        return M("free", self.shape, f"({self.text} ** {o})", fn=_lift(lambda a: a ** o, self), src=self.src,
+                 parts=(self,))
 
     def __getitem__(self, key):
         key = key if isinstance(key, tuple) else (key,)
@@ -143,7 +160,7 @@ class M:
                                   "matrix-state step")
         if x.kind != "free":
             raise NotAffineError(f"recurrence: np.{ufunc.__name__}({x.text}) is not affine in the state S")
-        out = M("free", x.shape, f"{ufunc.__name__}({x.text})", fn=_lift(ufunc, x), src=x.src)
+        out = M("free", x.shape, f"{ufunc.__name__}({x.text})", fn=_lift(ufunc, x), src=x.src, parts=(x,))
         if ufunc is np.exp:
             out.log = (x.text, x.fn)
         return out
@@ -220,26 +237,26 @@ def _mul(a: M, b: M) -> M:
         shape = _broadcast(a.shape, b.shape, text)
         if _rank(a) + _rank(b) == 2 and len(shape) == 2 and ONE not in shape and a.outer is None and b.outer is None:
             row, col = (a, b) if a.shape[0] != ONE else (b, a)
-            return M("free", shape, text, outer=(_vec(row), _vec(col)), src=a.src | b.src)
+            return M("free", shape, text, outer=(_vec(row), _vec(col)), src=a.src | b.src, parts=(a, b))
         if a.outer is not None or b.outer is not None:
             o, s = (a, b) if a.outer is not None else (b, a)
             if s.outer is None and _rank(s) <= 1:
                 row, col = o.outer
                 if _rank(s) == 0 or s.shape[-1] == ONE or (len(s.shape) == 2 and s.shape[1] == ONE):
                     return M("free", shape, text, outer=(_vec(_mul(s if _rank(s) == 0 else _vec(s), row)), col),
-                             src=a.src | b.src)
-                return M("free", shape, text, outer=(row, _vec(_mul(_vec(s), col))), src=a.src | b.src)
-            return M("free", shape, text, src=a.src | b.src)
-        return M("free", shape, text, fn=_lift(np.multiply, a, b), src=a.src | b.src)
+                             src=a.src | b.src, parts=(a, b))
+                return M("free", shape, text, outer=(row, _vec(_mul(_vec(s), col))), src=a.src | b.src, parts=(a, b))
+            return M("free", shape, text, src=a.src | b.src, parts=(a, b))
+        return M("free", shape, text, fn=_lift(np.multiply, a, b), src=a.src | b.src, parts=(a, b))
     f, x = (a, b) if a.kind == "free" else (b, a)
     if x.kind == "read":
         if len(f.shape) == 2 and len(x.shape) == 2:  # k[:, None] * (k @ S)[None, :]: a rank-one term in S
-            return M("lin", _broadcast(f.shape, x.shape, text), text, extra="low rank", base=None)
+            return M("lin", _broadcast(f.shape, x.shape, text), text, extra="low rank", base=None, parts=(a, b))
         return M("read", x.shape, text, of=x.of, vector=_mul(f, x.vector) if x.vector else f, axis=x.axis,
-                 const=x.const)
+                 const=x.const, parts=(a, b))
     shape = _broadcast(f.shape, x.shape, text)
     return M("lin", shape, text, factors=[*x.factors, f], const=None if x.const is None else _mul(f, x.const),
-             extra=x.extra, of=x.of if x.of is not None else x)
+             extra=x.extra, of=x.of if x.of is not None else x, parts=(a, b))
 
 
 def _vec(x: M) -> M:
@@ -253,7 +270,7 @@ def _add(a: M, b: M, op: str) -> M:
     if a.kind == "free" and b.kind == "free":
         shape = _broadcast(a.shape, b.shape, text)
         fn = _lift(np.add, a, b) if a.outer is None and b.outer is None else None
-        return M("free", shape, text, fn=fn, src=a.src | b.src)
+        return M("free", shape, text, fn=fn, src=a.src | b.src, parts=(a, b))
     if "read" in (a.kind, b.kind):
         r, o = (a, b) if a.kind == "read" else (b, a)
         raise ScanWeaverError(f"recurrence: {text} adds to a readout of S; write the readout as one contraction, "
@@ -261,11 +278,11 @@ def _add(a: M, b: M, op: str) -> M:
     if a.kind == "lin" and b.kind == "lin":
         extra = "low rank" if "low rank" in (a.extra, b.extra) else a.extra or b.extra or "elementwise"
         return M("lin", _broadcast(a.shape, b.shape, text), text, factors=a.factors, const=a.const, extra=extra,
-                 of=a.of or a)
+                 of=a.of or a, parts=(a, b))
     lin, f = (a, b) if a.kind == "lin" else (b, a)
     shape = _broadcast(lin.shape, f.shape, text)
     const = f if lin.const is None else _add(lin.const, f, "+")
-    return M("lin", shape, text, factors=lin.factors, const=const, extra=lin.extra, of=lin.of or lin)
+    return M("lin", shape, text, factors=lin.factors, const=const, extra=lin.extra, of=lin.of or lin, parts=(a, b))
 
 
 def _matmul(a: M, b: M) -> M:
@@ -284,6 +301,6 @@ def _matmul(a: M, b: M) -> M:
         axis = x.shape[0] if left else x.shape[1]
         _unify(f.shape[0], axis, text)
         out = (x.shape[1],) if left else (x.shape[0],)
-        return M("read", out, text, of=x, vector=f, axis="rows" if left else "columns")
+        return M("read", out, text, of=x, vector=f, axis="rows" if left else "columns", parts=(a, b))
     return M("lin", x.shape, text, factors=x.factors, const=x.const, of=x.of or x,
-             extra="dense on rows" if left else "dense on columns")
+             extra="dense on rows" if left else "dense on columns", parts=(a, b))

@@ -6,7 +6,9 @@ so the state is transposed, as Mamba-2's ``(P, N)`` state read by ``S @ C``).  T
 decay must be a scalar or a vector over that axis; the input an outer product
 ``k v^T`` (k over the kernel's rows); the readout after the update, or before
 it (``bonus`` with ``u = 0``), or before it plus an outer product ``a_t b_t^T`` (RWKV-6's
-``diag(u) k v^T``), whose contribution ``(q . a) b`` is added beside the kernel.
+``diag(u) k v^T``), whose contribution ``(q . a) b`` is added beside the kernel.  A decay given
+as ``exp(x)`` is lowered as ``g = x``; any other as ``g = log|a|`` with its signs carried on q, k
+and the final state (:mod:`.matrix_sign`), so a gate of either sign runs exactly.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from collections.abc import Callable
 
 from ..errors import NotAffineError, ScanWeaverError
 from ..ir.matrix import MatrixScanIR
-from .matrix import ONE, Ax, M
+from .matrix import ONE, Ax, M, OverBudget
+from .trace import check_sizes
 
 
 def step_operands(step: Callable) -> tuple[str, ...]:
@@ -106,10 +109,14 @@ def _lower(kind, factor, const, inp, read, read_of, bonus) -> tuple[str, dict]:
         return "a readout of a state that is neither S_t nor S_{t-1} (plus a bonus outer product)", {}
     k, v = const.outer if not transpose else const.outer[::-1]
     decay = {"identity": "none", "scalar": "scalar"}.get(kind, "key")
-    g_text, g_fn = "", None
-    if factor is not None:
-        g_text, g_fn = factor.log if factor.log is not None else (f"log({factor.text})", _log(factor.fn))
-    fns = {"q": read.vector.fn, "k": k.fn, "v": v.fn, "g": g_fn, "u": None}
+    g_text, g_fn, sign = "", None, ""
+    fns = {"q": read.vector.fn, "k": k.fn, "v": v.fn, "g": None, "u": None}
+    if factor is not None and factor.log is not None:
+        g_text, g_fn = factor.log
+    elif factor is not None:  # a gate of either sign: its log magnitude, its signs carried (.matrix_sign)
+        g_text, g_fn, sign = f"log(abs({factor.text}))", _log_abs(factor.fn), factor.text
+        fns["neg"] = lambda env, fn=factor.fn: fn(env) < 0
+    fns["g"] = g_fn
     u_text = ""
     readout = "after" if read_of == "after" else "bonus"
     if read_of == "before":
@@ -122,16 +129,21 @@ def _lower(kind, factor, const, inp, read, read_of, bonus) -> tuple[str, dict]:
             return f"a bonus term {bonus.text} that is not an outer product of elementwise functions", {}
     if any(fns[n] is None for n in ("q", "k", "v")) or (factor is not None and g_fn is None):
         return "a factor that is not an elementwise function of the operands", {}
-    return "", {"q": read.vector.text, "k": k.text, "v": v.text, "g": g_text, "u": u_text, "decay": decay,
-                "readout": readout, "transpose": transpose, "fns": fns}
+    return "", {"q": read.vector.text, "k": k.text, "v": v.text, "g": g_text, "u": u_text, "sign": sign,
+                "decay": decay, "readout": readout, "transpose": transpose, "fns": fns}
 
 
-def _log(fn):
+def _log_abs(fn):
+    """``log|a|`` of a gate (``-inf`` where it is zero: a reset) in the caller's framework."""
     import numpy as np
 
     from .matrix import ufunc_of
 
-    return None if fn is None else (lambda env: ufunc_of(np.log, env)(fn(env)))
+    def g(env):
+        with np.errstate(divide="ignore"):
+            return ufunc_of(np.log, env)(ufunc_of(np.abs, env)(fn(env)))
+
+    return None if fn is None else g
 
 
 def trace_matrix(step: Callable, state_shape: tuple[str, str], name: str | None = None,
@@ -146,15 +158,25 @@ def trace_matrix(step: Callable, state_shape: tuple[str, str], name: str | None 
     Raises:
         NotAffineError: quoting a term that is not affine in S.
         ScanWeaverError: an unsupported construct, or a result that is not ``(S_new, readout)``.
+        ScanInputError: expressions deeper or larger than the front ends' budget (:func:`.trace.check_sizes`).
     """
-    from .matrix import Promote
-
     if not (isinstance(state_shape, tuple) and len(state_shape) == 2 and all(isinstance(a, str) and a
                                                                             for a in state_shape)):
         raise ScanWeaverError(f"recurrence: state_shape must be two axis names such as ('K', 'V'), got "
                               f"{state_shape!r}")
     inputs = step_operands(step)
     label = name or getattr(step, "__name__", "recurrence").replace("<lambda>", "lambda")
+    try:
+        return _trace(step, inputs, state_shape, label, vectors)
+    except OverBudget as big:
+        check_sizes(step, big.depth, big.expanded)  # raises: the value grew past the budget
+        raise
+
+
+def _trace(step: Callable, inputs: tuple[str, ...], state_shape: tuple[str, str], label: str,
+           vectors: frozenset | None) -> tuple[MatrixScanIR, dict]:
+    from .matrix import Promote
+
     if vectors is not None:
         try:
             result, ops, rows, cols = _run(step, inputs, set(vectors))

@@ -38,6 +38,23 @@ _UFUNCS = {
     "maximum": lambda x, y: E.call("max", x, y),
     "minimum": lambda x, y: E.call("min", x, y),
     "reciprocal": lambda x: E.div(E.ONE, x),
+    "clip": lambda x, lo, hi: E.call("min", E.call("max", x, lo), hi),
+    "greater": lambda x, y: E.call("gt", x, y),
+    "greater_equal": lambda x, y: E.call("ge", x, y),
+    "less": lambda x, y: E.call("lt", x, y),
+    "less_equal": lambda x, y: E.call("le", x, y),
+    "equal": lambda x, y: E.call("eq", x, y),
+    "not_equal": lambda x, y: E.call("ne", x, y),
+}
+
+#: NumPy functions (not ufuncs) a step may apply to its inputs, as expressions.
+_FUNCTIONS = {
+    "where": lambda c, a, b: E.call("where", c, a, b),
+    "clip": lambda x, lo, hi: E.call("min", E.call("max", x, lo), hi),
+    "maximum": lambda x, y: E.call("max", x, y),
+    "minimum": lambda x, y: E.call("min", x, y),
+    "abs": lambda x: E.call("abs", x),
+    "absolute": lambda x: E.call("abs", x),
 }
 
 
@@ -91,22 +108,48 @@ class Sym:
     def __rpow__(self, o):
         return Sym(E.call("pow", to_expr(o), self.expr))
 
-    def _compare(self, other: object, sym: str):
-        text = f"{E.format_expr(self.expr)} {sym} {E.format_expr(to_expr(other))}"
-        if self.expr.uses_state() or to_expr(other).uses_state():
+    def _compare(self, other: object, name: str, sym: str) -> Sym:
+        """A comparison of inputs: a 0/1 mask (``np.where(x > 0, a, b)``); of the state: not affine."""
+        rhs = to_expr(other)
+        if self.expr.uses_state() or rhs.uses_state():
+            text = f"{E.format_expr(self.expr)} {sym} {E.format_expr(rhs)}"
             raise NotAffineError(
                 f"recurrence: the state is used in a condition: `{text}`; "
                 "an affine recurrence cannot branch on h"
             )
-        raise ScanWeaverError(
-            f"recurrence: comparison `{text}` is not supported inside a step function; "
-            "compute masks outside the step and pass them in (e.g. as a reset mask)"
-        )
+        return Sym(E.call(name, self.expr, rhs))
 
-    def __lt__(self, o): return self._compare(o, "<")
-    def __le__(self, o): return self._compare(o, "<=")
-    def __gt__(self, o): return self._compare(o, ">")
-    def __ge__(self, o): return self._compare(o, ">=")
+    def __lt__(self, o): return self._compare(o, "lt", "<")
+    def __le__(self, o): return self._compare(o, "le", "<=")
+    def __gt__(self, o): return self._compare(o, "gt", ">")
+    def __ge__(self, o): return self._compare(o, "ge", ">=")
+    def __eq__(self, o): return self._compare(o, "eq", "==")  # type: ignore[override]
+    def __ne__(self, o): return self._compare(o, "ne", "!=")  # type: ignore[override]
+    __hash__ = object.__hash__
+    def __abs__(self): return Sym(E.call("abs", self.expr))
+
+    def clip(self, lo=None, hi=None) -> Sym:
+        """``np.clip`` of a traced value (a gate of the inputs)."""
+        x = self.expr
+        if lo is not None:
+            x = E.call("max", x, to_expr(lo))
+        if hi is not None:
+            x = E.call("min", x, to_expr(hi))
+        return Sym(x)
+
+    def _scalar(self, what: str):
+        text = E.format_expr(self.expr)
+        if self.expr.uses_state():
+            raise NotAffineError(f"recurrence: {what} of the state, `{text}`, is not affine in h (it needs h's "
+                                 "value while tracing)")
+        raise ScanWeaverError(f"recurrence: {what} of `{text}` cannot be evaluated inside a step function: the "
+                              "inputs are traced, not numbers; use NumPy functions (np.exp, np.abs, np.clip, "
+                              "np.where ...), which the step records as gates")
+
+    def __float__(self): return self._scalar("float() (or a math.* function)")
+    def __int__(self): return self._scalar("int()")
+    def __index__(self): return self._scalar("an integer index")
+    def __complex__(self): return self._scalar("complex()")
 
     def __bool__(self):
         what = "the state" if self.expr.uses_state() else "a traced input"
@@ -115,6 +158,20 @@ class Sym:
             f"recurrence: {what} is used in a condition: `{E.format_expr(self.expr)}`; "
             "step functions must be straight-line code"
         )
+
+    def __array_function__(self, func, types, args, kwargs):
+        fn = _FUNCTIONS.get(func.__name__)
+        if fn is None or any(v is not None for k, v in kwargs.items() if k not in ("a_min", "a_max", "min", "max")):
+            raise ScanWeaverError(
+                f"recurrence: numpy.{func.__name__} is not supported inside a step function; supported: "
+                f"{', '.join(sorted({*_UFUNCS, *_FUNCTIONS}))}"
+            )
+        if func.__name__ == "clip":
+            x, lo, hi = (list(args) + [None, None])[:3]
+            lo = kwargs.get("a_min", kwargs.get("min", lo))
+            hi = kwargs.get("a_max", kwargs.get("max", hi))
+            return Sym(to_expr(x)).clip(lo, hi)
+        return Sym(fn(*(to_expr(v) for v in args)))
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         fn = _UFUNCS.get(ufunc.__name__)

@@ -29,16 +29,22 @@ MAX_EXPANDED = 5_000
 def check_budget(roots: tuple, step: Callable) -> None:
     """Raises :class:`ScanInputError` when the traced expressions are deeper or larger than the budget."""
     nodes, depth, expanded = E.measure(roots)
+    check_sizes(step, depth, expanded, f"{nodes} distinct operations that expand")
+
+
+def check_sizes(step: Callable, depth: int, expanded: int, what: str = "operations that expand") -> None:
+    """The expression budget of every front end (vector and matrix states): raises :class:`ScanInputError`
+    naming the step and the size when ``depth`` exceeds :data:`MAX_DEPTH` or ``expanded`` :data:`MAX_EXPANDED`
+    (``what`` says what was counted)."""
     name = getattr(step, "__name__", "step")
     if depth > MAX_DEPTH:
         raise ScanInputError(f"recurrence: the expressions of {name} nest {depth} operations deep; at most "
                              f"{MAX_DEPTH} are supported (combine long sums or products as a balanced tree, "
                              "or precompute the h-free part as an operand)")
     if expanded > MAX_EXPANDED:
-        raise ScanInputError(f"recurrence: the expressions of {name} have {nodes} distinct operations that expand "
-                             f"to {expanded} when shared sub-expressions are written out per use; at most "
-                             f"{MAX_EXPANDED} are supported (precompute the h-free part, e.g. a repeated square, "
-                             "as an operand)")
+        raise ScanInputError(f"recurrence: the expressions of {name} have {what} to {expanded} when shared "
+                             f"sub-expressions are written out per use; at most {MAX_EXPANDED} are supported "
+                             "(precompute the h-free part, e.g. a repeated square, as an operand)")
 
 
 def recurrence_name(step: Callable, name: str | None) -> str:

@@ -34,7 +34,7 @@ import numpy as np
 
 from ..errors import ScanInputError
 from ..registry import Discovery, Registry
-from ..schedules.base import Tunable
+from ..schedules.base import Tunable, resolve_tunables
 
 #: The parts a fused operation may have.
 PARTS = ("forward", "backward")
@@ -179,6 +179,12 @@ class FusedOp(ABC):
         ``batch * dim * L * N`` for a per-channel state; operations with other shapes override it."""
         return sizes.get("batch", 1) * sizes.get("dim", 1) * sizes.get("L", 1) * getattr(features, "N", 1)
 
+    def problem(self, features: Any, sizes: dict[str, int]) -> tuple[int, int]:
+        """``(lanes, L)``: the problem size the tuned store keys this call by (independent sequences times
+        channels or heads, and their length)."""
+        lanes = sizes.get("nseq", sizes.get("batch", 1)) * sizes.get("H", sizes.get("dim", 1))
+        return lanes, sizes.get("T", sizes.get("L", 1))
+
     def runs_on(self, target: str, part: str | None = None) -> bool:
         """True when ``target`` renders this operation (its ``part``, if given)."""
         parts = self.implementations.get(target)
@@ -194,16 +200,8 @@ class FusedOp(ABC):
         Raises:
             ScanInputError: an unknown tunable for this family, or an invalid value.
         """
-        declared = {t.name: t for t in self.tunables_for(family)}
-        unknown = sorted(set(given) - set(declared))
-        if unknown:
-            known = ", ".join(sorted(declared)) or "none"
-            raise ScanInputError(f"{api}: unknown tunable(s) {', '.join(unknown)} for the fused {self.name} kernel "
-                                 f"on {family} targets; its tunables are {known}")
-        merged = {n: t.default for n, t in declared.items()}
-        merged.update({k: v for k, v in defaults.items() if k in declared})
-        merged.update(given)
-        return {n: declared[n].check(v, api) for n, v in merged.items()}
+        return resolve_tunables(self.tunables_for(family), given, defaults, api,
+                                f"the fused {self.name} kernel on {family} targets")
 
     def signature(self, features: Any) -> str:
         """A stable key of the operation and its features but the dtype (the tuned store's ``signature``)."""

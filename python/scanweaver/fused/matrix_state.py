@@ -57,6 +57,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..checks import check_seqlens
 from ..errors import ScanInputError
 from ..schedules.base import Tunable, non_negative, positive, power_of_two
 from .base import PARTS, FusedOp, Param, register
@@ -74,12 +75,29 @@ def _time_tile_rule(value) -> str | None:
     return positive(value) or (None if value <= 64 else "it must be between 1 and 64 (steps staged in local memory)")
 
 
-#: The GPU (OpenCL, CUDA) kernels' tunables (:mod:`scanweaver.targets.fused_gpu_matrix_state`).
+#: Tunables of GPU kernels that keep one state column per work-item (the delta rule's).
 GPU_TUNABLES = (
     Tunable("workgroup_size", 64, (8, 16, 32, 64, 128, 256), "state columns (V) per workgroup, one per work-item",
             _columns_rule),
     Tunable("time_tile", 16, (4, 8, 16, 32, 64), "time steps of q, k, g (v, do) staged in local memory at once",
             _time_tile_rule),
+)
+
+
+def _state_rule(value) -> str | None:
+    return power_of_two(value) or (None if 2 <= value <= 64 else "it must be between 2 and 64")
+
+
+#: The matrix-state GPU (OpenCL, CUDA) kernels' tunables (:mod:`scanweaver.targets.fused_gpu_matrix_state`):
+#: the state tiled over work-items, a column's keys (a row's values) split over ``state_per_item`` slots each.
+MATRIX_GPU_TUNABLES = (
+    Tunable("workgroup_size", 256, (32, 64, 128, 256, 512, 1024), "work-items per workgroup of every kernel",
+            _columns_rule),
+    Tunable("time_tile", 16, (2, 4, 8, 16, 32), "time steps of q, k, g (v, do) staged in local memory at once",
+            _time_tile_rule),
+    Tunable("state_per_item", 32, (8, 16, 32, 64), "state elements one work-item keeps in registers: a column's "
+            "keys (forward, values kernel) or a row's values (keys kernel), the rest split over work-items whose "
+            "partial sums meet in local memory", _state_rule),
 )
 
 
@@ -119,16 +137,18 @@ def _between(value, lo: int, hi: int) -> str | None:
     return None if lo <= value <= hi else f"it must be between {lo} and {hi}"
 
 
-#: The algorithms of the CPU forward: the fused recurrence, or the chunked (matmul) form.
+#: The longest chunk of the chunked form: its scratch holds a few chunk x chunk tiles per thread (4 MiB each at
+#: 1024 in float32), and its intra-chunk work grows with the chunk's square.
+MAX_CHUNK = 1024
+#: The algorithms of the CPU kernels: the fused recurrence, or the chunked (matmul) form.
 ALGORITHMS = ("recurrent", "chunked")
 #: The CPU (C) kernels' tunables.
 C_TUNABLES = (
     Tunable("algorithm", "recurrent", ALGORITHMS, "forward algorithm: the fused recurrence (the default: faster "
             "or level at every shape measured, bench/linear_rnn.py) or the chunked matmul form",
             lambda v: None if v in ALGORITHMS else f"it must be one of {', '.join(ALGORITHMS)}"),
-    Tunable("chunk", 64, (16, 32, 64, 128), "time steps per chunk of the chunked form",
-            lambda v: None if isinstance(v, int) and v % 8 == 0 and 8 <= v <= 256 else
-            "it must be a multiple of 8 between 8 and 256"),
+    Tunable("chunk", 64, (16, 32, 48, 64, 96, 128), "time steps per chunk of the chunked form (any length from 1 "
+            f"to {MAX_CHUNK}; results do not depend on it)", lambda v: _between(v, 1, MAX_CHUNK)),
     Tunable("block_v", 32, (16, 32, 64, 128), "value columns of the state per block (work item) of the recurrent form",
             lambda v: power_of_two(v) or _between(v, 4, 512)),
     Tunable("width", 8, (4, 8, 16), "lanes per vector; the default follows the CPU's vectors",
@@ -162,7 +182,7 @@ class MatrixState(FusedOp):
     name = "matrix_state"
     description = "matrix-state scan S_t = exp(g_t)*S_{t-1} + k_t v_t^T read by q_t (Mamba-2, GLA, RetNet, RWKV-6)"
     parts = PARTS
-    tunables = {"c": C_TUNABLES, "gpu": GPU_TUNABLES, "julia": JULIA_TUNABLES}
+    tunables = {"c": C_TUNABLES, "gpu": MATRIX_GPU_TUNABLES, "julia": JULIA_TUNABLES}
     implementations = {"numpy": PARTS, "c": PARTS, "opencl": PARTS, "cuda": PARTS, "julia": PARTS}
 
     def work(self, features: MatrixStateFeatures, sizes: dict[str, int]) -> int:
@@ -193,7 +213,9 @@ class MatrixState(FusedOp):
 
     def arguments(self, part, features, arrays, sizes, api):
         out = super().arguments(part, features, arrays, sizes, api)
-        if features.has_seqlens:
+        if features.has_seqlens and isinstance(arrays["cu_seqlens"], np.ndarray):
+            # device offsets are the device copy of host offsets checked by the operands (reading them back
+            # here would wait for the device)
             check_offsets(api, arrays["cu_seqlens"], sizes["T"])
         return out
 
@@ -229,15 +251,12 @@ def _params(part: str) -> tuple[Param, ...]:
 
 
 def check_offsets(api: str, cu_seqlens: np.ndarray, T: int) -> None:
-    """Kernels index with ``cu_seqlens``: it must rise from 0 to T.
+    """Kernels index with ``cu_seqlens``: the one rule of :func:`scanweaver.checks.check_seqlens` holds.
 
     Raises:
         ScanInputError: naming the offsets and what they need.
     """
-    cu = np.asarray(cu_seqlens)
-    if cu.size and (cu[0] != 0 or cu[-1] != T or np.any(cu[1:] < cu[:-1])):
-        shown = cu.tolist() if cu.size <= 16 else f"{cu[:8].tolist()} ... {cu[-8:].tolist()}"
-        raise ScanInputError(f"{api}: cu_seqlens = {shown} must rise from 0 to T = {T}")
+    check_seqlens(api, cu_seqlens, T)
 
 
 def _segments(T: int, batch: int, cu_seqlens) -> list[tuple[int, int, int, int]]:

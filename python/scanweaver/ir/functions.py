@@ -111,6 +111,32 @@ def _d_min(E, x, y):
     return dy, dx
 
 
+def _d_flat2(E, x, y):
+    return E.ZERO, E.ZERO
+
+
+def _d_where(E, c, a, b):
+    pick = E.call("ne", c, E.ZERO)
+    return E.ZERO, pick, E.sub(E.ONE, pick)
+
+
+def _mask(fn):
+    def numeric(x, y):
+        return fn(x, y).astype(np.result_type(x, y, np.float32))
+
+    return numeric
+
+
+def _where(c, a, b):
+    return np.where(c != 0, a, b)
+
+
+#: The comparisons a step may apply to its inputs: each gives 1.0 where it holds, else 0.0 (NumPy's
+#: semantics for NaN: every comparison but ``ne`` is false).
+COMPARISONS = {"gt": (np.greater, ">"), "ge": (np.greater_equal, ">="), "lt": (np.less, "<"),
+               "le": (np.less_equal, "<="), "eq": (np.equal, "=="), "ne": (np.not_equal, "!=")}
+
+
 @dataclass(frozen=True)
 class Function:
     """An elementwise function of the IR.
@@ -148,6 +174,8 @@ FUNCTIONS: dict[str, Function] = {
         Function("pow", 2, np.power, _d_pow),
         Function("max", 2, np.maximum, _d_max),
         Function("min", 2, np.minimum, _d_min),
+        Function("where", 3, _where, _d_where),
+        *(Function(name, 2, _mask(fn), _d_flat2) for name, (fn, _) in COMPARISONS.items()),
     )
 }
 

@@ -36,7 +36,8 @@ class MatrixScanIR:
         readout_axis, readout_of, readout_vector, bonus: the contracted axis (``rows``/``columns``), the state
             read (``after``/``before``/``bonus``), the contracting vector's text and the bonus factor's text.
         lowering: the fused operation's arrays and features (``q``, ``k``, ``v``, ``g`` texts, ``decay``,
-            ``readout``, ``transpose``), empty when unsupported.
+            ``readout``, ``transpose``; ``sign``: the gate whose signs are carried beside ``g = log|a|``),
+            empty when unsupported.
         unsupported: why it does not map onto ``matrix_state`` (empty when it does).
     """
 
@@ -76,7 +77,8 @@ class MatrixScanIR:
             low = (f"matrix_state decay={lw['decay']} readout={lw['readout']}"
                    f"{' (state transposed)' if lw['transpose'] else ''}\n"
                    f"  q = {lw['q']}\n  k = {lw['k']}\n  v = {lw['v']}\n  g = {lw['g'] or '(none)'}"
-                   + (f"\n  u = {lw['u']}" if lw.get("u") else ""))
+                   + (f"\n  u = {lw['u']}" if lw.get("u") else "")
+                   + (f"\n  signs of {lw['sign']} carried on q, k and the final state" if lw.get("sign") else ""))
         return {"matrix_scan": scan, "matrix_state": low}
 
     def __str__(self) -> str:

@@ -9,7 +9,11 @@ a missing GPU package).  This module:
   core), leaving any value the user set alone;
 * answers :func:`probe` quickly without starting Julia or downloading anything:
   it only looks for ``juliacall`` and a Julia executable, where juliacall itself
-  would take it from (:func:`find_julia`);
+  would take it from (:func:`find_julia`), and, when there is none, whether
+  juliapkg may install one on first use (:mod:`.install`: not offline, and its
+  download host answers);
+* on first use with no Julia found, lets juliapkg install Julia and the
+  package environment, saying what and that it happens once (:func:`main`);
 * starts Julia once, in :func:`main`, and turns every failure into one
   :class:`~scanweaver.errors.BackendUnavailable` that says what is missing and
   the command that fixes it; a failure is remembered, so later calls fail fast
@@ -45,6 +49,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..errors import BackendUnavailable
+from . import install
 
 #: ``PYTHON_JULIACALL_*`` settings applied before ``import juliacall`` unless already set.
 JULIACALL_DEFAULTS = {
@@ -68,6 +73,9 @@ INSTALL_JULIA = ("install Julia >= 1.10 (https://julialang.org/install: "
 #: juliacall's own variables: set together, juliacall uses that Julia and environment as they are
 #: (no juliapkg resolve, nothing downloaded).
 JULIACALL_ENV = ("PYTHON_JULIACALL_EXE", "PYTHON_JULIACALL_PROJECT")
+
+#: :func:`find_julia`'s answer when nothing names or holds a Julia (juliapkg may then install one).
+NOTHING_FOUND = "no julia on PATH, no PYTHON_JULIAPKG_EXE, nothing installed by juliapkg"
 
 _lock = threading.Lock()
 _main: Any = None
@@ -119,7 +127,7 @@ def find_julia() -> tuple[str | None, str]:
         installed = shutil.which(os.path.join(STATE["install"], "bin", "julia" + ext))
         if installed:
             return installed, "installed by juliapkg"
-    return None, "no julia on PATH, no PYTHON_JULIAPKG_EXE, nothing installed by juliapkg"
+    return None, NOTHING_FOUND
 
 
 def julia_version(exe: str) -> tuple[int, ...] | None:
@@ -154,6 +162,12 @@ def probe() -> tuple[bool, str]:
     if importlib.util.find_spec("juliacall") is None:
         return False, f"juliacall is not installed; run `{INSTALL_JULIACALL}`"
     exe, origin = find_julia()
+    if exe is None and origin == NOTHING_FOUND:
+        ok, detail = install.plan()
+        if ok:
+            return True, f"no Julia found yet: on first use juliapkg installs {detail}, once"
+        return False, f"no Julia executable found ({origin}) and juliapkg will not install one ({detail}); " \
+                      f"{INSTALL_JULIA}"
     if exe is None:
         return False, f"no Julia executable found ({origin}); {INSTALL_JULIA}"
     version = julia_version(exe)
@@ -300,8 +314,9 @@ def main(check: bool = True) -> Any:
     """The ``juliacall`` Main module with ScanWeaver loaded, starting Julia on first use.
 
     Args:
-        check: run :func:`probe` first, so a machine without Julia fails in
-            milliseconds instead of letting juliapkg try to download one.
+        check: run :func:`probe` first, so a machine where Julia cannot be had fails in
+            milliseconds; where none is found but juliapkg may install one (:mod:`.install`),
+            it is asked to first, and says what it installs.
 
     Raises:
         BackendUnavailable: saying what is missing and how to fix it; raised
@@ -321,6 +336,8 @@ def main(check: bool = True) -> Any:
                 _failure = BackendUnavailable(f"julia backend: {detail}")
                 raise _failure
         try:
+            if check and find_julia()[0] is None:
+                install.install()
             _main = _start()
         except BaseException as exc:  # noqa: BLE001  juliacall raises URLError, bare Exception, JuliaError ...
             if isinstance(exc, KeyboardInterrupt):

@@ -6,6 +6,7 @@ from ..errors import ScanInputError
 from ..ir.stages import AssocScanIR, ScheduleIR
 from ..ir.verifier import verify_schedule
 from ..schedules import REGISTRY, get_schedule
+from ..schedules.base import resolve_tunables
 
 
 def resolve_config(schedule: str, config: dict[str, object] | None, api: str = "schedule",
@@ -16,15 +17,7 @@ def resolve_config(schedule: str, config: dict[str, object] | None, api: str = "
     take their defaults.
     """
     sched = get_schedule(schedule)
-    tunables = {t.name: t for t in (*sched.tunables, *extra)}
-    config = dict(config or {})
-    unknown = sorted(set(config) - set(tunables))
-    if unknown:
-        accepted = ", ".join(sorted(tunables)) or "none"
-        raise ScanInputError(
-            f"{api}: unknown tunable(s) {', '.join(unknown)} for schedule {schedule!r}; accepted: {accepted}"
-        )
-    return {name: t.check(config[name], api) if name in config else t.default for name, t in tunables.items()}
+    return resolve_tunables((*sched.tunables, *extra), dict(config or {}), {}, api, f"schedule {schedule!r}")
 
 
 def materialize_schedule(ir: AssocScanIR, schedule: str, config: dict[str, object] | None = None,

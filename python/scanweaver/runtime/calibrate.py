@@ -31,6 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import environment
+
 log = logging.getLogger("scanweaver")
 
 ENV = "SCANWEAVER_THREADS_CUTOFF"
@@ -60,14 +62,17 @@ def _key() -> str:
     return f"{CpuBackend.availability().device} | {tc.identity.splitlines()[0]} | {' '.join(tc.flags)}"
 
 
+def _from_environment() -> int | None:
+    """``SCANWEAVER_THREADS_CUTOFF`` (at least 1), or None when unset or not an integer >= 0 (then measured)."""
+    got = environment.number(ENV, -1, integer=True, instead="the cut-off is measured")
+    return None if got < 0 else max(1, int(got))
+
+
 def threads_cutoff() -> int:
     """Elements (lanes x L) from which the ``cpu`` backend's default uses every core (see the module doc)."""
-    env = os.environ.get(ENV)
-    if env:
-        try:
-            return max(1, int(env))
-        except ValueError:
-            log.warning("scanweaver: %s=%r is not an integer; measuring instead", ENV, env)
+    env = _from_environment()
+    if env is not None:
+        return env
     key = _key()
     hit = _cutoff.get(key)
     if hit is not None:
@@ -91,9 +96,9 @@ def one_thread(elements: int) -> bool:
 
 def stored_cutoff() -> int | None:
     """The cut-off already measured (or set by the environment) for this machine, without measuring."""
-    env = os.environ.get(ENV)
-    if env and env.isdigit():
-        return max(1, int(env))
+    env = _from_environment()
+    if env is not None:
+        return env
     try:
         key = _key()
     except Exception:

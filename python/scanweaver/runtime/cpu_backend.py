@@ -35,7 +35,8 @@ from ..schedules.base import MAX_THREADS, threads_rule
 from ..targets.c_target import CRenderer
 from ..targets.fused import kernel_for
 from . import calibrate, fastcall, host_pool, toolchain
-from .host import core_kinds, cpu_model, cpu_threads, simd_bytes, vector_isa
+from .host import core_kinds, cpu_model, cpu_threads
+from .toolchain import simd_bytes, vector_isa
 
 __all__ = ["CpuBackend", "cpu_model", "cpu_threads", "simd_bytes", "state_shape"]
 from .base import Availability, Backend, ScanArrays, register

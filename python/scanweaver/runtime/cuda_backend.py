@@ -281,6 +281,12 @@ def _current_device(value) -> int:
     return int(cupy.cuda.Device().id)
 
 
-FAMILIES["cupy"] = Family(_cupy_device, _current_cupy_stream, lambda value, device: None, _cupy_empty)
+def _cupy_module():
+    import cupy
+
+    return cupy
+
+
+FAMILIES["cupy"] = Family(_cupy_device, _current_cupy_stream, lambda value, device: None, _cupy_empty, _cupy_module)
 FAMILIES["torch"] = Family(_torch_device, _torch_stream, lambda value, device: _cuda_stream_of(value), _torch_empty)
 FAMILIES[""] = Family(_current_device, _current_cupy_stream, lambda value, device: None, _cupy_empty)

@@ -15,8 +15,9 @@ one stream run in order, so reuse is safe).
 
 Each array library is a :class:`Family` in :data:`FAMILIES` (the ``cuda``
 backend registers CuPy, PyTorch and the fallback for other producers): how
-to read an array's device and the current stream, and how to allocate a
-result of the caller's type.  The libraries are never imported here.
+to read an array's device and the current stream, how to allocate a
+result of the caller's type, and (:func:`array_module`) the array module that
+computes on its arrays where they are.  The libraries are never imported here.
 
 Example:
     >>> from scanweaver.runtime.device_plan import interface
@@ -38,6 +39,7 @@ import numpy as np
 from ..errors import ScanInputError
 from ..ir import Stages
 from ..targets.gpu import launch_plan
+from .call_plan import CallPlan
 
 
 class PlanMismatch(Exception):
@@ -56,12 +58,17 @@ class Family:
             on (a context manager), or ``None`` when CuPy's current stream is the caller's.
         empty: ``empty(shape, dtype, device, stream)`` -> a result array of the caller's type,
             allocated on the caller's stream.
+        module: ``module()`` -> the library's array module (NumPy's functions on its arrays, computed
+            where they are: CuPy), for operations that compute around their kernels on the caller's
+            device; ``None`` for libraries whose arrays are converted first (PyTorch tensors become
+            CuPy views).
     """
 
     device: Callable[[Any], int]
     stream: Callable[[Any, int], int]
     launch_stream: Callable[[Any, int], Any]
     empty: Callable[[tuple, np.dtype, int, Any], Any]
+    module: Callable[[], Any] | None = None
 
 
 #: Top-level module of a device array's type -> its :class:`Family`; ``""`` is the fallback for other
@@ -69,6 +76,15 @@ class Family:
 FAMILIES: dict[str, Family] = {}
 #: Array modules whose arrays go to a differentiable front end instead (never planned here).
 FRONT_ENDS = ("jax", "jaxlib")
+
+
+def array_module(value: object) -> Any | None:
+    """The array module of device array ``value``'s library (CuPy for CuPy arrays), or ``None`` (host data,
+    or a library whose arrays are converted before they are computed on)."""
+    if value is None or isinstance(value, (np.ndarray, np.generic)):
+        return None
+    fam = FAMILIES.get(type(value).__module__.split(".")[0])
+    return None if fam is None or fam.module is None else fam.module()
 
 
 def interface(value: object) -> tuple[int, bool, tuple, tuple | None, str] | None:
@@ -164,56 +180,36 @@ def overlapping(written, others) -> int | None:
 
 
 @dataclass
-class DevicePlan:
+class DevicePlan(CallPlan):
     """A device scan call resolved for one key: the kernels, their launches and the plan's scratch.
 
+    The fields of :class:`~scanweaver.runtime.call_plan.CallPlan`, with ``backend`` the ``cuda``
+    backend (``launch_planned``, ``planned_kernel``, ``empty``, ``timing``), and:
+
     Attributes:
-        names: operand names, in call order.
-        shape, dtype, state_shape: the operands' shape and dtype, and the state's shape.
-        has_h0, has_reset, return_state: the call's optional arguments and results.
-        info: what :attr:`Recurrence.last` reports for the call.
-        backend: the ``cuda`` backend (``launch_planned``, ``planned_kernel``, ``empty``, ``timing``).
         family: the caller's array library; device: the CUDA device; stream: the launch stream
             object (``None``: CuPy's current one).
         kernels: ``(kernel, groups, block)`` per launch, in order.
         scratch: the plan's own device buffers: ``ws``, ``wsi``, ``hlast`` (when no state is returned)
             and one-element stand-ins for an absent ``h0``/``reset``.
         zero_wsi: ``wsi`` is zeroed (on the stream) before every call.
-        from_store, store_stamp: as for :class:`scanweaver.fastpath.Plan`.
         order: per kernel operand (the lowered stages' order), its position among the call's operands.
         itemsizes: the element size of each of the call's arrays (operands, h0, reset, out; fixed by the key).
     """
 
-    names: tuple[str, ...]
-    shape: tuple[int, ...]
-    dtype: np.dtype
-    state_shape: tuple[int, ...]
-    has_h0: bool
-    has_reset: bool
-    return_state: bool
-    info: Any
-    backend: Any
     family: Family
     device: int
     stream: Any
     kernels: tuple[tuple[Any, int, int], ...]
     scratch: dict[str, Any] = field(default_factory=dict)
     zero_wsi: bool = False
-    from_store: bool = False
-    store_stamp: object = None
-    stamp_of: Callable[[], object] | None = None
     order: tuple[int, ...] = ()
     itemsizes: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        self.lanes = int(np.prod(self.shape[:-1], dtype=np.int64))
-        self.L = self.shape[-1]
+        super().__post_init__()
         self._ptr = {k: span(interface(v))[0] for k, v in self.scratch.items()}  # type: ignore[arg-type]
         self._wsi_bytes = span(interface(self.scratch["wsi"]))[1] - self._ptr["wsi"] if "wsi" in self.scratch else 0
-
-    def fresh(self) -> bool:
-        """False when the plan came from the tuned store and the store has changed since."""
-        return not self.from_store or self.stamp_of is None or self.store_stamp == self.stamp_of()
 
     def _checked(self, views: tuple) -> None:
         """The trampoline's checks on the call's interfaces (shapes, strides and dtypes matched by the key)."""

@@ -16,7 +16,6 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import platform
 import subprocess
@@ -124,29 +123,3 @@ def cpu_flags() -> str:
 def isa_of(macros: dict[str, str]) -> str:
     """The widest instruction set named in a compiler's predefined ``macros`` (``generic`` when none)."""
     return next((name for macro, name in ISAS if macro in macros), "generic")
-
-
-@functools.cache
-def vector_isa() -> tuple[str, int]:
-    """``(instruction set, vector bytes)`` the ``chunked`` C kernel is built for here, from the compiler.
-
-    Returns ``("unknown", 16)`` when no compiler can be asked.
-    """
-    from ..targets.c_chunked import VECTOR_BYTES
-    from .toolchain import find_toolchain
-
-    try:
-        tc = find_toolchain()
-        text = tc.preprocess(VECTOR_BYTES + "\nsw_vector_bytes = SW_VBYTES;\n")
-        vbytes = int(text.split("sw_vector_bytes =", 1)[1].split(";", 1)[0])
-        return isa_of(tc.macros()), vbytes
-    except Exception:  # a report must not fail where the backend cannot run
-        return "unknown", 16
-
-
-def simd_bytes() -> int:
-    """Bytes of the vectors the C compiler targets here with the kernel flags (``-march=native``).
-
-    64 with AVX-512, 32 with AVX/AVX2, else 16 (SSE2, NEON, and anything unknown).
-    """
-    return vector_isa()[1]

@@ -29,11 +29,12 @@ from __future__ import annotations
 import collections
 import heapq
 import math
-import os
 import threading
 import weakref
 
 import numpy as np
+
+from .. import environment
 
 #: Default cap of the pool, in MiB (``SCANWEAVER_POOL_MB`` overrides it; 0 disables the pool).
 DEFAULT_MB = 1024
@@ -146,19 +147,8 @@ class HostPool:
 
 
 def _cap_bytes() -> int:
-    """``SCANWEAVER_POOL_MB`` in bytes (the default, with a warning, when it is not a number >= 0)."""
-    text = os.environ.get("SCANWEAVER_POOL_MB", str(DEFAULT_MB))
-    try:
-        mb = float(text)
-        if mb < 0:
-            raise ValueError
-    except ValueError:
-        import warnings
-
-        warnings.warn(f"scanweaver: SCANWEAVER_POOL_MB={text!r} is not a number of MiB >= 0; using {DEFAULT_MB}",
-                      RuntimeWarning, stacklevel=2)
-        mb = DEFAULT_MB
-    return int(mb * (1 << 20))
+    """``SCANWEAVER_POOL_MB`` in bytes (the default, with a warning naming it, when it is not a finite number >= 0)."""
+    return int(environment.number("SCANWEAVER_POOL_MB", DEFAULT_MB) * (1 << 20))
 
 
 #: The process's pool for results handed to frameworks.

@@ -13,8 +13,9 @@ Example:
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
+
+from .. import environment
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ class IreeDevice:
         """The ``iree-compile`` options for this device (architecture from the environment or the default)."""
         if not self.arch_flag:
             return self.flags
-        arch = os.environ.get(self.arch_env, "") or self.arch_default
+        arch = (environment.text(self.arch_env) if self.arch_env else "") or self.arch_default
         return (*self.flags, f"{self.arch_flag}={arch}")
 
 
@@ -73,6 +74,6 @@ COMMON_FLAGS = ("--iree-input-demote-f64-to-f32=false",
 def compile_flags(device: str) -> tuple[str, ...]:
     """``iree-compile`` options of ``device`` (the vulkan architecture only when one is named)."""
     dev = DEVICES[device]
-    if dev.arch_flag and not (os.environ.get(dev.arch_env, "") or dev.arch_default):
+    if dev.arch_flag and not ((environment.text(dev.arch_env) if dev.arch_env else "") or dev.arch_default):
         return (*COMMON_FLAGS, *dev.flags)
     return (*COMMON_FLAGS, *dev.compile_flags())

@@ -17,10 +17,11 @@ Example:
 
 from __future__ import annotations
 
-import os
 import shutil
 
 import numpy as np
+
+from .. import environment
 
 from ..errors import BackendUnavailable, CompileError, ScanInputError
 from ..targets.gpu import Plan
@@ -43,11 +44,11 @@ def select_device():
     pairs = [(p, d) for p in platforms for d in p.get_devices()]
     if not pairs:
         raise BackendUnavailable("opencl: OpenCL platforms exist but expose no device")
-    spec = os.environ.get(ENV_DEVICE, "").strip()
+    spec = environment.text(ENV_DEVICE)
     if not spec:
         gpus = [(p, d) for p, d in pairs if d.type & cl.device_type.GPU]
         return (gpus or pairs)[0]
-    if ":" in spec and all(part.isdigit() for part in spec.split(":", 1)):
+    if ":" in spec and all(part.isdecimal() for part in spec.split(":", 1)):
         pi, di = (int(v) for v in spec.split(":", 1))
         try:
             p = platforms[pi]

@@ -49,9 +49,10 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import environment
 from ..errors import BackendUnavailable, CompileError
 from . import cflags, filelock, forksafe, private_dir
-from .host import Host, cpu_flags, cpu_model
+from .host import Host, cpu_flags, cpu_model, isa_of
 
 log = logging.getLogger("scanweaver")
 
@@ -69,9 +70,9 @@ LOCK_TIMEOUT_S = COMPILE_TIMEOUT_S + 30.0
 
 def cache_dir() -> Path:
     """The kernel cache directory (``$SCANWEAVER_CACHE_DIR`` or the per-user cache)."""
-    env = os.environ.get("SCANWEAVER_CACHE_DIR")
-    if env:
-        return Path(env)
+    env = environment.path("SCANWEAVER_CACHE_DIR")
+    if env is not None:
+        return env
     import platformdirs
 
     return Path(platformdirs.user_cache_dir("scanweaver"))
@@ -307,3 +308,28 @@ def find_toolchain() -> Toolchain:
     command = _compiler_command()
     assert command is not None
     return _toolchain(command)
+
+
+@functools.cache
+def vector_isa() -> tuple[str, int]:
+    """``(instruction set, vector bytes)`` the ``chunked`` C kernel is built for here, from the compiler.
+
+    Returns ``("unknown", 16)`` when no compiler can be asked.
+    """
+    from ..targets.c_chunked import VECTOR_BYTES
+
+    try:
+        tc = find_toolchain()
+        text = tc.preprocess(VECTOR_BYTES + "\nsw_vector_bytes = SW_VBYTES;\n")
+        vbytes = int(text.split("sw_vector_bytes =", 1)[1].split(";", 1)[0])
+        return isa_of(tc.macros()), vbytes
+    except Exception:  # a report must not fail where the backend cannot run
+        return "unknown", 16
+
+
+def simd_bytes() -> int:
+    """Bytes of the vectors the C compiler targets here with the kernel flags (``-march=native``).
+
+    64 with AVX-512, 32 with AVX/AVX2, else 16 (SSE2, NEON, and anything unknown).
+    """
+    return vector_isa()[1]

@@ -64,6 +64,31 @@ class Tunable:
         return value
 
 
+def resolve_tunables(declared, given: dict, defaults: dict, api: str, what: str) -> dict:
+    """The one tunable validator: ``given`` over ``defaults`` over each declared tunable's own default, every
+    value checked by its :class:`Tunable` (``defaults`` naming undeclared tunables are ignored).
+
+    Args:
+        declared: the :class:`Tunable` s of the kernel or schedule.
+        given: the caller's tunables.
+        defaults: documented defaults (a backend's, or a tuned store entry).
+        api: the public call's name (messages start with it).
+        what: what the tunables belong to, for the message (``schedule 'chunked'``).
+
+    Raises:
+        ScanInputError: an unknown tunable (naming the accepted ones), or a value its rule refuses.
+    """
+    table = {t.name: t for t in declared}
+    unknown = sorted(set(given) - set(table))
+    if unknown:
+        raise ScanInputError(f"{api}: unknown tunable(s) {', '.join(unknown)} for {what}; accepted: "
+                             f"{', '.join(sorted(table)) or 'none'}")
+    merged = {n: t.default for n, t in table.items()}
+    merged.update({k: v for k, v in defaults.items() if k in table})
+    merged.update(given)
+    return {n: table[n].check(v, api) for n, v in merged.items()}
+
+
 #: The most OpenMP threads a ``threads`` tunable may ask for (the C kernels also clamp it to
 #: a small multiple of the processor count; a runtime that cannot create the threads ends the process).
 MAX_THREADS = 1024

@@ -289,10 +289,10 @@ static int sw_run_backward(const sw_bctx* sw) {
     for (long lane = 0; lane < nl; ++lane) {
       const long first = lane * ntiles, last = first + ntiles - 1;
       SW_T h = sw_h0v(sw, lane), lam = sw_dhlastv(sw, lane);
-      for (long it = first; it <= last; ++it) { carry[2 * it] = h; h = agg[4 * it] * h + agg[4 * it + 1]; }
+      for (long it = first; it <= last; ++it) { carry[2 * it] = h; h = sw_carry(agg[4 * it], agg[4 * it + 1], h); }
       for (long it = last; it >= first; --it) {
         carry[2 * it + 1] = lam;
-        lam = agg[4 * it + 2] * lam + agg[4 * it + 3];
+        lam = sw_carry(agg[4 * it + 2], agg[4 * it + 3], lam);
       }
     }
   }

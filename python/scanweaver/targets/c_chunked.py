@@ -335,12 +335,22 @@ static SW_T sw_wait_carry(int* ready, const SW_T* carry) {
   return *carry;
 }
 
+/* A tile: its aggregate, its carry-in, its carry-out published (sw_carry: a zero carry-in gives gu even where the
+ * product ga has overflowed), then its replay.  A product that overflowed (growing transitions) entered with a
+ * carry that is not zero gives the carry-out by the replay itself, as a loop would (the next tile waits). */
 static void sw_split_tile(const sw_ctx* sw, long lane, long tile, SW_T* carry, int* ready) {
   const long s0 = tile * (long)SW_CHUNK, s1 = SW_MIN(s0 + (long)SW_CHUNK, sw->L);
   SW_T ga, gu;
   sw_tile_reduce(sw, lane * sw->L, s0, s1, &ga, &gu);
   SW_T h = sw_wait_carry(ready + tile, carry + tile);
-  carry[tile + 1] = ga * h + gu;
+  const int finite = ga - ga == (SW_T)0;  /* false for inf and NaN */
+  if (!finite && h != (SW_T)0) {
+    sw_replay(sw, lane, s0, s1, &h);
+    carry[tile + 1] = h;
+    sw_flag_set(ready + tile + 1);
+    return;
+  }
+  carry[tile + 1] = sw_carry(ga, gu, h);
   sw_flag_set(ready + tile + 1);
   sw_replay(sw, lane, s0, s1, &h);
 }

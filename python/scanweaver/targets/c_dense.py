@@ -37,6 +37,18 @@ static inline void sw_dstep(const SW_T* restrict A, const SW_T* restrict U, cons
   }
 }
 
+/* hn <- M h + v for an aggregate (M, v) of many steps entered with the carry h: a zero entry of h takes no part,
+ * so a zero carry gives v even where products in M have overflowed (inf * 0 would be NaN; see sw_carry). */
+static inline void sw_dcarry(const SW_T* restrict M, const SW_T* restrict v, const SW_T* restrict h,
+                             SW_T* restrict hn) {
+  for (int r = 0; r < SW_K; ++r) {
+    SW_T acc = v[r];
+    for (int c = 0; c < SW_K; ++c)
+      if (h[c] != (SW_T)0) acc += M[r * SW_K + c] * h[c];
+    hn[r] = acc;
+  }
+}
+
 /* (M, v) <- (A, U) o (M, v) = (A M, A v + U). */
 static inline void sw_dcompose(const SW_T* restrict A, const SW_T* restrict U, SW_T* restrict M,
                                SW_T* restrict v) {
@@ -125,7 +137,7 @@ static int sw_run(const sw_ctx* sw) {
     for (long c = 0; c < nc; ++c) {
       const SW_T* M = agg + (lane * nc + c) * (SW_K * SW_K + SW_K);
       memcpy(carry + (lane * nc + c) * SW_K, h, sizeof h);
-      sw_dstep(M, M + SW_K * SW_K, h, hn);
+      sw_dcarry(M, M + SW_K * SW_K, h, hn);
       memcpy(h, hn, sizeof h);
     }
     sw_dstore_last(sw, lane, h);

@@ -304,7 +304,7 @@ static void sw_dv_carries(const sw_ctx* sw, long lane, long s0, long s1, sw_dv_t
     for (int j = 0; j < SW_W; ++j) {
       SW_T hn[SW_K];
       memcpy(g->c[j], h, sizeof hn);
-      sw_dstep(g->M[j], g->V[j], h, hn);
+      sw_dcarry(g->M[j], g->V[j], h, hn);
       memcpy(h, hn, sizeof hn);
     }
   }

@@ -20,6 +20,7 @@ from typing import ClassVar
 from collections.abc import Callable
 
 from ..ir.expr import BINARY, Expr, is_const
+from ..ir.functions import COMPARISONS
 from ..ir import Stages
 
 CTYPES = {"float32": "float", "float64": "double"}
@@ -75,6 +76,9 @@ class CStyleRenderer:
     preamble: ClassVar[str] = ""
     #: kernel attribute bounding the work-items per workgroup to ``{n}`` (registers are budgeted for it)
     launch_bounds: ClassVar[str] = ""
+    #: the same, also asking for ``{blocks}`` workgroups resident per multiprocessor (what lets the compiler
+    #: budget more registers than its occupancy heuristic would); empty: :attr:`launch_bounds`
+    launch_bounds_blocks: ClassVar[str] = ""
     #: unsigned 64-bit integer type (look-back status words)
     u64_type: ClassVar[str] = "unsigned long long"
     #: single-copy-atomic read of the 64-bit global word ``{p}``
@@ -133,21 +137,35 @@ class CStyleRenderer:
             # the compiler evaluates it once.
             v, T = self.expr(e.args[0], load, dtype), self.ctype(dtype)
             return f"(({T})({v} > 0) - ({T})({v} < 0))"
+        if e.op == "call" and e.name in COMPARISONS:
+            lhs, rhs = (self.expr(a, load, dtype) for a in e.args)
+            return f"(({self.ctype(dtype)})({lhs} {COMPARISONS[e.name][1]} {rhs}))"
+        if e.op == "call" and e.name == "where":
+            c, a, b = (self.expr(x, load, dtype) for x in e.args)
+            return f"(({c}) != 0 ? ({a}) : ({b}))"
         if e.op == "call":
             args = ", ".join(self.expr(a, load, dtype) for a in e.args)
             return f"{self.math_fn(e.name, dtype)}({args})"
         raise ValueError(f"{self.target} renderer: cannot render op {e.op!r} (state in an operand expression)")
 
     def helpers(self, dtype: str) -> str:
-        """Definitions of the composite functions (sigmoid, softplus, silu) for ``dtype``."""
+        """Definitions of the composite functions (sigmoid, softplus, silu) and of ``sw_carry`` for ``dtype``.
+
+        ``sw_carry(a, u, h)`` is the state ``a*h + u`` after an aggregate pair (a, u) of many steps entered with
+        the carry ``h``, the one place every chained scan applies a carry: a zero carry gives ``u`` even where
+        the product ``a`` has overflowed (growing transitions), since ``inf * 0`` would be NaN and spread to
+        every later output.
+        """
         T = self.ctype(dtype)
-        one, thr = self.literal(1.0, dtype), self.literal(20.0, dtype)
+        zero, one, thr = self.literal(0.0, dtype), self.literal(1.0, dtype), self.literal(20.0, dtype)
         ex, l1p = self.math_fn("exp", dtype), self.math_fn("log1p", dtype)
         fp = self.function_prefix
         return "\n".join([
             f"{fp}{T} sw_sigmoid({T} v) {{ return {one} / ({one} + {ex}(-v)); }}",
             f"{fp}{T} sw_softplus({T} v) {{ return v > {thr} ? v : {l1p}({ex}(v)); }}",
             f"{fp}{T} sw_silu({T} v) {{ return v * sw_sigmoid(v); }}",
+            "/* a*h + u, a zero carry h giving u even where the product a has overflowed (inf * 0 is NaN) */",
+            f"{fp}{T} sw_carry({T} a, {T} u, {T} h) {{ return h == {zero} ? u : a * h + u; }}",
         ])
 
     def feature_defines(self, stages: Stages) -> str:

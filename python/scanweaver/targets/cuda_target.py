@@ -47,6 +47,7 @@ class CUDARenderer(GPURenderer):
     flag_store = "atomicExch((int*)({p}), {v})"
     preamble = PREAMBLE
     launch_bounds = "__launch_bounds__({n})"
+    launch_bounds_blocks = "__launch_bounds__({n}, {blocks})"
     u64_type = "unsigned long long"
     word_load = "(*(volatile unsigned long long*)({p}))"
     word_store = "atomicExch((unsigned long long*)({p}), (unsigned long long)({v}))"

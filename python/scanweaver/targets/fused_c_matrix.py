@@ -27,12 +27,16 @@ returning 0, 1 (scratch memory short) or 2 (sizes or ``cu_seqlens`` inconsistent
 from __future__ import annotations
 
 from ..fused.matrix_state import MatrixState, MatrixStateFeatures
-from .c_source import NOW, tunable_defines
+from .c_source import NOW, THREADS, tunable_defines
+from .chunk_engine import engine_source
 from .cvec import vector_prelude
 from .fused import KERNELS, FusedKernel
 from .fused_c_mamba1 import HEAD, TAIL
-from .matrix_c_backward import BACKWARD
+from .matrix_c_backward import GRADS as BACKWARD_GRADS
+from .matrix_c_backward import HEAD as BACKWARD_HEAD
+from .matrix_c_backward import RUN as BACKWARD_RUN
 from .matrix_c_chunked import CHUNKED
+from .matrix_c_chunked_backward import BACKWARD as CHUNKED_BACKWARD
 from .matrix_c_common import COMMON
 from .matrix_c_recurrent import RECURRENT
 
@@ -85,9 +89,15 @@ def render(renderer, call, kernel_tuner: bool = False) -> str:
     f, cfg = call.features, call.params
     title = (f"/* scanweaver fused C kernel: matrix_state {call.part}, {f.dtype}, K={f.K}, V={f.V}, "
              f"decay {f.decay}, readout {f.readout}, {cfg['algorithm']}, width {cfg['width']} */")
-    both = kernel_tuner or cfg["algorithm"] == "chunked"  # Kernel Tuner picks the algorithm by its define
-    body = [RECURRENT, CHUNKED if both else "", FORWARD] if call.part == "forward" else [BACKWARD]
-    parts = [title, defines(f, cfg, kernel_tuner), HEAD, vector_prelude(f.dtype, cfg["width"]), COMMON, *body]
+    chunked = cfg["algorithm"] == "chunked"
+    recurrent, engine = kernel_tuner or not chunked, (engine_source(), CHUNKED) if kernel_tuner or chunked else ()
+    if call.part == "forward":
+        body = [RECURRENT if recurrent else "", *engine, FORWARD]
+    else:  # Kernel Tuner picks the algorithm by its define: one unit holds both
+        body = [BACKWARD_GRADS, BACKWARD_HEAD if recurrent else "", *engine, CHUNKED_BACKWARD if engine else "",
+                BACKWARD_RUN]
+    parts = [title, defines(f, cfg, kernel_tuner), HEAD, THREADS, vector_prelude(f.dtype, cfg["width"]), COMMON,
+             *body]
     if kernel_tuner:
         parts.append(timed(call))
     return "\n".join([*parts, TAIL])

@@ -1,267 +1,264 @@
-"""GPU rendering (OpenCL, CUDA and any :class:`~.gpu.GPURenderer`) of the fused ``delta_rule`` (DeltaNet).
+"""GPU rendering (OpenCL, CUDA and any :class:`~.gpu.GPURenderer`) of the fused ``delta_rule`` (every gate and form).
 
-The columns of the delta rule's state evolve independently: column j obeys
-``s <- s + k_t u_t[j]`` with ``u_t[j] = beta_t (v_t[j] - s . k_t)``.  So the
-forward is :mod:`.fused_gpu_matrix_state`'s layout: one workgroup per
-(sequence, head, tile of ``workgroup_size`` columns), work-item j keeping
-column j (K values) in registers, q, k and beta of ``time_tile`` steps staged
-in local memory.
+The columns of the state evolve independently given the step's vectors:
+column j obeys ``s <- d o s + x X_j (+ y v_j)`` with ``X_j = beta (v_j - a . s)``
+(delta; ``a = d o k``) or ``X_j = a . s`` (dplr).  Forward: one workgroup per
+(sequence, value head, tile of ``workgroup_size`` columns) of ``workgroup_size
+* key_split`` work-items; the ``key_split`` work-items of column j keep
+``K / key_split`` of its rows in registers (16 values at K = 128 by default:
+no spills), and a workgroup sum in local memory joins their two dots per step,
+the readout ``q . s`` and the next step's projection ``a_{t+1} . s`` (one sum
+per step, the projection accumulated during the update as in the C kernel).
+q, the update columns, the projections, the decays and beta of ``time_tile``
+steps (and the next one) are staged in local memory, normalised there when
+``l2norm`` is on.
 
-The backward runs three kernels and needs ``2 * batch * T * H * V`` values of
-scratch ``ws`` (the plan's): *deltas* (the forward's grid) writes
-``r_t = v_t - S_{t-1}^T k_t``; *values* (the same grid, in reverse) carries
-G's column j through ``G <- G + q_t do_t[j]``, ``du_t[j] = G . k_t``, ``G <- G -
-beta_t k_t du_t[j]``, writing dv, du (to ``ws``) and dh0; *keys* (one
-workgroup per (sequence, head), work-item i = row i) rebuilds row i of S from
-the stored deltas (``S[i] += k_t[i] u_t``, forward for dq, then subtracted in
-reverse: no checkpoints, a rounding error that grows linearly in T, never
-exponentially), carries row i of G, and writes ``dq_t[i] = S_t[i] . do_t``,
-``dk_t[i] = G'_t[i] . u_t - beta_t S_{t-1}[i] . du_t`` and (work-item 0)
-``dbeta_t = du_t . r_t``.  Every output element has one writer: no atomics.
+The backward (:mod:`.delta_gpu_backward`) is DeltaNet's: gate ``none``, form
+``delta``, no ``l2norm``, q/k heads equal to value heads; its *deltas* kernel is
+this forward sweep writing ``r_t = v_t - p_t`` to the scratch.
 
-Kernels (ABI of :meth:`~scanweaver.fused.delta_rule.DeltaRule.params`; ``do``
-spelled ``do_``; the backward's kernels take ``ws`` last)::
+Kernels (ABI of :meth:`~scanweaver.fused.delta_rule.DeltaRule.params`; ``do`` spelled ``do_``)::
 
-    sw_delta_rule_forward(q, k, v, beta, h0, cu_seqlens, o, hlast, batch, T, H, nseq)
+    sw_delta_rule_forward(q, k, v, g, beta, a, b, h0, cu_seqlens, o, hlast, batch, T, H, Hq, nseq)
 """
 
 from __future__ import annotations
 
 from ..errors import ScanInputError
-from ..fused.delta_rule import DeltaRuleFeatures
+from ..fused.delta_rule import GATES, DeltaRuleFeatures
+from .delta_gpu_backward import BACKWARD, MACROS
 from .fused import KERNELS, FusedKernel
 from .fused_gpu_mamba1 import params
 from .fused_gpu_matrix_state import LOCAL_BUDGET, MAX_K, columns_per_group
 from .launch_limits import ITEMSIZE, SM90
 
+#: State rows a work-item keeps in registers by default (``key_split`` = K / this, rounded up to a power of two):
+#: at 32, ptxas (CUDA 13, sm_90) held the float32 scalar-gate kernel to 72 registers and spilled; at 16 no
+#: configuration of the four families spills at K = V = 128 (test/test_gpu_delta.py).
+ROWS_PER_ITEM = 16
+#: Most work-items of one workgroup (CUDA's and most OpenCL devices' limit).
+MAX_ITEMS = 1024
+
 PRELUDE = r"""
 #define SW_WG SW_WORKGROUP_SIZE
+#define SW_R SW_KEY_SPLIT
+#define SW_ITEMS (SW_WG * SW_R)
+#define SW_KR ((SW_K + SW_R - 1) / SW_R)
 #define SW_TT SW_TIME_TILE
 #define SW_NVT ((SW_V + SW_WG - 1) / SW_WG)
+/* sizes of the staged k of dplr and of the decays (one element where a feature is off) */
+#define SW_SY_LEN (SW_DPLR ? (SW_TT + 1) * SW_K : 1)
+#define SW_SD_LEN (SW_GATE == 2 ? (SW_TT + 1) * SW_K : SW_TT + 1)
 #define SW_SEGMENT(seq) \
-  const sw_index b = SW_HAS_SEQLENS ? 0 : (seq); \
+  const sw_index bi = SW_HAS_SEQLENS ? 0 : (seq); \
   const sw_index start = SW_HAS_SEQLENS ? cu_seqlens[seq] : 0; \
-  const sw_index len = SW_HAS_SEQLENS ? cu_seqlens[(seq) + 1] - start : T
-#define SW_QK(t) (((b * T + (t)) * H + h) * SW_K)
-#define SW_VO(t) (((b * T + (t)) * H + h) * SW_V)
-#define SW_BT(t) ((b * T + (t)) * H + h)
+  const sw_index len = SW_HAS_SEQLENS ? cu_seqlens[(seq) + 1] - start : T; \
+  const sw_index hq = h / (H / Hq)
+#define SW_QK(t) (((bi * T + (t)) * Hq + hq) * SW_K)
+#define SW_HK(t) (((bi * T + (t)) * H + h) * SW_K)
+#define SW_VO(t) (((bi * T + (t)) * H + h) * SW_V)
+#define SW_BT(t) ((bi * T + (t)) * H + h)
 #define SW_TILE_LEN(s0) ((int)(len - (s0) < SW_TT ? len - (s0) : SW_TT))
-/* the column work-item: its sequence, head and state column j (element (i, j) at st + i * SW_V) */
-#define SW_COLUMN() \
-  const int lid = SW_LID; \
-  const sw_index grp = SW_GROUP, vt = grp % SW_NVT, seq = grp / SW_NVT / H, h = grp / SW_NVT % H; \
-  const sw_index j = vt * SW_WG + lid; \
-  const int live = j < SW_V; \
-  SW_SEGMENT(seq); \
-  const sw_index st = (seq * H + h) * SW_K * SW_V + j
-/* q, k and beta of the n steps from s0 into local memory */
-#define SW_STAGE(s0, n) do { \
-  for (int e = lid; e < (n) * SW_K; e += SW_WG) { \
-    const sw_index t_ = start + (s0) + e / SW_K; \
-    sq[e] = q[SW_QK(t_) + e % SW_K]; \
-    sk[e] = k[SW_QK(t_) + e % SW_K]; \
-  } \
-  for (int e = lid; e < (n); e += SW_WG) sb[e] = beta[SW_BT(start + (s0) + e)]; \
+/* the decay of row i at staged step tt */
+#define SW_DK(tt, i) (SW_GATE == 2 ? sd[(tt) * SW_K + (i)] : SW_GATE == 1 ? sd[tt] : (SW_T)1)
+/* sums over the SW_R work-items of a column (local memory; every work-item gets the same sum) */
+#if SW_R > 1
+#define SW_SUM2(x, y) do { \
+  red[lid] = (x); red[SW_ITEMS + lid] = (y); \
+  SW_BARRIER(); \
+  (x) = (SW_T)0; (y) = (SW_T)0; \
+  for (int r_ = 0; r_ < SW_R; ++r_) { (x) += red[r_ * SW_WG + c]; (y) += red[SW_ITEMS + r_ * SW_WG + c]; } \
+  SW_BARRIER(); \
 } while (0)
+#else
+#define SW_SUM2(x, y) ((void)0)
+#endif
+/* the m staged steps from s0 (the tile's n and the next one when there is one): q, the update column x (delta:
+ * k; dplr: b), y (dplr: k), the projection a (delta: d o k; dplr: a), decays, beta; rows from m on project to 0 */
+#define SW_STAGE_ALL(s0, m) do { \
+  for (int e = lid; e < (SW_TT + 1) * SW_K; e += SW_ITEMS) { \
+    const int tt_ = e / SW_K, i_ = e % SW_K; \
+    if (tt_ < (m)) { \
+      const sw_index t_ = start + (s0) + tt_; \
+      sq[e] = q[SW_QK(t_) + i_]; \
+      if (SW_DPLR) { sy[e] = k[SW_QK(t_) + i_]; sx[e] = b[SW_HK(t_) + i_]; sa[e] = a[SW_HK(t_) + i_]; } \
+      else sx[e] = k[SW_QK(t_) + i_]; \
+      if (SW_GATE == 2) sd[e] = @EXP@(g[SW_HK(t_) + i_]); \
+    } else { \
+      sa[e] = (SW_T)0; \
+    } \
+  } \
+  for (int e = lid; e < (m); e += SW_ITEMS) { \
+    if (SW_GATE == 1) sd[e] = @EXP@(g[SW_BT(start + (s0) + e)]); \
+    if (!SW_DPLR) sb[e] = beta[SW_BT(start + (s0) + e)]; \
+  } \
+  SW_BARRIER(); \
+  if (SW_L2) { \
+    for (int e = lid; e < (m); e += SW_ITEMS) { \
+      SW_T nq = (SW_T)0, nk = (SW_T)0; \
+      for (int i_ = 0; i_ < SW_K; ++i_) { \
+        nq += sq[e * SW_K + i_] * sq[e * SW_K + i_]; \
+        nk += SW_KN[e * SW_K + i_] * SW_KN[e * SW_K + i_]; \
+      } \
+      sn[2 * e] = (SW_T)1 / @SQRT@(nq + (SW_T)1e-6); \
+      sn[2 * e + 1] = (SW_T)1 / @SQRT@(nk + (SW_T)1e-6); \
+    } \
+    SW_BARRIER(); \
+    for (int e = lid; e < (m) * SW_K; e += SW_ITEMS) { \
+      sq[e] *= sn[2 * (e / SW_K)]; \
+      SW_KN[e] *= sn[2 * (e / SW_K) + 1]; \
+    } \
+    SW_BARRIER(); \
+  } \
+  if (!SW_DPLR) \
+    for (int e = lid; e < (m) * SW_K; e += SW_ITEMS) sa[e] = SW_DK(e / SW_K, e % SW_K) * sx[e]; \
+} while (0)
+#define SW_KN (SW_DPLR ? sy : sx)
 """
 
-#: The forward sweep over state columns; @NAME@ and @EXTRA@ (a parameter), @OUT@ (per step, with the delta
-#: ``r`` and the readout ``acc``) and @END@ (after the last step) make the forward and the backward's deltas.
+#: The forward sweep; @NAME@ and @EXTRA@ (a parameter), @OUT@ (per step, with the projection ``p`` of the step,
+#: the readout ``acc`` and ``vj``) and @END@ (after the last step) make the forward and the backward's deltas.
 COLUMNS = r"""
-SW_KERNEL void @NAME@(@PARAMS@@EXTRA@) {
-  SW_LOCAL SW_T sq[SW_TT * SW_K];
-  SW_LOCAL SW_T sk[SW_TT * SW_K];
-  SW_LOCAL SW_T sb[SW_TT];
-  SW_COLUMN();
-  SW_T s[SW_K];
+SW_KERNEL_DR void @NAME@(@PARAMS@@EXTRA@) {
+  SW_LOCAL SW_T sq[(SW_TT + 1) * SW_K];
+  SW_LOCAL SW_T sx[(SW_TT + 1) * SW_K];
+  SW_LOCAL SW_T sa[(SW_TT + 1) * SW_K];
+  SW_LOCAL SW_T sy[SW_SY_LEN];
+  SW_LOCAL SW_T sd[SW_SD_LEN];
+  SW_LOCAL SW_T sb[SW_TT + 1];
+  SW_LOCAL SW_T sn[2 * (SW_TT + 1)];
+  SW_LOCAL SW_T red[2 * SW_ITEMS];
+  const int lid = SW_LID, c = lid % SW_WG, r = lid / SW_WG;
+  const sw_index grp = SW_GROUP, vt = grp % SW_NVT, seq = grp / SW_NVT / H, h = grp / SW_NVT % H;
+  const sw_index j = vt * SW_WG + c;
+  const int live = j < SW_V;
+  SW_SEGMENT(seq);
+  const sw_index st = (seq * H + h) * SW_K * SW_V + j; /* state element (i, j) at st + i * SW_V */
+  SW_T s[SW_KR];
 #pragma unroll
-  for (int i = 0; i < SW_K; ++i) s[i] = (SW_HAS_H0 && live) ? h0[st + i * SW_V] : (SW_T)0;
+  for (int ii = 0; ii < SW_KR; ++ii) {
+    const int i = r * SW_KR + ii;
+    s[ii] = (SW_HAS_H0 && live && i < SW_K) ? h0[st + i * SW_V] : (SW_T)0;
+  }
+  (void)red, (void)sy, (void)sn, (void)sb;
   for (sw_index s0 = 0; s0 < len; s0 += SW_TT) {
-    const int n = SW_TILE_LEN(s0);
+    const int n = SW_TILE_LEN(s0), m = n + (s0 + n < len ? 1 : 0);
     SW_BARRIER();
-    SW_STAGE(s0, n);
+    SW_STAGE_ALL(s0, m);
     SW_BARRIER();
-    if (!live) continue;
+    SW_T p = (SW_T)0, p2 = (SW_T)0;
+#pragma unroll
+    for (int ii = 0; ii < SW_KR; ++ii) {
+      const int i = r * SW_KR + ii;
+      if (i < SW_K) p += sa[i] * s[ii];
+    }
+    SW_SUM2(p, p2);
     for (int tt = 0; tt < n; ++tt) {
       const sw_index t = start + s0 + tt;
-      SW_T p = (SW_T)0, acc = (SW_T)0;
+      const SW_T vj = live ? v[SW_VO(t) + j] : (SW_T)0;
+      const SW_T X = SW_DPLR ? p : sb[tt] * (vj - p);
+      SW_T acc = (SW_T)0, pn = (SW_T)0;
 #pragma unroll
-      for (int i = 0; i < SW_K; ++i) p += sk[tt * SW_K + i] * s[i];
-      const SW_T r = v[SW_VO(t) + j] - p, uj = sb[tt] * r;
-#pragma unroll
-      for (int i = 0; i < SW_K; ++i) {
-        s[i] += sk[tt * SW_K + i] * uj;
-        acc += sq[tt * SW_K + i] * s[i];
+      for (int ii = 0; ii < SW_KR; ++ii) {
+        const int i = r * SW_KR + ii;
+        if (i < SW_K) {
+          SW_T sv = SW_DK(tt, i) * s[ii] + sx[tt * SW_K + i] * X;
+          if (SW_DPLR) sv += sy[tt * SW_K + i] * vj;
+          s[ii] = sv;
+          acc += sq[tt * SW_K + i] * sv;
+          pn += sa[(tt + 1) * SW_K + i] * sv;
+        }
       }
+      SW_SUM2(acc, pn);
       @OUT@
+      p = pn;
     }
   }
   @END@
 }
 """
 
-FORWARD_OUT = "o[SW_VO(t) + j] = acc;"
+FORWARD_OUT = "if (r == 0 && live) o[SW_VO(t) + j] = acc;"
 FORWARD_END = """if (live) {
 #pragma unroll
-    for (int i = 0; i < SW_K; ++i) hlast[st + i * SW_V] = s[i];
+    for (int ii = 0; ii < SW_KR; ++ii) {
+      const int i = r * SW_KR + ii;
+      if (i < SW_K) hlast[st + i * SW_V] = s[ii];
+    }
   }"""
-
-BACKWARD = r"""
-SW_KERNEL void sw_delta_rule_bwd_values(@PARAMS@, SW_GLOBAL SW_T* restrict ws) {
-  SW_LOCAL SW_T sq[SW_TT * SW_K];
-  SW_LOCAL SW_T sk[SW_TT * SW_K];
-  SW_LOCAL SW_T sb[SW_TT];
-  SW_COLUMN();
-  SW_GLOBAL SW_T* wdu = ws + batch * T * H * SW_V;
-  SW_T G[SW_K];
-#pragma unroll
-  for (int i = 0; i < SW_K; ++i) G[i] = (SW_HAS_DHLAST && live) ? dhlast[st + i * SW_V] : (SW_T)0;
-  for (sw_index c = (len + SW_TT - 1) / SW_TT - 1; c >= 0; --c) {
-    const sw_index s0 = c * SW_TT;
-    const int n = SW_TILE_LEN(s0);
-    SW_BARRIER();
-    SW_STAGE(s0, n);
-    SW_BARRIER();
-    if (!live) continue;
-    for (int tt = n - 1; tt >= 0; --tt) {
-      const sw_index t = start + s0 + tt;
-      const SW_T dj = do_[SW_VO(t) + j];
-      SW_T du = (SW_T)0;
-#pragma unroll
-      for (int i = 0; i < SW_K; ++i) {
-        G[i] += sq[tt * SW_K + i] * dj;
-        du += G[i] * sk[tt * SW_K + i];
-      }
-#pragma unroll
-      for (int i = 0; i < SW_K; ++i) G[i] -= sb[tt] * sk[tt * SW_K + i] * du;
-      dv[SW_VO(t) + j] = sb[tt] * du;
-      wdu[SW_VO(t) + j] = du;
-    }
-  }
-  if (SW_HAS_H0 && live) {
-#pragma unroll
-    for (int i = 0; i < SW_K; ++i) dh0[st + i * SW_V] = G[i];
-  }
-}
-
-SW_KERNEL_ROWS void sw_delta_rule_bwd_keys(@PARAMS@, SW_GLOBAL SW_T* restrict ws) {
-  SW_LOCAL SW_T su[SW_TT * SW_V];
-  SW_LOCAL SW_T sdo[SW_TT * SW_V];
-  SW_LOCAL SW_T sdu[SW_TT * SW_V];
-  SW_LOCAL SW_T sr[SW_TT * SW_V];
-  const int i = SW_LID;
-  const sw_index grp = SW_GROUP, seq = grp / H, h = grp % H;
-  SW_SEGMENT(seq);
-  SW_GLOBAL const SW_T* wr = ws;
-  SW_GLOBAL const SW_T* wdu = ws + batch * T * H * SW_V;
-  const sw_index st = ((seq * H + h) * SW_K + i) * SW_V;
-  SW_T S[SW_V], G[SW_V];
-#pragma unroll
-  for (int j = 0; j < SW_V; ++j) S[j] = SW_HAS_H0 ? h0[st + j] : (SW_T)0;
-  /* 1. forward: S_t's row i from the deltas; dq */
-  for (sw_index s0 = 0; s0 < len; s0 += SW_TT) {
-    const int n = SW_TILE_LEN(s0);
-    SW_BARRIER();
-    for (int e = i; e < n * SW_V; e += SW_K) {
-      const sw_index t = start + s0 + e / SW_V;
-      su[e] = beta[SW_BT(t)] * wr[SW_VO(t) + e % SW_V];
-      sdo[e] = do_[SW_VO(t) + e % SW_V];
-    }
-    SW_BARRIER();
-    for (int tt = 0; tt < n; ++tt) {
-      const sw_index t = start + s0 + tt;
-      const SW_T ki = k[SW_QK(t) + i];
-      SW_T acc = (SW_T)0;
-#pragma unroll
-      for (int j = 0; j < SW_V; ++j) {
-        S[j] += ki * su[tt * SW_V + j];
-        acc += S[j] * sdo[tt * SW_V + j];
-      }
-      dq[SW_QK(t) + i] = acc;
-    }
-  }
-  /* 2. reverse: S_{t-1} = S_t - k_t u_t^T; G's row i; dk, dbeta */
-#pragma unroll
-  for (int j = 0; j < SW_V; ++j) G[j] = SW_HAS_DHLAST ? dhlast[st + j] : (SW_T)0;
-  for (sw_index c = (len + SW_TT - 1) / SW_TT - 1; c >= 0; --c) {
-    const sw_index s0 = c * SW_TT;
-    const int n = SW_TILE_LEN(s0);
-    SW_BARRIER();
-    for (int e = i; e < n * SW_V; e += SW_K) {
-      const sw_index t = start + s0 + e / SW_V;
-      sr[e] = wr[SW_VO(t) + e % SW_V];
-      su[e] = beta[SW_BT(t)] * sr[e];
-      sdo[e] = do_[SW_VO(t) + e % SW_V];
-      sdu[e] = wdu[SW_VO(t) + e % SW_V];
-    }
-    SW_BARRIER();
-    for (int tt = n - 1; tt >= 0; --tt) {
-      const sw_index t = start + s0 + tt;
-      const SW_T qi = q[SW_QK(t) + i], ki = k[SW_QK(t) + i], bt = beta[SW_BT(t)];
-      SW_T gu = (SW_T)0, sdu_ = (SW_T)0;
-#pragma unroll
-      for (int j = 0; j < SW_V; ++j) {
-        const SW_T uj = su[tt * SW_V + j], duj = sdu[tt * SW_V + j];
-        G[j] += qi * sdo[tt * SW_V + j];
-        gu += G[j] * uj;
-        S[j] -= ki * uj;
-        sdu_ += S[j] * duj;
-        G[j] -= bt * ki * duj;
-      }
-      dk[SW_QK(t) + i] = gu - bt * sdu_;
-      if (i == 0) {
-        SW_T db = (SW_T)0;
-        for (int j = 0; j < SW_V; ++j) db += sdu[tt * SW_V + j] * sr[tt * SW_V + j];
-        dbeta[SW_BT(t)] = db;
-      }
-    }
-  }
-}
-"""
+DELTAS_OUT = "if (r == 0 && live) ws[SW_VO(t) + j] = vj - p;"
 
 
 def render(r, call) -> str:
     """Kernel source of ``call`` (forward: one kernel; backward: deltas, values and keys)."""
     f: DeltaRuleFeatures = call.features
+    _check_dtype(call)
     cfg = call.params
     tunables = "\n".join(
         f"#ifndef {name}\n#define {name} {cfg[name]}\n#endif\n#define SW_{name.upper()} ({name})"
-        for name in ("workgroup_size", "time_tile"))
-    rows = f"#define SW_KERNEL_ROWS {r.kernel_prefix} {r.launch_bounds.format(n='SW_K')}".rstrip()
+        for name in ("workgroup_size", "time_tile", "key_split"))
+    kernels = [f"#define SW_KERNEL_ROWS {r.kernel_prefix} {r.launch_bounds.format(n='SW_K')}".rstrip(),
+               f"#define SW_KERNEL_DR {r.kernel_prefix} {r.launch_bounds.format(n='SW_ITEMS')}".rstrip()]
     if call.part == "forward":
         body = COLUMNS.replace("@NAME@", "sw_delta_rule_forward").replace("@EXTRA@", "")
         body = body.replace("@OUT@", FORWARD_OUT).replace("@END@", FORWARD_END)
     else:
         deltas = COLUMNS.replace("@NAME@", "sw_delta_rule_bwd_deltas")
-        deltas = deltas.replace("@EXTRA@", f", {r.global_prefix}{r.ctype(f.dtype)}* restrict ws")
-        body = deltas.replace("@OUT@", "ws[SW_VO(t) + j] = r;").replace("@END@", "") + BACKWARD
-    defines = [f"#define SW_K {f.K}", f"#define SW_V {f.V}", f"#define SW_HAS_H0 {int(f.has_h0)}",
-               f"#define SW_HAS_SEQLENS {int(f.has_seqlens)}", f"#define SW_HAS_DHLAST {int(f.has_dhlast)}"]
-    parts = [f"/* scanweaver {r.target} fused kernel: delta_rule {call.part}, {f.dtype}, K={f.K}, V={f.V} */",
-             r.preamble_for(f.dtype), f"#define SW_T {r.ctype(f.dtype)}", "\n".join(defines), tunables,
-             "\n".join(r.gpu_macros()), rows, PRELUDE, body.replace("@PARAMS@", params(r, call))]
+        deltas = deltas.replace("@EXTRA@", f", {r.global_prefix}{r.ctype(f.state_dtype)}* restrict ws")
+        body = MACROS + deltas.replace("@OUT@", DELTAS_OUT).replace("@END@", "") + BACKWARD
+    defines = [f"#define SW_K {f.K}", f"#define SW_V {f.V}", f"#define SW_GATE {GATES.index(f.gate)}",
+               f"#define SW_DPLR {int(f.form == 'dplr')}", f"#define SW_L2 {int(f.l2norm)}",
+               f"#define SW_HAS_H0 {int(f.has_h0)}", f"#define SW_HAS_SEQLENS {int(f.has_seqlens)}",
+               f"#define SW_HAS_DHLAST {int(f.has_dhlast)}"]
+    prelude = PRELUDE.replace("@EXP@", r.math_fn("exp", f.state_dtype)).replace("@SQRT@",
+                                                                                  r.math_fn("sqrt", f.state_dtype))
+    parts = [f"/* scanweaver {r.target} fused kernel: delta_rule {call.part}, {f.dtype}, K={f.K}, V={f.V}, "
+             f"gate {f.gate}, form {f.form}, l2norm {int(f.l2norm)} */",
+             r.preamble_for(f.state_dtype), f"#define SW_T {r.ctype(f.state_dtype)}", "\n".join(defines), tunables,
+             "\n".join(r.gpu_macros()), *kernels, prelude, body.replace("@PARAMS@", params(r, call))]
     return "\n".join(p for p in parts if p) + "\n"
 
 
-def local_bytes(part: str, features: DeltaRuleFeatures, time_tile: int) -> int:
+def _check_dtype(call) -> None:
+    if call.features.dtype not in ("float32", "float64"):
+        raise ScanInputError(f"delta_rule {call.part}: the GPU kernels store float32 or float64, got "
+                             f"{call.features.dtype} (convert the operands to float32)")
+
+
+def local_bytes(part: str, features: DeltaRuleFeatures, config: dict) -> int:
     """Static local (shared) memory of the largest kernel of ``part``, in bytes (the kernels' declarations)."""
-    item = ITEMSIZE[features.dtype]
-    columns = (2 * time_tile * features.K + time_tile) * item
-    return columns if part == "forward" else max(columns, 4 * time_tile * features.V * item)
+    f, tt, items = features, config["time_tile"], config["workgroup_size"] * config["key_split"]
+    rows = (tt + 1) * f.K
+    count = 3 * rows + (rows if f.form == "dplr" else 1) + (rows if f.gate == "key" else tt + 1) \
+        + 3 * (tt + 1) + 2 * items
+    columns = count * ITEMSIZE[f.state_dtype]
+    if part == "forward":
+        return columns
+    return max(columns, (2 * tt * f.K + tt) * ITEMSIZE[f.dtype], 4 * tt * f.V * ITEMSIZE[f.dtype])
 
 
 def plan(call, sizes: dict):
-    """Forward: ``nseq * H * ceil(V / workgroup_size)`` workgroups; backward: deltas and values on that
-    grid, then keys on ``nseq * H`` workgroups of K work-items, with ``2 * batch * T * H * V`` of ``ws``.
+    """Forward: ``nseq * H * ceil(V / workgroup_size)`` workgroups of ``workgroup_size * key_split``; backward
+    (DeltaNet): deltas on that grid, values on the same workgroups of ``workgroup_size``, then keys on ``nseq *
+    H`` workgroups of K work-items, with ``2 * batch * T * H * V`` of ``ws``.
 
     Raises:
-        ScanInputError: K over the keys kernel's limit, or local memory over a workgroup's 48 KiB.
+        ScanInputError: a dtype or feature these kernels do not run, too many work-items, K over the keys
+            kernel's limit, or local memory over a workgroup's 48 KiB.
     """
     from .gpu import Launch, Plan
 
     f: DeltaRuleFeatures = call.features
-    wg, tt = call.params["workgroup_size"], call.params["time_tile"]
-    need = local_bytes(call.part, f, tt)
+    wg, tt, split = call.params["workgroup_size"], call.params["time_tile"], call.params["key_split"]
+    _check_dtype(call)
+    if call.part == "backward" and (f.gate != "none" or f.form != "delta" or f.l2norm or sizes["Hq"] != sizes["H"]):
+        raise ScanInputError(f"delta_rule backward: the GPU kernels run DeltaNet's (gate none, form delta, no "
+                             f"l2norm, Hq = H); got gate {f.gate}, form {f.form}, l2norm {f.l2norm}, Hq = "
+                             f"{sizes['Hq']}, H = {sizes['H']}: use the cpu backend")
+    if wg * split > MAX_ITEMS:
+        raise ScanInputError(f"delta_rule {call.part}: workgroup_size={wg} x key_split={split} work-items exceed "
+                             f"{MAX_ITEMS} per workgroup")
+    need = local_bytes(call.part, f, call.params)
     if need > SM90.shared_per_block:
         raise ScanInputError(f"delta_rule {call.part}: time_tile={tt} with K={f.K}, V={f.V} in {f.dtype} needs "
                              f"{need} bytes of local memory per workgroup, over {SM90.shared_per_block}; "
@@ -269,24 +266,41 @@ def plan(call, sizes: dict):
     heads = sizes["nseq"] * sizes["H"]
     columns = heads * -(-f.V // wg)
     if call.part == "forward":
-        return Plan((Launch("sw_delta_rule_forward", columns, wg),))
+        return Plan((Launch("sw_delta_rule_forward", columns, wg * split),))
     if f.K > MAX_K:
         raise ScanInputError(f"delta_rule backward: K={f.K} state rows exceed {MAX_K} work-items per workgroup")
     ws = 2 * sizes["batch"] * sizes["T"] * sizes["H"] * f.V
-    return Plan((Launch("sw_delta_rule_bwd_deltas", columns, wg), Launch("sw_delta_rule_bwd_values", columns, wg),
-                 Launch("sw_delta_rule_bwd_keys", heads, f.K)), ws=ws)
+    return Plan((Launch("sw_delta_rule_bwd_deltas", columns, wg * split),
+                 Launch("sw_delta_rule_bwd_values", columns, wg), Launch("sw_delta_rule_bwd_keys", heads, f.K)),
+                ws=ws)
 
 
 def defaults(features: DeltaRuleFeatures, sizes: dict) -> dict[str, int]:
-    """As the matrix-state kernels' (:func:`.fused_gpu_matrix_state.defaults`): ``workgroup_size`` by V and
-    the number of heads, ``time_tile`` 16 halved until local memory fits
-    :data:`~.fused_gpu_matrix_state.LOCAL_BUDGET`."""
-    tt = 16
-    while tt > 1 and local_bytes("backward", features, tt) > LOCAL_BUDGET:
-        tt //= 2
-    return {"workgroup_size": columns_per_group(features.V, sizes), "time_tile": tt}
+    """``workgroup_size`` as the matrix-state kernels' (:func:`.fused_gpu_matrix_state.columns_per_group`),
+    ``key_split`` so that a work-item keeps at most :data:`ROWS_PER_ITEM` rows, ``time_tile`` 16 halved until
+    local memory fits :data:`~.fused_gpu_matrix_state.LOCAL_BUDGET`."""
+    wg = columns_per_group(features.V, sizes)
+    split = 1 << max(0, -(-features.K // ROWS_PER_ITEM) - 1).bit_length()
+    while wg * split > MAX_ITEMS and wg > 8:
+        wg //= 2
+    cfg = {"workgroup_size": wg, "key_split": split, "time_tile": 16}
+    while cfg["time_tile"] > 1 and local_bytes("backward", features, cfg) > LOCAL_BUDGET:
+        cfg["time_tile"] //= 2
+    return cfg
+
+
+def fits(part: str, features: DeltaRuleFeatures, config: dict | None = None) -> str | None:
+    """Why these kernels cannot run ``part`` with ``features``, else ``None`` (the runner's ``auto`` passes over
+    them then, and a backward falls back to a backend that runs it): half storage, and a backward other than
+    DeltaNet's (q/k heads that differ from the value heads are found from the sizes, by :func:`plan`)."""
+    if features.dtype not in ("float32", "float64"):
+        return f"the GPU kernels store float32 or float64, not {features.dtype}"
+    if part == "backward" and (features.gate != "none" or features.form != "delta" or features.l2norm):
+        return (f"the GPU backward is DeltaNet's (gate none, form delta, no l2norm); got gate {features.gate}, "
+                f"form {features.form}, l2norm {features.l2norm}")
+    return None
 
 
 KERNELS.register(FusedKernel("delta_rule", "gpu", ("forward", "backward"), render,
                              lambda part: f"sw_delta_rule_{part if part == 'forward' else 'bwd_deltas'}", plan,
-                             defaults=defaults))
+                             defaults=defaults, fits=fits))

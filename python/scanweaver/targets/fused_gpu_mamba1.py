@@ -90,14 +90,14 @@ SW_KERNEL void sw_mamba1_forward(@PARAMS@) {
       }
       sw_pair excl, total;
       sw_group_scan(agg, &excl, &total, sm, lid);
-      SW_T hs = excl.a * carry[n] + excl.u;
+      SW_T hs = sw_carry(excl.a, excl.u, carry[n]);
 #pragma unroll
       for (int k = 0; k < SW_IPT; ++k) {
         const sw_index t = s0 + k;
         hs = e[k].a * hs + e[k].u;
         if (t < L) yacc[k] += (SW_C_FIXED ? Cp[n] : Cp[n * L + t]) * hs;
       }
-      carry[n] = total.a * carry[n] + total.u;
+      carry[n] = sw_carry(total.a, total.u, carry[n]);
     }
 #pragma unroll
     for (int k = 0; k < SW_IPT; ++k) {

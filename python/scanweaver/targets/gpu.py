@@ -103,9 +103,11 @@ def register_target(cls: type[GPURenderer]) -> type[GPURenderer]:
 PAIR = """typedef struct { SW_T a; SW_T u; } sw_pair;
 SW_DEVICE sw_pair sw_pair_make(SW_T a, SW_T u) { sw_pair p; p.a = a; p.u = u; return p; }
 SW_DEVICE sw_pair sw_identity(void) { return sw_pair_make((SW_T)1, (SW_T)0); }
-/* (A2, U2) o (A1, U1) = (A2*A1, A2*U1 + U2): later after earlier */
+/* (A2, U2) o (A1, U1) = (A2*A1, A2*U1 + U2): later after earlier.  A zero factor keeps the product zero and a
+   zero U1 gives U2 (sw_carry) even where the other side's product has overflowed: inf * 0 would be NaN. */
 SW_DEVICE sw_pair sw_compose(sw_pair later, sw_pair earlier) {
-  return sw_pair_make(later.a * earlier.a, later.a * earlier.u + later.u);
+  const SW_T a = (later.a == (SW_T)0 || earlier.a == (SW_T)0) ? (SW_T)0 : later.a * earlier.a;
+  return sw_pair_make(a, sw_carry(later.a, later.u, earlier.u));
 }"""
 
 # Inclusive Hillis-Steele scan in local memory over the SW_TPL work-items of each lane.

@@ -74,7 +74,7 @@ def tile_replay(end: str, idx: str, store: str) -> str:
     States go back through local memory so that ``store`` runs striped
     (coalesced) with ``{h}`` = h_t and ``{hp}`` = h_{t-1} at index ``{i}``.
     """
-    return f"""    SW_T hs = excl.a * h + excl.u;
+    return f"""    SW_T hs = sw_carry(excl.a, excl.u, h);
 #pragma unroll
     for (int k = 0; k < SW_IPT; ++k) {{
       hs = e[k].a * hs + e[k].u;
@@ -109,7 +109,7 @@ def tile_loop(begin: str, end: str, idx: str, load: str, store: str | None, acc:
     accumulate = f"\n    {acc} = sw_compose(total, {acc});" if acc else ""
     return f"""  for (sw_index t0 = ({begin}); t0 < ({end}); t0 += (sw_index)SW_TPL * SW_IPT) {{
 {tile_load(end, idx, load)}{replay}
-    h = total.a * h + total.u;{accumulate}
+    h = sw_carry(total.a, total.u, h);{accumulate}
   }}"""
 
 
@@ -193,17 +193,17 @@ SW_KERNEL void sw_blelloch({r.gpu_params(stages)}) {{
     }}
     if (s0 < L) {{  /* blelloch.apply */
       const sw_pair p = SW_BL(lid);
-      const SW_T hp = p.a * h + p.u, hn = e0.a * hp + e0.u;
+      const SW_T hp = sw_carry(p.a, p.u, h), hn = e0.a * hp + e0.u;
       y[i0] = SW_Y(i0, hn, hp);
       (void)hp;
     }}
     if (s1 < L) {{
       const sw_pair p = SW_BL(lid + SW_WORKGROUP_SIZE);
-      const SW_T hp = p.a * h + p.u, hn = e1.a * hp + e1.u;
+      const SW_T hp = sw_carry(p.a, p.u, h), hn = e1.a * hp + e1.u;
       y[i1] = SW_Y(i1, hn, hp);
       (void)hp;
     }}
-    h = total.a * h + total.u;  /* blelloch.carry */
+    h = sw_carry(total.a, total.u, h);  /* blelloch.carry */
     SW_BARRIER();
   }}
   if (SW_RETURN_STATE && lid == 0) hlast[lane] = h;

@@ -222,7 +222,7 @@ SW_KERNEL void sw_lookback({r.gpu_params(stages)}) {{
     carry = acc.u;
   }}
   if (lid == 0) {{
-    const SW_T incl = total.a * carry + total.u;
+    const SW_T incl = sw_carry(total.a, total.u, carry);
 #if !SW_PACKED
     after[g] = incl;
     SW_FENCE();

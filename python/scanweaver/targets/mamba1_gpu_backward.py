@@ -126,7 +126,7 @@ SW_KERNEL void sw_mamba1_backward(@PARAMS@, SW_GLOBAL SW_T* restrict ws) {
       }
       sw_pair excl, total;
       sw_group_scan(agg, &excl, &total, sm, lid);
-      carry[n] = total.a * carry[n] + total.u;
+      carry[n] = sw_carry(total.a, total.u, carry[n]);
     }
   }
   SW_GLOBAL_BARRIER();
@@ -175,7 +175,7 @@ SW_KERNEL void sw_mamba1_backward(@PARAMS@, SW_GLOBAL SW_T* restrict ws) {
       }
       sw_pair excl, total;
       sw_group_scan(agg, &excl, &total, sm, lid);
-      SW_T h = excl.a * ckpt[c * SW_N + n] + excl.u;
+      SW_T h = sw_carry(excl.a, excl.u, ckpt[c * SW_N + n]);
       sw_pair ragg = sw_identity();
       for (int k = 0; k < SW_IPT; ++k) {
         hp[k] = h;
@@ -185,7 +185,7 @@ SW_KERNEL void sw_mamba1_backward(@PARAMS@, SW_GLOBAL SW_T* restrict ws) {
       for (int k = SW_IPT - 1; k >= 0; --k) ragg = sw_compose(sw_pair_make(e[k].a, e[k].a * xs[k]), ragg);
       sw_pair rexcl, rtotal;
       sw_rank_scan(ragg, SW_TPL - 1 - lid, &rexcl, &rtotal, sm);
-      SW_T Gin = rexcl.a * G[n] + rexcl.u;
+      SW_T Gin = sw_carry(rexcl.a, rexcl.u, G[n]);
       for (int k = SW_IPT - 1; k >= 0; --k) {
         const sw_index t = s0 + k;
         if (t >= L) continue;
@@ -198,7 +198,7 @@ SW_KERNEL void sw_mamba1_backward(@PARAMS@, SW_GLOBAL SW_T* restrict ws) {
         if (SW_C_FIXED) dCf[n] += dy[k] * hn; else sw_atomic_add(&dCp[n * L + t], dy[k] * hn);
         Gin = a * g;
       }
-      G[n] = rtotal.a * G[n] + rtotal.u;
+      G[n] = sw_carry(rtotal.a, rtotal.u, G[n]);
     }
     for (int k = 0; k < SW_IPT; ++k) {
       const sw_index t = s0 + k;

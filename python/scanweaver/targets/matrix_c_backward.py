@@ -20,6 +20,11 @@ fewer (sequence, group) items than threads the group's heads are cut into
 slices, each slice but the first summing into its own scratch copy of dq/dk,
 added in order at the end (deterministic for a given ``threads``).
 
+The gradients' arrays (``GRADS``) and the runner (``RUN``: threads, group slices, du) are shared with the chunked
+backward (:mod:`.matrix_c_chunked_backward`), which brings its own workspace
+and per-head function (``sw_bws``) when the unit is built with
+``algorithm="chunked"``.
+
 Entry point (ABI order of :meth:`~scanweaver.fused.matrix_state.MatrixState.params`; ``do`` is ``dout``
 in C, where ``do`` is a keyword)::
 
@@ -29,10 +34,8 @@ in C, where ``do`` is a keyword)::
 
 from __future__ import annotations
 
-BACKWARD = r"""
-#define SW_GW (SW_DECAY == 2 ? SW_K : 1)
-#define SW_NV (SW_VP / SW_W)
-
+GRADS = r"""
+/* The gradients' arrays, and the runner's scratch for group slices and du. */
 typedef struct {
   const SW_T *dout, *dhlast;
   SW_T *dq, *dk, *dv, *dg, *du, *dh0;
@@ -40,16 +43,50 @@ typedef struct {
   SW_T* du_part; /* (nseq, H, K) */
   long P;
 } sw_bgrads;
+"""
 
-/* Head h of sequence (row, b, [start, stop)): dq and dk summed into qd / kd (rows of the group hq). */
+HEAD = r"""
+#define SW_RGW (SW_DECAY == 2 ? SW_K : 1)
+#define SW_NV (SW_VP / SW_W)
+
+/* A thread's scratch (vector-aligned, on the heap: every piece scales with K or V, and at large K no thread's
+ * stack holds them): the states S and G (K x VP each), the decays d (KP), the rows vb, ob, dv (VP each), then
+ * the double sums du (K) and r (SW_RGW), then a (K). */
+#define SW_BWD_ELEMS (2L * SW_K * SW_VP + SW_KP + 3L * SW_VP)
+#define SW_BWD_BYTES (sizeof(SW_T) * (SW_BWD_ELEMS + SW_K) + sizeof(double) * (SW_K + SW_RGW))
+
+/* The recurrent form's workspace of one thread: sw_bwd_head's scratch (SW_BWD_BYTES, below). */
+#if !SW_CHUNKED
+typedef struct { void* raw; SW_T* S; } sw_bws;
+static int sw_bws_alloc(sw_bws* w, const sw_ms* m) {
+  (void)m;
+  w->S = (SW_T*)sw_alloc(SW_BWD_BYTES, &w->raw);
+  return w->S ? SW_OK : SW_ENOMEM;
+}
+static void sw_bws_free(sw_bws* w) { free(w->raw); }
+#define sw_bws_head(m, gr, row, b, start, stop, h, hq, qd, kd, w) \
+  sw_bwd_head(m, gr, row, b, start, stop, h, hq, qd, kd, (w)->S)
+/* Lanes are never cut into parts; nothing is shared by the heads of a unit (a q/k group's slice of heads). */
+#define sw_bws_split(m, gr, status) 0
+#define sw_bws_unit_begin(m, row, h0, h1, w) ((void)0)
+#define sw_bws_unit_end(m, row, h0, h1, qd, kd, w) ((void)0)
+#endif
+
+/* Head h of sequence (row, b, [start, stop)): dq and dk summed into qd / kd (rows of the group hq); w the
+ * thread's scratch (SW_BWD_BYTES). */
 static void sw_bwd_head(const sw_ms* m, const sw_bgrads* gr, long row, long b, long start, long stop, long h,
-                        long hq, SW_T* restrict qd, SW_T* restrict kd, SW_T* restrict S, SW_T* restrict G) {
+                        long hq, SW_T* restrict qd, SW_T* restrict kd, SW_T* restrict w) {
   const long len = stop - start;
-  SW_T d[SW_KP] __attribute__((aligned(64)));
-  SW_T vb[SW_VP] __attribute__((aligned(64))), ob[SW_VP] __attribute__((aligned(64)));
-  SW_T a[SW_K];
+  SW_T* restrict S = w;
+  SW_T* restrict G = S + (long)SW_K * SW_VP;
+  SW_T* restrict d = G + (long)SW_K * SW_VP;
+  SW_T* restrict vb = d + SW_KP;
+  SW_T* restrict ob = vb + SW_VP;
+  sw_v* restrict dv = (sw_v*)(ob + SW_VP);
+  double* restrict du = (double*)(w + SW_BWD_ELEMS);
+  double* restrict r = du + SW_K;
+  SW_T* restrict a = (SW_T*)(r + SW_RGW);
   const SW_T* up = SW_BONUS ? m->u + h * SW_K : NULL;
-  double du[SW_K];
   for (int k = 0; k < SW_K; ++k) du[k] = 0;
   (void)up;
   for (int k = 0; k < SW_K; ++k) {
@@ -83,14 +120,13 @@ static void sw_bwd_head(const sw_ms* m, const sw_bgrads* gr, long row, long b, l
       const long ts = SW_BONUS ? (s > 0 ? SW_AT(start, stop, s - 1) : -1) : t;
       if (ts >= 0) {
         SW_T* dg = gr->dg + SW_G(m, b, ts, h);
-        if (SW_DECAY == 2) memcpy(dg, a, sizeof a);
+        if (SW_DECAY == 2) memcpy(dg, a, sizeof(SW_T) * SW_K);
         else { SW_T sum = 0; for (int k = 0; k < SW_K; ++k) sum += a[k]; dg[0] = sum; }
       }
     }
   }
   /* hlast's share of the decay gradient, then G from dhlast */
-  double r[SW_GW];
-  for (int k = 0; k < SW_GW; ++k) r[k] = 0;
+  for (int k = 0; k < SW_RGW; ++k) r[k] = 0;
   for (int k = 0; k < SW_K; ++k) {
     SW_T* gk = G + (long)k * SW_VP;
     if (SW_HAS_DHLAST && gr->dhlast) {
@@ -104,7 +140,7 @@ static void sw_bwd_head(const sw_ms* m, const sw_bgrads* gr, long row, long b, l
     }
   }
   if (SW_BONUS && gr->dg && SW_DECAY && len > 0)
-    memset(gr->dg + SW_G(m, b, SW_AT(start, stop, len - 1), h), 0, sizeof(SW_T) * SW_GW);
+    memset(gr->dg + SW_G(m, b, SW_AT(start, stop, len - 1), h), 0, sizeof(SW_T) * SW_RGW);
   /* 2: reverse sweep */
   for (long s = len - 1; s >= 0; --s) {
     const long t = SW_AT(start, stop, s);
@@ -117,7 +153,6 @@ static void sw_bwd_head(const sw_ms* m, const sw_bgrads* gr, long row, long b, l
       for (int j = 0; j < SW_V; ++j) w += vb[j] * ob[j];
     if (SW_BONUS)
       for (int k = 0; k < SW_K; ++k) beta += qt[k] * up[k] * kt[k];
-    sw_v dv[SW_NV];
     for (int j = 0; j < SW_NV; ++j) dv[j] = beta * sw_vload(ob + j * SW_W);
     SW_T* dkt = kd + SW_QK(m, b, t, hq);
     double bsum = 0;
@@ -155,6 +190,9 @@ static void sw_bwd_head(const sw_ms* m, const sw_bgrads* gr, long row, long b, l
     for (int k = 0; k < SW_K; ++k) gr->du_part[(row * m->H + h) * SW_K + k] = (SW_T)du[k];
 }
 
+"""
+
+RUN = r"""
 static int sw_backward_run(const sw_ms* m, sw_bgrads* gr) {
   const long grp = m->H / m->Hq, base = m->nseq * m->Hq;
   const int nth = sw_threads();
@@ -172,17 +210,18 @@ static int sw_backward_run(const sw_ms* m, sw_bgrads* gr) {
   int status = SW_OK;
   const int nt = (int)SW_MIN((long)nth, base * P);
   (void)nt;
+  if (!sw_bws_split(m, gr, &status))
 #pragma omp parallel num_threads(nt)
   {
-    void* raw;
-    SW_T* S = (SW_T*)sw_alloc(sizeof(SW_T) * 2 * (size_t)SW_K * SW_VP, &raw);
-    if (!S) {
+    sw_bws ws;
+    const int ok = sw_bws_alloc(&ws, m) == SW_OK;
+    if (!ok) {
 #pragma omp atomic write
       status = SW_ENOMEM;
     }
 #pragma omp for schedule(static)
     for (long it = 0; it < base * P; ++it) {
-      if (!S) continue;
+      if (!ok) continue;
       const long p = it % P, hq = (it / P) % m->Hq, row = it / P / m->Hq;
       long b, start, stop;
       sw_seq(m, row, &b, &start, &stop);
@@ -192,10 +231,12 @@ static int sw_backward_run(const sw_ms* m, sw_bgrads* gr) {
         memset(qd + SW_QK(m, b, t, hq), 0, sizeof(SW_T) * SW_K);
         memset(kd + SW_QK(m, b, t, hq), 0, sizeof(SW_T) * SW_K);
       }
-      for (long h = hq * grp + p * grp / P; h < hq * grp + (p + 1) * grp / P; ++h)
-        sw_bwd_head(m, gr, row, b, start, stop, h, hq, qd, kd, S, S + (long)SW_K * SW_VP);
+      const long h0 = hq * grp + p * grp / P, h1 = hq * grp + (p + 1) * grp / P;
+      sw_bws_unit_begin(m, row, h0, h1, &ws);
+      for (long h = h0; h < h1; ++h) sw_bws_head(m, gr, row, b, start, stop, h, hq, qd, kd, &ws);
+      sw_bws_unit_end(m, row, h0, h1, qd, kd, &ws);
     }
-    free(raw);
+    if (ok) sw_bws_free(&ws);
 #pragma omp for schedule(static)
     for (long i = 0; i < (P > 1 ? (long)(qsize / SW_K) : 0); ++i)
       for (long p = 1; p < P; ++p) {

@@ -1,219 +1,424 @@
-"""C source of the chunked (matmul) matrix-state forward (assembled by :mod:`.fused_c_matrix`).
+"""C source of the chunked (matmul) matrix-state forward on the chunk engine (assembled by :mod:`.fused_c_matrix`).
 
-Per (sequence, head), chunks of ``chunk`` steps in scan order.  With G_i the
-cumulative log decay inside the chunk (inclusive; accumulated in double, a
-scalar or a K-vector), Gq_i = G_i for ``after`` and G_{i-1} (0 at i = 0) for
-``bonus``, and S_0 the state at the chunk's start::
+Per lane (sequence, head), chunks of ``chunk`` steps in scan order.  With the
+chunk's prefix of :mod:`.chunk_engine` (cumulative log decays since the last
+reset, held in double), S_0 the state at the chunk's start and Gq the q-side
+prefix (``Gk_i`` after the update, ``Gk_{i-1}`` for RWKV-6's bonus readout)::
 
-    O      = (Q * e^{Gq}) S_0 + A V
-    A_ij   = sum_k q_ik k_jk e^{Gq_ik - G_jk}   for j <= i (j < i for bonus; A_ii = q_i . (u * k_i) for bonus)
-    S_end  = e^{G_last} * S_0 + (K * e^{G_last - G})^T V
+    O      = (Q o e^{Gq}) S_0 + A V                 A: sw_ck_intra_key / sw_ck_weights (masked),
+                                                    A_ii = q_i . (u o k_i) for the bonus readout
+    S_end  = e^{G_last} o S_0 + (K o e^{G_last - Gk})^T V
 
-Every exponent is a difference that is never positive, so nothing overflows
-at any decay: for a scalar decay A is ``Q K^T`` scaled entry-wise by
-e^{Gq_i - G_j}; for a decay per key the chunk is cut into sub-blocks of
-``SW_SUB`` rows: the block of rows I against the earlier rows J < i0 is one
-product ``(Q_I * e^{Gq_I - R}) (K_J * e^{R - G_J})^T`` with the reference R =
-Gq_{i0} (both factors at most 1), and the diagonal block takes its
-differences directly (a vector over k per entry).  The products run through
-the register-blocked ``sw_gemm``; only the chunk-end states are carried from
-chunk to chunk (a sequential scan per head; heads are the threads' work).
-Terms are accumulated in the storage precision (float32 or float64), the
-cumulative log decays in double.
+Every factor has a non-positive exponent or one bounded by ``SW_RANGE``, and a
+log decay of ``-inf`` is an exact reset.  A chunk with a positive (or NaN) log
+decay runs the recurrence itself over its steps (:c:func:`sw_ck_recurrent`),
+so growth is computed as the recurrence defines it and overflows exactly where
+it does.  The threads' work units are the q/k groups of each sequence (the
+heads of a group share a chunk's rows of q and k and, for a decay per head,
+``Q K^T``: Mamba-2's 24 heads per group of B and C), the group's heads cut
+into slices when groups are fewer than the threads.  When even the lanes
+(sequence, head) are fewer than the threads, each lane is cut into parts of
+whole chunks: the parts but the last run from a
+zero state to their end state and summed log decays, the carries are chained
+by ``sw_ck_carry`` (the affine scan over parts), and every part reruns from its
+carry writing o.
+
+Entry: ``sw_forward_chunked(m, o, hlast)`` called by ``sw_matrix_state_forward``.
 """
 
 from __future__ import annotations
 
-CHUNKED = r"""
-#define SW_C (SW_CHUNK)
-#define SW_CP (((SW_C) + SW_W - 1) / SW_W * SW_W)
-/* Rows per sub-block of the per-key intra-chunk term: the diagonal blocks take their exponent differences
- * one entry at a time (cost SW_SUB/2 exps per entry of Q), the rest run as products. */
-#define SW_SUB 16
-#define SW_GW (SW_DECAY == 2 ? SW_KP : 1)
+from .matrix_c_chunked_parts import FORWARD_PARTS
 
+TILES = r"""
+/* ---- the diagonal family's chunks ---- */
+/* One lane: sequence row (batch index b, time range [start, stop)), head h and its q/k head hq. */
+typedef struct { long b, start, stop, h, hq, row; } sw_lane;
+
+static sw_lane sw_lane_at(const sw_ms* m, long row, long h) {
+  sw_lane x;
+  sw_seq(m, row, &x.b, &x.start, &x.stop);
+  x.h = h;
+  x.hq = h / (m->H / m->Hq);
+  x.row = row;
+  return x;
+}
+
+#define SW_NCHUNKS(x) (((x)->stop - (x)->start + SW_C - 1) / SW_C)
+#define SW_STATE ((long)SW_K * SW_VP)
+
+/* One thread's tiles of a chunk. */
 typedef struct {
-  SW_T *Q, *Kc, *Ks, *Kt, *Vc, *A, *O, *Qs, *S, *Gk, *Gq;
-} sw_chunk_bufs;
+  SW_T *Q, *K, *V, *G, *DO;     /* the chunk's rows: C x KP, C x KP, C x VP, C x GW, C x VP */
+  SW_T *Qs, *Kd, *A, *dA, *O;   /* C x KP, C x KP, C x CP, C x CP, C x VP */
+  SW_T* QK;                     /* C x CP: Q K^T of the chunk, shared by the heads of a group (decay per head) */
+  int qk;                       /* QK holds the loaded chunk's product */
+  const SW_T* QKsh;             /* the backward's Q K^T of the chunk computed once for its unit, or NULL */
+  SW_T* Psh;                    /* the backward's sum over the unit's heads of P = dA o weights, or NULL */
+  double *ap, *bp;              /* C: row and column sums of P o Q K^T (the decay gradient's shared halves) */
+  SW_T *dQ, *dK, *dV, *St, *Vt; /* C x KP, C x KP, C x VP, VP x KP, VP x CP (backward) */
+  SW_T *el;                     /* KP: e^{G_last} per key, or [0] */
+  double *a, *b;                /* C x GW: the decay gradient's two halves (backward) */
+  sw_ck_scratch s;
+  sw_ck_dec d;
+} sw_ck_tiles;
 
-static int sw_chunk_alloc(sw_chunk_bufs* c, void** raw) {
-  const size_t ck = (size_t)SW_C * SW_KP, cv = (size_t)SW_C * SW_VP, kc = (size_t)SW_KP * SW_CP;
-  const size_t n = 4 * ck + kc + 2 * cv + (size_t)SW_C * SW_CP + (size_t)SW_K * SW_VP + 2 * (size_t)SW_C * SW_GW;
-  SW_T* p = (SW_T*)sw_alloc(sizeof(SW_T) * (n + 16 * (size_t)SW_W), raw);
+/* Tiles and extra states of extra x SW_STATE elements (the caller's), aligned for whole vectors. */
+static int sw_ck_alloc(sw_ck_tiles* c, void** raw, long extra, SW_T** states) {
+  const size_t ck = (size_t)SW_C * SW_KP, cv = (size_t)SW_C * SW_VP, cc = (size_t)SW_C * SW_CP;
+  const size_t gw = (size_t)(SW_CP + SW_W + 1) * SW_GW;
+  const size_t nt = 11 * ck + 2 * gw + 4 * cv + 3 * cc + (size_t)SW_VP * SW_KP
+                    + (size_t)SW_VP * SW_CP + (size_t)SW_KP * SW_CP + (size_t)SW_GW * SW_C + 2 * (size_t)SW_TW + gw
+                    + (size_t)extra * SW_STATE;
+  const size_t nd = gw + 2 * (size_t)SW_C * SW_GW + 2 * (size_t)SW_CP;
+  char* p = (char*)sw_alloc(sizeof(SW_T) * (nt + 64 * (size_t)SW_W) + sizeof(double) * (nd + 8), raw);
   if (!p) return SW_ENOMEM;
-  memset(p, 0, sizeof(SW_T) * n);
-  c->Q = p; p += ck;
-  c->Kc = p; p += ck;
-  c->Qs = p; p += ck;
-  c->Ks = p; p += ck;
-  c->Kt = p; p += kc;
-  c->Vc = p; p += cv;
-  c->O = p; p += cv;
-  c->A = p; p += (size_t)SW_C * SW_CP;
-  c->S = p; p += (size_t)SW_K * SW_VP;
-  c->Gk = p; p += (size_t)SW_C * SW_GW;
-  c->Gq = p;
+  memset(p, 0, sizeof(SW_T) * (nt + 64 * (size_t)SW_W) + sizeof(double) * (nd + 8));
+  double* q = (double*)p;
+  c->d.Z = q;
+  c->d.Gk = q + SW_GW;
+  c->d.Gq = c->d.Gk - (SW_BONUS ? SW_GW : 0);
+  q += gw;
+  c->a = q; q += (size_t)SW_C * SW_GW;
+  c->b = q; q += (size_t)SW_C * SW_GW;
+  c->ap = q; q += SW_CP;
+  c->bp = q; q += SW_CP;
+  c->QKsh = NULL;
+  c->Psh = NULL;
+  SW_T* t = (SW_T*)(((uintptr_t)q + 63) & ~(uintptr_t)63);
+#define SW_TAKE(f, n) do { f = t; t += ((n) + SW_W - 1) / SW_W * SW_W; } while (0)
+  SW_TAKE(c->d.NZ, gw);
+  c->d.Nk = c->d.NZ + SW_GW;
+  c->d.Nq = c->d.Nk - (SW_BONUS ? SW_GW : 0);
+  SW_TAKE(c->d.E, gw);
+  c->d.Eq = c->d.E + (SW_BONUS ? 0 : SW_GW);
+  SW_TAKE(c->d.Ei, gw);
+  for (int k = 0; k < SW_GW; ++k) c->d.E[k] = 1;
+  SW_TAKE(c->Q, ck); SW_TAKE(c->K, ck); SW_TAKE(c->Qs, ck); SW_TAKE(c->Kd, ck); SW_TAKE(c->dQ, ck);
+  SW_TAKE(c->dK, ck); SW_TAKE(c->s.xr, ck); SW_TAKE(c->s.yr, ck); SW_TAKE(c->s.ea, ck);
+  SW_TAKE(c->s.eb, ck); SW_TAKE(c->s.t1, ck);
+  SW_TAKE(c->V, cv); SW_TAKE(c->DO, cv); SW_TAKE(c->O, cv); SW_TAKE(c->dV, cv);
+  SW_TAKE(c->A, cc); SW_TAKE(c->dA, cc); SW_TAKE(c->QK, cc);
+  SW_TAKE(c->St, (size_t)SW_VP * SW_KP); SW_TAKE(c->Vt, (size_t)SW_VP * SW_CP); SW_TAKE(c->s.yt, (size_t)SW_KP * SW_CP);
+  SW_TAKE(c->G, (size_t)SW_GW * SW_C); SW_TAKE(c->s.tmp, SW_TW); SW_TAKE(c->el, SW_TW);
+  if (states) SW_TAKE(*states, (size_t)extra * SW_STATE);
+#undef SW_TAKE
   return SW_OK;
 }
 
-/* Kt[k][j] = Kc[j][k] * e^{R_k - Gk_jk} for j < n (zeros up to padded; R NULL: no scaling): the rows
- * scaled as vectors over k (per key) or by one factor (scalar), then transposed. */
-static void sw_scaled_kt(const sw_chunk_bufs* c, int n, int padded, const SW_T* R) {
-  const SW_T* src = c->Kc;
-  SW_T e[SW_CP];
-  for (int j = 0; j < n; ++j) e[j] = 1;
-#if SW_DECAY == 2
-  if (R) {
-    for (int j = 0; j < n; ++j)
-      for (int k0 = 0; k0 < SW_KP; k0 += SW_W)
-        sw_vstore(c->Ks + (long)j * SW_KP + k0, sw_vload(c->Kc + (long)j * SW_KP + k0) *
-                                                    sw_vexp(sw_vload(R + k0) - sw_vload(c->Gk + (long)j * SW_KP + k0)));
-    src = c->Ks;
+SW_INLINE void sw_ck_prefetch_row(const SW_T* p, int n) {
+  for (int j = 0; j < n; j += 64 / (int)sizeof(SW_T)) __builtin_prefetch(p + j, 0, 1);  /* to L2 */
+}
+
+/* Rows of scan positions [s0, s0 + n) of lane x into the tiles: q (with q_rows) and k, the rows its group shares.
+ * Row i of the chunk at s0 + ahead (nn rows of it) is prefetched as row i is copied: rows of consecutive steps are
+ * H*K apart (a page apart at H*K = 1024 floats, where no hardware prefetcher follows), and a burst of a whole chunk's
+ * prefetches would overflow the miss buffers. */
+static void sw_ck_load_qk(const sw_ms* m, const sw_lane* x, long s0, int n, sw_ck_tiles* c, int q_rows, long ahead,
+                          int nn) {
+  for (int i = 0; i < n; ++i) {
+    const long t = SW_AT(x->start, x->stop, s0 + i);
+    if (i < nn) {
+      const long tn = SW_AT(x->start, x->stop, s0 + ahead + i);
+      if (q_rows) sw_ck_prefetch_row(m->q + SW_QK(m, x->b, tn, x->hq), SW_K);
+      sw_ck_prefetch_row(m->k + SW_QK(m, x->b, tn, x->hq), SW_K);
+    }
+    if (q_rows) sw_copy_pad(c->Q + (long)i * SW_KP, m->q + SW_QK(m, x->b, t, x->hq), SW_K, SW_KP);
+    sw_copy_pad(c->K + (long)i * SW_KP, m->k + SW_QK(m, x->b, t, x->hq), SW_K, SW_KP);
   }
+  c->qk = 0;
+}
+
+/* The head's rows of the chunk: v, the log decays and dout (when given); prefetches as sw_ck_load_qk. */
+static void sw_ck_load_head(const sw_ms* m, const sw_lane* x, long s0, int n, sw_ck_tiles* c, const SW_T* dout,
+                            long ahead, int nn) {
+  for (int i = 0; i < n; ++i) {
+    const long t = SW_AT(x->start, x->stop, s0 + i);
+    if (i < nn) {
+      const long tn = SW_AT(x->start, x->stop, s0 + ahead + i);
+      sw_ck_prefetch_row(m->v + SW_VO(m, x->b, tn, x->h), SW_V);
+      if (dout) sw_ck_prefetch_row(dout + SW_VO(m, x->b, tn, x->h), SW_V);
+      if (SW_DECAY) sw_ck_prefetch_row(m->g + SW_G(m, x->b, tn, x->h), SW_KEYDECAY ? SW_K : 1);
+    }
+    sw_copy_pad(c->V + (long)i * SW_VP, m->v + SW_VO(m, x->b, t, x->h), SW_V, SW_VP);
+    if (dout) sw_copy_pad(c->DO + (long)i * SW_VP, dout + SW_VO(m, x->b, t, x->h), SW_V, SW_VP);
+#if SW_DECAY == 2
+    sw_copy_pad(c->G + (long)i * SW_KP, m->g + SW_G(m, x->b, t, x->h), SW_K, SW_KP);
 #elif SW_DECAY == 1
-  if (R)
-    for (int j = 0; j < n; ++j) e[j] = (SW_T)exp((double)R[0] - (double)c->Gk[j]);
-#endif
-  for (int k = 0; k < SW_K; ++k) {
-    SW_T* row = c->Kt + (long)k * SW_CP;
-    for (int j = 0; j < n; ++j) row[j] = src[(long)j * SW_KP + k] * e[j];
-    for (int j = n; j < padded; ++j) row[j] = 0;
-  }
-}
-
-/* A (n x n, SW_CP apart): the intra-chunk term with its mask and the bonus diagonal. */
-static void sw_intra(const sw_ms* m, long h, const sw_chunk_bufs* c, int n) {
-  const int np = (n + SW_W - 1) / SW_W * SW_W;
-#if SW_DECAY == 2
-  for (int i0 = 0; i0 < n; i0 += SW_SUB) {
-    const int i1 = SW_MIN(n, i0 + SW_SUB);
-    const SW_T* R = c->Gq + (long)i0 * SW_KP;
-    if (i0 > 0) {
-      const int jp = (i0 + SW_W - 1) / SW_W * SW_W;
-      for (int i = i0; i < i1; ++i) {
-        SW_T* qs = c->Qs + (long)i * SW_KP;
-        const SW_T* gq = c->Gq + (long)i * SW_KP;
-        for (int k0 = 0; k0 < SW_KP; k0 += SW_W)
-          sw_vstore(qs + k0, sw_vload(c->Q + (long)i * SW_KP + k0) *
-                                 sw_vexp(sw_vload(gq + k0) - sw_vload(R + k0)));
-      }
-      sw_scaled_kt(c, i0, jp, R);
-      sw_gemm(i1 - i0, jp, SW_K, c->Qs + (long)i0 * SW_KP, SW_KP, c->Kt, SW_CP, c->A + (long)i0 * SW_CP, SW_CP, 0);
-    }
-    for (int i = i0; i < i1; ++i) {
-      const SW_T* qi = c->Q + (long)i * SW_KP;
-      const SW_T* gq = c->Gq + (long)i * SW_KP;
-      const int last = SW_BONUS ? i - 1 : i;
-      for (int j = i0; j <= last; ++j) {
-        const SW_T* kj = c->Kc + (long)j * SW_KP;
-        const SW_T* gk = c->Gk + (long)j * SW_KP;
-        sw_v acc = sw_vzero;
-        for (int k0 = 0; k0 < SW_KP; k0 += SW_W)
-          acc += sw_vload(qi + k0) * sw_vload(kj + k0) * sw_vexp(sw_vload(gq + k0) - sw_vload(gk + k0));
-        c->A[(long)i * SW_CP + j] = sw_vhsum(acc);
-      }
-    }
-  }
+    c->G[i] = m->g[SW_G(m, x->b, t, x->h)];
 #else
-  sw_scaled_kt(c, n, np, NULL);
-  sw_gemm(n, np, SW_K, c->Q, SW_KP, c->Kt, SW_CP, c->A, SW_CP, 0);
-  if (SW_DECAY)  /* masked below: entries past the diagonal (and Gk past n) may take any finite factor */
-    for (int i = 0; i < n; ++i)
-      for (int j0 = 0; j0 <= i; j0 += SW_W) {
-        SW_T* a = c->A + (long)i * SW_CP + j0;
-        sw_vstore(a, sw_vload(a) * sw_vexp(sw_vmin(sw_vzero, c->Gq[i] - sw_vload(c->Gk + j0))));
-      }
+    c->G[i] = 0;
 #endif
-  for (int i = 0; i < n; ++i) {
-    SW_T* a = c->A + (long)i * SW_CP;
-    for (int j = i + (SW_BONUS ? 0 : 1); j < np; ++j) a[j] = 0;
-    if (SW_BONUS) {
-      const SW_T *qi = c->Q + (long)i * SW_KP, *ki = c->Kc + (long)i * SW_KP, *up = m->u + h * SW_K;
-      SW_T beta = 0;
-      for (int k = 0; k < SW_K; ++k) beta += qi[k] * up[k] * ki[k];
-      a[i] = beta;
-    }
   }
 }
 
-/* One chunk: scan positions [s0, s0 + n) of sequence (b, start, stop), head h, from c->S (updated). */
-static void sw_chunk_step(const sw_ms* m, long b, long start, long stop, long h, long s0, int n,
-                          const sw_chunk_bufs* c, SW_T* o) {
-  const long hq = h / (m->H / m->Hq);
-  double acc[SW_GW];
-  for (int k = 0; k < SW_GW; ++k) acc[k] = 0;
+static void sw_ck_load(const sw_ms* m, const sw_lane* x, long s0, int n, sw_ck_tiles* c, const SW_T* dout,
+                       int q_rows, long ahead, int nn) {
+  sw_ck_load_qk(m, x, s0, n, c, q_rows, ahead, nn);
+  sw_ck_load_head(m, x, s0, n, c, dout, ahead, nn);
+}
+
+/* Steps of the chunk after chunk ci of lane x when it is before chunk c1 (0 otherwise). */
+#define SW_CK_NEXT(x, ci, c1) \
+  ((ci) + 1 < (c1) ? (int)SW_MIN((long)SW_C, (x)->stop - (x)->start - ((ci) + 1) * SW_C) : 0)
+
+/* The lane's row of a (nseq, H, K, V) state into / out of S (K rows of SW_VP). */
+static void sw_ck_state_in(const sw_ms* m, const sw_lane* x, const SW_T* src, SW_T* S) {
+  for (int k = 0; k < SW_K; ++k) {
+    if (src) sw_copy_pad(S + (long)k * SW_VP, src + ((x->row * m->H + x->h) * SW_K + k) * SW_V, SW_V, SW_VP);
+    else memset(S + (long)k * SW_VP, 0, sizeof(SW_T) * SW_VP);
+  }
+}
+
+static void sw_ck_state_out(const sw_ms* m, const sw_lane* x, const SW_T* S, SW_T* dst) {
+  if (dst)
+    for (int k = 0; k < SW_K; ++k)
+      memcpy(dst + ((x->row * m->H + x->h) * SW_K + k) * SW_V, S + (long)k * SW_VP, sizeof(SW_T) * SW_V);
+}
+
+/* The decay of one step as the recurrent form computes it: d[k] (per key) or d[0]. */
+SW_INLINE void sw_ck_step_decay(const sw_ck_tiles* c, int i, SW_T* d) {
+#if SW_DECAY == 2
+  for (int k = 0; k < SW_KP; k += SW_W) sw_vstore(d + k, sw_vexp(sw_vload(c->G + (long)i * SW_KP + k)));
+#elif SW_DECAY == 1
+  d[0] = (SW_T)exp((double)c->G[i]);
+#else
+  d[0] = 1;
+#endif
+}
+
+/* beta_i = q_i . (u o k_i), the bonus readout's diagonal (rows of the tiles). */
+SW_INLINE SW_T sw_ck_beta(const sw_ms* m, const sw_lane* x, const sw_ck_tiles* c, int i) {
+  const SW_T *qi = c->Q + (long)i * SW_KP, *ki = c->K + (long)i * SW_KP, *up = m->u + x->h * SW_K;
+  SW_T beta = 0;
+  for (int k = 0; k < SW_K; ++k) beta += qi[k] * up[k] * ki[k];
+  return beta;
+}
+
+/* e^{G_last} per key (or [0]) into c->el. */
+static void sw_ck_last(sw_ck_tiles* c) {
+  const sw_ck_dec* d = &c->d;
+  const int l = d->n - 1;
+  if (d->plain) {
+    memcpy(c->el, SW_GAT(d->E, d->n), sizeof(SW_T) * SW_GW);
+    return;
+  }
+#if SW_KEYDECAY
+  sw_ck_fac(SW_GAT(d->Gk, l), SW_GAT(d->Nk, l), d->Z, d->NZ, 1.0, c->el, SW_KP);
+#else
+  c->el[0] = d->Nk[l] != 0 ? (SW_T)0 : (SW_T)exp(d->Gk[l]);
+#endif
+}
+
+/* Qs = Q o e^{Gq} (rows from the chunk's start). */
+static void sw_ck_qs(sw_ck_tiles* c) {
+  const sw_ck_dec* d = &c->d;
+#if SW_KEYDECAY
+  if (d->plain) {
+    sw_ck_scale_rows(c->Q, d->Eq, SW_KP, c->Qs, d->n);
+    return;
+  }
+  for (int i = 0; i < d->n; ++i)
+    sw_ck_fac(SW_GAT(d->Gq, i), SW_GAT(d->Nq, i), d->Z, d->NZ, 1.0, c->Qs + (long)i * SW_KP, SW_KP);
+  sw_ck_scale_rows(c->Q, c->Qs, SW_KP, c->Qs, d->n);
+#else
+  if (d->plain) {
+    sw_ck_scale_by(c->Q, SW_KP, d->Eq, c->Qs, d->n, SW_KP);
+    return;
+  }
+  sw_ck_fac_b(d->Gq, d->Nq, 0.0, 0, 1.0, c->s.tmp, d->n);
+  sw_ck_scale_by(c->Q, SW_KP, c->s.tmp, c->Qs, d->n, SW_KP);
+#endif
+}
+
+/* Kd = K o e^{G_last - Gk} (rows to the chunk's end); reuse: from the plain intra's yr = K o e^{-Gk}. */
+static void sw_ck_kd(sw_ck_tiles* c, int reuse) {
+  const sw_ck_dec* d = &c->d;
+  const int l = d->n - 1;
+#if SW_KEYDECAY
+  if (reuse) {
+    sw_ck_scale_rows(c->s.yr, c->el, 0, c->Kd, d->n);
+    return;
+  }
+  if (d->plain) {  /* e^{G_last} e^{-Gk}: both normal numbers */
+    for (int j = 0; j < d->n; ++j)
+      for (int k = 0; k < SW_KP; k += SW_W)
+        sw_vstore(c->Kd + (long)j * SW_KP + k, sw_vload(c->K + (long)j * SW_KP + k) *
+                                                 sw_vload(SW_GAT(d->Ei, j) + k) * sw_vload(c->el + k));
+    return;
+  }
+  for (int j = 0; j < d->n; ++j)
+    sw_ck_fac(SW_GAT(d->Gk, j), SW_GAT(d->Nk, j), SW_GAT(d->Gk, l), SW_GAT(d->Nk, l), -1.0,
+              c->Kd + (long)j * SW_KP, SW_KP);
+  sw_ck_scale_rows(c->K, c->Kd, SW_KP, c->Kd, d->n);
+#else
+  (void)reuse;
+  if (d->plain)
+    for (int j = 0; j < d->n; j += SW_W) sw_vstore(c->s.tmp + j, sw_vload(d->Ei + j) * c->el[0]);
+  else
+    sw_ck_fac_b(d->Gk, d->Nk, d->Gk[l], d->Nk[l], -1.0, c->s.tmp, d->n);
+  sw_ck_scale_by(c->K, SW_KP, c->s.tmp, c->Kd, d->n, SW_KP);
+#endif
+}
+
+/* S = e^{G_last} o S (rows of the state by their key's factor, or all by one). */
+static void sw_ck_decay_state(const sw_ck_tiles* c, SW_T* S) {
+  for (int k = 0; k < SW_K; ++k) {
+    const SW_T e = c->el[SW_KEYDECAY ? k : 0];
+    for (int j = 0; j < SW_VP; j += SW_W) sw_vstore(S + (long)k * SW_VP + j, sw_vload(S + (long)k * SW_VP + j) * e);
+  }
+}
+
+/* The intra-chunk matrix A of Q and K (masked; the bonus diagonal for RWKV-6); returns 1 when the plain intra left
+ * Qs (as s.xr) and K o e^{-Gk} (as s.yr) behind. */
+static int sw_ck_intra(const sw_ms* m, const sw_lane* x, sw_ck_tiles* c) {
+  const int n = c->d.n;
+  int plain = 0;
+#if SW_KEYDECAY
+  sw_ck_intra_key(&c->d, c->Q, c->K, SW_BONUS, c->A, &c->s);
+  plain = c->d.plain;
+#else
+  if (!c->QKsh && !c->qk) {  /* Q K^T once per loaded chunk: the heads of a group share it */
+    sw_ck_transpose(c->K, SW_KP, n, SW_K, c->s.yt, SW_CP, SW_RUP(n));
+    sw_ck_lower_prod(n, SW_K, c->Q, SW_KP, c->s.yt, SW_CP, c->QK);
+    c->qk = 1;
+  }
+  sw_ck_weights(&c->d, c->QKsh ? c->QKsh : c->QK, c->A, SW_BONUS, &c->s);
+#endif
+  if (SW_BONUS)
+    for (int i = 0; i < n; ++i) c->A[(long)i * SW_CP + i] = sw_ck_beta(m, x, c, i);
+  return plain;
+}
+"""
+
+FORWARD = r"""
+/* The recurrence itself over the chunk's n steps from S (a chunk that grows): o rows into O (ldo apart) when out. */
+static void sw_ck_recurrent(const sw_ms* m, const sw_lane* x, sw_ck_tiles* c, int n, SW_T* S, SW_T* O, long ldo) {
+  const int out = O != NULL;
+  SW_T* d = c->s.tmp;
   for (int i = 0; i < n; ++i) {
-    const long t = SW_AT(start, stop, s0 + i);
-    sw_copy_pad(c->Q + (long)i * SW_KP, m->q + SW_QK(m, b, t, hq), SW_K, SW_KP);
-    sw_copy_pad(c->Kc + (long)i * SW_KP, m->k + SW_QK(m, b, t, hq), SW_K, SW_KP);
-    sw_copy_pad(c->Vc + (long)i * SW_VP, m->v + SW_VO(m, b, t, h), SW_V, SW_VP);
-    if (SW_DECAY) {
-      const SW_T* gp = m->g + SW_G(m, b, t, h);
-      for (int k = 0; k < (SW_DECAY == 2 ? SW_K : 1); ++k) {
-        c->Gq[i * SW_GW + k] = (SW_T)(SW_BONUS ? acc[k] : acc[k] + gp[k]);
-        acc[k] += gp[k];
-        c->Gk[i * SW_GW + k] = (SW_T)acc[k];
+    sw_ck_step_decay(c, i, d);
+    const SW_T *qi = c->Q + (long)i * SW_KP, *ki = c->K + (long)i * SW_KP, *vi = c->V + (long)i * SW_VP;
+    SW_T* oi = out ? O + i * ldo : NULL;
+    if (out) {
+      const SW_T beta = SW_BONUS ? sw_ck_beta(m, x, c, i) : (SW_T)0;
+      for (int j = 0; j < SW_VP; j += SW_W) sw_vstore(oi + j, beta * sw_vload(vi + j));
+    }
+    for (int k = 0; k < SW_K; ++k) {
+      const SW_T dk = d[SW_KEYDECAY ? k : 0], kk = ki[k], qq = qi[k];
+      SW_T* row = S + (long)k * SW_VP;
+      for (int j = 0; j < SW_VP; j += SW_W) {
+        const sw_v old = sw_vload(row + j), nw = dk * old + kk * sw_vload(vi + j);
+        sw_vstore(row + j, nw);
+        if (out) sw_vstore(oi + j, sw_vload(oi + j) + qq * (SW_BONUS ? old : nw));
       }
     }
   }
-  /* O = (Q * e^{Gq}) S_0 */
-  for (int i = 0; i < n; ++i) {
-    const SW_T* gq = c->Gq + (long)i * SW_GW;
-    const SW_T es = SW_DECAY == 1 ? (SW_T)exp((double)gq[0]) : (SW_T)1;
-    for (int k0 = 0; k0 < SW_KP; k0 += SW_W) {
-      const sw_v qv = sw_vload(c->Q + (long)i * SW_KP + k0);
-      sw_vstore(c->Qs + (long)i * SW_KP + k0, SW_DECAY == 2 ? qv * sw_vexp(sw_vload(gq + k0)) : qv * es);
-    }
-  }
-  sw_gemm(n, SW_VP, SW_K, c->Qs, SW_KP, c->S, SW_VP, c->O, SW_VP, 0);
-  sw_intra(m, h, c, n);
-  sw_gemm(n, SW_VP, n, c->A, SW_CP, c->Vc, SW_VP, c->O, SW_VP, 1);
-  for (int i = 0; i < n; ++i)
-    memcpy(o + SW_VO(m, b, SW_AT(start, stop, s0 + i), h), c->O + (long)i * SW_VP, sizeof(SW_T) * SW_V);
-  /* S_end = e^{G_last} S_0 + (K * e^{G_last - G})^T V */
-  const SW_T* last = c->Gk + (long)(n - 1) * SW_GW;
-  if (SW_DECAY)
-    for (int k = 0; k < SW_K; ++k) {
-      const SW_T e = (SW_T)exp((double)last[SW_DECAY == 2 ? k : 0]);
-      for (int j = 0; j < SW_VP; ++j) c->S[(long)k * SW_VP + j] *= e;
-    }
-  sw_scaled_kt(c, n, n, SW_DECAY ? last : NULL);
-  sw_gemm(SW_K, SW_VP, n, c->Kt, SW_CP, c->Vc, SW_VP, c->S, SW_VP, 1);
 }
 
+/* One chunk of n steps (loaded in c) from the state S (updated); o rows into O (ldo apart) unless O is NULL. */
+static void sw_ck_forward(const sw_ms* m, const sw_lane* x, sw_ck_tiles* c, int n, SW_T* S, SW_T* O, long ldo) {
+  sw_ck_prefix(&c->d, c->G, n);
+  if (c->d.grow) {
+    sw_ck_recurrent(m, x, c, n, S, O, ldo);
+    return;
+  }
+  sw_ck_last(c);
+  int reuse = 0;
+  if (O) {
+    reuse = sw_ck_intra(m, x, c);
+    if (!reuse) sw_ck_qs(c);
+    sw_gemm(n, SW_VP, SW_K, reuse ? c->s.xr : c->Qs, SW_KP, 1, S, SW_VP, O, ldo, 0);
+    sw_ck_trmm(n, SW_VP, c->A, SW_CP, c->V, SW_VP, O, ldo, 1);
+  }
+  sw_ck_kd(c, reuse);
+  sw_ck_decay_state(c, S);
+  sw_gemm(SW_K, SW_VP, n, c->Kd, 1, SW_KP, c->V, SW_VP, S, SW_VP, 1);
+}
+
+/* The chunk's summed log decays (per key, or [0]) added to gs: -inf after a reset. */
+static void sw_ck_sum_decays(const sw_ck_tiles* c, double* gs) {
+  const int l = c->d.n - 1;
+  for (int k = 0; k < (SW_KEYDECAY ? SW_K : 1); ++k)
+    gs[k] += SW_GAT(c->d.Nk, l)[k] != 0 ? -INFINITY : SW_GAT(c->d.Gk, l)[k];
+}
+
+/* Chunks [c0, c1) of the heads [h0, h1) of one q/k group of sequence row, from their states S (SW_STATE apart):
+ * a chunk's rows of q and k (and Q K^T) are loaded once for all of them, then each head runs the chunk.  Writes o
+ * when given; adds each head's summed log decays to its row of gs (SW_GW apart) when given. */
+static void sw_ck_unit_forward(const sw_ms* m, long row, long h0, long h1, long c0, long c1, sw_ck_tiles* c, SW_T* S,
+                               SW_T* o, double* gs) {
+  const sw_lane x0 = sw_lane_at(m, row, h0);
+  const long len = x0.stop - x0.start;
+  for (long ci = c0; ci < c1; ++ci) {
+    const long s0 = ci * SW_C;
+    const int n = (int)SW_MIN((long)SW_C, len - s0), nn = SW_CK_NEXT(&x0, ci, c1);
+    sw_ck_load_qk(m, &x0, s0, n, c, o != NULL, SW_C, nn);
+    for (long h = h0; h < h1; ++h) {
+      const sw_lane x = sw_lane_at(m, row, h);
+      sw_ck_load_head(m, &x, s0, n, c, NULL, SW_C, nn);
+      /* o's rows take the products directly when they are whole vectors (scan order: H*V apart, back in reverse) */
+      const int direct = o && SW_V % SW_W == 0;
+      SW_T* O = direct ? o + SW_VO(m, x.b, SW_AT(x.start, x.stop, s0), h) : o ? c->O : NULL;
+      sw_ck_forward(m, &x, c, n, S + (h - h0) * SW_STATE, O, direct ? (SW_REVERSE ? -1 : 1) * m->H * SW_V : SW_VP);
+      if (gs) sw_ck_sum_decays(c, gs + (h - h0) * SW_GW);
+      if (o && !direct)
+        for (int i = 0; i < n; ++i)
+          memcpy(o + SW_VO(m, x.b, SW_AT(x.start, x.stop, s0 + i), h), c->O + (long)i * SW_VP, sizeof(SW_T) * SW_V);
+    }
+  }
+}
+
+"""
+
+DRIVER = r"""
 static int sw_forward_chunked(const sw_ms* m, SW_T* o, SW_T* hlast) {
-  const long items = m->nseq * m->H;
-  const int nt = (int)SW_MIN((long)sw_threads(), items);
+  const long lanes = m->nseq * m->H, groups = m->nseq * m->Hq, grp = m->H / m->Hq;
+  const int nth = sw_threads();
+  long longest = 0;
+  for (long i = 0; i < m->nseq; ++i) {
+    long b, start, stop;
+    sw_seq(m, i, &b, &start, &stop);
+    longest = SW_MAX(longest, stop - start);
+  }
+  const long P = SW_MIN(nth / lanes, (longest + SW_C - 1) / SW_C / 2);
+  if (P >= 2) return sw_ck_forward_split(m, o, hlast, lanes, P, (int)SW_MIN((long)nth, lanes * P));
+  /* units: a q/k group of one sequence, its heads cut into slices when groups are fewer than the threads */
+  const long slices = SW_MIN(grp, (nth + groups - 1) / groups), units = groups * slices;
+  const int nt = (int)SW_MIN((long)nth, units);
   int status = SW_OK;
   (void)nt;
 #pragma omp parallel num_threads(nt)
   {
     void* raw;
-    sw_chunk_bufs c;
-    const int ok = sw_chunk_alloc(&c, &raw) == SW_OK;
+    sw_ck_tiles c;
+    SW_T* S = NULL;
+    const int ok = sw_ck_alloc(&c, &raw, (grp + slices - 1) / slices, &S) == SW_OK;
     if (!ok) {
 #pragma omp atomic write
       status = SW_ENOMEM;
     }
-#pragma omp for schedule(static)
-    for (long it = 0; it < items; ++it) {
+#pragma omp for schedule(dynamic, 1)
+    for (long u = 0; u < units; ++u) {
       if (!ok) continue;
-      const long h = it % m->H, row = it / m->H;
-      long b, start, stop;
-      sw_seq(m, row, &b, &start, &stop);
-      for (int k = 0; k < SW_K; ++k) {
-        SW_T* dst = c.S + (long)k * SW_VP;
-        if (SW_HAS_H0) sw_copy_pad(dst, m->h0 + ((row * m->H + h) * SW_K + k) * SW_V, SW_V, SW_VP);
-        else memset(dst, 0, sizeof(SW_T) * SW_VP);
+      const long gi = u / slices, sl = u % slices, row = gi / m->Hq, hq = gi % m->Hq;
+      const long h0 = hq * grp + sl * grp / slices, h1 = hq * grp + (sl + 1) * grp / slices;
+      for (long h = h0; h < h1; ++h) {
+        const sw_lane x = sw_lane_at(m, row, h);
+        sw_ck_state_in(m, &x, SW_HAS_H0 ? m->h0 : NULL, S + (h - h0) * SW_STATE);
       }
-      for (long s0 = 0; s0 < stop - start; s0 += SW_C)
-        sw_chunk_step(m, b, start, stop, h, s0, (int)SW_MIN((long)SW_C, stop - start - s0), &c, o);
-      if (hlast)
-        for (int k = 0; k < SW_K; ++k)
-          memcpy(hlast + ((row * m->H + h) * SW_K + k) * SW_V, c.S + (long)k * SW_VP, sizeof(SW_T) * SW_V);
+      const sw_lane x0 = sw_lane_at(m, row, h0);
+      sw_ck_unit_forward(m, row, h0, h1, 0, SW_NCHUNKS(&x0), &c, S, o, NULL);
+      for (long h = h0; h < h1; ++h) {
+        const sw_lane x = sw_lane_at(m, row, h);
+        sw_ck_state_out(m, &x, S + (h - h0) * SW_STATE, hlast);
+      }
     }
     if (ok) free(raw);
   }
   return status;
 }
 """
+
+#: The chunked forward's C text: the family's tiles and chunk pieces, the parts of lanes, then the forward itself.
+CHUNKED = TILES + FORWARD + FORWARD_PARTS + DRIVER

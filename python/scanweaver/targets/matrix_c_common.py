@@ -1,11 +1,9 @@
-"""C source shared by the matrix-state kernels (:mod:`.fused_c_matrix`): operands, sequences, decays, GEMM.
+"""C source shared by the matrix-state kernels (:mod:`.fused_c_matrix`): operands, sequences, decays.
 
 Assembled after the vector prelude (:func:`~.cvec.vector_prelude`).  Sizes are
 compile-time (``SW_K``, ``SW_V``); rows of value columns are padded to whole
-vectors (``SW_VP``) in scratch, never in the caller's arrays.  ``sw_gemm`` is
-the register-blocked product ``C (+)= A B`` of the chunked form: ``SW_MR`` rows
-of A by ``SW_NR`` vectors of B's columns in registers, a broadcast of one
-element of A and ``SW_NR`` fused multiply-adds per step of the inner dimension.
+vectors (``SW_VP``) in scratch, never in the caller's arrays.  The tile
+products of the chunked form are the chunk engine's (:mod:`.chunk_engine`).
 """
 
 from __future__ import annotations
@@ -16,24 +14,12 @@ COMMON = r"""
 /* Rows of K and of V padded to whole vectors (scratch layouts). */
 #define SW_KP (((SW_K) + SW_W - 1) / SW_W * SW_W)
 #define SW_VP (((SW_V) + SW_W - 1) / SW_W * SW_W)
-/* Register block of sw_gemm: SW_MR rows x SW_NR vectors of accumulators (plus SW_NR loads and one broadcast,
- * within the 16 vector registers of AVX2 or NEON). */
-#define SW_MR 4
-#define SW_NR 2
 
 typedef struct {
   const SW_T *q, *k, *v, *g, *u, *h0;
   const int64_t* cu;
   long batch, T, H, Hq, nseq;
 } sw_ms;
-
-static int sw_threads(void) {
-#ifdef _OPENMP
-  return SW_THREADS > 0 ? SW_THREADS : omp_get_max_threads();
-#else
-  return 1;
-#endif
-}
 
 /* Scratch aligned for whole vectors. */
 static void* sw_alloc(size_t bytes, void** raw) {
@@ -97,12 +83,12 @@ SW_INLINE void sw_copy_pad(SW_T* restrict dst, const SW_T* restrict src, int n, 
   for (int j = n; j < padded; ++j) dst[j] = 0;
 }
 
-/* The decays of one step: d[k] = exp(g[k]) for "key" (SW_KP, vectorised), d[0] = exp(g) for "scalar". */
+/* The decays of one step: d[k] = exp(g[k]) for "key" (SW_KP, vectorised in place), d[0] = exp(g) for "scalar".
+ * No buffer scales with K on the stack: a thread's stack may be 128 KiB (musl) or less. */
 SW_INLINE void sw_decays(const SW_T* gp, SW_T* restrict d) {
 #if SW_DECAY == 2
-  SW_T tmp[SW_KP] __attribute__((aligned(64)));
-  sw_copy_pad(tmp, gp, SW_K, SW_KP);
-  for (int k0 = 0; k0 < SW_KP; k0 += SW_W) sw_vstore(d + k0, sw_vexp(sw_vload(tmp + k0)));
+  sw_copy_pad(d, gp, SW_K, SW_KP);
+  for (int k0 = 0; k0 < SW_KP; k0 += SW_W) sw_vstore(d + k0, sw_vexp(sw_vload(d + k0)));
 #elif SW_DECAY == 1
   d[0] = (SW_T)exp((double)gp[0]);
 #else
@@ -110,39 +96,4 @@ SW_INLINE void sw_decays(const SW_T* gp, SW_T* restrict d) {
 #endif
 }
 
-/* One register block of C (+)= A B: mr rows of A (lda apart) times nr vectors of columns of B (ldb apart). */
-SW_INLINE void sw_mk(int mr, int nr, int kd, const SW_T* restrict A, long lda, const SW_T* restrict B, long ldb,
-                     SW_T* restrict C, long ldc, int acc) {
-  sw_v c[SW_MR][SW_NR];
-  for (int r = 0; r < mr; ++r)
-    for (int j = 0; j < nr; ++j) c[r][j] = acc ? sw_vload(C + r * ldc + j * SW_W) : sw_vzero;
-  for (int p = 0; p < kd; ++p) {
-    sw_v b[SW_NR];
-    for (int j = 0; j < nr; ++j) b[j] = sw_vload(B + p * ldb + j * SW_W);
-    for (int r = 0; r < mr; ++r) {
-      const SW_T a = A[r * lda + p];
-      for (int j = 0; j < nr; ++j) c[r][j] += a * b[j];
-    }
-  }
-  for (int r = 0; r < mr; ++r)
-    for (int j = 0; j < nr; ++j) sw_vstore(C + r * ldc + j * SW_W, c[r][j]);
-}
-
-/* C[M x N] = A[M x kd] B[kd x N] (acc: +=), N a multiple of SW_W, row-major with leading dimensions. */
-static void sw_gemm(int M, int N, int kd, const SW_T* A, long lda, const SW_T* B, long ldb, SW_T* C, long ldc,
-                    int acc) {
-  int i = 0;
-  for (; i + SW_MR <= M; i += SW_MR) {
-    int j = 0;
-    for (; j + SW_NR * SW_W <= N; j += SW_NR * SW_W)
-      sw_mk(SW_MR, SW_NR, kd, A + i * lda, lda, B + j, ldb, C + i * ldc + j, ldc, acc);
-    for (; j < N; j += SW_W) sw_mk(SW_MR, 1, kd, A + i * lda, lda, B + j, ldb, C + i * ldc + j, ldc, acc);
-  }
-  for (; i < M; ++i) {
-    int j = 0;
-    for (; j + SW_NR * SW_W <= N; j += SW_NR * SW_W)
-      sw_mk(1, SW_NR, kd, A + i * lda, lda, B + j, ldb, C + i * ldc + j, ldc, acc);
-    for (; j < N; j += SW_W) sw_mk(1, 1, kd, A + i * lda, lda, B + j, ldb, C + i * ldc + j, ldc, acc);
-  }
-}
 """

@@ -10,8 +10,10 @@ independent in the forward, so blocks of columns are threads' work as much as
 heads are.  When (sequence, head, block) items are fewer than the threads,
 each sequence is cut into parts in scan order: the parts but the last run
 from a zero state to their aggregate (end state and summed log decays, a
-scalar or a K-vector), the carries are chained ``C_{p+1} = exp(G_p) C_p + E_p``,
-and every part reruns from its carry writing o.
+scalar or a K-vector), the carries are chained ``C_{p+1} = exp(G_p) C_p + E_p``
+(in double, and ``E_p`` where ``C_p`` is 0, so that a part whose decays
+overflow never multiplies ``inf`` by a zero carry), and every part reruns from
+its carry writing o.
 
 Entry point (ABI order of :meth:`~scanweaver.fused.matrix_state.MatrixState.params`)::
 
@@ -54,10 +56,12 @@ static sw_item sw_item_at(const sw_ms* m, long it) {
 /* Vectors of value columns per register group: two steps of SW_GV vectors (state row, v, o) in registers. */
 #define SW_GV 2
 
+/* The packed block's rows, in the thread's heap scratch (24 K elements and more: at large K no thread's stack
+ * holds them). */
 typedef struct {
-  SW_T q[SW_TB * SW_KP], k[SW_TB * SW_KP], d[SW_TB * SW_KP], v[SW_TB * SW_CB], o[SW_TB * SW_CB];
-  SW_T beta[SW_TB];
+  SW_T *q, *k, *d, *v, *o, *beta;
 } sw_pack;
+#define SW_PACK_ELEMS (3L * SW_TB * SW_KP + 2L * SW_TB * SW_CB + SW_TB)
 
 /* Steps i (d the decays, k, v, q rows of the packed block) on columns [j0, j0 + nv * SW_W): one pass over
  * the K rows of S for ns (1 or 2) steps. */
@@ -98,8 +102,15 @@ SW_INLINE void sw_rec_group(const sw_pack* restrict P, int i, int ns, int j0, in
     }
 }
 
-/* Zeros in the pads of the packed rows (never read but kept finite), decays of 1, no bonus term. */
-static void sw_pack_init(sw_pack* P) {
+/* The packed block in mem (SW_PACK_ELEMS, vector-aligned): zeros in the pads of the rows (never read but kept
+ * finite), decays of 1, no bonus term. */
+static void sw_pack_init(sw_pack* P, SW_T* mem) {
+  P->q = mem;
+  P->k = P->q + SW_TB * SW_KP;
+  P->d = P->k + SW_TB * SW_KP;
+  P->v = P->d + SW_TB * SW_KP;
+  P->o = P->v + SW_TB * SW_CB;
+  P->beta = P->o + SW_TB * SW_CB;
   for (int i = 0; i < SW_TB; ++i) {
     for (int j = 0; j < SW_KP; ++j) P->q[i * SW_KP + j] = P->k[i * SW_KP + j] = 0, P->d[i * SW_KP + j] = 1;
     for (int j = 0; j < SW_CB; ++j) P->v[i * SW_CB + j] = 0;
@@ -190,13 +201,22 @@ static int sw_rec_split(const sw_ms* m, SW_T* o, SW_T* hlast, long items, long P
     return SW_ENOMEM;
   }
   SW_T *agg = st, *carry = st + items * P * SW_TILE;
+  int status = SW_OK;
   (void)nth;
 #pragma omp parallel num_threads(nth)
   {
-    sw_pack pk __attribute__((aligned(64)));
-    sw_pack_init(&pk);
+    void* raw_pk;
+    SW_T* mem = (SW_T*)sw_alloc(sizeof(SW_T) * SW_PACK_ELEMS, &raw_pk);
+    sw_pack pk;
+    if (mem) sw_pack_init(&pk, mem);
+    else {
+#pragma omp atomic write
+      status = SW_ENOMEM;
+    }
+#pragma omp barrier
 #pragma omp for schedule(static)
     for (long w = 0; w < items * P; ++w) {
+      if (status != SW_OK) continue;
       const long it = w / P, p = w % P;
       const sw_item x = sw_item_at(m, it);
       const long len = x.stop - x.start;
@@ -205,6 +225,7 @@ static int sw_rec_split(const sw_ms* m, SW_T* o, SW_T* hlast, long items, long P
     }
 #pragma omp for schedule(static)
     for (long it = 0; it < items; ++it) {
+      if (status != SW_OK) continue;
       const sw_item x = sw_item_at(m, it);
       SW_T* c = carry + it * P * SW_TILE;
       sw_state_in(m, it / SW_NCB / m->H, &x, SW_HAS_H0 ? m->h0 : NULL, c);
@@ -212,25 +233,31 @@ static int sw_rec_split(const sw_ms* m, SW_T* o, SW_T* hlast, long items, long P
         const double* gp = gs + (it * P + p) * SW_KP;
         const SW_T* e = agg + (it * P + p) * SW_TILE;
         SW_T* nx = c + (p + 1) * SW_TILE;
+        /* C_{p+1} = exp(G_p) C_p + E_p in double; where C_p is 0 it is E_p: a part whose decays multiply to more
+         * than the type holds never multiplies inf by a zero carry (a zero prefix of a growing sequence) */
         for (int k = 0; k < SW_K; ++k) {
-          const SW_T dk = SW_DECAY == 2 ? (SW_T)exp(gp[k]) : SW_DECAY == 1 ? (SW_T)exp(gp[0]) : (SW_T)1;
-          for (int j = 0; j < SW_CB; ++j)
-            nx[k * SW_CB + j] = dk * c[p * SW_TILE + k * SW_CB + j] + e[k * SW_CB + j];
+          const double dk = SW_DECAY == 2 ? exp(gp[k]) : SW_DECAY == 1 ? exp(gp[0]) : 1.0;
+          for (int j = 0; j < SW_CB; ++j) {
+            const SW_T cj = c[p * SW_TILE + k * SW_CB + j], ej = e[k * SW_CB + j];
+            nx[k * SW_CB + j] = cj == 0 ? ej : (SW_T)(dk * (double)cj + (double)ej);
+          }
         }
       }
     }
 #pragma omp for schedule(static)
     for (long w = 0; w < items * P; ++w) {
+      if (status != SW_OK) continue;
       const long it = w / P, p = w % P;
       const sw_item x = sw_item_at(m, it);
       const long len = x.stop - x.start;
       sw_rec_range(m, &x, p * len / P, (p + 1) * len / P, carry + w * SW_TILE, o, NULL, &pk);
       if (p + 1 == P) sw_state_out(m, it / SW_NCB / m->H, &x, carry + w * SW_TILE, hlast);
     }
+    free(raw_pk);
   }
   free(raw);
   free(gs);
-  return SW_OK;
+  return status;
 }
 
 /* State bytes of the items that run in lockstep (see sw_forward_recurrent). */
@@ -240,10 +267,10 @@ static int sw_rec_split(const sw_ms* m, SW_T* o, SW_T* hlast, long items, long P
 static int sw_rec_groups(const sw_ms* m, SW_T* o, SW_T* hlast, long g0, long g1, long gi, long items) {
   if (g0 >= g1) return SW_OK;
   void* raw;
-  SW_T* S = (SW_T*)sw_alloc(sizeof(SW_T) * (size_t)(gi * SW_TILE), &raw);
+  SW_T* S = (SW_T*)sw_alloc(sizeof(SW_T) * (size_t)(gi * SW_TILE + SW_PACK_ELEMS), &raw);
   if (!S) return SW_ENOMEM;
-  sw_pack pk __attribute__((aligned(64)));
-  sw_pack_init(&pk);
+  sw_pack pk;
+  sw_pack_init(&pk, S + gi * SW_TILE);
   for (long g = g0; g < g1; ++g) {
     const long i0 = g * gi, i1 = SW_MIN(items, i0 + gi);
     long longest = 0;

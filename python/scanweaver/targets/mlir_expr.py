@@ -169,5 +169,20 @@ def _sign(b: Body, x: str) -> str:
     return b.select(b.cmp("uno", x, x), x, neg)  # NaN stays NaN, as np.sign
 
 
+def _compare(pred: str) -> Callable[..., str]:
+    def fn(b: Body, x: str, y: str) -> str:
+        return b.select(b.cmp(pred, x, y), b.const(1.0), b.const(0.0))
+
+    return fn
+
+
+def _where(b: Body, c: str, x: str, y: str) -> str:
+    return b.select(b.cmp("une", c, b.const(0.0)), x, y)
+
+
+#: Comparison -> the ``arith.cmpf`` predicate with NumPy's semantics (NaN: only ``ne`` holds).
+_PREDICATES = {"gt": "ogt", "ge": "oge", "lt": "olt", "le": "ole", "eq": "oeq", "ne": "une"}
+
 _COMPOSITE: dict[str, Callable[..., str]] = {"sigmoid": _sigmoid, "softplus": _softplus, "silu": _silu,
-                                               "sign": _sign}
+                                               "sign": _sign, "where": _where,
+                                               **{n: _compare(p) for n, p in _PREDICATES.items()}}

@@ -56,12 +56,20 @@ class Diagonal:
         self.k = k
 
     def compose(self, a2, u2, a1, u1):
-        """(A2, U2) o (A1, U1): later after earlier."""
-        return a2 * a1, a2 * u1 + u2
+        """(A2, U2) o (A1, U1): later after earlier.  A zero factor keeps the product zero and a zero U1 gives U2
+        (:meth:`carry`) even where the other side's product has overflowed."""
+        with np.errstate(invalid="ignore", over="ignore"):
+            return np.where((a2 == 0) | (a1 == 0), 0, a2 * a1).astype(a2.dtype, copy=False), self.carry(a2, u2, u1)
 
     def apply(self, a, u, h):
-        """A*h + U."""
+        """A*h + U (one step)."""
         return a * h + u
+
+    def carry(self, a, u, h):
+        """A*h + U for an aggregate (A, U) of many steps entered with the carry h: a zero carry gives U even where
+        the product A has overflowed (growing transitions), as the kernels' ``sw_carry`` (inf * 0 is NaN)."""
+        with np.errstate(invalid="ignore", over="ignore"):
+            return np.where(h == 0, u, a * h + u).astype(np.result_type(u, h), copy=False)
 
     def identity(self, shape, dtype):
         """(1, 0) with leading ``shape``."""
@@ -80,6 +88,11 @@ class Dense(Diagonal):
 
     def apply(self, a, u, h):
         return (a @ h[..., None])[..., 0] + u
+
+    def carry(self, a, u, h):
+        """A h + U with the zero entries of h taking no part (the kernels' ``sw_dcarry``)."""
+        with np.errstate(invalid="ignore", over="ignore"):
+            return (np.where(h[..., None, :] == 0, 0, a) @ h[..., None])[..., 0] + u
 
     def identity(self, shape, dtype):
         eye = np.broadcast_to(np.eye(self.k, dtype=dtype), (*shape, self.k, self.k)).copy()
@@ -222,7 +235,7 @@ def _chain(ctx, ga, gu):
     h = ctx["h0"].copy()
     for b in range(ga.shape[1]):
         carry[:, b] = h
-        h = alg.apply(ga[:, b], gu[:, b], h)
+        h = alg.carry(ga[:, b], gu[:, b], h)
     return carry
 
 
@@ -301,5 +314,5 @@ def _blelloch_apply(ctx, attrs):
     ea, eu = ctx["elem"]
     pa, pu = ctx["tree"]
     ia, iu = alg.compose(ea, eu, pa, pu)
-    _store(ctx, alg.apply(ia, iu, ctx["carry"][:, :, None]))
+    _store(ctx, alg.carry(ia, iu, ctx["carry"][:, :, None]))
 

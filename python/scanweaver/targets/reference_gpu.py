@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from .reference import OPS, _blocks, op
+from .reference import OPS, Diagonal, _blocks, op
+
+_PAIRS = Diagonal()
 
 
 def _compose(later, earlier):
-    (a2, u2), (a1, u1) = later, earlier
-    return a2 * a1, a2 * u1 + u2
+    return _PAIRS.compose(*later, *earlier)
 
 
 def _apply(pair, h):
-    return pair[0] * h + pair[1]
+    """An aggregate pair applied to the carry h (a zero carry gives its U: :meth:`Diagonal.carry`)."""
+    return _PAIRS.carry(*pair, h)
 
 
 def _chain(ta, tu, h0):
@@ -27,7 +29,7 @@ def _chain(ta, tu, h0):
     h = h0.copy()
     for b in range(ta.shape[1]):
         carry[:, b] = h
-        h = ta[:, b] * h + tu[:, b]
+        h = _PAIRS.carry(ta[:, b], tu[:, b], h)
     return carry
 
 

@@ -42,7 +42,8 @@ def _recurrences() -> dict:
         s = np.abs(q) + 0.5
         a = 0.45 * sigmoid(p) + 0.2 * np.exp(-s) + 0.1 * np.tanh(s) + 0.05 * np.cos(p) * np.sin(q)
         u = (np.log(s) + np.log1p(s) + np.expm1(-s) + np.sqrt(s) + softplus(q) + silu(p) + s ** p
-             + np.maximum(p, q) - np.minimum(p, q) + 0.25 * np.sign(p))
+             + np.maximum(p, q) - np.minimum(p, q) + 0.25 * np.sign(p) + np.where(p > q, 0.1, -0.1) * (s >= 1.0)
+             + 0.01 * (p < 0) - 0.02 * (q <= 0) + 0.3 * (p == q) + 0.04 * (p != 0.5))
         return a * h + u * x
 
     def outputs(h, a, b, x, c, d):
@@ -249,104 +250,88 @@ def _backward_jobs(rng: np.random.Generator) -> list[Job]:
     return out
 
 
+def _fused_job(name: str, part: str, feats, config: dict, sizes: dict, ranges: dict, rng: np.random.Generator,
+               label: str) -> Job:
+    """One fused kernel as a job: inputs on a grid (``ranges`` per parameter, packed sequences of two),
+    the expected outputs from the operation's float64 NumPy definition."""
+    from ..fused import REGISTRY as FUSED
+    from ..targets.c_target import CRenderer
+    from ..targets.fused import kernel_for
+
+    op, kernel = FUSED.get(name), kernel_for("c", name)
+    shapes = op.shapes(part, feats, sizes)
+    arrays, args, expected = {}, [], {}
+    for p in op.params(part):
+        if p.name == "cu_seqlens" and op.enabled(p.name, feats):
+            arrays[p.name] = np.array([0, 15, sizes["T"]], np.int64)
+        elif p.kind == "in" and op.enabled(p.name, feats):
+            lo, hi = ranges.get(p.name, (-1.0, 1.0))
+            arrays[p.name] = (golden.grid(rng, lo, hi, shapes[p.name]) if p.dtype != "uint8"
+                              else (rng.integers(0, 8, shapes[p.name]) == 0).astype(np.uint8))
+        elif p.kind == "out" and op.enabled(p.name, feats):
+            arrays[p.name] = np.empty(shapes[p.name])
+    op.reference(part, dataclasses.replace(feats, dtype="float64"), arrays, sizes)
+    for p in op.params(part):
+        if p.kind == "int":
+            args.append(Arg.long(sizes[p.name]))
+        elif p.name not in arrays:
+            args.append(Arg.null())
+        elif p.kind == "in":
+            args.append(Arg.input(arrays[p.name], p.dtype or feats.dtype))
+        else:
+            expected[len(args)] = arrays[p.name]
+            args.append(Arg.output(shapes[p.name], feats.dtype))
+    call = op.call(part, feats, op.resolve("c", {**config, "threads": 2}, {}, "crosscheck"))
+    return Job(f"fused {name} {part} {feats.dtype} {label} width {config['width']}",
+               kernel.render(CRenderer(), call), kernel.entry(part), args, expected,
+               1e-9 if feats.dtype == "float64" else 1e-4)
+
+
 def _fused_jobs(rng: np.random.Generator) -> list[Job]:
-    """Every part of every fused operation rendered for C: Mamba-1 with every optional input on and off,
-    B and C per step and fixed, vector widths 4, 8 and 16 (partial vector blocks of channels)."""
-    from ..fused import REGISTRY as FUSED
-    from ..fused.mamba1 import Mamba1Features
-    from ..targets.c_target import CRenderer
-    from ..targets.fused import kernel_for
+    """Every part of every fused operation rendered for C.
 
-    op, kernel = FUSED.get("mamba1"), kernel_for("c", "mamba1")
-    if kernel is None:
-        return []
-    every = dict(has_D=True, has_z=True, has_bias=True, softplus=True, has_h0=True, has_reset=True)
-    cases = (("forward", Mamba1Features("float64", 3, **every), {"width": 4, "chunk": 16}),
-             ("forward", Mamba1Features("float32", 4, b_fixed=True, c_fixed=True), {"width": 16, "chunk": 32}),
-             ("backward", Mamba1Features("float64", 2, **every, has_dhlast=True), {"width": 8, "chunk": 16}),
-             ("backward", Mamba1Features("float32", 3, b_fixed=True, has_z=True), {"width": 4, "chunk": 16}))
-    sizes = {"batch": 2, "dim": 5, "L": 37, "groups_b": 1, "groups_c": 1}
-    ranges = {"delta": (0.05, 0.5), "A": (-2.0, -0.5), "delta_bias": (-0.2, 0.2)}
-    out = []
-    for part, feats, config in cases:
-        if part not in kernel.parts:
-            continue
-        shapes = op.shapes(part, feats, sizes)
-        arrays, args, expected = {}, [], {}
-        for p in op.params(part):
-            if p.kind == "in" and op.enabled(p.name, feats):
-                lo, hi = ranges.get(p.name, (-1.0, 1.0))
-                arrays[p.name] = (golden.grid(rng, lo, hi, shapes[p.name]) if p.dtype != "uint8"
-                                  else (rng.integers(0, 8, shapes[p.name]) == 0).astype(np.uint8))
-            elif p.kind == "out" and op.enabled(p.name, feats):
-                arrays[p.name] = np.empty(shapes[p.name])
-        op.reference(part, dataclasses.replace(feats, dtype="float64"), arrays, sizes)
-        for p in op.params(part):
-            if p.kind == "int":
-                args.append(Arg.long(sizes[p.name]))
-            elif p.name not in arrays:
-                args.append(Arg.null())
-            elif p.kind == "in":
-                args.append(Arg.input(arrays[p.name], p.dtype or feats.dtype))
-            else:
-                expected[len(args)] = arrays[p.name]
-                args.append(Arg.output(shapes[p.name], feats.dtype))
-        call = op.call(part, feats, op.resolve("c", {**config, "threads": 2}, {}, "crosscheck"))
-        out.append(Job(f"fused mamba1 {part} {feats.dtype} N={feats.N} width {config['width']}",
-                       kernel.render(CRenderer(), call), kernel.entry(part), args, expected,
-                       1e-9 if feats.dtype == "float64" else 1e-4))
-    return out + _matrix_jobs(rng)
-
-
-def _matrix_jobs(rng: np.random.Generator) -> list[Job]:
-    """The matrix_state kernels: both forward algorithms and the backward, every decay and readout, packed
-    sequences, reverse, groups (Hq < H), vector widths 4 and 8 with V not a multiple of them."""
-    from ..fused import REGISTRY as FUSED
+    Mamba-1 with every optional input on and off, B and C per step and fixed, vector widths 4, 8 and 16
+    (partial vector blocks of channels); matrix_state's forward algorithms and backward, every decay and
+    readout, packed sequences, reverse, groups (Hq < H), widths 4 and 8 with V not a multiple of them;
+    delta_rule's forms (delta, dplr), gates, l2 normalisation and grouped value heads, forward and backward.
+    """
+    from ..fused.delta_rule import DeltaRuleFeatures as D
+    from ..fused.mamba1 import Mamba1Features as M
     from ..fused.matrix_state import MatrixStateFeatures as F
-    from ..targets.c_target import CRenderer
     from ..targets.fused import kernel_for
 
-    op, kernel = FUSED.get("matrix_state"), kernel_for("c", "matrix_state")
-    if kernel is None:
-        return []
+    out: list[Job] = []
+    every = dict(has_D=True, has_z=True, has_bias=True, softplus=True, has_h0=True, has_reset=True)
+    mamba = {"batch": 2, "dim": 5, "L": 37, "groups_b": 1, "groups_c": 1}
+    for part, feats, config in (("forward", M("float64", 3, **every), {"width": 4, "chunk": 16}),
+                                ("forward", M("float32", 4, b_fixed=True, c_fixed=True), {"width": 16, "chunk": 32}),
+                                ("backward", M("float64", 2, **every, has_dhlast=True), {"width": 8, "chunk": 16}),
+                                ("backward", M("float32", 3, b_fixed=True, has_z=True), {"width": 4, "chunk": 16})):
+        if kernel_for("c", "mamba1") is not None and part in kernel_for("c", "mamba1").parts:
+            out.append(_fused_job("mamba1", part, feats, config, mamba, {"delta": (0.05, 0.5), "A": (-2.0, -0.5),
+                                  "delta_bias": (-0.2, 0.2)}, rng, f"N={feats.N}"))
     packed = dict(has_h0=True, has_seqlens=True)
-    cases = (("forward", F("float64", 5, 6, "key", "bonus", True, **packed), {"width": 4, "block_v": 4}),
-             ("forward", F("float32", 8, 12, "scalar", "after", has_h0=True),
-              {"width": 8, "algorithm": "chunked", "chunk": 16}),
-             ("forward", F("float64", 6, 5, "key", "after", **packed), {"width": 4, "algorithm": "chunked",
-                                                                         "chunk": 8}),
-             ("backward", F("float64", 5, 6, "key", "after", True, **packed, has_dhlast=True), {"width": 4}),
-             ("backward", F("float32", 8, 12, "scalar", "bonus", has_h0=True), {"width": 8}))
-    out = []
-    for part, feats, config in cases:
-        sizes = {"batch": 1 if feats.has_seqlens else 2, "T": 37, "H": 4, "Hq": 2,
-                 "nseq": 2}
-        shapes = op.shapes(part, feats, sizes)
-        arrays, args, expected = {}, [], {}
-        for p in op.params(part):
-            if p.name == "cu_seqlens" and feats.has_seqlens:
-                arrays[p.name] = np.array([0, 15, 37], np.int64)
-            elif p.kind == "in" and op.enabled(p.name, feats):
-                lo, hi = (-1.0, -0.05) if p.name == "g" else (-1.0, 1.0)
-                arrays[p.name] = golden.grid(rng, lo, hi, shapes[p.name])
-            elif p.kind == "out" and op.enabled(p.name, feats):
-                arrays[p.name] = np.empty(shapes[p.name])
-        op.reference(part, dataclasses.replace(feats, dtype="float64"), arrays, sizes)
-        for p in op.params(part):
-            if p.kind == "int":
-                args.append(Arg.long(sizes[p.name]))
-            elif p.name not in arrays:
-                args.append(Arg.null())
-            elif p.kind == "in":
-                args.append(Arg.input(arrays[p.name], p.dtype or feats.dtype))
-            else:
-                expected[len(args)] = arrays[p.name]
-                args.append(Arg.output(shapes[p.name], feats.dtype))
-        call = op.call(part, feats, op.resolve("c", {**config, "threads": 2}, {}, "crosscheck"))
-        out.append(Job(f"fused matrix_state {part} {feats.dtype} K={feats.K} V={feats.V} {feats.decay} "
-                       f"{feats.readout} {call.params['algorithm']} width {config['width']}",
-                       kernel.render(CRenderer(), call), kernel.entry(part), args, expected,
-                       1e-9 if feats.dtype == "float64" else 1e-4))
+    for part, feats, config in (
+            ("forward", F("float64", 5, 6, "key", "bonus", True, **packed), {"width": 4, "block_v": 4}),
+            ("forward", F("float32", 8, 12, "scalar", "after", has_h0=True), {"width": 8, "algorithm": "chunked",
+                                                                             "chunk": 16}),
+            ("forward", F("float64", 6, 5, "key", "after", **packed), {"width": 4, "algorithm": "chunked", "chunk": 8}),
+            ("backward", F("float64", 5, 6, "key", "after", True, **packed, has_dhlast=True), {"width": 4}),
+            ("backward", F("float32", 8, 12, "scalar", "bonus", has_h0=True), {"width": 8})):
+        if kernel_for("c", "matrix_state") is not None:
+            sizes = {"batch": 1 if feats.has_seqlens else 2, "T": 37, "H": 4, "Hq": 2, "nseq": 2}
+            out.append(_fused_job("matrix_state", part, feats, config, sizes, {"g": (-1.0, -0.05)}, rng,
+                                  f"K={feats.K} V={feats.V} {feats.decay} {feats.readout}"))
+    for part, feats, config in (
+            ("forward", D("float64", 5, 6, **packed, gate="scalar", l2norm=True), {"width": 4}),
+            ("forward", D("float32", 8, 12, has_h0=True, gate="key", form="dplr"), {"width": 8}),
+            ("backward", D("float64", 5, 6, **packed, has_dhlast=True, gate="key", l2norm=True), {"width": 4}),
+            ("backward", D("float64", 4, 9, has_h0=True, has_dhlast=True, form="dplr", gate="scalar"), {"width": 8})):
+        if kernel_for("c", "delta_rule") is not None:
+            sizes = {"batch": 1 if feats.has_seqlens else 2, "T": 37, "H": 4, "Hq": 2, "nseq": 2}
+            out.append(_fused_job("delta_rule", part, feats, config, sizes,
+                                  {"g": (-1.0, -0.05), "beta": (0.1, 0.9), "a": (-0.3, 0.3), "b": (-0.3, 0.3)}, rng,
+                                  f"K={feats.K} V={feats.V} {feats.form} {feats.gate}"))
     return out
 
 

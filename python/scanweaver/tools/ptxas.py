@@ -1,4 +1,4 @@
-"""ptxas resource reports of every CUDA kernel configuration in the search spaces, recorded as JSON.
+"""ptxas resource reports of the CUDA kernels, recorded as JSON.
 
 ``python -m scanweaver.tools.ptxas [--out FILE] [--arch sm_90]`` compiles the
 selective scan's CUDA kernels with nvcc for every (schedule, workgroup_size,
@@ -10,6 +10,14 @@ stopped it.  ``test/data/ptxas_sm90.json`` is this file for sm_90; the tests
 check :mod:`scanweaver.targets.launch_limits` against it without a GPU, and
 re-compile a sample to catch a stale file.  Regenerate it after changing a
 kernel.
+
+``python -m scanweaver.tools.ptxas --matrix-state [--out FILE]`` does the same
+for the fused ``matrix_state`` kernels at the model shapes of
+:data:`MATRIX_SHAPES` (their default tunables, every feature that adds work
+switched on) and prints the table ``docs/gpu.md`` shows
+(:func:`matrix_table`); ``test/data/ptxas_matrix_state_sm90.json`` is that
+file, checked by ``test/test_cuda_compile.py`` (no spills, the docs' table
+current).
 
 Example:
     >>> from scanweaver.tools.ptxas import parse
@@ -100,6 +108,89 @@ def compile_report(schedule: str, config: dict, dtype: str, arch: str = "sm_90",
     return kernels
 
 
+#: Model shapes of the matrix-state kernels' record: (label, K, V, decay, readout, (batch, T, H), dtypes).
+MATRIX_SHAPES = (
+    ("GLA, K = V = 64", 64, 64, "key", "after", (4, 2048, 16), ("float32",)),
+    ("GLA, K = V = 128", 128, 128, "key", "after", (4, 2048, 8), ("float32", "float64")),
+    ("GLA 1.3B, K = 256, V = 512", 256, 512, "key", "after", (4, 2048, 4), ("float32", "float64")),
+    ("simple GLA / RetNet, K = 256, V = 512", 256, 512, "scalar", "after", (4, 2048, 4), ("float32",)),
+    ("Mamba-2, N = 128, P = 64", 128, 64, "scalar", "after", (4, 2048, 32), ("float32",)),
+    ("RWKV-6, K = V = 64", 64, 64, "key", "bonus", (4, 2048, 32), ("float32",)),
+)
+
+
+def matrix_configurations() -> list[dict]:
+    """Every (model shape, dtype) of :data:`MATRIX_SHAPES` with its features, sizes and default tunables."""
+    from ..fused import REGISTRY as FUSED
+    from ..fused.matrix_state import MatrixStateFeatures
+    from ..targets.fused import kernel_for
+
+    op, kernel = FUSED.get("matrix_state"), kernel_for("cuda", "matrix_state")
+    out = []
+    for label, K, V, decay, readout, (batch, T, H), dtypes in MATRIX_SHAPES:
+        for dtype in dtypes:
+            f = MatrixStateFeatures(dtype, K, V, decay, readout, has_h0=True, has_dhlast=True)
+            sizes = {"batch": batch, "T": T, "H": H, "Hq": H, "nseq": batch}
+            cfg = op.resolve("gpu", {}, kernel.defaults(f, sizes), "ptxas")
+            out.append({"label": label, "dtype": dtype, "features": f, "sizes": sizes, "config": cfg})
+    return out
+
+
+def matrix_report(entry: dict, arch: str = "sm_90", nvcc: str = "nvcc") -> dict:
+    """ptxas's report of both parts' kernels of one :func:`matrix_configurations` entry (``{kernel: resources}``)."""
+    from ..fused import REGISTRY as FUSED
+    from ..targets import TARGETS
+    from ..targets.fused import kernel_for
+
+    op, kernel = FUSED.get("matrix_state"), kernel_for("cuda", "matrix_state")
+    kernels: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for part in ("forward", "backward"):
+            src = Path(tmp) / f"{part}.cu"
+            src.write_text(kernel.render(TARGETS.get("cuda")(), op.call(part, entry["features"], entry["config"])))
+            proc = subprocess.run([nvcc, "-cubin", f"-arch={arch}", "-Xptxas", "-v", "-o",
+                                   str(Path(tmp) / f"{part}.cubin"), str(src)], capture_output=True, text=True,
+                                  timeout=300)
+            found = parse(proc.stderr)
+            if proc.returncode and not any("error" in k for k in found.values()):
+                found[f"*{part}"] = {"error": proc.stderr.strip()[-500:]}
+            kernels.update(found)
+    return kernels
+
+
+def matrix_table(doc: dict) -> str:
+    """The markdown table of a ``--matrix-state`` record: per model shape and dtype, the default tunables and
+    each kernel's registers and shared memory, and the spill bytes of all of them."""
+    names = ("forward", "bwd_keys", "bwd_values", "bwd_decay")
+    lines = ["| model shape | dtype | workgroup_size, state_per_item, time_tile | forward | backward: keys | values "
+             "| decay | spill bytes |", "|---|---|---|---|---|---|---|---|"]
+    for e in doc["entries"]:
+        cfg, ks = e["config"], e["kernels"]
+        cells = []
+        for n in names:
+            r = ks.get(f"sw_matrix_state_{n}")
+            cells.append("-" if r is None else f"{r['registers']} regs, {r['shared'] / 1024:.1f} KiB")
+        spills = sum(r.get("spill_stores", 0) + r.get("spill_loads", 0) for r in ks.values())
+        lines.append(f"| {e['label']} | {e['dtype']} | {cfg['workgroup_size']}, {cfg['state_per_item']}, "
+                     f"{cfg['time_tile']} | {' | '.join(cells)} | {spills} |")
+    return "\n".join(lines)
+
+
+def _matrix_main(out: Path, arch: str, nvcc: str) -> int:
+    rows = []
+    for e in matrix_configurations():
+        rows.append({"label": e["label"], "dtype": e["dtype"], "K": e["features"].K, "V": e["features"].V,
+                     "decay": e["features"].decay, "readout": e["features"].readout, "sizes": e["sizes"],
+                     "config": e["config"], "kernels": matrix_report(e, arch, nvcc)})
+        print(f"[{len(rows)}] {e['label']} {e['dtype']}", file=sys.stderr, flush=True)
+    doc = {"arch": arch, "nvcc": nvcc_version(nvcc), "op": "matrix_state", "entries": rows}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    print(matrix_table(doc))
+    print(f"wrote {len(rows)} configurations to {out}", file=sys.stderr)
+    return 0
+
+
 def nvcc_version(nvcc: str = "nvcc") -> str:
     """``release X.Y, VX.Y.Z`` of nvcc's ``--version``."""
     text = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60).stdout
@@ -109,13 +200,17 @@ def nvcc_version(nvcc: str = "nvcc") -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m scanweaver.tools.ptxas", description=__doc__.split("\n")[0])
-    ap.add_argument("--out", type=Path, default=Path("test/data/ptxas_sm90.json"))
+    ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--arch", default="sm_90")
+    ap.add_argument("--matrix-state", action="store_true", help="the matrix-state kernels at the model shapes")
     args = ap.parse_args(argv)
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         print("scanweaver.tools.ptxas: nvcc is not on PATH", file=sys.stderr)
         return 2
+    if args.matrix_state:
+        return _matrix_main(args.out or Path("test/data/ptxas_matrix_state_sm90.json"), args.arch, nvcc)
+    args.out = args.out or Path("test/data/ptxas_sm90.json")
     rows = []
     configs = configurations()
     for n, (schedule, cfg, dtype) in enumerate(configs, 1):

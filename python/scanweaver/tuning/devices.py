@@ -9,16 +9,17 @@ recurrence on that device (they were measured on the selective scan)::
 
     {"format": "scanweaver-device-configs", "version": 1,
      "backend": "cuda", "device": "NVIDIA H200", "match": "H200",
-     "produced_by": "python bench/gpu_defaults.py --out ...", "measured": "<date, versions>",
+     "produced_by": "python bench/gpu_defaults.py", "measured": "<date, versions>",
      "entries": [{"dtype": "float32", "lanes": 12288, "L": 4096, "schedule": "hybrid",
                   "config": {"workgroup_size": 256, "items_per_thread": 4, "lanes_per_group": 1},
                   "time_ms": 0.2, "roofline_fraction": 0.95}]}
 
 An entry serves problems within :data:`~scanweaver.tuning.store.MAX_BUCKET_DISTANCE`
 log2 buckets of its ``lanes`` and ``L``; the nearest wins.  To add a device:
-run ``python bench/gpu_defaults.py --out python/scanweaver/tuning/devices/<name>.json``
-on it (it sweeps each schedule per size class, checks every configuration
-against a float64 reference, keeps the fastest) and commit the file.
+run ``python bench/gpu_defaults.py --out-dir python/scanweaver/tuning/devices`` on it (it
+sweeps each schedule per size class, checks every configuration against a float64 reference,
+keeps the fastest, and names the file and its match after the device: ``h200.json``, ``H200``)
+and commit the file.
 
 Example:
     >>> from scanweaver.tuning.devices import lookup
@@ -31,8 +32,10 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import os
 from pathlib import Path
+
+from .. import environment
+from . import atomic
 
 FORMAT = "scanweaver-device-configs"
 VERSION = 1
@@ -44,8 +47,8 @@ log = logging.getLogger("scanweaver.tuning")
 
 def directories() -> list[Path]:
     """Where device files are read from: ``$SCANWEAVER_DEVICE_CONFIGS`` first, then the shipped ones."""
-    extra = os.environ.get(ENV_DIR)
-    return ([Path(extra)] if extra else []) + [SHIPPED]
+    extra = environment.path(ENV_DIR)
+    return ([extra] if extra is not None else []) + [SHIPPED]
 
 
 @functools.lru_cache(maxsize=8)
@@ -54,7 +57,7 @@ def _load(dirs: tuple[str, ...]) -> tuple[dict, ...]:
     for d in dirs:
         for path in sorted(Path(d).glob("*.json")):
             try:
-                doc = json.loads(path.read_text())
+                doc = json.loads(atomic.read_text(path))  # regular files only, bounded: never blocks
             except (OSError, ValueError) as exc:
                 log.warning("scanweaver: device file %s unreadable: %s", path, exc)
                 continue

@@ -91,8 +91,8 @@ def read(path: str | Path) -> list[store.Entry]:
     """
     path = Path(path)
     try:
-        text = path.read_text()
-    except OSError as exc:
+        text = atomic.read_text(path)
+    except (OSError, UnicodeDecodeError) as exc:
         raise ScanInputError(f"tune --import: cannot read {path}: {exc}") from None
     try:
         entries, skipped = store.parse_checked(text)

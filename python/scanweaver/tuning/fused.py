@@ -37,7 +37,7 @@ from ..schedules import Tunable
 from . import store
 from .langs import get_target
 from .report import TuneReport, summarize
-from .session import KernelTunerSession, require_kernel_tuner
+from .session import KernelTunerSession, require_kernel_tuner, reused_cache_notes
 from .space import VALUE_FILTERS, Limits, SearchSpace
 
 #: The store's "schedule" of a fused operation's entries.
@@ -257,23 +257,21 @@ def tune_fused(op: str = "mamba1", *, backend: str = "cpu", shape=(2, 768, 16, 2
                           f"{hashlib.sha256(blob.encode()).hexdigest()[:12]}.json"
     if fresh and cachefile.exists():
         cachefile.unlink()
+    reused = reused_cache_notes(cachefile)
     session = KernelTunerSession(spec, space, cachefile,
                                  check=lambda y: problem.check(target.fused_result(y, answer.shape), answer),
                                  progress=progress, iterations=iterations,
                                  answer=target.fused_answer(answer.astype(dtype)))
-    total = min(space.size, max_fevals) if max_fevals else space.size
-    results = session.run(strategy=strategy, max_fevals=max_fevals, time_limit=time_limit, seed=seed, total=total)
     default_cfg = FUSED.get(op).resolve(family, {}, be.fused_defaults(op, problem.features, problem.sizes), "tune")
     default_cfg = {k: v for k, v in default_cfg.items() if k not in fixed}
     default = space.join(space.schedules[0], default_cfg) if space.contains(space.join(space.schedules[0],
                                                                                      default_cfg)) else None
-    extra = []
-    if default is not None and all(space.key(default) != space.key(r) for r in results if r):
-        extra = session.run(only=default, seed=seed)
+    results = session.search(strategy=strategy, max_fevals=max_fevals, time_limit=time_limit, seed=seed,
+                             default=default)
     signature = FUSED.get(op).signature(problem.features)
-    report = summarize(results, space, default=default, default_results=extra, backend=backend, device=device,
+    report = summarize(results, space, default=default, backend=backend, device=device,
                        strategy=strategy, signature=signature, dtype=dtype, shape=problem.shape,
-                       kt_cache=str(cachefile), timing=target.timing)
+                       kt_cache=str(cachefile), timing=target.timing, notes=[*reused, *session.notes])
     if record and report.best is not None:
         best = report.best
         entry = store.Entry(backend=backend, device=device, signature=signature, dtype=dtype, lanes=problem.lanes,

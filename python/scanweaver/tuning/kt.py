@@ -26,7 +26,7 @@ import hashlib
 import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import api_boundary, BackendUnavailable, ScanInputError
@@ -36,7 +36,7 @@ from .exchange import provenance
 from .langs import get_target
 from .problem import TuneProblem
 from .report import TuneReport, summarize
-from .session import KernelTunerSession, require_kernel_tuner
+from .session import KernelTunerSession, require_kernel_tuner, reused_cache_notes
 from .space import SearchSpace, build_space
 
 STRATEGIES_NOTE = "any Kernel Tuner strategy: brute_force, random_sample, bayes_opt, genetic_algorithm, ..."
@@ -94,15 +94,6 @@ def _confirm(report: TuneReport, session: KernelTunerSession, space: SearchSpace
                             f"{median(times.get('default', [float('nan')])):.4g} ms)")
 
 
-def _default_confirmed_faster(report: TuneReport) -> bool:
-    """True when the alternate re-measurement found the default no slower than the best."""
-    from statistics import median
-
-    times = report.confirmed or {}
-    return bool(times.get("best")) and bool(times.get("default")) and \
-        median(times["default"]) <= median(times["best"])
-
-
 @dataclass
 class Prepared:
     """A tuning problem made ready where its device is: backend, space, Kernel Tuner kernel and session.
@@ -114,6 +105,7 @@ class Prepared:
         space: the search space.
         session: the Kernel Tuner session (cache file, verification against the oracle).
         default: Kernel Tuner params of the backend's default configuration, or ``None``.
+        notes: remarks for the report (a reused Kernel Tuner cache).
     """
 
     problem: TuneProblem
@@ -122,6 +114,7 @@ class Prepared:
     space: SearchSpace
     session: KernelTunerSession
     default: dict | None
+    notes: list[str] = field(default_factory=list)
 
 
 def prepare(problem: TuneProblem, *, schedule: str | tuple | None = None, strategy: str = "brute_force",
@@ -169,11 +162,12 @@ def prepare(problem: TuneProblem, *, schedule: str | tuple | None = None, strate
     cachefile = workdir / f"{_cache_stem(problem, device, space, spec.fingerprint)}{cache_suffix}.json"
     if fresh and cachefile.exists():
         cachefile.unlink()
+    notes = reused_cache_notes(cachefile)
     session = KernelTunerSession(spec, space, cachefile,
                                  check=lambda y: problem.check(target.as_lanes(y, problem), answer, atol),
                                  progress=progress, iterations=iterations,
                                  answer=target.answer_layout(answer.astype(problem.dtype)))
-    return Prepared(problem, target, device, space, session, default_params(problem, space))
+    return Prepared(problem, target, device, space, session, default_params(problem, space), notes)
 
 
 @api_boundary
@@ -197,12 +191,13 @@ def tune(recurrence=None, *, backend: str = "cpu", shape=(8, 512, 4096), dtype: 
         dtype: ``float32`` or ``float64``.
         schedule: restrict to one schedule family (or a tuple of them).
         strategy: a Kernel Tuner strategy (``brute_force``, ``random_sample``, ``bayes_opt`` ...).
-        max_fevals: evaluation budget (``None``: the strategy's own).
+        max_fevals: the most configurations measured, the default's included, with any strategy
+            (``brute_force`` then measures a random sample of that many; ``None``: the strategy's own).
         time_limit: seconds for the whole tune.
         features: call-site features the kernels are built for.
         seed: seed of the test data and of the strategy.
         record: write the best configuration to the store.
-        progress: show a progress bar.
+        progress: show a progress bar (its total is the budget).
         out: directory for ``tune.json``, ``tune.txt`` and ``tune.png``.
         iterations: timed runs per configuration (the median counts).
         fresh: discard Kernel Tuner's cached measurements of this problem first.
@@ -211,7 +206,9 @@ def tune(recurrence=None, *, backend: str = "cpu", shape=(8, 512, 4096), dtype: 
             alternately this many times each (fresh compiles, no cache) and report
             those medians, so that load drift on a shared machine between the
             sweep and the default's measurement cannot skew best/default; when the
-            default is then no slower, the default is what gets stored.
+            default is then no slower, the default is what gets stored (without
+            ``confirm``, so is a default outside the searched space that measured
+            faster than everything the search found). The table says which.
         parallel: spread the search space over this many Ray workers, each owning
             one device (:mod:`scanweaver.tuning.cluster`; ``pip install scanweaver[cluster]``).
         ray_address: the Ray cluster to use (default: ``$RAY_ADDRESS``, an already
@@ -253,14 +250,12 @@ def tune(recurrence=None, *, backend: str = "cpu", shape=(8, 512, 4096), dtype: 
     prep = prepare(problem, schedule=schedule, strategy=strategy, values=values, progress=progress,
                    iterations=iterations, fresh=fresh, device=device)
     session, space, default = prep.session, prep.space, prep.default
-    total = min(space.size, max_fevals) if max_fevals else space.size
-    results = session.run(strategy=strategy, max_fevals=max_fevals, time_limit=time_limit, seed=seed, total=total)
-    extra: list[dict] = []
-    if default is not None and all(space.key(default) != space.key(r) for r in results if r):
-        extra = session.run(only=default, seed=seed)
-    report = summarize(results, space, default=default, default_results=extra, backend=problem.backend,
+    results = session.search(strategy=strategy, max_fevals=max_fevals, time_limit=time_limit, seed=seed,
+                             default=default)
+    report = summarize(results, space, default=default, backend=problem.backend,
                        device=prep.device, strategy=strategy, signature=problem.signature, dtype=problem.dtype,
-                       shape=problem.shape, kt_cache=str(session.cachefile), timing=prep.target.timing)
+                       shape=problem.shape, kt_cache=str(session.cachefile), timing=prep.target.timing,
+                       notes=prep.notes + session.notes)
     if default is None:
         report.notes.append("the default schedule is outside the tuned space; its time was not measured")
     if confirm > 0 and report.best is not None:
@@ -276,12 +271,11 @@ def _finish(report: TuneReport, problem: TuneProblem, prep: Prepared | None, str
     """Stores the best configuration (or the default, when re-measured no slower) and saves the report."""
     if record and report.best is not None:
         best = report.best
-        schedule, config, time_ms = best.schedule, dict(best.config), best.time_ms
-        if prep is not None and prep.default is not None and _default_confirmed_faster(report):
+        # the times the table compares (re-measured medians after confirm=), so the store says what it says
+        schedule, config, time_ms = best.schedule, dict(best.config), report.best_ms
+        if prep is not None and prep.default is not None and report.stores_default:
             schedule, config = prep.space.split(prep.default)
             time_ms = report.default_ms
-            report.notes.append("re-measured, the default was at least as fast as the search's best: "
-                                "the default configuration is stored")
         kt_cache = ""
         if prep is not None:
             kt_cache = str(prep.session.cachefile.relative_to(store.cache_dir()))

@@ -125,6 +125,19 @@ def read_cached(cachefile: Path) -> list[dict]:
     return list(util.read_cache(str(cachefile), open_cache=False)["cache"].values())
 
 
+def reused_cache_notes(cachefile: Path) -> list[str]:
+    """What a tune on ``cachefile`` will reuse instead of measuring (``[]`` for a new or empty cache)."""
+    try:
+        entries = read_cached(cachefile)
+    except Exception as exc:  # an unreadable cache: Kernel Tuner will say so when it opens it
+        return [f"Kernel Tuner's cache {cachefile} could not be read ({type(exc).__name__}); it is not reused"]
+    if not entries:
+        return []
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(Path(cachefile).stat().st_mtime))
+    return [f"reused {len(entries)} configuration(s) measured before from Kernel Tuner's cache {cachefile} "
+            f"(last written {when}); they were not measured again: pass --fresh (fresh=True) to re-measure"]
+
+
 def reason_of(exc: BaseException) -> str:
     """A one-line reason for a configuration's failure (compiler stderr when there is one)."""
     stderr = getattr(exc, "stderr", None)
@@ -178,6 +191,7 @@ class KernelTunerSession:
         self.current: dict | None = None
         self.wrong: dict[str, str] = {}
         self.output = io.StringIO()
+        self.notes: list[str] = []
         self._bar = None
         self._seen: set[str] = set()
 
@@ -242,7 +256,11 @@ class KernelTunerSession:
         kernel_tuner = require_kernel_tuner()
         start = time.monotonic()
         failed: set[str] = set()
-        with self._progress_bar(total):
+        if strategy == "brute_force" and max_fevals is not None and max_fevals < self.space.size and only is None:
+            strategy = "random_sample"  # Kernel Tuner's brute force takes no budget: sample within it instead
+            self.notes.append(f"brute_force takes no budget: a random sample of {max_fevals} of the "
+                              f"{self.space.size} configurations was searched instead")
+        with self.progress_bar(total):
             while True:
                 opts = {}
                 if max_fevals is not None and strategy != "brute_force":
@@ -295,9 +313,40 @@ class KernelTunerSession:
         """Every configuration in the cache file (what a replay sees)."""
         return read_cached(self.cachefile)
 
+    def search(self, *, strategy: str = "brute_force", max_fevals: int | None = None,
+               time_limit: float | None = None, seed: int | None = 0, default: dict | None = None) -> list[dict]:
+        """Runs the strategy within the budget and measures ``default`` too: the results of both.
+
+        ``max_fevals`` bounds the configurations measured, the default's included: with a budget smaller
+        than the space, the default is measured first, as one of them (with a budget of one, not at all);
+        without one, after the strategy when it did not visit it. One progress bar, its total the budget,
+        counts the configurations measured (those Kernel Tuner's cache served are not measured again).
+        """
+        size = self.space.size
+        budget = min(max_fevals, size) if max_fevals is not None else None
+        bounded = budget is not None and budget < size
+        outside = default is not None and not self.space.contains(default)
+        out: list[dict] = []
+        with self.progress_bar(budget if bounded else size + int(outside)):
+            if default is not None and bounded and budget >= 2:
+                out += [r for r in self.run(only=default, seed=seed) if r]
+                budget -= 1
+                self.notes.append(f"the default configuration counts in the budget of {max_fevals}: measured "
+                                  f"first, then {budget} by {strategy}")
+            out += [r for r in self.run(strategy=strategy, max_fevals=budget, time_limit=time_limit, seed=seed)
+                    if r]
+            if default is not None and not bounded and all(self.space.key(default) != self.space.key(r)
+                                                           for r in out):
+                out += [r for r in self.run(only=default, seed=seed) if r]
+        if default is not None and bounded and max_fevals == 1:
+            self.notes.append("a budget of one configuration leaves none for the default: its time was not measured")
+        return out
+
     @contextlib.contextmanager
-    def _progress_bar(self, total):
-        if not self.progress or total is None:
+    def progress_bar(self, total: int | None):
+        """A tqdm bar of ``total`` configurations for the runs inside the block (one bar however many runs;
+        none without tqdm, with ``progress=False`` or ``total=None``)."""
+        if not self.progress or total is None or self._bar is not None:
             yield
             return
         try:

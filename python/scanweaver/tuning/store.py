@@ -57,6 +57,7 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .. import environment
 from ..errors import ScanWeaverError
 from . import atomic
 from .store_check import entry_problem
@@ -85,13 +86,15 @@ def cache_dir() -> Path:
         >>> store.cache_dir().name != ""
         True
     """
-    return _cache_dir(os.environ.get("SCANWEAVER_CACHE_DIR"))
+    return _cache_dir(environment.text("SCANWEAVER_CACHE_DIR"))
 
 
 @functools.lru_cache(maxsize=8)
 def _cache_dir(env: str | None) -> Path:
-    if env:
-        return Path(env).expanduser()
+    """The directory for the raw value ``env`` of the variable (the cache key), read through the one reader."""
+    given = environment.path("SCANWEAVER_CACHE_DIR")
+    if given is not None:
+        return given
     import platformdirs
 
     return Path(platformdirs.user_cache_dir("scanweaver"))
@@ -104,7 +107,7 @@ def user_store_path() -> Path:
 
 def shared_paths() -> list[Path]:
     """The store files named by ``$SCANWEAVER_TUNED`` (empty when unset)."""
-    return list(_shared_paths(os.environ.get(SHARED_ENV, "")))
+    return list(_shared_paths(environment.text(SHARED_ENV)))
 
 
 @functools.lru_cache(maxsize=8)
@@ -351,7 +354,7 @@ def _load(path: Path, fresh: bool = False) -> tuple[list[Entry], list]:
     if hit is not None and hit[0] == stamp and not fresh:
         return hit[1], hit[2]
     try:
-        entries, skipped = parse_checked(path.read_text())
+        entries, skipped = parse_checked(atomic.read_text(path))
     except (StoreFormatError, OSError, UnicodeDecodeError) as exc:
         _warn(f"scanweaver: tuned-config store {path} is unusable ({exc}); ignoring it, scans use defaults",
               (str(path), stamp))
@@ -371,7 +374,7 @@ def _load_for_write(path: Path) -> tuple[list[Entry], list]:
             that is not valid JSON: replacing it would lose entries that are not ours.
     """
     try:
-        text = path.read_text()
+        text = atomic.read_text(path)
     except FileNotFoundError:
         return [], []
     except (OSError, UnicodeDecodeError) as exc:
@@ -454,7 +457,8 @@ def lookup(*, backend: str, device: str, signature: str, dtype: str, lanes: int,
     try:
         entries = load(path) if path is not None else [e for _, es in load_sources() for e in es]
     except Exception as exc:  # a store problem must never break a scan
-        log.warning("scanweaver: tuned-config store unreadable: %s", exc)
+        _warn(f"scanweaver: tuned-config store unreadable ({type(exc).__name__}: {exc}); scans use defaults",
+              ("lookup", type(exc).__name__, str(exc)))
         entries = []
     want = (backend, device, signature, dtype)
     mine = [e for e in entries if (e.backend, e.device, e.signature, e.dtype) == want]

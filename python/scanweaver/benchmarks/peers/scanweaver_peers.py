@@ -53,7 +53,7 @@ class ScanWeaverEntry(Peer):
         return None if avail.ok else avail.reason
 
     def device(self) -> str:
-        from ...api import pick_backend
+        from ...core.dispatch import pick_backend
 
         dev = pick_backend(self.backend).availability().device
         return dev or host_cpu()
@@ -74,7 +74,7 @@ class ScanWeaverEntry(Peer):
 
     def estimate(self, case: Case) -> float:
         if self.backend == "auto":
-            from ...api import pick_backend
+            from ...core.dispatch import pick_backend
 
             name = pick_backend("auto").name
             return case.elements * BACKEND_COST_NS.get(name, 5.0) * 1e-9
@@ -118,16 +118,17 @@ class DefaultPath(ScanWeaverEntry):
 
 
 class Roofline(Peer):
-    """An elementwise C kernel with the scan's traffic (4 reads, 1 write) on every core: the memory bound."""
+    """An elementwise C kernel with the scan's traffic (4 reads, 1 write) on the free cores: the memory bound."""
 
     name = "roofline"
     label = "Roofline: elementwise a*b+x*c (memory bound)"
     kind = "bound"
     recurrence = "elementwise (no recurrence)"
     checked = False
-    note = ("Roofline: y = a*b + x*c in C with OpenMP on every core (scanweaver.runtime.roofline's kernel) on "
-            "the same operands, writing a preallocated y; same bytes as the scan; roofline fraction = roofline "
-            "time / scan time. The public selective_scan call also allocates and first-touches its output.")
+    note = ("Roofline: y = a*b + x*c in C with OpenMP on the free cores (scanweaver.runtime.roofline's kernel, "
+            "the cpu backend's threads=0 rule) on the same operands, writing a preallocated y; same bytes as the "
+            "scan. Roofline fraction = roofline time / scan time, from the two timed again interleaved on the "
+            "default path's own thread count; above 1.05 it is impossible and reported as n/a (busy).")
     ns_per_element = 1.0
 
     def availability(self):

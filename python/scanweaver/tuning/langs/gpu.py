@@ -99,8 +99,8 @@ class GPUTarget(KernelTunerTarget):
         )
 
     def fused_kernel(self, problem, space: SearchSpace, inputs: dict[str, np.ndarray], workdir: Path) -> KernelSpec:
-        """A fused operation's forward (:mod:`scanweaver.tuning.fused`): one kernel, ``batch * D`` workgroups of
-        ``workgroup_size`` work-items, the source rendered per configuration."""
+        """A fused operation's forward (:mod:`scanweaver.tuning.fused`): one kernel, as many workgroups of
+        ``workgroup_size`` work-items as the rendering's plan launches, the source rendered per configuration."""
         from ...fused import REGISTRY as FUSED
         from ...targets import TARGETS
         from ...targets.fused import kernel_for
@@ -115,6 +115,11 @@ class GPUTarget(KernelTunerTarget):
 
         fp = hashlib.sha256(source({k: v[0] for k, v in space.params.items()}).encode()).hexdigest()[:12]
         args, out = fused_arguments(problem, inputs)
+        def size(p: dict) -> int:  # work-items of the forward's one launch
+            cfg = {k: p[k] for k in space.params}
+            launch = kernel.plan(op.call("forward", problem.features, cfg), problem.sizes).launches[0]
+            return launch.groups * launch.block
+
         return KernelSpec(lang=self.lang, kernel_name=kernel.entry("forward"), kernel_source=source,
-                          problem_size=lambda p: problem.lanes * p["workgroup_size"], arguments=args, output=out,
+                          problem_size=size, arguments=args, output=out,
                           grid_div_x=["workgroup_size"], block_size_names=["workgroup_size"], fingerprint=fp)

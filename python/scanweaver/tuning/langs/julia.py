@@ -23,10 +23,11 @@ launchers accept for their flags (``ScanWeaver.launch_flag``).
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
+
+from ... import environment
 
 from ...errors import BackendUnavailable, ScanInputError
 from ..problem import TuneProblem
@@ -47,7 +48,7 @@ def _julia_exclusive():
 
 def julia_device() -> str:
     """The Julia device to tune (``SCANWEAVER_JULIA_DEVICE``, default ``cuda``)."""
-    return os.environ.get("SCANWEAVER_JULIA_DEVICE", "cuda")
+    return environment.text("SCANWEAVER_JULIA_DEVICE", "cuda")
 
 
 @register

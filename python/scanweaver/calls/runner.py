@@ -1,0 +1,238 @@
+"""The one runner of every fused operation: which backend, which tunables, what ran, and one kind of failure.
+
+Every operation built on a fused kernel (:mod:`scanweaver.fused`: ``mamba1``,
+``matrix_state``, ``delta_rule``) runs its parts through here:
+
+* :func:`backend_for` picks the backend: the one named by ``backend=``, or with
+  ``auto`` the best available backend that renders the part for the dtype (and
+  whose rendering fits the call's features).  A named backend without that
+  rendering raises :class:`~scanweaver.errors.BackendUnavailable` naming the
+  backends that have one; with ``fallback=True`` (a backward on a backend that
+  renders only the forward, or whose rendering does not fit the call's features)
+  the best backend that has it runs instead, and :class:`FusedInfo` says so.
+  Backends are ranked by the accumulation dtype (``features.state_dtype`` where
+  the operation has one: float16/bfloat16 storage runs where float32 does).
+* :func:`resolve` gives the tunables: the call's, else the tuned store's entry
+  for this device and problem size, else the backend's documented defaults;
+  resolved once per signature and kept until a tuned store changes.
+* :func:`run` runs one part and records what ran in :data:`last` (per
+  operation) and :data:`LAST` (the most recent call of any).
+
+Example:
+    >>> import numpy as np
+    >>> from scanweaver.calls import runner
+    >>> be = runner.backend_for("mamba1", "forward", "numpy", np.dtype(np.float64), api="demo")
+    >>> be.name
+    'numpy'
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import BackendUnavailable, ScanInputError
+from ..fused import REGISTRY as FUSED
+from ..runtime import REGISTRY as BACKENDS
+from ..runtime import Backend, get_backend
+
+
+@dataclass(frozen=True)
+class FusedInfo:
+    """What one fused call ran.
+
+    Attributes:
+        backend: the backend's name.
+        part: ``forward`` or ``backward``.
+        config: the tunables it ran with (``algorithm`` among them where the kernel has several).
+        source: where they came from: ``explicit`` (the call's), ``tuned`` (the store's) or ``default``.
+        op: the fused operation.
+        fallback: why another backend than the one asked for ran (``""`` when none did).
+    """
+
+    backend: str
+    part: str
+    config: dict
+    source: str
+    op: str = ""
+    fallback: str = ""
+
+    @property
+    def algorithm(self) -> str:
+        """The kernel's algorithm (``recurrent``, ``chunked`` ...), or ``""`` for kernels with one."""
+        return str(self.config.get("algorithm", ""))
+
+
+#: Fused operation -> :class:`FusedInfo` of its most recent call in this process.
+last: dict[str, FusedInfo] = {}
+#: The most recent fused call of any operation (``None`` before the first).
+LAST: FusedInfo | None = None
+_order: dict[str, int] = {}
+_counter = itertools.count()
+_lock = threading.Lock()
+
+
+def renders(op: str, part: str) -> list[str]:
+    """Names of the backends that render ``part`` of fused operation ``op``, sorted."""
+    fused = FUSED.get(op)
+    return sorted(n for n, c in BACKENDS.items() if fused.runs_on(c.target, part))
+
+
+def misfit(be: Backend, op: str, part: str, features: Any, config: dict | None = None) -> str | None:
+    """Why ``be``'s rendering of ``part`` cannot run ``features`` (with ``config``; ``None``: with any), else
+    ``None`` (e.g. the GPU kernels' private arrays of N states)."""
+    from ..targets.fused import kernel_for
+
+    kernel = kernel_for(be.target, op)
+    return kernel.misfit(part, features, config) if kernel is not None and hasattr(kernel, "misfit") else None
+
+
+def best(op: str, part: str, dtype: np.dtype, features: Any = None) -> Backend | None:
+    """The best available backend (by ``auto`` priority) that renders ``part`` for ``dtype`` and fits
+    ``features``, or ``None``."""
+    fused = FUSED.get(op)
+    ranked = sorted((c for _, c in BACKENDS.items() if c.auto_priority >= 0 and fused.runs_on(c.target, part)
+                     and np.dtype(dtype).name in c.dtypes), key=lambda c: -c.auto_priority)
+    for cls in ranked:
+        if not cls.availability().ok:
+            continue
+        be = get_backend(cls.name)
+        if features is None or misfit(be, op, part, features) is None:
+            return be
+    return None
+
+
+def backend_for(op: str, part: str, backend: str, dtype: np.dtype, *, api: str, features: Any = None,
+                fallback: bool = False) -> Backend:
+    """The backend that runs ``part`` of ``op`` for ``backend=`` (see the module docstring).
+
+    Raises:
+        BackendUnavailable: no backend can: the message names the backends that render the part.
+    """
+    if backend == "auto":
+        be = best(op, part, dtype, features)
+        if be is None:
+            raise BackendUnavailable(f"{api}: no available backend renders the fused {op} {part} kernel for "
+                                     f"{np.dtype(dtype).name}; backends with one: {', '.join(renders(op, part))}")
+        return be
+    cls = BACKENDS.get(backend)  # unknown names: the registry's error, naming the known ones
+    if FUSED.get(op).runs_on(cls.target, part):
+        be = get_backend(backend)
+        if not (fallback and features is not None and misfit(be, op, part, features) is not None):
+            return be
+    if fallback:
+        other = best(op, part, dtype, features)
+        if other is not None:
+            return other
+    raise BackendUnavailable(f"{api}: backend {backend!r} has no fused {op} {part} kernel; backends with one: "
+                             f"{', '.join(renders(op, part))} (or backend='auto')")
+
+
+@dataclass
+class _Memo:
+    """Resolved tunables per call signature, until a tuned store changes (``stamp``)."""
+
+    stamp: object = None
+    entries: dict = field(default_factory=dict)
+
+
+_memo = _Memo()
+
+
+def resolve(be: Backend, op: str, part: str, features: Any, sizes: dict[str, int], tunables: dict, *,
+            api: str) -> tuple[dict, str]:
+    """``(config, source)`` of a call: ``tunables`` (``explicit``), else the tuned store's entry (``tuned``),
+    else the backend's defaults (``default``), validated by the operation's declared tunables.
+
+    Raises:
+        ScanInputError: an unknown tunable for the backend's family, or a value its rule refuses.
+    """
+    from ..targets.fused import family_of
+    from ..tuning import store
+
+    try:
+        key = (be.name, op, part, features, tuple(sorted(sizes.items())), tuple(sorted(tunables.items())))
+        hash(key)
+    except TypeError:
+        key = None
+    stamp = store.stamp()
+    with _lock:
+        if _memo.stamp != stamp:
+            _memo.stamp, _memo.entries = stamp, {}
+        hit = _memo.entries.get(key) if key is not None else None
+    if hit is not None:
+        return dict(hit[0]), hit[1]
+    fused = FUSED.get(op)
+    family = family_of(be.target)
+    defaults = be.fused_defaults(op, features, sizes)
+    source = "explicit" if tunables else "default"
+    if not tunables and fused.tunables_for(family):
+        lanes, L = fused.problem(features, sizes)
+        entry = store.lookup(backend=be.name, device=be.availability().device, signature=fused.signature(features),
+                             dtype=features.dtype, lanes=lanes, L=L)
+        if entry is not None and entry[0] == store.FUSED_PREFIX + op:
+            defaults, source = {**defaults, **dict(entry[1])}, "tuned"
+    cfg = fused.resolve(family, tunables, defaults, api)
+    reason = misfit(be, op, part, features, cfg)
+    if reason:
+        raise ScanInputError(f"{api}: {reason}")
+    if key is not None:
+        with _lock:
+            if len(_memo.entries) > 512:
+                _memo.entries.clear()
+            _memo.entries[key] = (dict(cfg), source)
+    return cfg, source
+
+
+def record(info: FusedInfo) -> FusedInfo:
+    """Records ``info`` as what the last call of its operation (and of any) ran."""
+    global LAST
+    with _lock:
+        last[info.op] = info
+        _order[info.op] = next(_counter)
+        LAST = info
+    return info
+
+
+def latest(*ops: str) -> FusedInfo | None:
+    """The most recent call's report among fused operations ``ops`` (``None`` before any)."""
+    known = [op for op in ops if op in last]
+    return last[max(known, key=lambda op: _order[op])] if known else None
+
+
+def run(op: str, part: str, features: Any, arrays: dict[str, Any], sizes: dict[str, int], *, backend: str = "auto",
+        tunables: dict | None = None, api: str, fallback: bool = False) -> FusedInfo:
+    """Runs ``part`` of fused operation ``op`` on ``arrays`` (its ``out`` arrays are written in place).
+
+    Args:
+        op: the fused operation's name.
+        part: ``forward`` or ``backward``.
+        features: the operation's compile-time features for this call.
+        arrays: kernel parameter name -> array (``None`` for NULL).
+        sizes: the kernel's ``int`` parameters.
+        backend: ``auto`` or a backend name.
+        tunables: the call's tunables (``{}``: the store's, else the defaults).
+        api: the public call's name (errors start with it).
+        fallback: run on the best backend that has the part when ``backend`` has none, or none that fits.
+
+    Returns:
+        what ran (also in :data:`last`).
+    """
+    dtype = np.dtype(getattr(features, "state_dtype", features.dtype))  # half storage runs where float32 does
+    be = backend_for(op, part, backend, dtype, api=api, features=features, fallback=fallback)
+    given = dict(tunables or {})
+    why = ""
+    if backend not in ("auto", be.name):
+        asked = get_backend(backend) if FUSED.get(op).runs_on(BACKENDS.get(backend).target, part) else None
+        reason = f"its kernel does not fit ({misfit(asked, op, part, features)})" if asked is not None else \
+            f"it has no fused {op} {part} kernel"
+        why = f"backend {backend!r}: {reason}; {be.name!r} ran it"
+        given = {}  # the tunables were meant for the backend asked for
+    cfg, source = resolve(be, op, part, features, sizes, given, api=api)
+    fused = FUSED.get(op)
+    be.run_fused(fused.call(part, features, cfg), arrays, sizes)
+    return record(FusedInfo(be.name, part, cfg, source, op, why))

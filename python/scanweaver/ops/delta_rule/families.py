@@ -1,0 +1,137 @@
+"""DeltaNet, Gated DeltaNet, KDA and RWKV-7 on NumPy arrays: the wrappers around the fused ``delta_rule``.
+
+:func:`family_forward` and :func:`family_backward` take a kernel pair's inputs
+(in the order of :data:`INPUTS`) and options, and around the fused kernels of
+:mod:`.kernels` apply what the named operations add: the output scale
+(``o = scale * S^T q``, so the backward takes ``scale * do``), fla's
+``use_beta_sigmoid_in_kernel`` and ``allow_neg_eigval`` (``beta = c *
+sigmoid(beta)``, c = 2 with negative eigenvalues allowed, and its chain rule)
+and ``state_v_first`` (states stored ``(N, HV, V, K)``).  Outputs are ``[o,
+final_state]``, o in v's dtype and the state in the accumulation dtype;
+gradients come back in each input's dtype.
+
+Example:
+    >>> import numpy as np
+    >>> from scanweaver.ops.delta_rule.families import family_forward
+    >>> rng = np.random.default_rng(0)
+    >>> q, k, v = rng.normal(size=(3, 1, 5, 2, 4))
+    >>> g, beta = -rng.uniform(0, 1, (2, 1, 5, 2))
+    >>> o, h = family_forward("gated_delta_rule", [q, k / 2, v, g, -beta, None], {"backend": "numpy"})
+    >>> o.shape, h.shape
+    ((1, 5, 2, 4), (1, 2, 4, 4))
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...errors import ScanInputError
+from .kernels import backward, forward
+from .operands import DeltaOperands, operands
+
+#: Each named operation's kernel-pair inputs, in order (also its declaration's ``arrays``).
+INPUTS = {"delta_rule": ("q", "k", "v", "beta", "initial_state"),
+          "gated_delta_rule": ("q", "k", "v", "g", "beta", "initial_state"),
+          "kda": ("q", "k", "v", "g", "beta", "initial_state"),
+          "rwkv7": ("r", "w", "k", "v", "a", "b", "initial_state")}
+#: The default output scale where it is not ``K**-0.5``.
+DEFAULT_SCALE = {"rwkv7": 1.0}
+
+
+def scale_of(api: str, scale, K: int) -> float:
+    """The output scale: ``K**-0.5`` when None, else a finite real number."""
+    if scale is None:
+        return float(K) ** -0.5
+    try:
+        value = float(scale)
+    except (TypeError, ValueError):
+        raise ScanInputError(f"{api}: scale must be a real number or None, got {type(scale).__name__}") from None
+    if not np.isfinite(value):
+        raise ScanInputError(f"{api}: scale must be finite, got {value}")
+    return value
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    """The logistic function in float32 or wider, without overflow warnings."""
+    x = np.asarray(x, np.float64 if np.asarray(x).dtype == np.float64 else np.float32)
+    with np.errstate(over="ignore"):
+        return 1 / (1 + np.exp(-x))
+
+
+def _beta_scale(options: dict) -> float | None:
+    """c of ``beta = c * sigmoid(beta)`` (2 with ``allow_neg_eigval``), or None when beta is taken as given."""
+    if not options.get("beta_sigmoid"):
+        return None
+    return 2.0 if options.get("neg_eigval") else 1.0
+
+
+def _swap(x):
+    """``(..., K, V)`` <-> ``(..., V, K)`` (fla's ``state_v_first``), or None."""
+    return None if x is None else np.swapaxes(np.asarray(x), -1, -2)
+
+
+def prepare(family: str, inputs: list, options: dict) -> DeltaOperands:
+    """The checked operands of one call of ``family`` (a key of :data:`INPUTS`)."""
+    named = dict(zip(INPUTS[family], inputs, strict=True))
+    h0 = named.pop("initial_state")
+    if options.get("state_v_first") and h0 is not None:
+        shape = tuple(np.shape(h0))
+        if len(shape) != 4:
+            raise ScanInputError(f"{family}: initial_state has shape {shape}; with state_v_first it needs "
+                                 "(N, HV, V, K)")
+        h0 = _swap(h0)
+    c = _beta_scale(options)
+    if c is not None and named.get("beta") is not None:
+        raw = np.asarray(named["beta"])
+        named["beta"] = (c * _sigmoid(raw)).astype(raw.dtype if raw.dtype.kind == "f" else np.float64)
+    names = {}
+    if family == "rwkv7":
+        named = {"q": named["r"], "g": named["w"], **{n: named[n] for n in ("k", "v", "a", "b")}}
+        names = {"q": "r", "g": "w"}
+    return operands(family, family, named.pop("q"), named.pop("k"), named.pop("v"), h0=h0,
+                    cu_seqlens=options.get("cu_seqlens"), l2norm=bool(options.get("l2norm")), names=names, **named)
+
+
+def family_forward(family: str, inputs: list, options: dict) -> list:
+    """``[o, final_state]`` of ``family`` (o in v's dtype, the state in the accumulation dtype, ``(N, HV, K, V)``
+    or ``(N, HV, V, K)`` with ``state_v_first``)."""
+    ops = prepare(family, inputs, options)
+    o, h = forward(ops, backend=options.get("backend", "auto"), api=family, chunk_size=options.get("chunk_size"),
+                   **options.get("tunables", {}))
+    s = ops.state_dtype.type(scale_of(family, options.get("scale", DEFAULT_SCALE.get(family)), ops.q.shape[3]))
+    if o.dtype == ops.state_dtype:
+        o *= s  # in place: o is the kernel's own buffer
+    else:  # half storage: scaled in float32, rounded once
+        o = np.multiply(o, s, dtype=ops.state_dtype)
+    o = o.astype(ops.out_dtype, copy=False)
+    if options.get("state_v_first"):
+        h = np.ascontiguousarray(_swap(h))
+    return [o, h]
+
+
+def family_backward(family: str, inputs: list, residuals: list, cotangents: list, needs: list,
+                    options: dict) -> list:
+    """Gradients of ``family`` for the inputs with ``needs`` set (see :mod:`scanweaver.calls.pairs`)."""
+    ops = prepare(family, inputs, options)
+    do, dht = cotangents
+    s = ops.state_dtype.type(scale_of(family, options.get("scale", DEFAULT_SCALE.get(family)), ops.q.shape[3]))
+    if do is not None:  # one new array: the kernels read scale * do
+        do = np.multiply(np.asarray(do), s, dtype=ops.state_dtype).astype(ops.dtype, copy=False)
+    if dht is not None and options.get("state_v_first"):
+        dht = _swap(dht)
+    gr = backward(ops, do, dht, backend=options.get("backend", "auto"), api=family,
+                  chunk_size=options.get("chunk_size"), **options.get("tunables", {}))
+    c = _beta_scale(options)
+    if c is not None and gr["dbeta"] is not None:
+        sig = _sigmoid(np.asarray(inputs[INPUTS[family].index("beta")]))
+        gr["dbeta"] = gr["dbeta"].astype(sig.dtype) * (c * sig * (1 - sig))
+    if gr["dh0"] is not None and options.get("state_v_first"):
+        gr["dh0"] = _swap(gr["dh0"])
+    alias = {"r": "dq", "w": "dg", "q": "dq", "g": "dg", "initial_state": "dh0"}
+    out = []
+    for x, name, need in zip(inputs, INPUTS[family], needs, strict=True):
+        if need:
+            gx = gr[alias.get(name, "d" + name)]
+            gx = np.zeros(np.shape(x), ops.state_dtype) if gx is None else np.reshape(gx, np.shape(x))
+            out.append(np.ascontiguousarray(gx, dtype=np.asarray(x).dtype))
+    return out

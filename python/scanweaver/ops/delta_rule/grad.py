@@ -1,0 +1,152 @@
+"""The kernel pairs of the delta-rule operations, for the PyTorch and JAX front ends, and their options.
+
+Registered in :data:`scanweaver.calls.pairs.PAIRS` as ``delta_rule``,
+``gated_delta_rule``, ``kda`` and ``rwkv7``, so ``scanweaver.torch.<op>`` (a
+``torch.library`` custom op with an autograd formula) and
+``scanweaver.jax.<op>`` (a ``jax.custom_vjp``) run the fused ``delta_rule``
+forward and backward of :mod:`.kernels` with the chain rule of
+:mod:`.families`.  Nothing per step is saved between the passes: the residuals
+are the inputs, and the backward recomputes the states from checkpoints.
+
+Outputs of every pair: ``o`` (v's dtype) and the final state (the accumulation
+dtype).  :func:`options` turns a call's arguments (fla's, by name) into the
+pair's options, Python literals, refusing fla's arguments that have no meaning
+here when they are set.
+
+Example:
+    >>> import numpy as np
+    >>> from scanweaver.calls.pairs import PAIRS
+    >>> rng = np.random.default_rng(0)
+    >>> q, k, v = rng.normal(size=(3, 1, 4, 1, 2))
+    >>> pair = PAIRS.get("delta_rule")
+    >>> ins = [q, k / 2, v, rng.uniform(0, 1, (1, 4, 1)), None]
+    >>> o, h = pair.forward(ins, {"backend": "numpy"})
+    >>> [g.shape for g in pair.backward(ins, [], [np.ones_like(o), None], [True, False, True, False, False],
+    ...                                 {"backend": "numpy"})]
+    [(1, 4, 1, 2), (1, 4, 1, 2)]
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from ...arrays import host_arrays, is_half
+from ...calls.pairs import PAIRS, KernelPair
+from ...errors import ScanInputError
+from .families import INPUTS, family_backward, family_forward
+from .operands import accumulation, storage_dtype
+
+#: fla's keyword arguments (its ``**kwargs``) each operation takes beside the kernels' tunables.
+FLA_KEYWORDS = {"delta_rule": ("chunk_size",), "gated_delta_rule": ("chunk_size", "use_gate_in_kernel", "A_log",
+                                                                     "dt_bias"),
+                "kda": ("chunk_size", "A_log", "dt_bias"), "rwkv7": ()}
+#: fla's removed ``head_first`` (its own message).
+HEAD_FIRST = "head_first has been removed. Inputs must be in `[B, T, H, ...]` format."
+_GATE = ("computes the gate -exp(A_log) * softplus(g + dt_bias) inside fla's kernel; compute g so in PyTorch or "
+         "JAX (it is differentiable there) and pass it with use_gate_in_kernel=False")
+
+
+def _wrap(family: str):
+    """The pair's functions on host arrays, results back on the inputs' device (CuPy arrays from CUDA tensors)."""
+
+    def fwd(inputs: list, options: dict) -> list:
+        host, xp = host_arrays(inputs)
+        out = family_forward(family, host, options)
+        return out if xp is None else [xp.asarray(r) for r in out]
+
+    def bwd(inputs: list, residuals: list, cotangents: list, needs: list, options: dict) -> list:
+        host, xp = host_arrays(inputs)
+        cot, _ = host_arrays(list(cotangents))
+        out = family_backward(family, host, residuals, cot, needs, options)
+        return out if xp is None else [xp.asarray(g) for g in out]
+
+    return fwd, bwd
+
+
+def _shapes(family: str, specs: list, options: dict) -> list:
+    """``[(o's shape, dtype), (the final state's shape, dtype)]`` from the inputs' specs."""
+    spec = dict(zip(INPUTS[family], specs, strict=True))
+    qn = "r" if family == "rwkv7" else "q"
+    for name in (qn, "v"):
+        if spec[name] is None or len(spec[name][0]) != 4:
+            raise ScanInputError(f"{family}: {name} needs 4 dimensions, got "
+                                 f"{'none' if spec[name] is None else tuple(spec[name][0])}")
+    (B, _, _, K), v = spec[qn][0], tuple(spec["v"][0])
+    store = storage_dtype([s[1] for n, s in spec.items() if s is not None and n != "initial_state"])
+    out = spec["v"][1] if np.dtype(spec["v"][1]).kind == "f" or is_half(spec["v"][1]) else store
+    cu = options.get("cu_seqlens")
+    nseq = B if cu is None else len(cu) - 1
+    state = (nseq, v[2], v[3], K) if options.get("state_v_first") else (nseq, v[2], K, v[3])
+    return [(v, np.dtype(out)), (state, accumulation(store))]
+
+
+for _family in INPUTS:
+    PAIRS.register()(KernelPair(_family, *_wrap(_family), functools.partial(_shapes, _family), n_outputs=2))
+
+
+def _cu(api: str, name: str, value) -> list | None:
+    if value is None:
+        return None
+    try:
+        flat = np.asarray(value).reshape(-1)
+    except Exception:  # e.g. a CUDA tensor: its values are needed on the host
+        flat = np.asarray(value.tolist()).reshape(-1)
+    if flat.dtype.kind not in "iu":
+        raise ScanInputError(f"{api}: {name} must hold integers [0, ..., T], got dtype {flat.dtype}")
+    return [int(c) for c in flat]
+
+
+def _refuse(api: str, args: dict, checks: dict) -> None:
+    """Raises for the first argument of ``checks`` (name -> (default, why)) set to another value."""
+    for name, (default, why) in checks.items():
+        value = args.get(name, default)
+        if value is not default and value != default:
+            raise ScanInputError(f"{api}: {name}={value!r} is not supported: {why}")
+
+
+def options(family: str, args: dict) -> dict:
+    """The kernel pair's options of one call of ``family`` from its arguments by name (``tunables``: the ``**``
+    keywords).  Literals only: they key the front ends' compiled ops.
+
+    Raises:
+        ScanInputError: an argument of fla's set to a value that has no meaning here, or inconsistent flags.
+    """
+    tunables = dict(args.get("tunables") or {})
+    extra = {n: tunables.pop(n) for n in FLA_KEYWORDS[family] if n in tunables}
+    if "transpose_state_layout" in tunables:
+        raise ScanInputError(f"{family}: transpose_state_layout is fla's deprecated name of state_v_first; pass "
+                             "state_v_first")
+    if extra.get("use_gate_in_kernel") or args.get("use_gate_in_kernel"):
+        raise ScanInputError(f"{family}: use_gate_in_kernel=True is not supported: it {_GATE}")
+    for name in ("A_log", "dt_bias"):
+        if extra.get(name) is not None:
+            raise ScanInputError(f"{family}: {name} is read only by fla's use_gate_in_kernel, which {_GATE}")
+    _refuse(family, args, {
+        "cp_context": (None, "context parallelism splits a sequence over devices in fla; ScanWeaver runs whole "
+                             "sequences (pass cu_seqlens for packed ones)"),
+        "return_intermediate_states": (False, "fla's per-chunk states of its chunked kernels; the decode step "
+                                              f"{family}_step and output_final_state give the states"),
+        "use_graph": (False, "fla's CUDA/NPU graph capture with padded cu_seqlens; not needed here"),
+        "max_num_seqs": (None, "it goes with fla's use_graph"),
+    })
+    if args.get("allow_neg_eigval") and not args.get("use_beta_sigmoid_in_kernel"):
+        raise ScanInputError(f"{family}: allow_neg_eigval=True requires use_beta_sigmoid_in_kernel=True "
+                             "(beta = 2 * sigmoid(beta))")
+    lower = args.get("lower_bound")
+    if lower is not None and not float(lower) < 0:
+        raise ScanInputError(f"{family}: lower_bound must be negative (a bound on log decays < 0), got {lower}")
+    cu = _cu(family, "cu_seqlens", args.get("cu_seqlens"))
+    cu_cpu = _cu(family, "cu_seqlens_cpu", args.get("cu_seqlens_cpu"))
+    if cu is not None and cu_cpu is not None and cu_cpu != cu:
+        raise ScanInputError(f"{family}: cu_seqlens_cpu {cu_cpu} differs from cu_seqlens {cu}; it must be its copy")
+    chunk = extra.get("chunk_size", args.get("chunk_size"))
+    if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or chunk < 1):
+        raise ScanInputError(f"{family}: chunk_size must be a positive int or None, got {chunk!r}")
+    scale = args.get("scale")
+    return {"scale": None if scale is None else float(scale), "l2norm": bool(args.get("use_qk_l2norm_in_kernel")),
+            "beta_sigmoid": bool(args.get("use_beta_sigmoid_in_kernel")),
+            "neg_eigval": bool(args.get("allow_neg_eigval")), "state_v_first": bool(args.get("state_v_first")),
+            "cu_seqlens": cu, "chunk_size": None if chunk is None else int(chunk),
+            "backend": args.get("backend", "auto"), "tunables": tunables}

@@ -1,0 +1,96 @@
+"""The fused ``delta_rule`` kernels at the NumPy level: :func:`forward` and :func:`backward` on checked operands.
+
+They run the fused operation :mod:`scanweaver.fused.delta_rule` through the one
+runner of :mod:`scanweaver.calls.runner`: the backend named by ``backend=``, or
+with ``auto`` the best available backend that renders the part and fits the
+call's features; tunables from the call, else the tuned store, else the
+backend's defaults; what ran is :data:`scanweaver.matrix.last`
+(``runner.last["delta_rule"]``).  A backward asked of a backend whose rendering
+does not run it (the GPU kernels' backward is DeltaNet's) runs on the best one
+that does, and the report says so.  The algorithm is the kernels' tunable
+``algorithm`` (today ``recurrent``); nothing here chooses it.
+
+Example:
+    >>> import numpy as np
+    >>> from scanweaver.ops.delta_rule.operands import operands
+    >>> from scanweaver.ops.delta_rule.kernels import forward
+    >>> rng = np.random.default_rng(0)
+    >>> q, k, v = rng.normal(size=(3, 1, 4, 2, 3))
+    >>> ops = operands("demo", "delta_rule", q, k / 3, v, beta=rng.uniform(0, 1, (1, 4, 2)))
+    >>> o, h = forward(ops, backend="numpy")
+    >>> o.shape, h.shape
+    ((1, 4, 2, 3), (1, 2, 3, 3))
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...calls import runner
+from ...calls.runner import FusedInfo
+from ...fused import REGISTRY as FUSED
+from .operands import DeltaOperands
+
+#: The fused operation this module runs.
+OP = "delta_rule"
+
+
+def chunk_tunables(backend: str, ops: DeltaOperands, part: str, chunk_size: int | None, api: str) -> dict:
+    """fla's ``chunk_size=`` as the chunk-length tunable (``chunk``) of the backend that runs ``part`` where its
+    rendering has one, else nothing: the result does not depend on it, only the speed."""
+    from ...targets.fused import family_of
+
+    if chunk_size is None:
+        return {}
+    be = runner.backend_for(OP, part, backend, ops.state_dtype, api=api, features=ops.features(),
+                            fallback=part == "backward")
+    names = {t.name for t in FUSED.get(OP).tunables_for(family_of(be.target))}
+    return {"chunk": int(chunk_size)} if "chunk" in names else {}
+
+
+def _record_empty(ops: DeltaOperands, part: str, backend: str, api: str, features) -> None:
+    """What a call with T = 0 ran: nothing, on the backend that would have run it."""
+    be = runner.backend_for(OP, part, backend, ops.state_dtype, api=api, features=features,
+                            fallback=part == "backward")
+    cfg, source = runner.resolve(be, OP, part, features, ops.sizes, {}, api=api)
+    runner.record(FusedInfo(be.name, part, cfg, source, OP))
+
+
+def forward(ops: DeltaOperands, *, backend: str = "auto", api: str = OP, chunk_size: int | None = None,
+            **tunables) -> tuple[np.ndarray, np.ndarray]:
+    """``(o, hlast)``: o ``(B, T, HV, V)`` in the storage dtype, unscaled; hlast ``(nseq, HV, K, V)`` in the
+    accumulation dtype (h0 where a sequence is empty)."""
+    feats = ops.features()
+    o = np.empty(ops.v.shape, ops.dtype)
+    hlast = np.empty(ops.state_shape, ops.state_dtype)
+    if ops.v.shape[1] == 0:
+        hlast[...] = 0 if ops.h0 is None else ops.h0
+        _record_empty(ops, "forward", backend, api, feats)
+        return o, hlast
+    given = {**chunk_tunables(backend, ops, "forward", chunk_size, api), **tunables}
+    runner.run(OP, "forward", feats, {**ops.arrays(), "o": o, "hlast": hlast}, ops.sizes, backend=backend,
+               tunables=given, api=api)
+    return o, hlast
+
+
+def backward(ops: DeltaOperands, do: np.ndarray | None, dhlast: np.ndarray | None = None, *, backend: str = "auto",
+             api: str = OP, chunk_size: int | None = None, **tunables) -> dict[str, np.ndarray | None]:
+    """Gradients of ``sum(o * do) + sum(hlast * dhlast)`` (o unscaled): ``dq, dk, dv, dg, dbeta, da, db`` in the
+    storage dtype (None where the operand is absent) and ``dh0`` in the accumulation dtype (None without h0)."""
+    feats = ops.features(has_dhlast=dhlast is not None)
+    do = np.zeros(ops.v.shape, ops.dtype) if do is None else np.ascontiguousarray(do, dtype=ops.dtype)
+    dh = None if dhlast is None else np.ascontiguousarray(dhlast, dtype=ops.state_dtype)
+    out: dict[str, np.ndarray | None] = {
+        "dq": np.zeros_like(ops.q), "dk": np.zeros_like(ops.k), "dv": np.zeros_like(ops.v),
+        **{"d" + n: None if x is None else np.zeros_like(x) for n, x in (("g", ops.g), ("beta", ops.beta),
+                                                                         ("a", ops.a), ("b", ops.b))},
+        "dh0": None if ops.h0 is None else np.zeros(ops.state_shape, ops.state_dtype)}
+    if ops.v.shape[1] == 0:
+        if out["dh0"] is not None and dh is not None:
+            out["dh0"][...] = dh
+        _record_empty(ops, "backward", backend, api, feats)
+        return out
+    given = {**chunk_tunables(backend, ops, "backward", chunk_size, api), **tunables}
+    runner.run(OP, "backward", feats, {**ops.arrays(), "do": do, "dhlast": dh, **out}, ops.sizes, backend=backend,
+               tunables=given, api=api, fallback=True)
+    return out

@@ -1,0 +1,194 @@
+"""Checked operands of the delta-rule family (:class:`DeltaOperands`), shared by every named operation.
+
+Each named operation (``delta_rule``, ``gated_delta_rule``, ``kda``, ``rwkv7``)
+maps its arguments onto the operands of the fused operation
+:mod:`scanweaver.fused.delta_rule` and checks them here first, so that every
+bad input is reported with the caller's name for it, its shape or dtype and
+what it needs.  Shapes are named as flash-linear-attention names them: ``H``
+the heads of q and k, ``HV`` those of v and of the state (``HV`` a multiple of
+``H``: value head i reads q/k head ``i // (HV // H)``).
+
+Dtypes: float32 and float64 are stored and accumulated as given; float16 and
+bfloat16 operands (all of one of them) are stored as such and accumulated in
+float32, with float32 states; any other mixture computes in the widest float
+type (float64 for integers).  ``o`` comes back in v's dtype.
+
+Example:
+    >>> import numpy as np
+    >>> from scanweaver.ops.delta_rule.operands import operands
+    >>> q = np.ones((1, 3, 1, 4), np.float16)
+    >>> ops = operands("demo", "gated_delta_rule", q, q, np.ones((1, 3, 2, 5), np.float16),
+    ...                g=-np.ones((1, 3, 2), np.float16), beta=np.ones((1, 3, 2), np.float16))
+    >>> ops.dtype.name, ops.state_dtype.name, ops.state_shape
+    ('float16', 'float32', (1, 2, 4, 5))
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...arrays import aligned, as_array, compute_dtype, is_half
+from ...checks import check_seqlens
+from ...errors import ScanInputError
+from ...fused.delta_rule import DeltaRuleFeatures
+
+#: Named operation -> (gate, form) of the fused operation.
+FAMILIES = {"delta_rule": ("none", "delta"), "gated_delta_rule": ("scalar", "delta"), "kda": ("key", "delta"),
+            "rwkv7": ("key", "dplr")}
+#: The dtypes stored as given (float16 and bfloat16 with float32 accumulation).
+STORED = ("float16", "bfloat16", "float32", "float64")
+
+
+def array(api: str, name: str, value, ndim: int, need: str) -> np.ndarray:
+    """``value`` as a real NumPy array of ``ndim`` dimensions, else :class:`ScanInputError` naming ``name``."""
+    if value is None:
+        raise ScanInputError(f"{api}: {name} is required, shaped {need}")
+    arr = as_array(api, name, value)
+    if arr.ndim != ndim:
+        raise ScanInputError(f"{api}: {name} has shape {tuple(arr.shape)}; it needs {need}")
+    if arr.dtype.kind not in "fiub" and not is_half(arr.dtype):
+        raise ScanInputError(f"{api}: {name} has dtype {arr.dtype}; it needs a real floating-point dtype "
+                             "(float16, bfloat16, float32 or float64)")
+    return arr
+
+
+def check_shape(api: str, name: str, arr: np.ndarray, shape: tuple, need: str) -> None:
+    """Raises when ``arr`` is not of ``shape`` (``need`` names the layout, e.g. ``(B, T, HV)``)."""
+    if tuple(arr.shape) != tuple(shape):
+        raise ScanInputError(f"{api}: {name} has shape {tuple(arr.shape)}; it needs {need} = {tuple(shape)}")
+
+
+@functools.lru_cache(maxsize=64)
+def _stored(dtype: np.dtype) -> bool:
+    return dtype.name in STORED
+
+
+def storage_dtype(dtypes) -> np.dtype:
+    """The dtype the operands are stored in: their common dtype when it is one of :data:`STORED`, else the widest
+    float type (float64 for integers)."""
+    dtypes = [np.dtype(d) for d in dtypes]
+    if all(d == dtypes[0] for d in dtypes) and _stored(dtypes[0]):
+        return dtypes[0]
+    wide = compute_dtype(dtypes)
+    return wide if wide.kind == "f" else np.dtype(np.float64)
+
+
+@functools.lru_cache(maxsize=64)
+def accumulation(dtype: np.dtype) -> np.dtype:
+    """The accumulation (and state) dtype of operands stored in ``dtype``."""
+    return np.dtype(np.float32) if is_half(dtype) else np.dtype(dtype)
+
+
+@dataclass
+class DeltaOperands:
+    """The fused operation's operands: checked, C-contiguous, in the storage dtype (states in the accumulation's).
+
+    ``g`` is ``(B, T, HV)`` (gate ``scalar``), ``(B, T, HV, K)`` (``key``) or None; ``beta`` (form ``delta``)
+    ``(B, T, HV)``; ``a``, ``b`` (form ``dplr``) ``(B, T, HV, K)``; ``h0`` ``(nseq, HV, K, V)`` or None.
+    """
+
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    g: np.ndarray | None
+    beta: np.ndarray | None
+    a: np.ndarray | None
+    b: np.ndarray | None
+    h0: np.ndarray | None
+    cu_seqlens: np.ndarray | None
+    gate: str
+    form: str
+    l2norm: bool
+    out_dtype: np.dtype
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The storage dtype."""
+        return self.v.dtype
+
+    @property
+    def state_dtype(self) -> np.dtype:
+        """The accumulation dtype (of the states and their gradients)."""
+        return accumulation(self.dtype)
+
+    @property
+    def nseq(self) -> int:
+        """Rows of the initial and final states."""
+        return self.v.shape[0] if self.cu_seqlens is None else len(self.cu_seqlens) - 1
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        """The kernels' ``int`` parameters."""
+        batch, T, H, _ = self.v.shape
+        return {"batch": batch, "T": T, "H": H, "Hq": self.q.shape[2], "nseq": self.nseq}
+
+    @property
+    def state_shape(self) -> tuple[int, int, int, int]:
+        """``(nseq, HV, K, V)``."""
+        return (self.nseq, self.v.shape[2], self.q.shape[3], self.v.shape[3])
+
+    def features(self, has_dhlast: bool = False) -> DeltaRuleFeatures:
+        """The compile-time features of a kernel for these operands."""
+        return DeltaRuleFeatures(self.dtype.name, self.q.shape[3], self.v.shape[3], self.h0 is not None,
+                                 self.cu_seqlens is not None, has_dhlast, self.gate, self.form, self.l2norm)
+
+    def arrays(self) -> dict[str, np.ndarray | None]:
+        """The input arrays by kernel parameter name."""
+        return {"q": self.q, "k": self.k, "v": self.v, "g": self.g, "beta": self.beta, "a": self.a, "b": self.b,
+                "h0": self.h0, "cu_seqlens": self.cu_seqlens}
+
+
+def operands(api: str, family: str, q, k, v, *, g=None, beta=None, a=None, b=None, h0=None, cu_seqlens=None,
+             l2norm: bool = False, names: dict[str, str] | None = None) -> DeltaOperands:
+    """Checks the operands of one call of ``family`` (a key of :data:`FAMILIES`) and returns :class:`DeltaOperands`.
+
+    Args:
+        api: the public call's name (errors start with it).
+        q, k: ``(B, T, H, K)``.  v: ``(B, T, HV, V)`` with ``HV % H == 0``.
+        g: log decays ``(B, T, HV)`` (gated_delta_rule) or ``(B, T, HV, K)`` (kda, rwkv7).
+        beta: ``(B, T, HV)`` (delta form).  a, b: ``(B, T, HV, K)`` (rwkv7).
+        h0: ``(N, HV, K, V)``, N = B or the sequences of ``cu_seqlens``.
+        cu_seqlens: ``[0, ..., T]`` offsets of sequences packed along T (B = 1).
+        names: the caller's names of q, g, h0 for the messages (``{"q": "r", "g": "w"}``).
+    """
+    gate, form = FAMILIES[family]
+    nm = {"q": "q", "k": "k", "v": "v", "g": "g", "beta": "beta", "a": "a", "b": "b", "h0": "initial_state",
+          **(names or {})}
+    q = array(api, nm["q"], q, 4, "(B, T, H, K)")
+    B, T, H, K = q.shape
+    k = array(api, nm["k"], k, 4, f"(B, T, H, K) = {q.shape}")
+    check_shape(api, nm["k"], k, q.shape, f"{nm['q']}'s shape (B, T, H, K)")
+    v = array(api, nm["v"], v, 4, f"(B, T, HV, V) with (B, T) = {(B, T)}")
+    if v.shape[:2] != (B, T):
+        raise ScanInputError(f"{api}: {nm['v']} has shape {v.shape}; it needs (B, T, HV, V) with (B, T) = {(B, T)} "
+                             f"as {nm['q']}")
+    HV, V = v.shape[2:]
+    if H < 1 or HV % H or K < 1 or V < 1:
+        raise ScanInputError(f"{api}: {nm['v']} has {HV} heads and {nm['q']}/{nm['k']} {H} (shapes {v.shape}, "
+                             f"{q.shape}); HV must be a multiple of H (grouped value heads), and K, V at least 1")
+    cu = None if cu_seqlens is None else check_seqlens(api, cu_seqlens, T, B)
+    nseq = B if cu is None else len(cu) - 1
+    data = {"q": q, "k": k, "v": v}
+    if gate != "none":
+        shape, need = ((B, T, HV), "(B, T, HV)") if gate == "scalar" else ((B, T, HV, K), "(B, T, HV, K)")
+        data["g"] = array(api, nm["g"], g, len(shape), f"{need} = {shape}")
+        check_shape(api, nm["g"], data["g"], shape, need)
+    if form == "delta":
+        data["beta"] = array(api, nm["beta"], beta, 3, f"(B, T, HV) = {(B, T, HV)}")
+        check_shape(api, nm["beta"], data["beta"], (B, T, HV), "(B, T, HV)")
+    else:
+        for n, x in (("a", a), ("b", b)):
+            data[n] = array(api, nm[n], x, 4, f"(B, T, HV, K) = {(B, T, HV, K)}")
+            check_shape(api, nm[n], data[n], (B, T, HV, K), "(B, T, HV, K)")
+    store = storage_dtype([x.dtype for x in data.values()])
+    conv = {n: aligned(np.ascontiguousarray(x, dtype=store)) for n, x in data.items()}
+    if h0 is not None:
+        h0 = array(api, nm["h0"], h0, 4, f"(N, HV, K, V) = {(nseq, HV, K, V)}")
+        check_shape(api, nm["h0"], h0, (nseq, HV, K, V), "(N, HV, K, V) (N: B, or the sequences of cu_seqlens)")
+        h0 = aligned(np.ascontiguousarray(h0, dtype=accumulation(store)))
+    out = v.dtype if v.dtype.kind == "f" or is_half(v.dtype) else store
+    return DeltaOperands(conv["q"], conv["k"], conv["v"], conv.get("g"), conv.get("beta"), conv.get("a"),
+                         conv.get("b"), h0, cu, gate, form, bool(l2norm), np.dtype(out))

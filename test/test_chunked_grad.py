@@ -1,0 +1,111 @@
+"""Gradients of the chunked (matmul) matrix-state backward.
+
+float64: every gradient (q, k, v, the log decays, RWKV-6's u, the initial state, and through the final state) against
+central differences of the float64 loop of :mod:`test_chunked` along random directions, on log decays of every kind
+(decays, growth, mixed signs, hard resets, tiny with huge), per head and per key, packed sequences, reverse, groups,
+odd chunks and two threads.  float32 at T = 4096: against the recurrent backward.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from scanweaver.fused.matrix_state import MatrixStateFeatures
+from scanweaver.runtime import get_backend
+from test_chunked import fused, loop_of, operands
+
+CASES = {
+    "key-after-groups": (MatrixStateFeatures("float64", 5, 7, "key", "after", has_h0=True, has_dhlast=True), None, 4,
+                         2),
+    "key-bonus-packed-reverse": (MatrixStateFeatures("float64", 6, 5, "key", "bonus", True, has_h0=True,
+                                                     has_seqlens=True, has_dhlast=True), [9, 0, 14], 3, 3),
+    "head-after-reverse": (MatrixStateFeatures("float64", 6, 6, "scalar", "after", True, has_h0=True,
+                                               has_dhlast=True), None, 5, 5),
+    "head-bonus-packed-groups": (MatrixStateFeatures("float64", 4, 6, "scalar", "bonus", has_h0=True,
+                                                     has_seqlens=True, has_dhlast=True), [11, 12], 4, 2),
+    "none-after": (MatrixStateFeatures("float64", 5, 6, "none", "after", has_h0=True, has_dhlast=True), None, 2, 2),
+}
+
+
+@pytest.fixture(scope="module")
+def cpu():
+    be = get_backend("cpu")
+    if not be.availability().ok:
+        pytest.skip(f"cpu backend unavailable: {be.availability().reason}")
+    return be
+
+
+def objective(f, a, do, dh) -> float:
+    o, h = loop_of(f, a)
+    return float((o * do).sum() + (h * dh).sum())
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_every_gradient_against_finite_differences_of_the_loop(cpu, name, threads):
+    f, seqlens, H, Hq = CASES[name]
+    rng = np.random.default_rng(sum(map(ord, name)) + threads)
+    a, sizes = operands(rng, f, 1 if seqlens else 2, 23, H, Hq, seqlens=seqlens)
+    o, h = loop_of(f, a)
+    do, dh = rng.normal(size=o.shape), rng.normal(size=h.shape)
+    grads = fused(cpu, f, {**a, "do": do, "dhlast": dh}, sizes, "backward", algorithm="chunked", chunk=7,
+                  threads=threads)
+    eps = 1e-6
+    for name_in, grad in (("q", "dq"), ("k", "dk"), ("v", "dv"), ("g", "dg"), ("u", "du"), ("h0", "dh0")):
+        if name_in not in a:
+            continue
+        x = a[name_in]
+        direction = rng.normal(size=x.shape) * np.isfinite(x)
+        plus, minus = dict(a), dict(a)
+        with np.errstate(invalid="ignore"):
+            plus[name_in], minus[name_in] = x + eps * direction, x - eps * direction
+        numeric = (objective(f, plus, do, dh) - objective(f, minus, do, dh)) / (2 * eps)
+        analytic = float((np.where(np.isfinite(x), grads[grad], 0) * direction).sum())
+        assert np.isfinite(grads[grad]).all(), f"{grad} has non-finite entries"
+        assert abs(analytic - numeric) <= 1e-6 * max(1.0, abs(numeric)), \
+            f"{grad}: analytic {analytic:.10g}, finite differences {numeric:.10g}"
+
+
+@pytest.mark.parametrize("decay,readout,Hq", [("key", "after", 4), ("scalar", "after", 1), ("key", "bonus", 4)])
+def test_float32_at_4096_steps_against_the_recurrent_backward(cpu, decay, readout, Hq):
+    rng = np.random.default_rng(4096)
+    f = MatrixStateFeatures("float32", 32, 32, decay, readout, has_h0=True, has_dhlast=True)
+    a, sizes = operands(rng, f, 1, 4096, 4, Hq, kinds=("decay", "reset", "tiny_huge", "decay"))
+    do = rng.normal(size=a["v"].shape).astype(np.float32)
+    dh = rng.normal(size=a["h0"].shape).astype(np.float32)
+    args = {**a, "do": do, "dhlast": dh}
+    ref = fused(cpu, f, args, sizes, "backward", algorithm="recurrent")
+    got = fused(cpu, f, args, sizes, "backward", algorithm="chunked")
+    for n, r in ref.items():
+        scale = max(1.0, float(np.abs(r).max()))
+        err = float(np.abs(got[n] - r).max()) / scale
+        assert err < 2e-4, f"{n}: chunked and recurrent differ by {err:.2e} of max |{n}|"
+
+
+@pytest.mark.parametrize("decay,readout", [("key", "after"), ("scalar", "bonus")])
+def test_one_long_lane_on_two_threads_against_finite_differences(cpu, decay, readout):
+    """One lane and two threads: the backward runs parts of the lane from chunk-parallel carries (states forward,
+    adjoints in reverse), its decay gradient offset part by part; growth, resets and decays along the lane."""
+    rng = np.random.default_rng(31)
+    f = MatrixStateFeatures("float64", 5, 6, decay, readout, has_h0=True, has_dhlast=True)
+    a, sizes = operands(rng, f, 1, 60, 1, 1, kinds=("decay",))
+    shape = a["g"].shape
+    a["g"][0, :20] = rng.uniform(0.0, 0.02, shape[2:] if len(shape) > 3 else shape[2])
+    a["g"][0, 30:33] = -np.inf
+    o, h = loop_of(f, a)
+    do, dh = rng.normal(size=o.shape), rng.normal(size=h.shape)
+    grads = fused(cpu, f, {**a, "do": do, "dhlast": dh}, sizes, "backward", algorithm="chunked", chunk=7, threads=2)
+    eps = 1e-6
+    for name_in, grad in (("q", "dq"), ("k", "dk"), ("v", "dv"), ("g", "dg"), ("u", "du"), ("h0", "dh0")):
+        if name_in not in a:
+            continue
+        x = a[name_in]
+        direction = rng.normal(size=x.shape) * np.isfinite(x)
+        plus, minus = dict(a), dict(a)
+        with np.errstate(invalid="ignore"):
+            plus[name_in], minus[name_in] = x + eps * direction, x - eps * direction
+        numeric = (objective(f, plus, do, dh) - objective(f, minus, do, dh)) / (2 * eps)
+        analytic = float((np.where(np.isfinite(x), grads[grad], 0) * direction).sum())
+        assert abs(analytic - numeric) <= 1e-6 * max(1.0, abs(numeric)), \
+            f"{grad}: analytic {analytic:.10g}, finite differences {numeric:.10g}"

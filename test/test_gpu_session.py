@@ -1,0 +1,71 @@
+"""``bench/gpu_session.sh --dry-run``: the whole GPU session on the CPU, PoCL standing in for the GPU.
+
+The session's flow is what one lent GPU call runs (``bench/gpu_session.py``): every step in priority
+order under its own time limit, each step's result written as it finishes, at most eight files back.
+Here the GPU-only entries report why they skipped, and the steps that have a stand-in run it: the device
+tests, a kernel family against its float64 reference (``backend="opencl"``), the device-defaults sweep.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from scanweaver.runtime import REGISTRY
+
+ROOT = Path(__file__).resolve().parents[1]
+OCL = REGISTRY["opencl"].availability()
+pytestmark = [pytest.mark.skipif(not OCL.ok, reason=f"PoCL stands in for the GPU: {OCL.reason}"),
+              pytest.mark.skipif(sys.platform == "win32", reason="the session is a bash script")]
+pytest.importorskip("torch", reason="the families step runs through scanweaver.torch")
+
+
+def session(out: Path, *args: str, timeout: float = 300) -> tuple[subprocess.CompletedProcess, dict]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "python"), OUT="", PYTHON=sys.executable)
+    proc = subprocess.run(["bash", "bench/gpu_session.sh", "--dry-run", "--out", str(out), *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    return proc, json.loads((out / "summary.json").read_text())
+
+
+def test_dry_run_of_the_whole_session(tmp_path):
+    proc, summary = session(tmp_path)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    steps = {r["name"]: r for r in summary["steps"]}
+    assert list(steps) == ["setup", "tests", "families", "gpu_check", "scoreboard", "models", "defaults", "training"]
+    for name in ("setup", "tests", "families", "gpu_check", "scoreboard", "defaults"):
+        assert steps[name]["status"] == "ok", (name, steps[name])
+    assert steps["models"]["status"] == steps["training"]["status"] == "skipped"
+    assert all(r.get("limit_s", 0) <= summary["deadline_s"] for r in summary["steps"])
+    assert summary["elapsed_s"] < summary["deadline_s"] and summary["correctness_failures"] == []
+    families = json.loads((tmp_path / "families.json").read_text())
+    assert families["status"] == "ok" and families["families"]
+    for row in families["families"]:
+        assert row["status"] == "ok" and max(row["errors"].values()) <= families["tolerance"], row
+        assert {"y", "dx", "ddt", "dz"} <= set(row["errors"]), "the output and every gradient are checked"
+    device = json.loads((tmp_path / summary["device_file"]).read_text())
+    assert device["format"] == "scanweaver-device-configs" and device["backend"] == "opencl" and device["entries"]
+    assert json.loads((tmp_path / "gpu_check.json").read_text())["status"] == "no_gpu"
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert len(files) <= 8 and all((tmp_path / f).is_file() for f in files), files
+    log = (tmp_path / "session.log").read_text()
+    assert "== families" in log and "mamba2_gated" in log
+
+
+def test_a_step_past_its_limit_is_cut_and_reported(tmp_path):
+    """A 6 s deadline leaves the scoreboard (its imports alone take longer) a few seconds: it is killed with
+    its children at its limit, reported as cut, and the session still writes its summary and exits 0."""
+    t0 = time.time()
+    proc, summary = session(tmp_path, "--deadline", "6", "--min-step", "1", "--steps", "scoreboard")
+    elapsed = time.time() - t0
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    steps = {r["name"]: r for r in summary["steps"]}
+    assert steps["tests"]["status"] == "skipped" and "--steps" in steps["tests"]["note"]
+    assert steps["scoreboard"]["status"] == "timeout", steps["scoreboard"]
+    assert steps["scoreboard"]["seconds"] <= steps["scoreboard"]["limit_s"] + 2
+    assert elapsed < 6 + 10, f"the session took {elapsed:.0f} s past a 6 s deadline"
