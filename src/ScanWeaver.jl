@@ -41,6 +41,7 @@ include("mamba/host.jl")
 include("matrix/state.jl")
 include("matrix/cpu.jl")
 include("matrix/backward.jl")
+include("matrix/cpu_backward.jl")
 include("matrix/host.jl")
 
 end

@@ -54,7 +54,11 @@ function host_scanner_entry(scan::HostScanner)
             return Cint(1)
         end
     end
-    cf = @cfunction($call, Cint, (UInt, UInt, UInt, UInt, UInt, UInt, UInt, UInt, Clong, Clong))
+    cf = @cfunction(
+        $call,
+        Cint,
+        (UInt, UInt, UInt, UInt, UInt, UInt, UInt, UInt, Clong, Clong),
+    )
     return HostEntry(cf, UInt(Base.unsafe_convert(Ptr{Cvoid}, cf)), error)
 end
 

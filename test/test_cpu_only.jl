@@ -254,6 +254,35 @@ end
         @test matches(o_cpu, want[1]; rtol = 1.0f-4) &&
             matches(S_cpu, want[2]; rtol = 1.0f-4)
     end
+    # the SIMD vector paths (V a multiple of 4 vectors, K of one) against the same scans through
+    # views, which take the per-column and per-row items
+    for T in (Float32, Float64), decay in (:none, :scalar, :key), bonus in (
+            false,
+            true,
+        ), packed in (false, true)
+        nk, nv, H, Hq, L = 16, 64, 4, 2, 23
+        batch, cu = packed ? (1, [0, 5, 5, L]) : (2, nothing)
+        nseq = packed ? 3 : 2
+        q, k = randn(rng, T, nk, Hq, L, batch), randn(rng, T, nk, Hq, L, batch)
+        v, dout = randn(rng, T, nv, H, L, batch), randn(rng, T, nv, H, L, batch)
+        g = decay === :none ?
+            nothing :
+            -rand(rng, T, (decay === :key ? (nk,) : ())..., H, L, batch)
+        u = bonus ? randn(rng, T, nk, H) : nothing
+        h0, dh = randn(rng, T, nv, nk, H, nseq), randn(rng, T, nv, nk, H, nseq)
+        kw = (; g, u, h0, cu_seqlens = cu, reverse = packed)
+        whole(A) = view(A, :, :, :, :)
+        o, hl = matrix_state_scan(q, k, v; kw..., return_state = true)
+        o_items, hl_items = matrix_state_scan(q, k, whole(v); kw..., return_state = true)
+        @test o ≈ o_items && hl ≈ hl_items
+        got = matrix_state_backward(q, k, v, dout; dhlast = dh, kw...)
+        want = matrix_state_backward(q, k, whole(v), whole(dout); dhlast = dh, kw...)
+        @test all(
+            n -> getfield(got, n) === getfield(want, n) === nothing ||
+                getfield(got, n) ≈ getfield(want, n),
+            keys(got),
+        )
+    end
     out = zeros(Int, 100)
     for tasks in (1, 3, 100)
         fill!(out, 0)

@@ -415,7 +415,7 @@ function matrix_state_backward!(
             "$api: workgroupsize = $wg exceeds $(max_workgroupsize(backend)), the largest workgroup on $backend",
         ))
     end
-    nk, Hq = size(q, 1), size(q, 2)
+    nk = size(q, 1)
     nv, H, L, batch = size(v)
     foreach(X -> X === nothing || fill!(X, zero(eltype(X))), (dq, dk, dv, dh0))
     rows = decay === :none ?
@@ -432,15 +432,6 @@ function matrix_state_backward!(
             )
         flags = (Val(decay), Val(u !== nothing), Val(reverse), Val(wg))
         values = (dv, dh0, q, k, g, u, dout, dhlast, cu, nseq, Val(nk), flags...)
-        launch_items!(
-            matrix_values_item!,
-            matrix_values_kernel!,
-            backend,
-            wg,
-            nv * H * nseq,
-            values;
-            work = L * nk,
-        )
         keys = (
             dq,
             dk,
@@ -459,15 +450,7 @@ function matrix_state_backward!(
             Val(nv),
             flags...,
         )
-        launch_items!(
-            matrix_keys_item!,
-            matrix_keys_kernel!,
-            backend,
-            wg,
-            nk * Hq * nseq,
-            keys;
-            work = L * nv * (H ÷ Hq),
-        )
+        launch_matrix_backward!(backend, wg, values, keys)
     end
     if decay === :scalar && dg !== nothing
         sum!(reshape(dg, 1, size(dg)...), rows)
