@@ -12,6 +12,7 @@ export elapsed_ms, time_scan, tune_scan
 export mamba_selective_scan, mamba_selective_scan!
 export mamba_selective_backward, mamba_selective_backward!
 export matrix_state_scan, matrix_state_scan!, matrix_state_backward, matrix_state_backward!
+export delta_rule_scan, delta_rule_scan!, delta_rule_backward!
 
 include("pairs.jl")
 include("operands.jl")
@@ -42,6 +43,8 @@ include("matrix/state.jl")
 include("matrix/cpu.jl")
 include("matrix/backward.jl")
 include("matrix/cpu_backward.jl")
+include("matrix/delta.jl")
+include("matrix/delta_backward.jl")
 include("matrix/host.jl")
 
 end

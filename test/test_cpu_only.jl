@@ -523,3 +523,87 @@ end
     @test timedwait(() -> istaskdone(done), 60.0) === :ok
     @test fetch(done) isa InexactError
 end
+
+@testset "delta-rule backward against central differences of the loop (CPU)" begin
+    rng = MersenneTwister(41)
+    for gate in (:none, :scalar, :key), form in (:delta, :dplr)
+        l2norm = form === :delta
+        nk, nv, H, Hq, L = 3, 4, 4, 2, 7
+        cu = gate === :key ? [0, 2, 2, L] : nothing
+        batch, nseq = cu === nothing ? (2, 2) : (1, 3)
+        q, k = randn(rng, nk, Hq, L, batch), randn(rng, nk, Hq, L, batch) ./ 2
+        v = randn(rng, nv, H, L, batch)
+        g = gate === :none ?
+            nothing :
+            -2 .* rand(rng, (gate === :key ? (nk,) : ())..., H, L, batch)
+        beta = form === :delta ? rand(rng, H, L, batch) : nothing
+        a = form === :dplr ? 0.3 .* randn(rng, nk, H, L, batch) : nothing
+        b = form === :dplr ? 0.3 .* randn(rng, nk, H, L, batch) : nothing
+        h0 = randn(rng, nv, nk, H, nseq)
+        dout, dhlast = randn(rng, size(v)), randn(rng, size(h0))
+        function loss()
+            o, h = delta_reference(q, k, v; beta, a, b, g, l2norm, h0, cu_seqlens = cu)
+            return sum(o .* dout) + sum(h .* dhlast)
+        end
+        like(X) = X === nothing ? nothing : fill(NaN, size(X))
+        dq, dk, dv, dh0 = like(q), like(k), like(v), like(h0)
+        dg, dbeta, da, db = like(g), like(beta), like(a), like(b)
+        for checkpoint in (nothing, 2)
+            delta_rule_backward!(
+                dq,
+                dk,
+                dv,
+                q,
+                k,
+                v,
+                dout;
+                beta,
+                a,
+                b,
+                g,
+                l2norm,
+                h0,
+                dhlast,
+                cu_seqlens = cu,
+                dg,
+                dbeta,
+                da,
+                db,
+                dh0,
+                checkpoint,
+            )
+            pairs = (
+                (q, dq),
+                (k, dk),
+                (v, dv),
+                (g, dg),
+                (beta, dbeta),
+                (a, da),
+                (b, db),
+                (h0, dh0),
+            )
+            for (X, dX) in pairs
+                X === nothing && continue
+                fd = similar(X)
+                for i in eachindex(X)
+                    x0 = X[i]
+                    X[i] = x0 + 1.0e-6
+                    hi = loss()
+                    X[i] = x0 - 1.0e-6
+                    lo = loss()
+                    X[i] = x0
+                    fd[i] = (hi - lo) / 2.0e-6
+                end
+                @test maximum(abs, fd .- dX) <= 1.0e-6 * max(1, maximum(abs, fd))
+            end
+        end
+    end
+    v = rand(Float32, 2, 1, 3, 1)
+    q = rand(Float32, 2, 1, 3, 1)
+    err = try
+        delta_rule_backward!(similar(q), similar(q), similar(v), q, q, v, v)
+    catch e
+        e
+    end
+    @test err isa ArgumentError && occursin("give beta", err.msg)
+end

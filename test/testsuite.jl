@@ -668,6 +668,98 @@ function run_testsuite(name::AbstractString, AT)
             @test_throws ArgumentError matrix_state_scan(q2, q2, v; workgroupsize = 0)
         end
 
+        @testset "delta rule: gates, forms, l2norm, groups, packing against a loop" begin
+            T = device_eltype(backend, Float64)
+            nk, nv, H, Hq, L = 5, 7, 4, 2, 13
+            dev(::Nothing) = nothing
+            dev(A) = AT(A)
+            for gate in (:none, :scalar, :key), form in (:delta, :dplr), l2norm in (
+                    false,
+                    true,
+                )
+                packed = gate !== :scalar
+                batch = packed ? 1 : 2
+                cu_seqlens = packed ? [0, 1, 1, 9, L] : nothing
+                nseq = packed ? 4 : batch
+                q, k = randn(rng, T, nk, Hq, L, batch), randn(rng, T, nk, Hq, L, batch)
+                l2norm || (k ./= sqrt(T(nk)))
+                v = randn(rng, T, nv, H, L, batch)
+                g = gate === :none ?
+                    nothing :
+                    T.(-2 .* rand(rng, (gate === :key ? (nk,) : ())..., H, L, batch))
+                beta = form === :delta ? rand(rng, T, H, L, batch) : nothing
+                a = form === :dplr ? T(0.3) .* randn(rng, T, nk, H, L, batch) : nothing
+                b = form === :dplr ? T(0.3) .* randn(rng, T, nk, H, L, batch) : nothing
+                h0 = randn(rng, T, nv, nk, H, nseq)
+                want, want_h = delta_reference(
+                    q,
+                    k,
+                    v;
+                    beta,
+                    a,
+                    b,
+                    g,
+                    l2norm,
+                    h0,
+                    cu_seqlens,
+                )
+                for workgroupsize in (nothing, 3)
+                    o, h = delta_rule_scan(
+                        AT(q),
+                        AT(k),
+                        AT(v);
+                        beta = dev(beta),
+                        a = dev(a),
+                        b = dev(b),
+                        g = dev(g),
+                        l2norm,
+                        h0 = AT(h0),
+                        cu_seqlens,
+                        workgroupsize,
+                        return_state = true,
+                    )
+                    @test matches(o, want; rtol = tolerance(T))
+                    @test matches(h, want_h; rtol = tolerance(T))
+                end
+            end
+            q = AT(rand(Float32, 4, 2, 6, 1))
+            v = AT(rand(Float32, 5, 4, 6, 1))
+            beta = AT(rand(Float32, 4, 6, 1))
+            err = try
+                delta_rule_scan(q, q, v)
+            catch e
+                e
+            end
+            @test err isa ArgumentError && occursin("give beta", err.msg)
+            @test_throws ArgumentError delta_rule_scan(
+                q,
+                q,
+                v;
+                beta,
+                a = AT(rand(Float32, 4, 4, 6, 1)),
+            )
+            @test_throws DimensionMismatch delta_rule_scan(
+                q,
+                q,
+                v;
+                beta = AT(rand(Float32, 4, 5, 1)),
+            )
+            @test_throws DimensionMismatch delta_rule_scan(
+                q,
+                q,
+                v;
+                a = AT(rand(Float32, 3, 4, 6, 1)),
+                b = AT(rand(Float32, 3, 4, 6, 1)),
+            )
+            @test_throws ArgumentError delta_rule_scan(
+                q,
+                q,
+                v;
+                beta,
+                cu_seqlens = [0, 2, 9],
+            )
+        end
+
         @testset "matrix-state backward against central differences of the loop" begin
             T = device_eltype(backend, Float64)
             nk, nv, H, Hq, L = 3, 4, 4, 2, 9

@@ -49,8 +49,9 @@ end
 The buffers at `addresses` (`0`: absent) wrapped as Julia arrays without
 copying, in the Julia layouts (the Python ones reversed): `q`, `k`, `dq`, `dk`
 `(K, Hq, T, batch)`; `v`, `o`, `dout`, `dv` `(V, H, T, batch)`; `g`, `dg`
-`(H, T, batch)` or `(K, H, T, batch)`; `u`, `du` `(K, H)`; states `(V, K, H,
-nseq)`; `cu_seqlens` `Int` `(nseq + 1,)`.
+`(H, T, batch)` or `(K, H, T, batch)`; `u`, `du` `(K, H)`; (the delta rule)
+`beta`, `dbeta` `(H, T, batch)`, `a`, `b`, `da`, `db` `(K, H, T, batch)`;
+states `(V, K, H, nseq)`; `cu_seqlens` `Int` `(nseq + 1,)`.
 """
 function matrix_host_arrays(m::MatrixHost, addresses::NamedTuple)
     qk, vo = (m.K, m.Hq, m.L, m.batch), (m.V, m.H, m.L, m.batch)
@@ -69,6 +70,12 @@ function matrix_host_arrays(m::MatrixHost, addresses::NamedTuple)
         dg = gs,
         u = (m.K, m.H),
         du = (m.K, m.H),
+        beta = (m.H, m.L, m.batch),
+        dbeta = (m.H, m.L, m.batch),
+        a = (m.K, m.H, m.L, m.batch),
+        da = (m.K, m.H, m.L, m.batch),
+        b = (m.K, m.H, m.L, m.batch),
+        db = (m.K, m.H, m.L, m.batch),
         h0 = state,
         hlast = state,
         dhlast = state,
@@ -219,5 +226,143 @@ function host_matrix_backward!(
     )
     KernelAbstractions.synchronize(array_backend(dev.v))
     copy_back!(D, host, dev, (:dq, :dk, :dv, :dg, :du, :dh0))
+    return nothing
+end
+
+"""
+    host_delta_rule!(device, dtype, batch, T, H, Hq, nseq, K, V, gate,
+                     q, k, v, g, beta, a, b, h0, cu_seqlens, o, hlast;
+                     l2norm = false, workgroupsize = nothing) -> nothing
+
+The Python facade's entry point for [`delta_rule_scan!`](@ref), by address as
+[`host_matrix_state!`](@ref) (the layouts of `scanweaver.fused.delta_rule`):
+`beta` given selects the delta rule, `a` and `b` the diagonal-plus-low-rank
+form; `gate` is `none`, `scalar` or `key`. On a GPU device the inputs are
+copied over and `o`, `hlast` copied back.
+"""
+function host_delta_rule!(
+    device::AbstractString,
+    dtype::AbstractString,
+    batch::Integer,
+    T::Integer,
+    H::Integer,
+    Hq::Integer,
+    nseq::Integer,
+    K::Integer,
+    V::Integer,
+    gate::AbstractString,
+    q::Integer,
+    k::Integer,
+    v::Integer,
+    g::Integer,
+    beta::Integer,
+    a::Integer,
+    b::Integer,
+    h0::Integer,
+    cu_seqlens::Integer,
+    o::Integer,
+    hlast::Integer;
+    l2norm::Bool = false,
+    workgroupsize = nothing,
+)
+    m = matrix_host(dtype, batch, T, H, Hq, nseq, K, V, gate)
+    host = matrix_host_arrays(m, (; q, k, v, g, beta, a, b, h0, cu_seqlens, o, hlast))
+    D = device_array_type(Val(Symbol(device)))
+    dev = map(X -> device_copy(D, X), host)
+    delta_rule_scan!(
+        dev.o,
+        dev.q,
+        dev.k,
+        dev.v;
+        beta = dev.beta,
+        a = dev.a,
+        b = dev.b,
+        g = dev.g,
+        gate = m.decay,
+        l2norm,
+        h0 = dev.h0,
+        hlast = dev.hlast,
+        cu_seqlens = host.cu_seqlens,
+        workgroupsize,
+    )
+    KernelAbstractions.synchronize(array_backend(dev.v))
+    copy_back!(D, host, dev, (:o, :hlast))
+    return nothing
+end
+
+"""
+    host_delta_backward!(device, dtype, batch, T, H, Hq, nseq, K, V, gate,
+                         q, k, v, g, beta, a, b, h0, cu_seqlens, dout, dhlast,
+                         dq, dk, dv, dg, dbeta, da, db, dh0;
+                         l2norm = false, workgroupsize = nothing) -> nothing
+
+The Python facade's entry point for [`delta_rule_backward!`](@ref), by address
+as [`host_delta_rule!`](@ref): writes `dq`, `dk`, `dv` and, when their
+addresses are not `0`, `dg`, `dbeta`, `da`, `db`, `dh0`. It runs on the CPU
+(`device` must be `cpu`); `workgroupsize` is accepted for the ABI and unused.
+"""
+function host_delta_backward!(
+    device::AbstractString,
+    dtype::AbstractString,
+    batch::Integer,
+    T::Integer,
+    H::Integer,
+    Hq::Integer,
+    nseq::Integer,
+    K::Integer,
+    V::Integer,
+    gate::AbstractString,
+    q::Integer,
+    k::Integer,
+    v::Integer,
+    g::Integer,
+    beta::Integer,
+    a::Integer,
+    b::Integer,
+    h0::Integer,
+    cu_seqlens::Integer,
+    dout::Integer,
+    dhlast::Integer,
+    dq::Integer,
+    dk::Integer,
+    dv::Integer,
+    dg::Integer,
+    dbeta::Integer,
+    da::Integer,
+    db::Integer,
+    dh0::Integer;
+    l2norm::Bool = false,
+    workgroupsize = nothing,
+)
+    device == "cpu" ||
+        throw(ArgumentError(
+            "host_delta_backward!: the delta rule's backward runs on device cpu, got $device",
+        ))
+    m = matrix_host(dtype, batch, T, H, Hq, nseq, K, V, gate)
+    addresses = (; q, k, v, g, beta, a, b, h0, cu_seqlens, dout, dhlast, dq, dk, dv, dg, dbeta, da, db, dh0)
+    host = matrix_host_arrays(m, addresses)
+    delta_rule_backward!(
+        host.dq,
+        host.dk,
+        host.dv,
+        host.q,
+        host.k,
+        host.v,
+        host.dout;
+        beta = host.beta,
+        a = host.a,
+        b = host.b,
+        g = host.g,
+        gate = m.decay,
+        l2norm,
+        h0 = host.h0,
+        dhlast = host.dhlast,
+        cu_seqlens = host.cu_seqlens,
+        dg = host.dg,
+        dbeta = host.dbeta,
+        da = host.da,
+        db = host.db,
+        dh0 = host.dh0,
+    )
     return nothing
 end

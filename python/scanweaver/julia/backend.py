@@ -24,7 +24,7 @@ from ..runtime.base import Availability, Backend, ScanArrays, register
 from ..schedules import Tunable, get_schedule
 from ..targets import TARGETS
 from ..targets import reference
-from . import devices, kernels, mamba, matrix, session
+from . import delta, devices, kernels, mamba, matrix, session
 
 
 def _device_rule(value: object) -> str | None:
@@ -58,7 +58,7 @@ SCHEDULE_MAP: dict[str, Callable[[dict], tuple[str, dict]]] = {
 
 #: Fused operation -> the ``run(call, arrays, sizes)`` of its ScanWeaver.jl rendering (the parts
 #: ``scanweaver.targets.fused_julia`` registers); a new operation adds its module and one entry here.
-RUNNERS: dict[str, Callable[..., None]] = {"mamba1": mamba.run, "matrix_state": matrix.run}
+RUNNERS: dict[str, Callable[..., None]] = {"mamba1": mamba.run, "matrix_state": matrix.run, "delta_rule": delta.run}
 
 
 @TARGETS.register

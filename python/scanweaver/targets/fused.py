@@ -11,7 +11,7 @@ keyed ``"<op>/<family>"``.
 Example:
     >>> from scanweaver.targets.fused import implements
     >>> implements("opencl", "mamba1", "backward"), implements("julia", "delta_rule", "backward")
-    (True, False)
+    (True, True)
 """
 
 from __future__ import annotations
