@@ -46,7 +46,7 @@ def test_matrix_golden_files_cover_the_options():
 
 
 def _matrix_ops(g: dict):
-    from scanweaver.matrix.operands import operands
+    from scanweaver.ops.matrix_state.operands import operands
 
     return operands("golden", g["q"], g["k"], g["v"], g.get("g"), decay=g["decay"], readout=g["readout"],
                     u=g.get("u"), h0=g.get("h0"), cu_seqlens=g.get("cu_seqlens"), reverse=g["reverse"])
@@ -54,7 +54,7 @@ def _matrix_ops(g: dict):
 
 @pytest.mark.parametrize("path", MATRIX_FILES, ids=[f.stem for f in MATRIX_FILES])
 def test_matrix_golden_files_against_the_python_paths(path):
-    from scanweaver.matrix import kernels
+    from scanweaver.ops.matrix_state import kernels
 
     g = golden_matrix.load(path)
     rtol = {"float32": 2e-4, "float64": 1e-10}[g["dtype"]]
@@ -77,8 +77,8 @@ def test_matrix_golden_files_against_the_python_paths(path):
 
 @pytest.mark.parametrize("path", MAMBA_FILES, ids=[f.stem for f in MAMBA_FILES])
 def test_mamba_golden_gradients_against_the_python_paths(path):
-    from scanweaver.mamba import kernels
-    from scanweaver.mamba.operands import prepare
+    from scanweaver.ops.mamba1 import kernels
+    from scanweaver.ops.mamba1.operands import prepare
 
     g = golden_mamba.load(path)
     rtol = {"float32": 4e-4, "float64": 1e-9}[g["dtype"]]
@@ -100,7 +100,7 @@ def test_the_julia_backend_renders_the_matrix_state_operation():
     from scanweaver.fused import REGISTRY as FUSED
     from scanweaver.fused.matrix_state import JULIA_TUNABLES
     from scanweaver.julia.devices import DEVICES
-    from scanweaver.matrix.kernels import runs_matrix_state
+    from scanweaver.ops.matrix_state.kernels import runs_matrix_state
 
     op = FUSED.get("matrix_state")
     assert op.runs_on("julia", "forward") and op.runs_on("julia", "backward")
@@ -144,10 +144,11 @@ def _julia_environment() -> dict[str, str]:
 #: name -> the largest error relative to the largest reference value, or a list of the losses of a training run.
 JULIA_CHECK = r'''
 import json, numpy as np, scanweaver
-from scanweaver.matrix import kernels as mk
-from scanweaver.matrix.operands import operands
-from scanweaver.mamba import kernels as bk
-from scanweaver.mamba.operands import prepare
+from scanweaver.calls import runner
+from scanweaver.ops.matrix_state import kernels as mk
+from scanweaver.ops.matrix_state.operands import operands
+from scanweaver.ops.mamba1 import kernels as bk
+from scanweaver.ops.mamba1.operands import prepare
 rng = np.random.default_rng(5)
 out = {}
 
@@ -202,7 +203,7 @@ for dtype in ("float32", "float64"):
         dh = rng.standard_normal(ops.state_shape).astype(dtype)
         names = ("dq", "dk", "dv", "dg", "du", "dh0")
         both(f"matrix backward {decay} {readout} reverse={rev} packed={packed} {dtype}",
-             lambda be: [mk.backward(ops, do, dh, backend=be)[n] for n in names], lambda: mk.last)
+             lambda be: [mk.backward(ops, do, dh, backend=be)[n] for n in names], lambda: runner.last["matrix_state"])
     L, Dm, N = 45, 5, 4
     ops = prepare(rng.standard_normal((2, Dm, L)).astype(dtype), rng.standard_normal((2, Dm, L)).astype(dtype),
                   -rng.uniform(0.5, 2, (Dm, N)).astype(dtype), rng.standard_normal((2, N, L)).astype(dtype),
@@ -211,10 +212,11 @@ for dtype in ("float32", "float64"):
                   delta_softplus=True, h0=rng.standard_normal((2, Dm, N)).astype(dtype))
     dout = rng.standard_normal((2, Dm, L)).astype(dtype)
     dh = rng.standard_normal((2, Dm, N)).astype(dtype)
-    both(f"mamba1 forward {dtype}", lambda be: bk.forward(ops, backend=be, return_state=True), lambda: bk.last)
+    both(f"mamba1 forward {dtype}", lambda be: bk.forward(ops, backend=be, return_state=True),
+         lambda: runner.last["mamba1"])
     names = ("du", "ddelta", "dA", "dB", "dC", "dD", "dz", "ddelta_bias", "dh0")
     both(f"mamba1 backward {dtype}", lambda be: [bk.backward(ops, dout, dh, backend=be)[n] for n in names],
-         lambda: bk.last)
+         lambda: runner.last["mamba1"])
 
 try:
     import torch
