@@ -86,8 +86,8 @@ end
     @test ok
 end
 
-@testset "the README has Julia examples to run" begin
-    readme = read(joinpath(dirname(@__DIR__), "README.md"), String)
-    @test length(julia_blocks(readme)) >= 1
+@testset "the docs have Julia examples to run" begin
+    @test sum(f -> length(julia_blocks(read(f, String))), doc_files()) >= 1
+    @test any(f -> endswith(f, joinpath("docs", "julia.md")), doc_files())
     @test runnable_lines("a = 1\nb = 2  # needs NoSuchPackage\n") == "a = 1\n"
 end

@@ -86,13 +86,14 @@ for the bonus readout). Closures capture arguments only.
 """
 @inline function matrix_row_update(
     p::Ptr{T},
-    vs::NTuple{NV, V},
-    acc::NTuple{NV, V},
+    vs::Tuple{V, Vararg{V, rest}},
+    acc::Tuple{V, Vararg{V, rest}},
     d,
     k,
     q,
     ::Val{bonus},
-) where {T, NV, V, bonus}
+) where {T, rest, V, bonus}
+    NV = rest + 1 # at least one vector: every type parameter is bound
     W = fieldcount(V)
     dv, kv, qv = vbroadcast(V, d), vbroadcast(V, k), vbroadcast(V, q)
     offsets = ntuple(m -> (m - 1) * W * sizeof(T), Val(NV))

@@ -127,13 +127,14 @@ dout`. Closures capture arguments only.
 """
 @inline function matrix_values_row(
     p::Ptr{T},
-    ds::NTuple{NV, V},
-    acc::NTuple{NV, V},
+    ds::Tuple{V, Vararg{V, rest}},
+    acc::Tuple{V, Vararg{V, rest}},
     d,
     k,
     q,
     ::Val{bonus},
-) where {T, NV, V, bonus}
+) where {T, rest, V, bonus}
+    NV = rest + 1 # at least one vector: every type parameter is bound
     W = fieldcount(V)
     dv, kv, qv = vbroadcast(V, d), vbroadcast(V, k), vbroadcast(V, q)
     offsets = ntuple(m -> (m - 1) * W * sizeof(T), Val(NV))

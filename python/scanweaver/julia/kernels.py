@@ -123,8 +123,8 @@ MAMBA = JuliaSchedule(
 )
 
 
-#: ScanWeaver.jl's matrix-state kernels (``src/matrix/``: ``matrix_state_scan``, ``matrix_state_backward``);
-#: not yet a Kernel Tuner problem.
+#: ScanWeaver.jl's matrix-state kernels (``src/matrix/``: ``matrix_state_scan``, ``matrix_state_backward``,
+#: ``delta_rule_scan``); not yet a Kernel Tuner problem.
 _MATRIX_FLAGS = ("decay", "bonus", "reversed", "workgroupsize")
 MATRIX_STATE_KERNELS = (
     KernelSignature("matrix_state_kernel!", ("o", "hlast", "q", "k", "v", "g", "u", "h0", "cu_seqlens"),
@@ -133,6 +133,8 @@ MATRIX_STATE_KERNELS = (
                                               "nseq"), ("nk", *_MATRIX_FLAGS)),
     KernelSignature("matrix_keys_kernel!", ("dq", "dk", "rows", "du_rows", "q", "k", "v", "g", "u", "h0", "dout",
                                             "dhlast", "cu_seqlens", "nseq"), ("nv", *_MATRIX_FLAGS)),
+    KernelSignature("delta_rule_kernel!", ("o", "hlast", "q", "k", "v", "g", "beta", "a", "b", "h0", "cu_seqlens"),
+                    ("nk", "gate", "form", "l2norm", "workgroupsize")),
 )
 
 
