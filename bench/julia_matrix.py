@@ -39,8 +39,8 @@ def main(argv=None) -> int:
 
     import scanweaver
     from scanweaver.julia import session
-    from scanweaver.matrix import kernels
-    from scanweaver.matrix.operands import operands
+    from scanweaver.ops.matrix_state import kernels
+    from scanweaver.ops.matrix_state.operands import operands
     from scanweaver.runtime import REGISTRY
 
     ok, why = session.probe()
