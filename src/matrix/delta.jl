@@ -59,25 +59,53 @@ and `k_t` (`qs`, `ks`): the updated column and the readout `o_t[j]`.
     b,
     vj,
     ::Val{gate},
-    ::Val{form},
+    form::Val,
     h,
     t,
     bi,
-) where {rest, T, gate, form}
-    nk = rest + 1
-    ds = ntuple(i -> matrix_decay(g, Val(gate), T, i, h, t, bi), Val(nk))
-    if form === :dplr
-        p = sum(ntuple(i -> T(@inbounds a[i, h, t, bi]) * s[i], Val(nk)))
-        new = ntuple(
-            i -> ds[i] * s[i] + T(@inbounds b[i, h, t, bi]) * p + ks[i] * vj,
-            Val(nk),
-        )
-    else
-        sp = ntuple(i -> ds[i] * s[i], Val(nk))
-        uj = T(@inbounds beta[h, t, bi]) * (vj - sum(ntuple(i -> sp[i] * ks[i], Val(nk))))
-        new = ntuple(i -> sp[i] + ks[i] * uj, Val(nk))
-    end
-    return new, sum(ntuple(i -> qs[i] * new[i], Val(nk)))
+) where {rest, T, gate}
+    ds = ntuple(i -> matrix_decay(g, Val(gate), T, i, h, t, bi), Val(rest + 1))
+    new = delta_update(s, ds, ks, beta, a, b, vj, form, h, t, bi)
+    return new, sum(ntuple(i -> qs[i] * new[i], Val(rest + 1)))
+end
+
+# One method per form, so that no closure captures a variable assigned in a branch.
+@inline function delta_update(
+    s::Tuple{T, Vararg{T, rest}},
+    ds,
+    ks,
+    beta,
+    a,
+    b,
+    vj,
+    ::Val{:delta},
+    h,
+    t,
+    bi,
+) where {rest, T}
+    sp = ntuple(i -> ds[i] * s[i], Val(rest + 1))
+    uj = T(@inbounds beta[h, t, bi]) * (vj - sum(ntuple(i -> sp[i] * ks[i], Val(rest + 1))))
+    return ntuple(i -> sp[i] + ks[i] * uj, Val(rest + 1))
+end
+
+@inline function delta_update(
+    s::Tuple{T, Vararg{T, rest}},
+    ds,
+    ks,
+    beta,
+    a,
+    b,
+    vj,
+    ::Val{:dplr},
+    h,
+    t,
+    bi,
+) where {rest, T}
+    p = sum(ntuple(i -> T(@inbounds a[i, h, t, bi]) * s[i], Val(rest + 1)))
+    return ntuple(
+        i -> ds[i] * s[i] + T(@inbounds b[i, h, t, bi]) * p + ks[i] * vj,
+        Val(rest + 1),
+    )
 end
 
 """
