@@ -136,7 +136,7 @@ def _julia_environment() -> dict[str, str]:
 
     if importlib.util.find_spec("juliacall") is None or not exe or not project or not os.path.isdir(project):
         pytest.skip("needs juliacall and a Julia with an environment holding PythonCall and ScanWeaver, named by "
-                    "PYTHON_JULIACALL_EXE/PROJECT (see the README's Julia section)")
+                    "PYTHON_JULIACALL_EXE/PROJECT (see docs/julia.md)")
     return {"PYTHON_JULIACALL_EXE": exe, "PYTHON_JULIACALL_PROJECT": project}
 
 
