@@ -1,7 +1,7 @@
 module ScanWeaverChainRulesCoreExt
 
 using ChainRulesCore: ChainRulesCore, AbstractZero, NoTangent, ProjectTo, unthunk
-using ScanWeaver: ScanWeaver, selective_scan
+using ScanWeaver: ScanWeaver, mamba_selective_scan, matrix_state_scan, selective_scan
 
 """
     ChainRulesCore.rrule(::typeof(selective_scan), a, b, x[, c[, h0]]; kwargs...)
@@ -59,6 +59,195 @@ function scan_rrule(nargs::Int, a, b, x, c; return_state::Bool = false, kwargs..
         return tangents[1:(nargs + 1)]
     end
     return out, selective_scan_pullback
+end
+
+"""
+    ChainRulesCore.rrule(::typeof(matrix_state_scan), q, k, v[, g[, u[, h0]]]; kwargs...)
+
+Reverse-mode rule for [`matrix_state_scan`](@ref): the pullback is
+`ScanWeaver.matrix_state_backward` (the states recomputed, never stored).
+Cotangents flow to the positional arguments; pass `g`, `u` and `h0`
+positionally (`nothing` where absent) to get theirs, as keyword arguments are
+not differentiated.
+"""
+function ChainRulesCore.rrule(::typeof(matrix_state_scan), q, k, v; kwargs...)
+    return matrix_rrule(3, q, k, v, nothing, nothing, nothing; kwargs...)
+end
+function ChainRulesCore.rrule(::typeof(matrix_state_scan), q, k, v, g; kwargs...)
+    return matrix_rrule(4, q, k, v, g, nothing, nothing; kwargs...)
+end
+function ChainRulesCore.rrule(::typeof(matrix_state_scan), q, k, v, g, u; kwargs...)
+    return matrix_rrule(5, q, k, v, g, u, nothing; kwargs...)
+end
+function ChainRulesCore.rrule(::typeof(matrix_state_scan), q, k, v, g, u, h0; kwargs...)
+    return matrix_rrule(6, q, k, v, g, u, h0; kwargs...)
+end
+
+"The output's cotangent as an array the kernels read (zeros for a zero cotangent)."
+dense_output(like, ::Nothing) = fill!(similar(like), zero(eltype(like)))
+dense_output(like, d) = ScanWeaver.dense_like(like, d)
+
+"A state cotangent the kernels read, or `nothing`."
+dense_state(like, ::Nothing) = nothing
+dense_state(like, d) = ScanWeaver.dense_like(like, d)
+
+function matrix_rrule(nargs::Int, q, k, v, g, u, h0; return_state::Bool = false, kwargs...)
+    out = matrix_state_scan(q, k, v; g, u, h0, return_state, kwargs...)
+    function matrix_state_scan_pullback(Δ)
+        dout, dhlast = output_cotangents(Δ, return_state)
+        hl = return_state ? out[2] : nothing
+        d = ScanWeaver.matrix_state_backward(
+            q,
+            k,
+            v,
+            dense_output(v, dout);
+            g,
+            u,
+            h0,
+            dhlast = dense_state(hl, dhlast),
+            kwargs...,
+        )
+        tangents = (
+            NoTangent(),
+            project_cotangent(q, d.dq),
+            project_cotangent(k, d.dk),
+            project_cotangent(v, d.dv),
+            project_cotangent(g, d.dg),
+            project_cotangent(u, d.du),
+            project_cotangent(h0, d.dh0),
+        )
+        return tangents[1:(nargs + 1)]
+    end
+    return out, matrix_state_scan_pullback
+end
+
+"""
+    ChainRulesCore.rrule(::typeof(mamba_selective_scan), u, delta, A, B, C[, D[, z[, delta_bias[, h0]]]]; kwargs...)
+
+Reverse-mode rule for [`mamba_selective_scan`](@ref): the pullback is
+`ScanWeaver.mamba_selective_backward` (the fused backward, states recomputed
+from checkpoints). Cotangents flow to the positional arguments; pass `D`, `z`,
+`delta_bias` and `h0` positionally (`nothing` where absent) to get theirs.
+"""
+function ChainRulesCore.rrule(::typeof(mamba_selective_scan), u, delta, A, B, C; kwargs...)
+    return mamba_rrule(5, u, delta, A, B, C, nothing, nothing, nothing, nothing; kwargs...)
+end
+function ChainRulesCore.rrule(
+    ::typeof(mamba_selective_scan),
+    u,
+    delta,
+    A,
+    B,
+    C,
+    D;
+    kwargs...,
+)
+    return mamba_rrule(6, u, delta, A, B, C, D, nothing, nothing, nothing; kwargs...)
+end
+function ChainRulesCore.rrule(
+    ::typeof(mamba_selective_scan),
+    u,
+    delta,
+    A,
+    B,
+    C,
+    D,
+    z;
+    kwargs...,
+)
+    return mamba_rrule(7, u, delta, A, B, C, D, z, nothing, nothing; kwargs...)
+end
+function ChainRulesCore.rrule(
+    ::typeof(mamba_selective_scan),
+    u,
+    delta,
+    A,
+    B,
+    C,
+    D,
+    z,
+    delta_bias;
+    kwargs...,
+)
+    return mamba_rrule(8, u, delta, A, B, C, D, z, delta_bias, nothing; kwargs...)
+end
+function ChainRulesCore.rrule(
+    ::typeof(mamba_selective_scan),
+    u,
+    delta,
+    A,
+    B,
+    C,
+    D,
+    z,
+    delta_bias,
+    h0;
+    kwargs...,
+)
+    return mamba_rrule(9, u, delta, A, B, C, D, z, delta_bias, h0; kwargs...)
+end
+
+function mamba_rrule(
+    nargs::Int,
+    u,
+    delta,
+    A,
+    B,
+    C,
+    D,
+    z,
+    delta_bias,
+    h0;
+    return_state::Bool = false,
+    chunk = nothing,
+    kwargs...,
+)
+    out = mamba_selective_scan(
+        u,
+        delta,
+        A,
+        B,
+        C;
+        D,
+        z,
+        delta_bias,
+        h0,
+        return_state,
+        chunk,
+        kwargs...,
+    )
+    function mamba_selective_scan_pullback(Δ)
+        dout, dh_last = output_cotangents(Δ, return_state)
+        hl = return_state ? out[2] : nothing
+        d = ScanWeaver.mamba_selective_backward(
+            dense_output(u, dout),
+            u,
+            delta,
+            A,
+            B,
+            C;
+            D,
+            z,
+            delta_bias,
+            h0,
+            dh_last = dense_state(hl, dh_last),
+            kwargs...,
+        )
+        tangents = (
+            NoTangent(),
+            project_cotangent(u, d.du),
+            project_cotangent(delta, d.ddelta),
+            project_cotangent(A, d.dA),
+            project_cotangent(B, d.dB),
+            project_cotangent(C, d.dC),
+            project_cotangent(D, d.dD),
+            project_cotangent(z, d.dz),
+            project_cotangent(delta_bias, d.ddelta_bias),
+            project_cotangent(h0, d.dh0),
+        )
+        return tangents[1:(nargs + 1)]
+    end
+    return out, mamba_selective_scan_pullback
 end
 
 end

@@ -10,7 +10,9 @@ export selective_scan, selective_scan!, SCHEDULES
 export ScanSchedule, Sequential, Blelloch, Hybrid, ReduceThenScan
 export elapsed_ms, time_scan, tune_scan
 export mamba_selective_scan, mamba_selective_scan!
-export matrix_state_scan, matrix_state_scan!, matrix_state_backward
+export mamba_selective_backward, mamba_selective_backward!
+export matrix_state_scan, matrix_state_scan!, matrix_state_backward, matrix_state_backward!
+export delta_rule_scan, delta_rule_scan!, delta_rule_backward!
 
 include("pairs.jl")
 include("operands.jl")
@@ -23,17 +25,26 @@ include("kernels/hybrid.jl")
 include("kernels/reduce_then_scan.jl")
 include("cpu.jl")
 include("cpu_simd.jl")
+include("items.jl")
 include("registry.jl")
 include("validate.jl")
 include("api.jl")
 include("gradients.jl")
 include("timing.jl")
 include("devices.jl")
+include("host_entry.jl")
 include("mamba/elements.jl")
 include("mamba/kernels.jl")
 include("mamba/api.jl")
+include("mamba/backward.jl")
+include("mamba/pullback.jl")
 include("mamba/host.jl")
 include("matrix/state.jl")
+include("matrix/cpu.jl")
 include("matrix/backward.jl")
+include("matrix/cpu_backward.jl")
+include("matrix/delta.jl")
+include("matrix/delta_backward.jl")
+include("matrix/host.jl")
 
 end

@@ -211,13 +211,20 @@ function scan_range!(s::CPUScan, l, first, last, h)
     return h
 end
 
+"Spins of [`wait_for_carry`](@ref) before it also yields its CPU to the OS."
+const CARRY_SPINS = 4096
+
 # Raised in a task of a chained scan whose carry-in will never come (a task
 # before it failed); `run_tasks` reports the failure itself instead.
 struct CarryAbandoned <: Exception end
 
 # Spins until `ready[] >= b`, pausing the core and yielding now and then, so
-# that tasks sharing one thread still make progress. `ready[]` only grows
-# (`atomic_max!`); a failed task sets it to `typemax(Int)`.
+# that tasks sharing one thread still make progress; after a few thousand
+# spins it also gives its CPU back to the OS (`sched_yield`): on a machine with
+# more runnable threads than cores the task that owes the carry may be waiting
+# for a CPU, and spinning through a whole time slice stalled every block of a
+# long lane (up to 500 ns/element at 2^24 with other processes running).
+# `ready[]` only grows (`atomic_max!`); a failed task sets it to `typemax(Int)`.
 function wait_for_carry(ready::Threads.Atomic{Int}, b)
     spins = 0
     while ready[] < b
@@ -225,6 +232,7 @@ function wait_for_carry(ready::Threads.Atomic{Int}, b)
         spins += 1
         if spins % 256 == 0
             yield()
+            spins >= CARRY_SPINS && ccall(:sched_yield, Cint, ())
         end
     end
     ready[] == typemax(Int) && throw(CarryAbandoned())

@@ -41,6 +41,18 @@ end
     return :(Base.llvmcall($ir, V, Tuple{V, V}, a, b))
 end
 
+@generated function vadd(a::V, b::V) where {V <: Vec}
+    t = llvm_vec(V)
+    ir = "%3 = fadd $t %0, %1\nret $t %3"
+    return :(Base.llvmcall($ir, V, Tuple{V, V}, a, b))
+end
+
+@generated function vsub(a::V, b::V) where {V <: Vec}
+    t = llvm_vec(V)
+    ir = "%3 = fsub $t %0, %1\nret $t %3"
+    return :(Base.llvmcall($ir, V, Tuple{V, V}, a, b))
+end
+
 # `a * b + c`, fused where the target has the instruction (as `muladd`).
 @generated function vmuladd(a::V, b::V, c::V) where {V <: Vec}
     t = llvm_vec(V)

@@ -4,7 +4,9 @@
 """
 A Mamba golden case in Julia layout: `u`, `delta`, `z` `(L, D, batch)`; `A`
 `(N, D)`; `B`, `C` `(N, D)`, `(L, N, batch)` or `(L, N, G, batch)`; `D`,
-`delta_bias` `(D,)`; `h0` and the expected `h_last` `(N, D, batch)`.
+`delta_bias` `(D,)`; `h0` and the expected `h_last` `(N, D, batch)`; `dout`
+(u's size) and `dh_last` the cotangents, `grads` the expected gradients by
+name (`du` ... `dh0`, those of absent inputs absent) in the inputs' layouts.
 """
 struct MambaGolden
     name::String
@@ -22,6 +24,9 @@ struct MambaGolden
     cu_seqlens::Union{Nothing, Vector{Int}}
     y::Array{Float64}
     h_last::Array{Float64}
+    dout::Array
+    dh_last::Array
+    grads::Dict{Symbol, Array{Float64}}
 end
 
 const MAMBA_GOLDEN_DIR = joinpath(GOLDEN_DIR, "mamba")
@@ -46,6 +51,22 @@ function load_mamba_golden(path::AbstractString)
         groups == 1 ? (L, N, batch) : (L, N, groups, batch)
     field(key, dims, E = T) = haskey(data, key) ? reshape(E.(data[key]), dims) : nothing
     seq = (L, channels, batch)
+    shapes = Dict(
+        :u => seq,
+        :delta => seq,
+        :A => (N, channels),
+        :B => bc(data["groups_b"]),
+        :C => bc(data["groups_c"]),
+        :D => (channels,),
+        :z => seq,
+        :delta_bias => (channels,),
+        :h0 => (N, channels, batch),
+    )
+    grads = Dict{Symbol, Array{Float64}}()
+    for (input, dims) in shapes
+        key = "grad_d$input"
+        haskey(data, key) && (grads[Symbol(:d, input)] = field(key, dims, Float64))
+    end
     return MambaGolden(
         data["name"],
         T,
@@ -62,6 +83,9 @@ function load_mamba_golden(path::AbstractString)
         haskey(data, "cu_seqlens") ? Int.(data["cu_seqlens"]) : nothing,
         field("y", seq, Float64),
         field("h_last", (N, channels, batch), Float64),
+        field("dout", seq),
+        field("dh_last", (N, channels, batch)),
+        grads,
     )
 end
 
@@ -96,5 +120,35 @@ function check_mamba_golden_layout(g::MambaGolden)
     atol = 1.0e-10 * max(1.0, maximum(abs, g.y))
     @test all(isapprox.(y, g.y; rtol = 1.0e-10, atol))
     @test all(isapprox.(h_last, g.h_last; rtol = 1.0e-10, atol))
+    args = (; g.u, g.delta, g.A, g.B, g.C, g.D, g.z, g.delta_bias, g.h0)
+    f64(::Nothing) = nothing
+    f64(A) = Float64.(A)
+    function loss(a)
+        y, h = mamba_reference(
+            f64(a.u),
+            f64(a.delta),
+            f64(a.A),
+            f64(a.B),
+            f64(a.C);
+            D = f64(a.D),
+            z = f64(a.z),
+            delta_bias = f64(a.delta_bias),
+            g.delta_softplus,
+            h0 = f64(a.h0),
+            reset,
+        )
+        return sum(g.dout .* y) + sum(g.dh_last .* h)
+    end
+    @test Set(keys(g.grads)) ==
+        Set(Symbol(:d, n) for n in keys(args) if getfield(args, n) !== nothing)
+    rng = Xoshiro(11)
+    for (name, grad) in g.grads
+        input = Symbol(string(name)[2:end])
+        A = Float64.(getfield(args, input))
+        D = randn(rng, size(A))
+        moved(s) = merge(args, NamedTuple{(input,)}((A .+ s .* D,)))
+        fd = (loss(moved(1.0e-6)) - loss(moved(-1.0e-6))) / 2.0e-6
+        @test isapprox(sum(grad .* D), fd; rtol = 1.0e-6, atol = 1.0e-6 * max(1.0, abs(fd)))
+    end
     return nothing
 end

@@ -106,6 +106,12 @@ def render(node) -> str:
         return f"{args[0]}.{args[1].lstrip(':')}"
     if h == "...":
         return f"{args[0]}..."
+    if h == "call-i" and len(args) == 3:
+        return f"{args[0]} {args[1]} {args[2]}"
+    if h == "in":
+        return f"{args[0]} in {args[1]}"
+    if h == "iteration":
+        return ", ".join(args)
     return f"({h} {' '.join(args)})"
 
 
@@ -740,20 +746,139 @@ def check_boxed_closures(sources: dict[str, str]) -> list[str]:
     """
     problems = []
     for source, text in sources.items():
+        for kind, sig, body in _kernel_bodies(parse_julia(text)):
+            counts: dict[str, int] = {}
+            _assignments(body, counts)
+            reassigned = {n for n, k in counts.items() if k > 1}
+            for closure in (n for n in walk(body) if head(n) in _CLOSURES):
+                boxed = sorted(_captures(closure) & reassigned)
+                if boxed:
+                    problems.append(f"{source}: {kind} {_fname(sig[1])}: the closure {render(closure)} captures "
+                                    f"{', '.join(boxed)}, which the kernel assigns more than once (a Core.Box)")
+    return problems
+
+
+def _kernel_bodies(tree: list):
+    """``(kind, signature, body)`` of every ``@kernel`` function, and of every item function (a function
+    named ``*_item!``: the body of a kernel whose wrapper only calls it, ``src/items.jl``)."""
+    for node in walk(tree):
+        if head(node) == "macrocall" and node[1] == "@kernel" and head(node[2]) == "function":
+            fn, kind = node[2], node[1]
+        elif head(node) == "function":
+            fn, kind = node, "function"
+        else:
+            continue
+        sig = fn[1]
+        while head(sig) == "where":
+            sig = sig[1]
+        if head(sig) not in ("call", "call-,"):
+            continue
+        name = _fname(sig[1]) or ""
+        if kind == "@kernel":
+            yield kind, sig, fn[2]
+        elif name.endswith("_item!"):
+            yield "item function", sig, fn[2]
+
+
+# --- (f) @synchronize in divergent control flow ---------------------------------------------------
+
+#: ``@index`` kinds that differ between the work-items of one workgroup (``Group`` is the same for all).
+_DIVERGENT_INDEX = ("Local", "Global")
+#: Control flow whose first child decides whether (or how often) its body runs.
+_BRANCHES = ("if", "elseif", "while", "&&", "||", "?")
+
+
+def _is_synchronize(node) -> bool:
+    return head(node) in ("macrocall", "macrocall-p") and node[1] == "@synchronize"
+
+
+def _divergent_names(body) -> set[str]:
+    """Locals of a kernel body that may differ between the work-items of a workgroup: assigned from a
+    ``Local``/``Global`` ``@index``, or from an expression that reads such a local (to a fixed point),
+    and the variables of loops over such ranges. ``@uniform`` assignments are the same for all."""
+    def reads_divergent(expr, names) -> bool:
+        for n in walk(expr):
+            if head(n) in ("macrocall", "macrocall-p") and n[1] == "@index" and len(n) > 2 \
+                    and n[2] in _DIVERGENT_INDEX:
+                return True
+            if isinstance(n, str) and n in names:
+                return True
+        return False
+
+    def nodes(node):
+        if isinstance(node, list) and not (head(node) in ("macrocall", "macrocall-p") and node[1] == "@uniform"):
+            yield node
+            for child in node[1:]:
+                yield from nodes(child)
+
+    names: set[str] = set()
+    changed = True
+    while changed:
+        changed = False
+        for node in nodes(body):
+            if head(node) not in ("=", "op=", "in") or len(node) <= 2:  # assignments and loop variables
+                continue
+            targets, expr = _targets(node[1]), node[2]
+            if reads_divergent(expr, names) and not set(targets) <= names:
+                names |= set(targets)
+                changed = True
+    return names
+
+
+def _reads_divergent(expr, divergent: set[str]) -> bool:
+    """Whether ``expr`` reads a divergent local or a ``Local``/``Global`` ``@index``."""
+    for x in walk(expr):
+        if isinstance(x, str) and x in divergent:
+            return True
+        if head(x) in ("macrocall", "macrocall-p") and x[1] == "@index" and len(x) > 2 and x[2] in _DIVERGENT_INDEX:
+            return True
+    return False
+
+
+def _divergent_barriers(node, divergent: set[str], guards: tuple[str, ...] = ()) -> list[str]:
+    """The guard (rendered) of every ``@synchronize`` under ``node`` that sits under divergent control flow."""
+    if not isinstance(node, list):
+        return []
+    if _is_synchronize(node):
+        return [guards[-1]] if guards else []
+    h = head(node)
+    if h in _BRANCHES and len(node) > 1:
+        inner = (*guards, f"`{h} {render(node[1])}`") if _reads_divergent(node[1], divergent) else guards
+        found = _divergent_barriers(node[1], divergent, guards)
+        for child in node[2:]:
+            found += _divergent_barriers(child, divergent, inner)
+        return found
+    if h == "for" and len(node) > 2:
+        ranges = [r[2] for r in walk(node[1]) if head(r) == "in" and len(r) > 2]  # not the loop variables
+        loops = any(_reads_divergent(r, divergent) for r in ranges)
+        return _divergent_barriers(node[2], divergent, (*guards, f"`for {render(node[1])}`") if loops else guards)
+    return [g for child in node[1:] for g in _divergent_barriers(child, divergent, guards)]
+
+
+def check_synchronize(sources: dict[str, str]) -> list[str]:
+    """No ``@synchronize`` of a ``@kernel`` sits where only some work-items of a workgroup reach it.
+
+    A barrier must be reached by every work-item of the workgroup or by none: inside an ``if``, a
+    ``while``, a ``&&``/``||`` or a ternary whose condition reads a divergent local (see
+    :func:`_divergent_names`), or a ``for`` over a range that does, some work-items skip it or run it
+    a different number of times. GPUs then hang or read stale local memory, and KernelAbstractions
+    0.10's CPU backend (POCL) rejects or miscompiles such a kernel. Branches on uniform values
+    (``@uniform`` locals, arguments, ``@index(Group, ...)``) are allowed. Cannot see: a ``return``
+    before a barrier in a divergent branch, or divergence that enters through a function a kernel
+    calls (e.g. a helper that reads ``@index``).
+    """
+    problems = []
+    for source, text in sources.items():
         for node in walk(parse_julia(text)):
             if head(node) != "macrocall" or node[1] != "@kernel" or head(node[2]) != "function":
                 continue
             sig = node[2][1]
             while head(sig) == "where":
                 sig = sig[1]
-            counts: dict[str, int] = {}
-            _assignments(node[2][2], counts)
-            reassigned = {n for n, k in counts.items() if k > 1}
-            for closure in (n for n in walk(node[2][2]) if head(n) in _CLOSURES):
-                boxed = sorted(_captures(closure) & reassigned)
-                if boxed:
-                    problems.append(f"{source}: @kernel {_fname(sig[1])}: the closure {render(closure)} captures "
-                                    f"{', '.join(boxed)}, which the kernel assigns more than once (a Core.Box)")
+            body = node[2][2]
+            for guard in _divergent_barriers(body, _divergent_names(body)):
+                problems.append(f"{source}: @kernel {_fname(sig[1])}: @synchronize under {guard}, which not "
+                                "every work-item of a workgroup takes the same way")
     return problems
 
 

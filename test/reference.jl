@@ -144,3 +144,59 @@ function matrix_reference(
     end
     return o, hlast
 end
+
+"""
+    delta_reference(q, k, v; beta, a, b, g, l2norm, h0, cu_seqlens) -> (o, hlast)
+
+The delta-rule family's recurrence (`src/matrix/delta.jl`) in `Float64`, one
+K x V matrix per head and sequence: with `beta` the delta rule
+`S = D S; S += k (beta (v - S' k))'`, with `a`, `b` the diagonal plus low rank
+`S = D S + b (a' S_prev) + k v'`; `o_t = S' q_t`.
+"""
+function delta_reference(
+    q,
+    k,
+    v;
+    beta = nothing,
+    a = nothing,
+    b = nothing,
+    g = nothing,
+    l2norm = false,
+    h0 = nothing,
+    cu_seqlens = nothing,
+)
+    nv, H, T, batch = size(v)
+    nk, Hq = size(q, 1), size(q, 2)
+    segs = cu_seqlens === nothing ?
+        [(n, n, 1, T) for n in 1:batch] :
+        [
+            (n, 1, cu_seqlens[n] + 1, cu_seqlens[n + 1] - cu_seqlens[n])
+            for n in 1:(length(cu_seqlens) - 1)
+        ]
+    norm64(x) = l2norm ? x ./ sqrt(sum(abs2, x) + 1.0e-6) : x
+    o = zeros(Float64, size(v))
+    hlast = zeros(Float64, nv, nk, H, length(segs))
+    for (n, bi, start, len) in segs, h in 1:H
+        hq = (h - 1) ÷ (H ÷ Hq) + 1
+        S = h0 === nothing ? zeros(nk, nv) : Float64.(permutedims(h0[:, :, h, n]))
+        for t in start:(start + len - 1)
+            d = g === nothing ?
+                ones(nk) :
+                ndims(g) == 4 ?
+                    exp.(Float64.(g[:, h, t, bi])) :
+                    fill(exp(Float64(g[h, t, bi])), nk)
+            qt, kt = norm64(Float64.(q[:, hq, t, bi])), norm64(Float64.(k[:, hq, t, bi]))
+            vt = Float64.(v[:, h, t, bi])
+            if beta === nothing
+                at, bt = Float64.(a[:, h, t, bi]), Float64.(b[:, h, t, bi])
+                S = d .* S .+ bt * (at' * S) .+ kt * vt'
+            else
+                S = d .* S
+                S = S .+ kt * (Float64(beta[h, t, bi]) .* (vt .- S' * kt))'
+            end
+            o[:, h, t, bi] = S' * qt
+        end
+        hlast[:, :, h, n] = permutedims(S)
+    end
+    return o, hlast
+end

@@ -39,6 +39,7 @@ using Test
 
 include("golden.jl")
 include("golden_mamba.jl")
+include("golden_matrix.jl")
 include("reference.jl")
 include("testsuite.jl")
 
@@ -80,9 +81,13 @@ end
     @testset "Mamba golden file layout: $(g.name)" for g in mamba_golden_cases()
         check_mamba_golden_layout(g)
     end
+    @testset "matrix-state golden file layout: $(g.name)" for g in matrix_golden_cases()
+        check_matrix_golden_layout(g)
+    end
     for (name, array_type) in BACKENDS
         run_testsuite(name, array_type)
     end
     include("test_cpu_only.jl")
     include("test_gradients.jl")
+    include("doc_examples.jl")
 end

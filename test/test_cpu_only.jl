@@ -148,9 +148,153 @@ end
         (ScanWeaver.mamba_reduce_kernel!, (magg, mops, vals...), 2 * D * batch),
         (ScanWeaver.mamba_carry_kernel!, (mcarry, mh, magg, mops, vals...), N * D * batch),
     ]
-    for (kernel, args, n) in [scans; mamba]
+    ckpt, hs = zeros(Float32, N, 2, D, batch), zeros(Float32, N, chunk, D, batch)
+    grads = ScanWeaver.MambaGrads(
+        similar(u),
+        similar(u),
+        zeros(Float32, N, D),
+        zeros(Float32, size(B)),
+        zeros(Float32, size(C)),
+        zeros(Float32, D),
+        similar(u),
+        zeros(Float32, D),
+        nothing,
+    )
+    mamba_back = (grads, ckpt, hs, mops, similar(u), nothing, vals...)
+    mamba = Any[mamba; (ScanWeaver.mamba_backward_kernel!, mamba_back, D * batch)]
+    nk, nv, H = 3, 4, 2
+    q, k = rand(Float32, nk, H, L, batch), rand(Float32, nk, H, L, batch)
+    v, g, u_ = rand(Float32, nv, H, L, batch),
+        -rand(Float32, nk, H, L, batch),
+        rand(Float32, nk, H)
+    S = zeros(Float32, nv, nk, H, batch)
+    flags = (Val(:key), Val(true), Val(false), Val(wg))
+    matrix = [
+        (
+            ScanWeaver.matrix_state_kernel!,
+            (similar(v), S, q, k, v, g, u_, S, nothing, Val(nk), flags...),
+            nv * H * batch,
+        ),
+        (
+            ScanWeaver.matrix_values_kernel!,
+            (similar(v), S, q, k, g, u_, v, S, nothing, batch, Val(nk), flags...),
+            nv * H * batch,
+        ),
+        (
+            ScanWeaver.matrix_keys_kernel!,
+            (
+                similar(q),
+                similar(k),
+                similar(g),
+                zeros(Float32, nk, H, batch),
+                q,
+                k,
+                v,
+                g,
+                u_,
+                S,
+                v,
+                S,
+                nothing,
+                batch,
+                Val(nv),
+                flags...,
+            ),
+            nk * H * batch,
+        ),
+    ]
+    for (kernel, args, n) in [scans; mamba; matrix]
         @test !boxes_a_variable(kernel(CPU(), wg), args, n)
     end
+end
+
+@testset "the CPU runs item kernels without KernelAbstractions, as the kernels would" begin
+    rng = Xoshiro(31)
+    nk, nv, H, Hq, L, batch = 5, 37, 4, 2, 29, 2
+    for decay in (:none, :scalar, :key), bonus in (false, true), reverse in (false, true)
+        q, k = randn(rng, Float32, nk, Hq, L, batch), randn(rng, Float32, nk, Hq, L, batch)
+        v = randn(rng, Float32, nv, H, L, batch)
+        g = decay === :none ?
+            nothing :
+            -rand(rng, Float32, (decay === :key ? (nk,) : ())..., H, L, batch)
+        u = bonus ? randn(rng, Float32, nk, H) : nothing
+        h0 = randn(rng, Float32, nv, nk, H, batch)
+        args(o, S) = (
+            o,
+            S,
+            q,
+            k,
+            v,
+            g,
+            u,
+            h0,
+            nothing,
+            Val(nk),
+            Val(decay),
+            Val(bonus),
+            Val(reverse),
+            Val(8),
+        )
+        o_ka, S_ka = similar(v), similar(h0)
+        ScanWeaver.matrix_state_kernel!(CPU(), 8)(
+            args(o_ka, S_ka)...;
+            ndrange = nv * H * batch,
+        )
+        o_cpu, S_cpu = similar(v), similar(h0)
+        ScanWeaver.launch_matrix_state!(CPU(), 8, args(o_cpu, S_cpu)) # the SIMD blocks
+        @test o_cpu ≈ o_ka && S_cpu ≈ S_ka
+        o_item, S_item = similar(v, Float64), similar(h0)
+        ScanWeaver.launch_matrix_state!(
+            CPU(),
+            8,
+            args(o_item, S_item),
+        ) # per-column items (types differ)
+        @test o_item ≈ o_ka && S_item ≈ S_ka
+        want = matrix_reference(q, k, v; g, u, h0, reverse)
+        @test matches(o_cpu, want[1]; rtol = 1.0f-4) &&
+            matches(S_cpu, want[2]; rtol = 1.0f-4)
+    end
+    # the SIMD vector paths (V a multiple of 4 vectors, K of one) against the same scans through
+    # views, which take the per-column and per-row items
+    for T in (Float32, Float64), decay in (:none, :scalar, :key), bonus in (
+            false,
+            true,
+        ), packed in (false, true)
+        nk, nv, H, Hq, L = 16, 64, 4, 2, 23
+        batch, cu = packed ? (1, [0, 5, 5, L]) : (2, nothing)
+        nseq = packed ? 3 : 2
+        q, k = randn(rng, T, nk, Hq, L, batch), randn(rng, T, nk, Hq, L, batch)
+        v, dout = randn(rng, T, nv, H, L, batch), randn(rng, T, nv, H, L, batch)
+        g = decay === :none ?
+            nothing :
+            -rand(rng, T, (decay === :key ? (nk,) : ())..., H, L, batch)
+        u = bonus ? randn(rng, T, nk, H) : nothing
+        h0, dh = randn(rng, T, nv, nk, H, nseq), randn(rng, T, nv, nk, H, nseq)
+        kw = (; g, u, h0, cu_seqlens = cu, reverse = packed)
+        whole(A) = view(A, :, :, :, :)
+        o, hl = matrix_state_scan(q, k, v; kw..., return_state = true)
+        o_items, hl_items = matrix_state_scan(q, k, whole(v); kw..., return_state = true)
+        @test o ≈ o_items && hl ≈ hl_items
+        got = matrix_state_backward(q, k, v, dout; dhlast = dh, kw...)
+        want = matrix_state_backward(q, k, whole(v), whole(dout); dhlast = dh, kw...)
+        @test all(
+            n -> getfield(got, n) === getfield(want, n) === nothing ||
+                getfield(got, n) ≈ getfield(want, n),
+            keys(got),
+        )
+    end
+    out = zeros(Int, 100)
+    for tasks in (1, 3, 100)
+        fill!(out, 0)
+        ScanWeaver.cpu_items!((w, o) -> (o[w] += w), 100, (out,); work = 10^6, tasks)
+        @test out == 1:100
+    end
+    @test_throws ErrorException ScanWeaver.cpu_items!(
+        (w, o) -> w == 50 && error("item 50"),
+        100,
+        (out,);
+        work = 10^6,
+    )
 end
 
 @testset "Kernel Tuner launchers take its 0-dimensional flags and check sizes (CPU)" begin
@@ -378,4 +522,88 @@ end
     end
     @test timedwait(() -> istaskdone(done), 60.0) === :ok
     @test fetch(done) isa InexactError
+end
+
+@testset "delta-rule backward against central differences of the loop (CPU)" begin
+    rng = MersenneTwister(41)
+    for gate in (:none, :scalar, :key), form in (:delta, :dplr)
+        l2norm = form === :delta
+        nk, nv, H, Hq, L = 3, 4, 4, 2, 7
+        cu = gate === :key ? [0, 2, 2, L] : nothing
+        batch, nseq = cu === nothing ? (2, 2) : (1, 3)
+        q, k = randn(rng, nk, Hq, L, batch), randn(rng, nk, Hq, L, batch) ./ 2
+        v = randn(rng, nv, H, L, batch)
+        g = gate === :none ?
+            nothing :
+            -2 .* rand(rng, (gate === :key ? (nk,) : ())..., H, L, batch)
+        beta = form === :delta ? rand(rng, H, L, batch) : nothing
+        a = form === :dplr ? 0.3 .* randn(rng, nk, H, L, batch) : nothing
+        b = form === :dplr ? 0.3 .* randn(rng, nk, H, L, batch) : nothing
+        h0 = randn(rng, nv, nk, H, nseq)
+        dout, dhlast = randn(rng, size(v)), randn(rng, size(h0))
+        function loss()
+            o, h = delta_reference(q, k, v; beta, a, b, g, l2norm, h0, cu_seqlens = cu)
+            return sum(o .* dout) + sum(h .* dhlast)
+        end
+        like(X) = X === nothing ? nothing : fill(NaN, size(X))
+        dq, dk, dv, dh0 = like(q), like(k), like(v), like(h0)
+        dg, dbeta, da, db = like(g), like(beta), like(a), like(b)
+        for checkpoint in (nothing, 2)
+            delta_rule_backward!(
+                dq,
+                dk,
+                dv,
+                q,
+                k,
+                v,
+                dout;
+                beta,
+                a,
+                b,
+                g,
+                l2norm,
+                h0,
+                dhlast,
+                cu_seqlens = cu,
+                dg,
+                dbeta,
+                da,
+                db,
+                dh0,
+                checkpoint,
+            )
+            pairs = (
+                (q, dq),
+                (k, dk),
+                (v, dv),
+                (g, dg),
+                (beta, dbeta),
+                (a, da),
+                (b, db),
+                (h0, dh0),
+            )
+            for (X, dX) in pairs
+                X === nothing && continue
+                fd = similar(X)
+                for i in eachindex(X)
+                    x0 = X[i]
+                    X[i] = x0 + 1.0e-6
+                    hi = loss()
+                    X[i] = x0 - 1.0e-6
+                    lo = loss()
+                    X[i] = x0
+                    fd[i] = (hi - lo) / 2.0e-6
+                end
+                @test maximum(abs, fd .- dX) <= 1.0e-6 * max(1, maximum(abs, fd))
+            end
+        end
+    end
+    v = rand(Float32, 2, 1, 3, 1)
+    q = rand(Float32, 2, 1, 3, 1)
+    err = try
+        delta_rule_backward!(similar(q), similar(q), similar(v), q, q, v, v)
+    catch e
+        e
+    end
+    @test err isa ArgumentError && occursin("give beta", err.msg)
 end

@@ -130,7 +130,7 @@ def test_bad_input_names_the_argument(rng):
     with pytest.raises(ScanInputError, match="dtype complex"):
         scanweaver.delta_rule(q.astype(complex), k, v, beta)
     with pytest.raises(BackendUnavailable, match="no fused delta_rule forward kernel"):
-        scanweaver.delta_rule(q, k, v, beta, backend="julia")
+        scanweaver.delta_rule(q, k, v, beta, backend="iree")
 
 
 #: (dtype, packed, has_h0, has_dhlast, K, V, config): V split over workgroups, tiles that do not divide T.

@@ -157,3 +157,133 @@ end
     @test eltype(pullback32(ones(Float32, L, lanes))[2]) === Float32
     @test_throws ArgumentError selective_scan(a, b, x, c, h0; h0)
 end
+
+"""
+    check_rrule(rng, f, args, loss; kwargs...)
+
+Calls `ChainRulesCore.rrule(f, args...; return_state = true, kwargs...)`,
+pulls back random cotangents `(W, V)` of the output and final state, and
+compares each positional argument's tangent with the central difference of
+`loss(args, W, V)` (a plain loop) along a random direction; `nothing`
+arguments must get `NoTangent()`.
+"""
+function check_rrule(rng, f, args::NamedTuple, loss; kwargs...)
+    (y, h), pullback = ChainRulesCore.rrule(
+        f,
+        values(args)...;
+        return_state = true,
+        kwargs...,
+    )
+    W, V = randn(rng, size(y)), randn(rng, size(h))
+    tangents = pullback(Tangent{Tuple{typeof(y), typeof(h)}}(W, V))
+    @test length(tangents) == length(args) + 1 && tangents[1] === NoTangent()
+    for (i, name) in enumerate(keys(args))
+        A = args[name]
+        A === nothing && (@test tangents[i + 1] === NoTangent(); continue)
+        D = randn(rng, size(A))
+        moved(s) = merge(args, NamedTuple{(name,)}((A .+ s .* D,)))
+        fd = (loss(moved(1.0e-6), W, V) - loss(moved(-1.0e-6), W, V)) / 2.0e-6
+        @test isapprox(
+            sum(tangents[i + 1] .* D),
+            fd;
+            rtol = 1.0e-6,
+            atol = 1.0e-7 * max(1.0, abs(fd)),
+        )
+    end
+    return y, h
+end
+
+@testset "ChainRulesCore.rrule for matrix_state_scan" begin
+    rng = Xoshiro(23)
+    nk, nv, H, Hq, L = 3, 4, 4, 2, 10
+    for decay in (:none, :scalar, :key), bonus in (false, true)
+        packed = decay === :scalar
+        batch, cu_seqlens = packed ? (1, [0, 3, 3, L]) : (2, nothing)
+        nseq = packed ? 3 : batch
+        args = (
+            q = randn(rng, nk, Hq, L, batch),
+            k = randn(rng, nk, Hq, L, batch),
+            v = randn(rng, nv, H, L, batch),
+            g = decay === :none ?
+                nothing :
+                -rand(rng, (decay === :key ? (nk,) : ())..., H, L, batch),
+            u = bonus ? randn(rng, nk, H) : nothing,
+            h0 = randn(rng, nv, nk, H, nseq),
+        )
+        for reverse in (false, true)
+            loss(a, W, V) = begin
+                o, h = matrix_reference(a.q, a.k, a.v; a.g, a.u, a.h0, cu_seqlens, reverse)
+                sum(W .* o) + sum(V .* h)
+            end
+            y, h = check_rrule(rng, matrix_state_scan, args, loss; cu_seqlens, reverse)
+            @test (y, h) ==
+                matrix_state_scan(values(args)...; cu_seqlens, reverse, return_state = true)
+        end
+    end
+    q = randn(rng, nk, Hq, L, 1)
+    v = randn(rng, nv, H, L, 1)
+    o, pullback3 = ChainRulesCore.rrule(matrix_state_scan, q, q, v)
+    tangents = pullback3(ones(size(o)))
+    @test length(tangents) == 4 && size(tangents[4]) == size(v)
+    want = matrix_state_backward(q, q, v, ones(size(o)))
+    @test tangents[2] ≈ want.dq && tangents[4] ≈ want.dv
+    q32, v32 = Float32.(q), Float32.(v)
+    _, pullback32 = ChainRulesCore.rrule(matrix_state_scan, q32, q32, v32)
+    @test eltype(pullback32(ones(Float32, size(v32)))[2]) === Float32
+end
+
+@testset "ChainRulesCore.rrule for mamba_selective_scan" begin
+    rng = Xoshiro(24)
+    L, channels, N = 19, 3, 4
+    for (layout, packed) in ((:fixed, false), (:per_step, true), (:grouped, false))
+        batch = packed ? 1 : 2
+        cu_seqlens = packed ? [0, 6, L] : nothing
+        shape = layout === :fixed ?
+            (N, channels) :
+            layout === :per_step ? (L, N, batch) : (L, N, 3, batch)
+        args = (
+            u = randn(rng, L, channels, batch),
+            delta = randn(rng, L, channels, batch),
+            A = -0.2 .- 2 .* rand(rng, N, channels),
+            B = randn(rng, shape),
+            C = randn(rng, shape),
+            D = randn(rng, channels),
+            z = randn(rng, L, channels, batch),
+            delta_bias = 0.3 .* randn(rng, channels),
+            h0 = randn(rng, N, channels, batch),
+        )
+        reset = packed ? seqlens_reset(cu_seqlens, L) : nothing
+        loss(a, W, V) = begin
+            y, h = mamba_reference(
+                a.u,
+                a.delta,
+                a.A,
+                a.B,
+                a.C;
+                a.D,
+                a.z,
+                a.delta_bias,
+                delta_softplus = true,
+                a.h0,
+                reset,
+            )
+            sum(W .* y) + sum(V .* h)
+        end
+        check_rrule(
+            rng,
+            mamba_selective_scan,
+            args,
+            loss;
+            delta_softplus = true,
+            cu_seqlens,
+            chunk = 5,
+        )
+    end
+    u = randn(rng, L, channels, 1)
+    A, B = -rand(rng, N, channels), randn(rng, L, N, 1)
+    y, pullback5 = ChainRulesCore.rrule(mamba_selective_scan, u, abs.(u), A, B, B)
+    tangents = pullback5(ones(size(y)))
+    @test length(tangents) == 6 && size(tangents[4]) == size(A)
+    want = mamba_selective_backward(ones(size(y)), u, abs.(u), A, B, B)
+    @test tangents[4] ≈ want.dA && tangents[6] ≈ want.dC
+end

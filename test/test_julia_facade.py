@@ -514,7 +514,9 @@ def test_devices_without_float64_refuse_it_until_julia_answers():
 
 
 @pytest.mark.parametrize("module", ["scanweaver.julia.backend", "scanweaver.julia.devices", "scanweaver.julia.kernels",
-                                    "scanweaver.julia.mamba", "scanweaver.julia.session", "scanweaver.targets.fused"])
+                                    "scanweaver.julia.mamba", "scanweaver.julia.matrix", "scanweaver.julia.fusedcall",
+                                    "scanweaver.julia.session", "scanweaver.targets.fused",
+                                    "scanweaver.targets.fused_julia"])
 def test_docstring_examples_of_the_julia_facade_run(module, monkeypatch, tmp_path):
     """The examples in the façade's docstrings (Kernel Tuner entry names, what renders on ``julia``) are run,
     so they cannot drift from the code; none of them starts Julia. They run with juliacall's variables set,

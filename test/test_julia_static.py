@@ -295,3 +295,62 @@ def test_the_gpu_test_environment_holds_the_test_targets_and_every_gpu_package()
         assert gpu["compat"].get(name, project["compat"][name]) == project["compat"][name], name
     runtests = (ROOT / "test" / "runtests.jl").read_text()
     assert "julia --project=test/gpu test/runtests.jl" in runtests
+
+
+@pytest.mark.usefixtures("fatou")
+def test_boxed_closure_check_reads_item_functions():
+    from julia_checks import check_boxed_closures
+
+    planted = PLANTED_BOXED_CLOSURE.replace("@kernel function replay!(y, @Const(ops), ::Val{nstate}) where {nstate}\n"
+                                            "    t0 = @index(Global, Linear)",
+                                            "@inline function replay_item!(t0, y, ops, ::Val{nstate}) where {nstate}")
+    problems = check_boxed_closures({"planted.jl": planted})
+    assert len(problems) == 1, problems
+    assert problems[0].startswith("planted.jl: item function replay_item!: the closure"), problems
+
+
+@pytest.mark.usefixtures("fatou")
+def test_no_synchronize_in_divergent_control_flow():
+    from julia_checks import check_synchronize
+
+    assert check_synchronize(_sources()) == []
+    # the package has barriers, under uniform loops only, so the check has something to look at
+    assert sum(text.count("@synchronize") for text in _sources().values()) >= 10
+
+
+#: Barriers as a draft of a tree scan might place them: one in a branch on the work-item's index, one in a
+#: loop whose trip count depends on it, one behind `&&`; the last two are uniform and fine.
+PLANTED_DIVERGENT_BARRIER = """
+@kernel function planted_scan!(y, @Const(a), ::Val{workgroupsize}) where {workgroupsize}
+    i = @index(Local, Linear)
+    lane = @index(Group, Linear)
+    @uniform steps = trailing_zeros(workgroupsize)
+    r = 2i
+    if r <= workgroupsize
+        y[r] = a[r]
+        @synchronize()
+    end
+    for s in 1:r
+        @synchronize()
+    end
+    i == 1 && @synchronize()
+    for s in 0:(steps - 1)
+        @synchronize()
+    end
+    if lane > 1
+        @synchronize()
+    end
+end
+"""
+
+
+@pytest.mark.usefixtures("fatou")
+def test_synchronize_check_reports_the_planted_defects():
+    from julia_checks import check_synchronize
+
+    problems = check_synchronize({"planted.jl": PLANTED_DIVERGENT_BARRIER})
+    assert [p.split("under ")[1].split(",")[0] for p in problems] == ["`if r <= workgroupsize`", "`for s in 1 : r`",
+                                                                        "`&& i == 1`"], problems
+    fixed = PLANTED_DIVERGENT_BARRIER.replace("        @synchronize()\n    end\n    for s in 1:r", "    end\n"
+                                              "    @synchronize()\n    for s in 1:r")
+    assert len(check_synchronize({"fixed.jl": fixed})) == 2

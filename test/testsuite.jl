@@ -516,6 +516,31 @@ function run_testsuite(name::AbstractString, AT)
                 @test eltype(y) == T && size(h) == size(g.h_last)
                 @test close_to(host64(y), g.y; rtol, atol = rtol * scale)
                 @test close_to(host64(h), g.h_last; rtol, atol = rtol * scale)
+                d = mamba_selective_backward(
+                    dev(g.dout),
+                    dev(g.u),
+                    dev(g.delta),
+                    dev(g.A),
+                    dev(g.B),
+                    dev(g.C);
+                    D = dev(g.D),
+                    z = dev(g.z),
+                    delta_bias = dev(g.delta_bias),
+                    delta_softplus = g.delta_softplus,
+                    h0 = dev(g.h0),
+                    dh_last = dev(g.dh_last),
+                    g.cu_seqlens,
+                    tunables...,
+                )
+                for (name, want) in g.grads
+                    gscale = max(1.0, maximum(abs, want))
+                    @test close_to(
+                        host64(getfield(d, name)),
+                        want;
+                        rtol = 4 * rtol,
+                        atol = 4 * rtol * gscale,
+                    )
+                end
             end
         end
 
@@ -643,6 +668,98 @@ function run_testsuite(name::AbstractString, AT)
             @test_throws ArgumentError matrix_state_scan(q2, q2, v; workgroupsize = 0)
         end
 
+        @testset "delta rule: gates, forms, l2norm, groups, packing against a loop" begin
+            T = device_eltype(backend, Float64)
+            nk, nv, H, Hq, L = 5, 7, 4, 2, 13
+            dev(::Nothing) = nothing
+            dev(A) = AT(A)
+            for gate in (:none, :scalar, :key), form in (:delta, :dplr), l2norm in (
+                    false,
+                    true,
+                )
+                packed = gate !== :scalar
+                batch = packed ? 1 : 2
+                cu_seqlens = packed ? [0, 1, 1, 9, L] : nothing
+                nseq = packed ? 4 : batch
+                q, k = randn(rng, T, nk, Hq, L, batch), randn(rng, T, nk, Hq, L, batch)
+                l2norm || (k ./= sqrt(T(nk)))
+                v = randn(rng, T, nv, H, L, batch)
+                g = gate === :none ?
+                    nothing :
+                    T.(-2 .* rand(rng, (gate === :key ? (nk,) : ())..., H, L, batch))
+                beta = form === :delta ? rand(rng, T, H, L, batch) : nothing
+                a = form === :dplr ? T(0.3) .* randn(rng, T, nk, H, L, batch) : nothing
+                b = form === :dplr ? T(0.3) .* randn(rng, T, nk, H, L, batch) : nothing
+                h0 = randn(rng, T, nv, nk, H, nseq)
+                want, want_h = delta_reference(
+                    q,
+                    k,
+                    v;
+                    beta,
+                    a,
+                    b,
+                    g,
+                    l2norm,
+                    h0,
+                    cu_seqlens,
+                )
+                for workgroupsize in (nothing, 3)
+                    o, h = delta_rule_scan(
+                        AT(q),
+                        AT(k),
+                        AT(v);
+                        beta = dev(beta),
+                        a = dev(a),
+                        b = dev(b),
+                        g = dev(g),
+                        l2norm,
+                        h0 = AT(h0),
+                        cu_seqlens,
+                        workgroupsize,
+                        return_state = true,
+                    )
+                    @test matches(o, want; rtol = tolerance(T))
+                    @test matches(h, want_h; rtol = tolerance(T))
+                end
+            end
+            q = AT(rand(Float32, 4, 2, 6, 1))
+            v = AT(rand(Float32, 5, 4, 6, 1))
+            beta = AT(rand(Float32, 4, 6, 1))
+            err = try
+                delta_rule_scan(q, q, v)
+            catch e
+                e
+            end
+            @test err isa ArgumentError && occursin("give beta", err.msg)
+            @test_throws ArgumentError delta_rule_scan(
+                q,
+                q,
+                v;
+                beta,
+                a = AT(rand(Float32, 4, 4, 6, 1)),
+            )
+            @test_throws DimensionMismatch delta_rule_scan(
+                q,
+                q,
+                v;
+                beta = AT(rand(Float32, 4, 5, 1)),
+            )
+            @test_throws DimensionMismatch delta_rule_scan(
+                q,
+                q,
+                v;
+                a = AT(rand(Float32, 3, 4, 6, 1)),
+                b = AT(rand(Float32, 3, 4, 6, 1)),
+            )
+            @test_throws ArgumentError delta_rule_scan(
+                q,
+                q,
+                v;
+                beta,
+                cu_seqlens = [0, 2, 9],
+            )
+        end
+
         @testset "matrix-state backward against central differences of the loop" begin
             T = device_eltype(backend, Float64)
             nk, nv, H, Hq, L = 3, 4, 4, 2, 9
@@ -708,6 +825,193 @@ function run_testsuite(name::AbstractString, AT)
                     )
                 end
             end
+        end
+
+        @testset "matrix-state golden $(g.name), forward and backward" for g in matrix_golden_cases()
+            T = device_eltype(backend, g.eltype)
+            dev(::Nothing) = nothing
+            dev(A) = AT(T.(A))
+            rtol = T == g.eltype ? tolerance(T) : 2 * tolerance(T)
+            for workgroupsize in (nothing, 2)
+                o, h = matrix_state_scan(
+                    dev(g.q),
+                    dev(g.k),
+                    dev(g.v);
+                    g = dev(g.g),
+                    decay = g.decay,
+                    u = dev(g.u),
+                    h0 = dev(g.h0),
+                    g.cu_seqlens,
+                    g.reverse,
+                    return_state = true,
+                    workgroupsize,
+                )
+                scale = max(1.0, maximum(abs, g.o))
+                @test close_to(host64(o), g.o; rtol, atol = rtol * scale)
+                @test close_to(host64(h), g.h_last; rtol, atol = rtol * scale)
+                d = matrix_state_backward(
+                    dev(g.q),
+                    dev(g.k),
+                    dev(g.v),
+                    dev(g.dout);
+                    g = dev(g.g),
+                    decay = g.decay,
+                    u = dev(g.u),
+                    h0 = dev(g.h0),
+                    dhlast = dev(g.dh_last),
+                    g.cu_seqlens,
+                    g.reverse,
+                    workgroupsize,
+                )
+                for name in (:dq, :dk, :dv, :dg, :du, :dh0)
+                    got = getfield(d, name)
+                    haskey(g.grads, name) || (@test got === nothing; continue)
+                    want = g.grads[name]
+                    gscale = max(1.0, maximum(abs, want))
+                    @test close_to(
+                        host64(got),
+                        want;
+                        rtol = 4 * rtol,
+                        atol = 4 * rtol * gscale,
+                    )
+                end
+            end
+        end
+
+        @testset "fused Mamba backward against central differences of the loop" begin
+            T = device_eltype(backend, Float64)
+            L, channels, batch = 23, 4, 2
+            for (layout, N, options) in (
+                    (
+                        :fixed,
+                        3,
+                        (
+                            D = true,
+                            z = true,
+                            bias = true,
+                            softplus = true,
+                            h0 = true,
+                            packed = false,
+                        ),
+                    ),
+                    (
+                        :per_step,
+                        1,
+                        (
+                            D = false,
+                            z = false,
+                            bias = false,
+                            softplus = false,
+                            h0 = false,
+                            packed = false,
+                        ),
+                    ),
+                    (
+                        :grouped,
+                        4,
+                        (
+                            D = true,
+                            z = true,
+                            bias = false,
+                            softplus = true,
+                            h0 = true,
+                            packed = true,
+                        ),
+                    ),
+                    (
+                        :per_step,
+                        16,
+                        (
+                            D = true,
+                            z = false,
+                            bias = true,
+                            softplus = false,
+                            h0 = true,
+                            packed = true,
+                        ),
+                    ),
+                )
+                nb = options.packed ? 1 : batch
+                cu_seqlens = options.packed ? [0, 7, 8, L] : nothing
+                shape = layout === :fixed ?
+                    (N, channels) :
+                    layout === :per_step ? (L, N, nb) : (L, N, 2, nb)
+                args = (
+                    u = randn(rng, L, channels, nb),
+                    delta = options.softplus ?
+                        randn(rng, L, channels, nb) :
+                        0.05 .+ 0.5 .* rand(rng, L, channels, nb),
+                    A = -0.2 .- 2 .* rand(rng, N, channels),
+                    B = randn(rng, shape),
+                    C = randn(rng, shape),
+                    D = options.D ? randn(rng, channels) : nothing,
+                    z = options.z ? randn(rng, L, channels, nb) : nothing,
+                    delta_bias = options.bias ? 0.3 .* randn(rng, channels) : nothing,
+                    h0 = options.h0 ? randn(rng, N, channels, nb) : nothing,
+                )
+                reset = cu_seqlens === nothing ? nothing : seqlens_reset(cu_seqlens, L)
+                W, Vh = randn(rng, L, channels, nb), randn(rng, N, channels, nb)
+                loss(a) = begin
+                    y, h = mamba_reference(
+                        a.u,
+                        a.delta,
+                        a.A,
+                        a.B,
+                        a.C;
+                        a.D,
+                        a.z,
+                        a.delta_bias,
+                        delta_softplus = options.softplus,
+                        a.h0,
+                        reset,
+                    )
+                    sum(W .* y) + sum(Vh .* h)
+                end
+                dev(::Nothing) = nothing
+                dev(A) = AT(T.(A))
+                for chunk in (nothing, 4, L)
+                    d = mamba_selective_backward(
+                        dev(W),
+                        dev(args.u),
+                        dev(args.delta),
+                        dev(args.A),
+                        dev(args.B),
+                        dev(args.C);
+                        D = dev(args.D),
+                        z = dev(args.z),
+                        delta_bias = dev(args.delta_bias),
+                        delta_softplus = options.softplus,
+                        h0 = dev(args.h0),
+                        dh_last = dev(Vh),
+                        cu_seqlens,
+                        chunk,
+                        workgroupsize = 8,
+                    )
+                    for name in keys(args)
+                        A = args[name]
+                        grad = getfield(d, Symbol(:d, name))
+                        A === nothing && (@test grad === nothing; continue)
+                        D = randn(rng, size(A))
+                        moved(s) = merge(args, NamedTuple{(name,)}((A .+ s .* D,)))
+                        fd = (loss(moved(1.0e-6)) - loss(moved(-1.0e-6))) / 2.0e-6
+                        @test isapprox(
+                            sum(Float64.(Array(grad)) .* D),
+                            fd;
+                            rtol = 100 * tolerance(T),
+                            atol = 1.0e-6 * max(1.0, abs(fd)),
+                        )
+                    end
+                end
+            end
+            u = AT(rand(Float32, 10, 3, 1))
+            A, B = AT(-rand(Float32, 4, 3)), AT(rand(Float32, 10, 4, 1))
+            err = try
+                mamba_selective_backward(AT(rand(Float32, 9, 3, 1)), u, u, A, B, B)
+            catch e
+                e
+            end
+            @test err isa DimensionMismatch && occursin("dout has size (9, 3, 1)", err.msg)
+            @test_throws ArgumentError mamba_selective_backward(u, u, u, A, B, B; chunk = 0)
         end
 
         @testset "reduce_then_scan reuses its chunk buffers" begin

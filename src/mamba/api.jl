@@ -280,3 +280,26 @@ function mamba_selective_scan(u, delta, A, B, C; return_state::Bool = false, kwa
     mamba_selective_scan!(y, u, delta, A, B, C; h_last, kwargs...)
     return y, h_last
 end
+
+"""
+    mamba_selective_scan(u, delta, A, B, C, D, z = nothing, delta_bias = nothing,
+                         h0 = nothing; kwargs...)
+
+[`mamba_selective_scan`](@ref) with `D`, `z`, `delta_bias` and `h0`
+positional (`nothing` where absent), the form whose ChainRules rule
+differentiates them too.
+"""
+function mamba_selective_scan(
+    u,
+    delta,
+    A,
+    B,
+    C,
+    D,
+    z = nothing,
+    delta_bias = nothing,
+    h0 = nothing;
+    kwargs...,
+)
+    return mamba_selective_scan(u, delta, A, B, C; D, z, delta_bias, h0, kwargs...)
+end

@@ -32,6 +32,39 @@ end
     return j, rest % channels + 1, rest ÷ channels + 1
 end
 
+"Work-item `g` of [`mamba_replay_kernel!`](@ref)."
+@inline function mamba_replay_item!(
+    g,
+    y,
+    h_last,
+    ops,
+    carry,
+    ::Val{nstate},
+    ::Val{workgroupsize},
+    ::Val{chunk},
+) where {nstate, workgroupsize, chunk}
+    L = mamba_length(ops)
+    channels = mamba_channels(ops)
+    nchunks = cld(L, chunk)
+    if g <= nchunks * channels * mamba_batch(ops)
+        j, d, b = mamba_item(g, nchunks, channels)
+        T = mamba_type(ops)
+        ch = MambaChannel(ops, T, Val(nstate), d)
+        h = if carry === nothing
+            initial_states(ops, T, Val(nstate), d, b)
+        else
+            ntuple(n -> convert(T, @inbounds carry[n, j, d, b]), Val(nstate))
+        end
+        for t in chunk_range(j, chunk, L)
+            p = mamba_pairs(ops, ch, t, d, b)
+            h = map(apply_pair, p, h)
+            @inbounds y[t, d, b] = convert(eltype(y), mamba_output(ops, ch, h, t, d, b))
+        end
+        store_tuple!(h_last, h, d, b)
+    end
+    return nothing
+end
+
 """
     mamba_replay_kernel!(backend, workgroupsize)(
         y, h_last, ops, carry, Val(N), Val(workgroupsize), Val(chunk);
@@ -52,6 +85,19 @@ only) also the final states.
     ::Val{chunk},
 ) where {nstate, workgroupsize, chunk}
     g = @index(Global, Linear)
+    vals = (Val(nstate), Val(workgroupsize), Val(chunk))
+    mamba_replay_item!(g, y, h_last, ops, carry, vals...)
+end
+
+"Work-item `g` of [`mamba_reduce_kernel!`](@ref)."
+@inline function mamba_reduce_item!(
+    g,
+    agg,
+    ops,
+    ::Val{nstate},
+    ::Val{workgroupsize},
+    ::Val{chunk},
+) where {nstate, workgroupsize, chunk}
     L = mamba_length(ops)
     channels = mamba_channels(ops)
     nchunks = cld(L, chunk)
@@ -59,18 +105,14 @@ only) also the final states.
         j, d, b = mamba_item(g, nchunks, channels)
         T = mamba_type(ops)
         ch = MambaChannel(ops, T, Val(nstate), d)
-        h = if carry === nothing
-            initial_states(ops, T, Val(nstate), d, b)
-        else
-            ntuple(n -> convert(T, @inbounds carry[n, j, d, b]), Val(nstate))
-        end
+        acc = ntuple(_ -> identity_pair(AffinePair{T, T}), Val(nstate))
         for t in chunk_range(j, chunk, L)
             p = mamba_pairs(ops, ch, t, d, b)
-            h = map(apply_pair, p, h)
-            @inbounds y[t, d, b] = convert(eltype(y), mamba_output(ops, ch, h, t, d, b))
+            acc = map(compose, p, acc)
         end
-        store_tuple!(h_last, h, d, b)
+        store_tuple!(agg, acc, j, d, b)
     end
+    return nothing
 end
 
 """
@@ -90,20 +132,37 @@ channel `d` of batch element `b`.
     ::Val{chunk},
 ) where {nstate, workgroupsize, chunk}
     g = @index(Global, Linear)
-    L = mamba_length(ops)
+    vals = (Val(nstate), Val(workgroupsize), Val(chunk))
+    mamba_reduce_item!(g, agg, ops, vals...)
+end
+
+"Work-item `g` of [`mamba_carry_kernel!`](@ref)."
+@inline function mamba_carry_item!(
+    g,
+    carry,
+    h_last,
+    agg,
+    ops,
+    ::Val{nstate},
+    ::Val{workgroupsize},
+    ::Val{chunk},
+) where {nstate, workgroupsize, chunk}
     channels = mamba_channels(ops)
-    nchunks = cld(L, chunk)
-    if g <= nchunks * channels * mamba_batch(ops)
-        j, d, b = mamba_item(g, nchunks, channels)
-        T = mamba_type(ops)
-        ch = MambaChannel(ops, T, Val(nstate), d)
-        acc = ntuple(_ -> identity_pair(AffinePair{T, T}), Val(nstate))
-        for t in chunk_range(j, chunk, L)
-            p = mamba_pairs(ops, ch, t, d, b)
-            acc = map(compose, p, acc)
+    if g <= nstate * channels * mamba_batch(ops)
+        n = (g - 1) % nstate + 1
+        rest = (g - 1) ÷ nstate
+        d, b = rest % channels + 1, rest ÷ channels + 1
+        T = eltype(carry)
+        h = convert(T, optional_at(ops.h0, zero(T), n, d, b))
+        for j in axes(agg, 2)
+            @inbounds carry[n, j, d, b] = h
+            h = apply_pair(@inbounds(agg[n, j, d, b]), h)
         end
-        store_tuple!(agg, acc, j, d, b)
+        if h_last !== nothing
+            @inbounds h_last[n, d, b] = convert(eltype(h_last), h)
+        end
     end
+    return nothing
 end
 
 """
@@ -125,21 +184,8 @@ One work-item per state: `carry[n, j, d, b]` is the state before chunk `j`
     ::Val{chunk},
 ) where {nstate, workgroupsize, chunk}
     g = @index(Global, Linear)
-    channels = mamba_channels(ops)
-    if g <= nstate * channels * mamba_batch(ops)
-        n = (g - 1) % nstate + 1
-        rest = (g - 1) ÷ nstate
-        d, b = rest % channels + 1, rest ÷ channels + 1
-        T = eltype(carry)
-        h = convert(T, optional_at(ops.h0, zero(T), n, d, b))
-        for j in axes(agg, 2)
-            @inbounds carry[n, j, d, b] = h
-            h = apply_pair(@inbounds(agg[n, j, d, b]), h)
-        end
-        if h_last !== nothing
-            @inbounds h_last[n, d, b] = convert(eltype(h_last), h)
-        end
-    end
+    vals = (Val(nstate), Val(workgroupsize), Val(chunk))
+    mamba_carry_item!(g, carry, h_last, agg, ops, vals...)
 end
 
 """
@@ -163,18 +209,54 @@ function launch_mamba!(
     nchunks = cld(L, chunk)
     vals = (Val(N), Val(wg), Val(chunk))
     items = nchunks * channels * batch
-    replay! = mamba_replay_kernel!(backend, wg)
+    work = chunk * N
     if nchunks == 1
-        launch_checked!(replay!, wg, items, (y, h_last, ops, nothing, vals...))
+        args = (y, h_last, ops, nothing, vals...)
+        launch_items!(
+            mamba_replay_item!,
+            mamba_replay_kernel!,
+            backend,
+            wg,
+            items,
+            args;
+            work,
+        )
         return nothing
     end
     T = mamba_type(ops)
     dims = (N, nchunks, channels, batch)
     workspace.agg = agg = reuse_or_allocate(workspace.agg, backend, AffinePair{T, T}, dims)
     workspace.carry = carry = reuse_or_allocate(workspace.carry, backend, T, dims)
-    launch_checked!(mamba_reduce_kernel!(backend, wg), wg, items, (agg, ops, vals...))
-    carry! = mamba_carry_kernel!(backend, wg)
-    launch_checked!(carry!, wg, N * channels * batch, (carry, h_last, agg, ops, vals...))
-    launch_checked!(replay!, wg, items, (y, nothing, ops, carry, vals...))
+    reduce = (agg, ops, vals...)
+    launch_items!(
+        mamba_reduce_item!,
+        mamba_reduce_kernel!,
+        backend,
+        wg,
+        items,
+        reduce;
+        work,
+    )
+    carries = (carry, h_last, agg, ops, vals...)
+    nstates = N * channels * batch
+    launch_items!(
+        mamba_carry_item!,
+        mamba_carry_kernel!,
+        backend,
+        wg,
+        nstates,
+        carries;
+        work = nchunks,
+    )
+    replay = (y, nothing, ops, carry, vals...)
+    launch_items!(
+        mamba_replay_item!,
+        mamba_replay_kernel!,
+        backend,
+        wg,
+        items,
+        replay;
+        work,
+    )
     return nothing
 end

@@ -136,26 +136,24 @@ end
 end
 
 """
-    matrix_values_kernel!(backend, workgroupsize)(
-        dv, dh0, q, k, g, u, dout, dhlast, cu_seqlens, nseq,
-        Val(K), Val(decay), Val(bonus), Val(reverse), Val(workgroupsize);
-        ndrange = V * H * nseq,
-    )
+    matrix_values_item!(w, dv, dh0, q, k, g, u, dout, dhlast, cu_seqlens, nseq,
+                        Val(K), Val(decay), Val(bonus), Val(reverse), Val(workgroupsize))
 
 dv (and dh0) of the matrix-state scan: work-item `w` carries column
 `(w - 1) % V + 1` of G for head `((w - 1) ÷ V) % H + 1` of sequence
 `(w - 1) ÷ (V * H) + 1` from the last step to the first.
 """
-@kernel function matrix_values_kernel!(
+@inline function matrix_values_item!(
+    w,
     dv,
     dh0,
-    @Const(q),
-    @Const(k),
-    @Const(g),
-    @Const(u),
-    @Const(dout),
-    @Const(dhlast),
-    @Const(cu_seqlens),
+    q,
+    k,
+    g,
+    u,
+    dout,
+    dhlast,
+    cu_seqlens,
     nseq,
     ::Val{nk},
     ::Val{decay},
@@ -163,7 +161,6 @@ dv (and dh0) of the matrix-state scan: work-item `w` carries column
     ::Val{reversed},
     ::Val{workgroupsize},
 ) where {nk, decay, bonus, reversed, workgroupsize}
-    w = @index(Global, Linear)
     nv, H = size(dv, 1), size(dv, 2)
     if w <= nv * H * nseq
         j = (w - 1) % nv + 1
@@ -194,14 +191,43 @@ dv (and dh0) of the matrix-state scan: work-item `w` carries column
         end
         matrix_store!(dh0, G, j, h, n)
     end
+    return nothing
 end
 
 """
-    matrix_keys_kernel!(backend, workgroupsize)(
-        dq, dk, rows, du_rows, q, k, v, g, u, h0, dout, dhlast, cu_seqlens, nseq,
-        Val(V), Val(decay), Val(bonus), Val(reverse), Val(workgroupsize);
-        ndrange = K * Hq * nseq,
+    matrix_values_kernel!(backend, workgroupsize)(
+        dv, dh0, q, k, g, u, dout, dhlast, cu_seqlens, nseq,
+        Val(K), Val(decay), Val(bonus), Val(reverse), Val(workgroupsize);
+        ndrange = V * H * nseq,
     )
+
+[`matrix_values_item!`](@ref) on a device.
+"""
+@kernel function matrix_values_kernel!(
+    dv,
+    dh0,
+    @Const(q),
+    @Const(k),
+    @Const(g),
+    @Const(u),
+    @Const(dout),
+    @Const(dhlast),
+    @Const(cu_seqlens),
+    nseq,
+    ::Val{nk},
+    ::Val{decay},
+    ::Val{bonus},
+    ::Val{reversed},
+    ::Val{workgroupsize},
+) where {nk, decay, bonus, reversed, workgroupsize}
+    w = @index(Global, Linear)
+    flags = (Val(nk), Val(decay), Val(bonus), Val(reversed), Val(workgroupsize))
+    matrix_values_item!(w, dv, dh0, q, k, g, u, dout, dhlast, cu_seqlens, nseq, flags...)
+end
+
+"""
+    matrix_keys_item!(w, dq, dk, rows, du_rows, q, k, v, g, u, h0, dout, dhlast, cu_seqlens, nseq,
+                      Val(V), Val(decay), Val(bonus), Val(reverse), Val(workgroupsize))
 
 dq and dk (added into zeroed arrays), the per-row decay gradients `rows`
 `(K, H, T, batch)` (or `nothing` without decay) and the per-sequence bonus
@@ -209,20 +235,21 @@ gradients `du_rows` `(K, H, nseq)` (or `nothing`): work-item `w` runs row
 `(w - 1) % K + 1` of every head of q/k head `((w - 1) ÷ K) % Hq + 1` of
 sequence `(w - 1) ÷ (K * Hq) + 1`.
 """
-@kernel function matrix_keys_kernel!(
+@inline function matrix_keys_item!(
+    w,
     dq,
     dk,
     rows,
     du_rows,
-    @Const(q),
-    @Const(k),
-    @Const(v),
-    @Const(g),
-    @Const(u),
-    @Const(h0),
-    @Const(dout),
-    @Const(dhlast),
-    @Const(cu_seqlens),
+    q,
+    k,
+    v,
+    g,
+    u,
+    h0,
+    dout,
+    dhlast,
+    cu_seqlens,
     nseq,
     ::Val{nv},
     ::Val{decay},
@@ -230,7 +257,6 @@ sequence `(w - 1) ÷ (K * Hq) + 1`.
     ::Val{reversed},
     ::Val{workgroupsize},
 ) where {nv, decay, bonus, reversed, workgroupsize}
-    w = @index(Global, Linear)
     nk, Hq = size(q, 1), size(q, 2)
     group = size(dout, 2) ÷ Hq
     if w <= nk * Hq * nseq
@@ -276,6 +302,161 @@ sequence `(w - 1) ÷ (K * Hq) + 1`.
             end
         end
     end
+    return nothing
+end
+
+"""
+    matrix_keys_kernel!(backend, workgroupsize)(
+        dq, dk, rows, du_rows, q, k, v, g, u, h0, dout, dhlast, cu_seqlens, nseq,
+        Val(V), Val(decay), Val(bonus), Val(reverse), Val(workgroupsize);
+        ndrange = K * Hq * nseq,
+    )
+
+[`matrix_keys_item!`](@ref) on a device.
+"""
+@kernel function matrix_keys_kernel!(
+    dq,
+    dk,
+    rows,
+    du_rows,
+    @Const(q),
+    @Const(k),
+    @Const(v),
+    @Const(g),
+    @Const(u),
+    @Const(h0),
+    @Const(dout),
+    @Const(dhlast),
+    @Const(cu_seqlens),
+    nseq,
+    ::Val{nv},
+    ::Val{decay},
+    ::Val{bonus},
+    ::Val{reversed},
+    ::Val{workgroupsize},
+) where {nv, decay, bonus, reversed, workgroupsize}
+    w = @index(Global, Linear)
+    flags = (Val(nv), Val(decay), Val(bonus), Val(reversed), Val(workgroupsize))
+    matrix_keys_item!(
+        w,
+        dq,
+        dk,
+        rows,
+        du_rows,
+        q,
+        k,
+        v,
+        g,
+        u,
+        h0,
+        dout,
+        dhlast,
+        cu_seqlens,
+        nseq,
+        flags...,
+    )
+end
+
+"""
+    matrix_state_backward!(dq, dk, dv, q, k, v, dout; dg = nothing, du = nothing,
+                           dh0 = nothing, g = nothing, u = nothing, h0 = nothing,
+                           dhlast = nothing, cu_seqlens = nothing, reverse = false,
+                           workgroupsize = nothing) -> (; dq, dk, dv, dg, du, dh0)
+
+In-place [`matrix_state_backward`](@ref): overwrites `dq`, `dk`, `dv` and,
+when given, `dg` (g's size), `du` (`(K, H)`) and `dh0` (`(V, K, H, nseq)`).
+"""
+function matrix_state_backward!(
+    dq,
+    dk,
+    dv,
+    q,
+    k,
+    v,
+    dout;
+    dg = nothing,
+    du = nothing,
+    dh0 = nothing,
+    g = nothing,
+    decay::Symbol = g === nothing ? :none : (ndims(g) == 4 ? :key : :scalar),
+    u = nothing,
+    h0 = nothing,
+    dhlast = nothing,
+    cu_seqlens = nothing,
+    reverse::Bool = false,
+    workgroupsize = nothing,
+)
+    api = :matrix_state_backward!
+    nseq = check_matrix_state(
+        api,
+        (; dout, dv),
+        (; h0, dhlast, dh0),
+        q,
+        k,
+        v,
+        g,
+        u,
+        cu_seqlens,
+        decay,
+    )
+    check_matrix_size(api, :dq, dq, size(q), "q's size (K, Hq, T, batch)")
+    check_matrix_size(api, :dk, dk, size(q), "q's size (K, Hq, T, batch)")
+    g === nothing || check_matrix_size(api, :dg, dg, size(g), "g's size")
+    check_matrix_size(api, :du, du, (size(q, 1), size(v, 2)), "(K, H)")
+    check_backends(api, array_backend(v), (; dq, dk, dg, du))
+    check_tunables(api, (; workgroupsize))
+    backend = array_backend(v)
+    wg = something(
+        workgroupsize,
+        min(DEFAULT_MATRIX_WORKGROUP_SIZE, max_workgroupsize(backend)),
+    )
+    if wg > max_workgroupsize(backend)
+        throw(ArgumentError(
+            "$api: workgroupsize = $wg exceeds $(max_workgroupsize(backend)), the largest workgroup on $backend",
+        ))
+    end
+    nk = size(q, 1)
+    nv, H, L, batch = size(v)
+    foreach(X -> X === nothing || fill!(X, zero(eltype(X))), (dq, dk, dv, dh0))
+    rows = decay === :none ?
+        nothing :
+        decay === :key && dg !== nothing ? dg : similar(v, (nk, H, L, batch))
+    rows === nothing || fill!(rows, zero(eltype(rows)))
+    du_rows = u === nothing ? nothing : fill!(similar(v, (nk, H, nseq)), 0)
+    if nseq * H > 0
+        cu = cu_seqlens === nothing ?
+            nothing :
+            copyto!(
+                KernelAbstractions.allocate(backend, Int, length(cu_seqlens)),
+                collect(Int, cu_seqlens),
+            )
+        flags = (Val(decay), Val(u !== nothing), Val(reverse), Val(wg))
+        values = (dv, dh0, q, k, g, u, dout, dhlast, cu, nseq, Val(nk), flags...)
+        keys = (
+            dq,
+            dk,
+            rows,
+            du_rows,
+            q,
+            k,
+            v,
+            g,
+            u,
+            h0,
+            dout,
+            dhlast,
+            cu,
+            nseq,
+            Val(nv),
+            flags...,
+        )
+        launch_matrix_backward!(backend, wg, values, keys)
+    end
+    if decay === :scalar && dg !== nothing
+        sum!(reshape(dg, 1, size(dg)...), rows)
+    end
+    du === nothing || du_rows === nothing || sum!(du, du_rows)
+    return (; dq, dk, dv, dg, du, dh0)
 end
 
 """
@@ -304,77 +485,30 @@ function matrix_state_backward(
     v,
     dout;
     g = nothing,
-    decay::Symbol = g === nothing ? :none : (ndims(g) == 4 ? :key : :scalar),
     u = nothing,
     h0 = nothing,
-    dhlast = nothing,
-    cu_seqlens = nothing,
-    reverse::Bool = false,
-    workgroupsize = nothing,
+    kwargs...,
 )
-    api = :matrix_state_backward
-    nseq = check_matrix_state(
-        api,
-        (; dout),
-        (; h0, dhlast),
+    for (name, X) in pairs((; q, k, v))
+        X isa AbstractArray ||
+            throw(ArgumentError(
+                "matrix_state_backward: $name must be an array, got $(typeof(X))",
+            ))
+    end
+    return matrix_state_backward!(
+        similar(q),
+        similar(k),
+        similar(v),
         q,
         k,
         v,
+        dout;
+        dg = g isa AbstractArray ? similar(g) : nothing,
+        du = u isa AbstractArray ? similar(u) : nothing,
+        dh0 = h0 isa AbstractArray ? similar(h0) : nothing,
         g,
         u,
-        cu_seqlens,
-        decay,
+        h0,
+        kwargs...,
     )
-    check_tunables(api, (; workgroupsize))
-    backend = array_backend(v)
-    wg = something(
-        workgroupsize,
-        min(DEFAULT_MATRIX_WORKGROUP_SIZE, max_workgroupsize(backend)),
-    )
-    if wg > max_workgroupsize(backend)
-        throw(ArgumentError(
-            "$api: workgroupsize = $wg exceeds $(max_workgroupsize(backend)), the largest workgroup on $backend",
-        ))
-    end
-    nk, Hq = size(q, 1), size(q, 2)
-    nv, H, L, batch = size(v)
-    dq, dk, dv = fill!(similar(q), 0), fill!(similar(k), 0), fill!(similar(v), 0)
-    dh0 = h0 === nothing ? nothing : fill!(similar(h0), 0)
-    rows = decay === :none ? nothing : fill!(similar(v, (nk, H, L, batch)), 0)
-    du_rows = u === nothing ? nothing : fill!(similar(v, (nk, H, nseq)), 0)
-    if nseq * H > 0
-        cu = cu_seqlens === nothing ?
-            nothing :
-            copyto!(
-                KernelAbstractions.allocate(backend, Int, length(cu_seqlens)),
-                collect(Int, cu_seqlens),
-            )
-        flags = (Val(decay), Val(u !== nothing), Val(reverse), Val(wg))
-        values = (dv, dh0, q, k, g, u, dout, dhlast, cu, nseq, Val(nk), flags...)
-        launch_checked!(matrix_values_kernel!(backend, wg), wg, nv * H * nseq, values)
-        keys = (
-            dq,
-            dk,
-            rows,
-            du_rows,
-            q,
-            k,
-            v,
-            g,
-            u,
-            h0,
-            dout,
-            dhlast,
-            cu,
-            nseq,
-            Val(nv),
-            flags...,
-        )
-        launch_checked!(matrix_keys_kernel!(backend, wg), wg, nk * Hq * nseq, keys)
-    end
-    dg = decay === :key ?
-        rows :
-        decay === :scalar ? dropdims(sum(rows; dims = 1); dims = 1) : nothing
-    du = u === nothing ? nothing : dropdims(sum(du_rows; dims = 3); dims = 3)
-    return (; dq, dk, dv, dg, du, dh0)
 end

@@ -87,33 +87,31 @@ reassigned variable, so kernels hold no `Core.Box`.
 end
 
 """
-    matrix_state_kernel!(backend, workgroupsize)(
-        o, hlast, q, k, v, g, u, h0, cu_seqlens,
-        Val(K), Val(decay), Val(bonus), Val(reverse), Val(workgroupsize);
-        ndrange = V * H * nseq,
-    )
+    matrix_state_item!(w, o, hlast, q, k, v, g, u, h0, cu_seqlens,
+                       Val(K), Val(decay), Val(bonus), Val(reverse), Val(workgroupsize))
 
-The recurrent matrix-state forward: work-item `w` runs column
-`(w - 1) % V + 1` of head `((w - 1) ÷ V) % H + 1` of sequence
-`(w - 1) ÷ (V * H) + 1` over its whole length and writes `o` and `hlast`.
+Work-item `w` of the recurrent matrix-state forward: column `(w - 1) % V + 1`
+of head `((w - 1) ÷ V) % H + 1` of sequence `(w - 1) ÷ (V * H) + 1`, over its
+whole length; writes `o` and `hlast`. [`matrix_state_kernel!`](@ref) runs it on
+a device (see `src/items.jl`).
 """
-@kernel function matrix_state_kernel!(
+@inline function matrix_state_item!(
+    w,
     o,
     hlast,
-    @Const(q),
-    @Const(k),
-    @Const(v),
-    @Const(g),
-    @Const(u),
-    @Const(h0),
-    @Const(cu_seqlens),
+    q,
+    k,
+    v,
+    g,
+    u,
+    h0,
+    cu_seqlens,
     ::Val{nk},
     ::Val{decay},
     ::Val{bonus},
     ::Val{reversed},
     ::Val{workgroupsize},
 ) where {nk, decay, bonus, reversed, workgroupsize}
-    w = @index(Global, Linear)
     nv, H = size(v, 1), size(v, 2)
     if w <= nv * H * size(hlast, 4)
         j = (w - 1) % nv + 1
@@ -146,6 +144,38 @@ The recurrent matrix-state forward: work-item `w` runs column
             @inbounds hlast[j, i, h, n] = s[i]
         end
     end
+    return nothing
+end
+
+"""
+    matrix_state_kernel!(backend, workgroupsize)(
+        o, hlast, q, k, v, g, u, h0, cu_seqlens,
+        Val(K), Val(decay), Val(bonus), Val(reverse), Val(workgroupsize);
+        ndrange = V * H * nseq,
+    )
+
+The recurrent matrix-state forward on a device: one work-item per state
+column ([`matrix_state_item!`](@ref)).
+"""
+@kernel function matrix_state_kernel!(
+    o,
+    hlast,
+    @Const(q),
+    @Const(k),
+    @Const(v),
+    @Const(g),
+    @Const(u),
+    @Const(h0),
+    @Const(cu_seqlens),
+    ::Val{nk},
+    ::Val{decay},
+    ::Val{bonus},
+    ::Val{reversed},
+    ::Val{workgroupsize},
+) where {nk, decay, bonus, reversed, workgroupsize}
+    w = @index(Global, Linear)
+    flags = (Val(nk), Val(decay), Val(bonus), Val(reversed), Val(workgroupsize))
+    matrix_state_item!(w, o, hlast, q, k, v, g, u, h0, cu_seqlens, flags...)
 end
 
 function check_matrix_size(api, name, A, want, layout)
@@ -311,7 +341,7 @@ function matrix_state_scan!(
         Val(reverse),
         Val(wg),
     )
-    launch_checked!(matrix_state_kernel!(backend, wg), wg, items, args)
+    launch_matrix_state!(backend, wg, args)
     return o
 end
 
@@ -360,4 +390,14 @@ function matrix_state_scan(
     hlast = similar(v, (size(v, 1), size(q, 1), size(v, 2), nseq))
     matrix_state_scan!(o, q, k, v; hlast, cu_seqlens, kwargs...)
     return o, hlast
+end
+
+"""
+    matrix_state_scan(q, k, v, g, u = nothing, h0 = nothing; kwargs...)
+
+[`matrix_state_scan`](@ref) with `g`, `u` and `h0` positional (`nothing`
+where absent), the form whose ChainRules rule differentiates them too.
+"""
+function matrix_state_scan(q, k, v, g, u = nothing, h0 = nothing; kwargs...)
+    return matrix_state_scan(q, k, v; g, u, h0, kwargs...)
 end

@@ -79,7 +79,7 @@ import numpy as np
 from ..errors import ScanInputError
 from ..schedules.base import Tunable, non_negative, power_of_two
 from .base import PARTS, FusedOp, Param, register
-from .matrix_state import GPU_TUNABLES, MAX_CHUNK, _between, _heads, _segments, check_offsets
+from .matrix_state import GPU_TUNABLES, JULIA_TUNABLES, MAX_CHUNK, _between, _heads, _segments, check_offsets
 
 GATES = ("none", "scalar", "key")
 FORMS = ("delta", "dplr")
@@ -182,8 +182,8 @@ class DeltaRule(FusedOp):
     description = ("delta rule S_t = (I - beta_t k_t k_t^T) D_t S_{t-1} + beta_t k_t v_t^T or D_t S_{t-1} + "
                    "b_t a_t^T S_{t-1} + k_t v_t^T read by q_t (DeltaNet, Gated DeltaNet, KDA, RWKV-7)")
     parts = PARTS
-    tunables = {"c": C_TUNABLES, "gpu": GPU_DELTA_TUNABLES}
-    implementations = {"numpy": PARTS, "c": PARTS, "opencl": PARTS, "cuda": PARTS}
+    tunables = {"c": C_TUNABLES, "gpu": GPU_DELTA_TUNABLES, "julia": JULIA_TUNABLES}
+    implementations = {"numpy": PARTS, "c": PARTS, "opencl": PARTS, "cuda": PARTS, "julia": PARTS}
 
     def work(self, features: DeltaRuleFeatures, sizes: dict[str, int]) -> int:
         """``batch * T * H * K * V`` state elements per forward call."""

@@ -90,8 +90,8 @@ GPU_TUNABLES = (
 JULIA_TUNABLES = (
     Tunable("workgroup_size", 64, (32, 64, 128, 256), "work-items per workgroup (each one chunk of one channel)",
             between(1, 1024)),
-    Tunable("chunk", 0, (0, 256, 1024, 4096), "time steps per work-item; 0 picks from the problem's shape",
-            non_negative),
+    Tunable("chunk", 0, (0, 256, 1024, 4096), "time steps per work-item (backward: steps between checkpoints); "
+            "0 picks from the problem's shape", non_negative),
     Tunable("device", "cpu", ("cpu", "cuda", "amdgpu", "oneapi", "metal"), "the KernelAbstractions device",
             lambda v: None if v in ("cpu", "cuda", "amdgpu", "oneapi", "metal") else
             "it must be one of cpu, cuda, amdgpu, oneapi, metal"),
@@ -141,7 +141,7 @@ class Mamba1(FusedOp):
     description = "Mamba-1 selective scan (S6) with delta_bias/softplus, D and silu(z) fused; states in registers"
     parts = PARTS
     tunables = {"c": C_TUNABLES, "gpu": GPU_TUNABLES, "julia": JULIA_TUNABLES}
-    implementations = {"numpy": PARTS, "c": PARTS, "opencl": PARTS, "cuda": PARTS, "julia": ("forward",)}
+    implementations = {"numpy": PARTS, "c": PARTS, "opencl": PARTS, "cuda": PARTS, "julia": PARTS}
 
     def params(self, part: str) -> tuple[Param, ...]:
         return _params(part)

@@ -157,6 +157,16 @@ C_TUNABLES = (
             lambda v: non_negative(v) or _between(v, 0, 1024)),
 )
 
+#: ScanWeaver.jl's (``julia`` backend) tunables: the device, and the workgroup of its kernels on a GPU.
+JULIA_TUNABLES = (
+    Tunable("workgroup_size", 64, (32, 64, 128, 256), "work-items per workgroup on a GPU (one per state column "
+            "forward, per column or key row backward); the CPU runs blocks of columns as Julia tasks",
+            lambda v: positive(v) or _between(v, 1, 1024)),
+    Tunable("device", "cpu", ("cpu", "cuda", "amdgpu", "oneapi", "metal"), "the KernelAbstractions device",
+            lambda v: None if v in ("cpu", "cuda", "amdgpu", "oneapi", "metal") else
+            "it must be one of cpu, cuda, amdgpu, oneapi, metal"),
+)
+
 _IN = ("q", "k", "v")
 _OPT_IN = ("g", "u", "h0", "cu_seqlens")
 #: batch, T, H (heads of v/o), Hq (heads of q/k), nseq (rows of h0/hlast: batch, or the packed sequences).
@@ -172,8 +182,8 @@ class MatrixState(FusedOp):
     name = "matrix_state"
     description = "matrix-state scan S_t = exp(g_t)*S_{t-1} + k_t v_t^T read by q_t (Mamba-2, GLA, RetNet, RWKV-6)"
     parts = PARTS
-    tunables = {"c": C_TUNABLES, "gpu": MATRIX_GPU_TUNABLES}
-    implementations = {"numpy": PARTS, "c": PARTS, "opencl": PARTS, "cuda": PARTS}
+    tunables = {"c": C_TUNABLES, "gpu": MATRIX_GPU_TUNABLES, "julia": JULIA_TUNABLES}
+    implementations = {"numpy": PARTS, "c": PARTS, "opencl": PARTS, "cuda": PARTS, "julia": PARTS}
     #: The algorithm rule (bench/results/linear_rnn_algorithms.json, float32 on every core): the chunked backward
     #: from 1024 steps per sequence with K * V >= 4096, and from 256 with K * V >= 8192 (faster at 23 of the 24
     #: such shapes measured, Mamba-2, GLA and RWKV-6: the recurrent one took 1.05-2.95x its time); the forward

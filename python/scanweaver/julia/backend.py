@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from ..errors import ScanInputError
+from ..errors import ScanInputError, ScanWeaverError
 from ..fused import REGISTRY as FUSED
 from ..ir.expr import Expr
 from ..ir import Stages
@@ -24,7 +24,7 @@ from ..runtime.base import Availability, Backend, ScanArrays, register
 from ..schedules import Tunable, get_schedule
 from ..targets import TARGETS
 from ..targets import reference
-from . import devices, kernels, mamba, session
+from . import delta, devices, kernels, mamba, matrix, session
 
 
 def _device_rule(value: object) -> str | None:
@@ -55,6 +55,11 @@ SCHEDULE_MAP: dict[str, Callable[[dict], tuple[str, dict]]] = {
     "chunked": lambda cfg: ("reduce_then_scan", {"workgroup_size": LAUNCH_WORKGROUP, "chunk": cfg["chunk"]}),
     "reduce_then_scan": _reduce_then_scan,
 }
+
+#: Fused operation -> the ``run(call, arrays, sizes)`` of its ScanWeaver.jl rendering (the parts
+#: ``scanweaver.targets.fused_julia`` registers); a new operation adds its module and one entry here.
+RUNNERS: dict[str, Callable[..., None]] = {"mamba1": mamba.run, "matrix_state": matrix.run, "delta_rule": delta.run}
+
 
 @TARGETS.register
 class JuliaTarget:
@@ -166,20 +171,24 @@ class JuliaBackend(Backend):
         return replace(stages, kernel=kernels.render_call(julia_schedule, config), target="julia")
 
     def run_fused(self, call, arrays, sizes) -> None:
-        """Runs ScanWeaver.jl's fused kernel (the Mamba-1 forward) after checking every buffer against the ABI."""
-        FUSED.get(call.op).arguments(call.part, call.features, arrays, sizes, "julia backend")
-        params = call.params
-        tunables = {"workgroup_size": params["workgroup_size"]}
-        if params["chunk"]:
-            tunables["chunk"] = params["chunk"]
-        mamba.run_forward(params["device"], arrays, sizes, call.features.softplus, **tunables)
+        """Runs a part of a fused operation in ScanWeaver.jl (:data:`RUNNERS`) after checking every buffer
+        against the operation's ABI; buffers its features switch off are passed as absent."""
+        op = FUSED.get(call.op)
+        runner = RUNNERS.get(call.op)
+        if runner is None or not op.runs_on(self.target, call.part):
+            super().run_fused(call, arrays, sizes)
+            return
+        checked = op.arguments(call.part, call.features, arrays, sizes, "julia backend")
+        runner(call, {p.name: a for p, a in zip(op.params(call.part), checked, strict=True) if p.kind != "int"}, sizes)
 
     def fast_invoker(self, stages: Stages, lanes: int, L: int):
         """``invoke(buffers, lanes, L)`` for a plan on ``device="cpu"``: ``buffers`` are the operands in call
         order, then ``y``, ``h0``, ``h_last``, ``reset`` (``None`` when absent), already checked by the plan
-        against its signature; one call, with integers only, of the ``ScanWeaver.HostScanner`` that
-        ``host_scanner`` makes here for this ``(lanes, L)``, schedule and tunables, its schedule resolved once
-        (keywords through PythonCall cost ~25 us a call).
+        against its signature. The ``ScanWeaver.HostScanner`` that ``host_scanner`` makes here for this
+        ``(lanes, L)``, schedule and tunables (its schedule resolved once) is called as a C function
+        (``host_scanner_entry``) through the checked trampoline of :mod:`scanweaver.runtime.fastcall`, like
+        a compiled kernel: the addresses are read and checked in C, and no Python object crosses into Julia
+        (through PythonCall, integers cost microseconds each and keywords about 25 us a call).
         ``None`` (the plan calls :meth:`run`) on a GPU device, where the operands are copied anyway, or when
         an operand must be evaluated or ``y`` projected first."""
         cfg = stages.schedule.config
@@ -194,20 +203,25 @@ class JuliaBackend(Backend):
         julia_schedule, tunables = SCHEDULE_MAP[stages.schedule.schedule](cfg)
         keywords = {"reverse": stages.affine.features.reverse, "schedule": julia_schedule,
                     **{kernels.JULIA_KEYWORDS[k]: v for k, v in tunables.items()}}
-        scan = session.locked(session.function("ScanWeaver.host_scanner")("cpu", dtype, L, lanes, **keywords))
+        scanner = session.function("ScanWeaver.host_scanner")("cpu", dtype, L, lanes, **keywords)
+        entry = session.function("ScanWeaver.host_scanner_entry")(scanner)
         feats, item, n = stages.affine.features, np.dtype(dtype).itemsize, lanes * L
         operand = fastcall.Slot(n * item, item, optional=True)
-        # host_scanner's argument order: y, h_last, a, b, x, c, h0, reset
-        addresses = fastcall.addresser((
+        # the entry's argument order: y, h_last, a, b, x, c, h0, reset, then lanes, L
+        call = session.locked(fastcall.invoker(int(entry.pointer), (
             fastcall.Slot(n * item, item, written=True), fastcall.Slot(lanes * item, item, written=True, optional=True),
             operand, operand, operand, operand, fastcall.Slot(lanes * item if feats.has_h0 else 0, item, optional=True),
-            fastcall.Slot(n if feats.has_reset else 0, 1, optional=True)))
+            fastcall.Slot(n if feats.has_reset else 0, 1, optional=True)), n_sizes=2))
         n_in = len(names)
 
         def invoke(buffers: tuple, lanes: int, L: int) -> int:
             operands, (y, h0, h_last, reset) = buffers[:n_in], buffers[n_in:]
             # the addresses are read (and checked: sizes, alignment, y overlapping nothing) in C
-            scan(*addresses((y, h_last, *(None if i is None else operands[i] for i in picks), h0, reset)))
+            if call((y, h_last, *(None if i is None else operands[i] for i in picks), h0, reset), lanes, L):
+                message = str(session.function("ScanWeaver.host_entry_error")(entry))
+                kind = ScanInputError if message.startswith(("ArgumentError", "DimensionMismatch")) else \
+                    ScanWeaverError
+                raise kind(f"julia backend: {message}")
             return 0
 
         return invoke

@@ -123,8 +123,8 @@ MAMBA = JuliaSchedule(
 )
 
 
-#: ScanWeaver.jl's matrix-state kernels (``src/matrix/``: ``matrix_state_scan``, ``matrix_state_backward``);
-#: not yet a Kernel Tuner problem.
+#: ScanWeaver.jl's matrix-state kernels (``src/matrix/``: ``matrix_state_scan``, ``matrix_state_backward``,
+#: ``delta_rule_scan``); not yet a Kernel Tuner problem.
 _MATRIX_FLAGS = ("decay", "bonus", "reversed", "workgroupsize")
 MATRIX_STATE_KERNELS = (
     KernelSignature("matrix_state_kernel!", ("o", "hlast", "q", "k", "v", "g", "u", "h0", "cu_seqlens"),
@@ -133,14 +133,22 @@ MATRIX_STATE_KERNELS = (
                                               "nseq"), ("nk", *_MATRIX_FLAGS)),
     KernelSignature("matrix_keys_kernel!", ("dq", "dk", "rows", "du_rows", "q", "k", "v", "g", "u", "h0", "dout",
                                             "dhlast", "cu_seqlens", "nseq"), ("nv", *_MATRIX_FLAGS)),
+    KernelSignature("delta_rule_kernel!", ("o", "hlast", "q", "k", "v", "g", "beta", "a", "b", "h0", "cu_seqlens"),
+                    ("nk", "gate", "form", "l2norm", "workgroupsize")),
+)
+
+
+#: ScanWeaver.jl's fused Mamba-1 backward (``src/mamba/backward.jl``); not yet a Kernel Tuner problem.
+MAMBA_BACKWARD_KERNELS = (
+    KernelSignature("mamba_backward_kernel!", ("grads", "ckpt", "hs", "ops", "dout", "dhlast"), _MAMBA_VALS),
 )
 
 
 def all_kernels() -> dict[str, KernelSignature]:
-    """Every ``@kernel`` of ScanWeaver.jl by name: the schedules', the fused Mamba scan's and the matrix-state
-    kernels'."""
+    """Every ``@kernel`` of ScanWeaver.jl by name: the schedules', the fused Mamba scan's (forward and
+    backward) and the matrix-state kernels'."""
     kernels = {k.name: k for s in (*SCHEDULES.values(), MAMBA) for k in s.kernels}
-    return {**kernels, **{k.name: k for k in MATRIX_STATE_KERNELS}}
+    return {**kernels, **{k.name: k for k in (*MAMBA_BACKWARD_KERNELS, *MATRIX_STATE_KERNELS)}}
 
 
 DTYPES = {"float32": np.float32, "float64": np.float64, "complex64": np.complex64, "complex128": np.complex128}

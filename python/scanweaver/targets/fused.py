@@ -10,8 +10,8 @@ keyed ``"<op>/<family>"``.
 
 Example:
     >>> from scanweaver.targets.fused import implements
-    >>> implements("opencl", "mamba1", "backward"), implements("julia", "mamba1", "backward")
-    (True, False)
+    >>> implements("opencl", "mamba1", "backward"), implements("julia", "delta_rule", "backward")
+    (True, True)
 """
 
 from __future__ import annotations

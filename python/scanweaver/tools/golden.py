@@ -1,8 +1,9 @@
 """Golden vectors: small TOML files of inputs and oracle outputs, shared by both test suites.
 
 ``python -m scanweaver.tools.golden [--out DIR] [--check]`` writes (or, with
-``--check``, verifies) one file per case under ``test/golden``, and the Mamba-1
-cases of :mod:`.golden_mamba` under ``test/golden/mamba``.  Expected values
+``--check``, verifies) one file per case under ``test/golden``, the Mamba-1
+cases of :mod:`.golden_mamba` under ``test/golden/mamba`` and the matrix-state
+cases of :mod:`.golden_matrix` under ``test/golden/matrix``.  Expected values
 come from the float64 sequential oracle (:func:`scanweaver.targets.reference.oracle`).
 
 Reproducible on any machine: the inputs are non-uniform random draws from a
@@ -340,8 +341,9 @@ def load(path: str | Path) -> dict:
 def differences(path: str | Path, text: str) -> list[str]:
     """How the golden file at ``path`` differs from freshly rendered ``text`` (empty when it matches).
 
-    Header fields and inputs must be equal; the expected outputs ``y`` and ``h_last`` may differ by
-    :data:`OUTPUT_RTOL` of ``max(1, max|y|)``, the rounding of the float64 oracle on another machine.
+    Header fields and inputs must be equal; the expected outputs ``y``, ``h_last`` and gradients
+    ``grad_*`` may differ by :data:`OUTPUT_RTOL` of ``max(1, max|y|)`` (of ``max|grad|`` for a gradient),
+    the rounding of the float64 oracle on another machine.
 
     Example:
         >>> case = CASES[0]
@@ -360,11 +362,12 @@ def differences(path: str | Path, text: str) -> list[str]:
     scale = max(1.0, float(np.abs(np.asarray(want["y"], np.float64)).max(initial=0.0)))
     out = []
     for key, value in want.items():
-        if key in ("y", "h_last"):
+        if key in ("y", "h_last") or key.startswith("grad_"):
             got, exp = np.asarray(have[key], np.float64), np.asarray(value, np.float64)
-            if got.shape != exp.shape or not np.allclose(got, exp, rtol=OUTPUT_RTOL, atol=OUTPUT_RTOL * scale):
+            size = max(1.0, float(np.abs(exp).max(initial=0.0))) if key.startswith("grad_") else scale
+            if got.shape != exp.shape or not np.allclose(got, exp, rtol=OUTPUT_RTOL, atol=OUTPUT_RTOL * size):
                 err = float(np.abs(got - exp).max()) if got.shape == exp.shape else float("inf")
-                out.append(f"{key} differs by up to {err:.3g} (tolerance {OUTPUT_RTOL:g} of {scale:.3g})")
+                out.append(f"{key} differs by up to {err:.3g} (tolerance {OUTPUT_RTOL:g} of {size:.3g})")
         elif have[key] != value:
             out.append(f"{key} differs")
     return out
@@ -378,9 +381,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="verify the files instead of writing them (inputs exactly, outputs within OUTPUT_RTOL)")
     args = parser.parse_args(argv)
     from .golden_mamba import files as mamba_files
+    from .golden_matrix import files as matrix_files
 
     stale = []
-    written = [(args.out / f"{case.name}.toml", render(case)) for case in CASES] + mamba_files(args.out)
+    written = [(args.out / f"{case.name}.toml", render(case)) for case in CASES] + mamba_files(args.out) \
+        + matrix_files(args.out)
     for path, text in written:
         if args.check:
             stale += [f"{path}: {why}" for why in differences(path, text)]
