@@ -1,8 +1,8 @@
-"""One call on a lent GPU: everything GPU-only, in priority order, inside one deadline (``bench/gpu_session.sh``).
+"""One call on a GPU machine: everything GPU-only, in priority order, inside one deadline (``bench/gpu_session.sh``).
 
 Steps, each a subprocess with its own time budget (:data:`STEPS`); a step may
 use what earlier steps left unused, never what later ones need, so the
-whole session ends within ``--deadline`` (default 510 s: one 9-minute call
+whole session ends within ``--deadline`` (default 510 s: a 10-minute job limit
 with its installs, and a margin):
 
 1. ``setup``: the device's name from the driver (``nvidia-smi``), the libraries' versions, wheels carried

@@ -5,7 +5,7 @@
 At (batch, T, H, K, V) = (1, 1024, 8, 64, 64), float32, simple-GLA decay (one log decay per head and step):
 ``scanweaver.linear_attention(..., backend="julia")`` and ``backend="cpu"`` timed alternately in the same
 rounds after warm-up calls (so both see the same load), then the backward of the fused operation
-(``scanweaver.matrix.kernels.backward``, every gradient) the same way, then the Gated DeltaNet forward
+(``scanweaver.ops.matrix_state.kernels.backward``, every gradient) the same way, then the Gated DeltaNet forward
 (``scanweaver.gated_delta_rule`` with in-kernel L2 normalisation, one beta per head and step) at the same
 shape. Reports min/median/max of each and of the per-round ratio julia / cpu. Target: the Julia matrix-state
 forward within 2x of the C backend's.

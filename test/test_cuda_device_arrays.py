@@ -1,7 +1,7 @@
 """The ``cuda`` backend on device arrays: CuPy, PyTorch (DLPack), ``__cuda_array_interface__``, streams, out=.
 
 These run where CuPy sees a CUDA device (``bench/gpu_session.sh`` runs them
-on the lent GPU) and skip with the reason elsewhere.  Every result is
+on a GPU machine) and skip with the reason elsewhere.  Every result is
 checked against the float64 loop.
 """
 

@@ -1,6 +1,6 @@
 """``bench/gpu_session.sh --dry-run``: the whole GPU session on the CPU, PoCL standing in for the GPU.
 
-The session's flow is what one lent GPU call runs (``bench/gpu_session.py``): every step in priority
+The session's flow is what one GPU run runs (``bench/gpu_session.py``): every step in priority
 order under its own time limit, each step's result written as it finishes, at most eight files back.
 Here the GPU-only entries report why they skipped, and the steps that have a stand-in run it: the device
 tests, a kernel family against its float64 reference (``backend="opencl"``), the device-defaults sweep.

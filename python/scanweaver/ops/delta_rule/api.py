@@ -4,9 +4,10 @@ Each is declared once here (:func:`scanweaver.calls.declare.operation`) with
 flash-linear-attention's signature, positional order included (``chunk_delta_rule``,
 ``chunk_gated_delta_rule``, ``chunk_kda``, ``chunk_rwkv7`` of fla 0.6), so a
 model ports by changing the import.  fla's arguments that only steer its
-Triton kernels (``cu_seqlens_cpu``, ``chunk_indices``, ``chunk_size``,
-``safe_gate``, ``lower_bound``, ``disable_recompute``) are accepted and change
-nothing; those with a meaning ScanWeaver does not carry (``cp_context``,
+Triton kernels (``cu_seqlens_cpu``, ``chunk_indices``, ``safe_gate``,
+``lower_bound``, ``disable_recompute``) are accepted and change nothing;
+``chunk_size`` is the runner's hint for the chunked form (it never changes the
+result beyond rounding); those with a meaning ScanWeaver does not carry (``cp_context``,
 ``use_gate_in_kernel``, ``return_intermediate_states``, ``use_graph``,
 ``head_first``) are refused with a message when set.  The NumPy entry runs the
 kernel pair of :mod:`.grad`; :mod:`scanweaver.torch` and :mod:`scanweaver.jax`
@@ -64,7 +65,8 @@ def delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state
         cu_seqlens: ``[0, ..., T]`` offsets of sequences packed along T (B = 1; empty ones allowed).
         cu_seqlens_cpu: fla's host copy of ``cu_seqlens`` (checked equal when both are given).
         backend: ``auto`` (the best available backend that runs it) or a backend name.
-        **tunables: tunables of the backend's delta-rule kernels; fla's ``chunk_size`` (no effect on results).
+        **tunables: tunables of the backend's delta-rule kernels; fla's ``chunk_size``, a hint for the chunked
+            form (no effect on results beyond rounding).
 
     Returns:
         ``(o, final_state)``: o ``(B, T, HV, V)`` in v's dtype; the state in float32 (float64 for float64
@@ -179,7 +181,8 @@ def rwkv7(r, w, k, v, a, b, scale=1.0, initial_state=None, output_final_state: b
         r, w, k, a, b: ``(B, T, H, K)`` (RWKV-7 takes ``a = -kappa``, ``b = kappa * iclr``).  v: ``(B, T, H, V)``.
         scale: the output scale, 1.0 by default (None: ``K**-0.5``).
         initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu, backend: as for :func:`delta_rule`.
-        safe_gate, chunk_size, disable_recompute, lower_bound: steer fla's kernels; no effect here.
+        safe_gate, disable_recompute, lower_bound: steer fla's kernels; no effect here.
+        chunk_size: a hint for the chunked form (no effect on the result beyond rounding).
         cp_context: must be None.
         **tunables: as for :func:`delta_rule`.
 
