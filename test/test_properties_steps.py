@@ -4,9 +4,9 @@ Each example draws one problem (batch, T from 1 to 12, grouped heads, K, V, dtyp
 from near 0 to strongly negative and exact resets, beta 0 to 2 where the family takes it) and runs the step
 function token by token from the initial state; the outputs and the final state must equal the float64 loop of
 the recurrence (``delta_family.loop``, written from the definitions), or the call must raise
-``ScanInputError`` naming an argument.  The matrix-state steps (``linear_attention_step``, ``mamba2_step``)
-are held to ``matrix_loops``' loops the same way, and ``log_scan`` to a loop of ``h_t = exp(log_a_t) h_{t-1} +
-x_t`` with resets, ``-inf`` gates and growth.
+``ScanInputError`` naming an argument.  The matrix-state steps (``linear_attention_step``, ``rwkv6_step``,
+``mamba2_step``) are held to ``matrix_loops``' loops the same way, and ``log_scan`` to a loop of
+``h_t = exp(log_a_t) h_{t-1} + x_t`` with resets, ``-inf`` gates and growth.
 """
 
 from __future__ import annotations
@@ -87,6 +87,14 @@ def test_chained_matrix_steps_equal_the_loops(batch, T, H, K, V, lo, reset, seed
     S, outs = h0, []
     for t in range(T):
         o, S = scanweaver.linear_attention_step(S, q[:, t], k[:, t], v[:, t], g=g[:, t])
+        outs.append(np.asarray(o))
+    assert np.abs(np.stack(outs, 1) - want_o).max() <= 1e-9 * max(1.0, float(np.abs(want_o).max()))
+    assert np.abs(np.asarray(S) - want_h).max() <= 1e-9 * max(1.0, float(np.abs(want_h).max()))
+    u = rng.normal(size=(H, K))  # RWKV-6: the bonus u read with the current token, w the log decay
+    want_o, want_h = la_loop(q, k, v, g, K ** -0.5, h0, bonus=u)
+    S, outs = h0, []
+    for t in range(T):
+        o, S = scanweaver.rwkv6_step(S, q[:, t], k[:, t], v[:, t], g[:, t], u)
         outs.append(np.asarray(o))
     assert np.abs(np.stack(outs, 1) - want_o).max() <= 1e-9 * max(1.0, float(np.abs(want_o).max()))
     assert np.abs(np.asarray(S) - want_h).max() <= 1e-9 * max(1.0, float(np.abs(want_h).max()))
