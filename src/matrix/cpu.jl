@@ -104,6 +104,88 @@ for the bonus readout). Closures capture arguments only.
 end
 
 """
+    matrix_vector_block(w, x, q, cu_seqlens, Val(W)) -> (h, n, j0, b, start, len, hq)
+
+The head `h`, sequence `n`, first column `j0`, row `b`, first step `start`,
+length `len` and q/k group `hq` of vector work item `w` over `x` (`(V, H,
+T, batch)`): `MATRIX_CPU_VECTORS` vectors of `W` columns per item.
+"""
+function matrix_vector_block(w, x, q, cu_seqlens, ::Val{W}) where {W}
+    NV = MATRIX_CPU_VECTORS
+    nv, H = size(x, 1), size(x, 2)
+    nblocks = nv ÷ (NV * W)
+    blk = (w - 1) % nblocks + 1
+    h = ((w - 1) ÷ nblocks) % H + 1
+    n = (w - 1) ÷ (nblocks * H) + 1
+    j0 = (blk - 1) * NV * W + 1
+    b, start, len = matrix_segment(cu_seqlens, n, size(x, 3))
+    hq = (h - 1) ÷ (H ÷ size(q, 2)) + 1
+    return h, n, j0, b, start, len, hq
+end
+
+"""
+    matrix_vector_sweep!(out, block, x, q, k, g, u, rowfn, steps, (b, h, hq, j0, start, len),
+                         Val(decay), Val(bonus), Val(reversed), Val(W)) -> nothing
+
+The sweep over the steps of one vector work item shared by the forward and
+the backward's values pass: at each step (in the order of `steps`) the
+`MATRIX_CPU_VECTORS` vectors of `x` (v, or dout) at the block's columns, every
+state row of `block` updated by `rowfn` ([`matrix_row_update`](@ref) or
+[`matrix_values_row`](@ref)) with its decay, k and q, the rows' sum (plus the
+bonus readout's `(q . (u*k)) x`) stored into `out` (o, or dv).
+"""
+function matrix_vector_sweep!(
+    out::Array{T},
+    block,
+    x::Array{T},
+    q,
+    k,
+    g,
+    u,
+    rowfn::F,
+    steps,
+    at,
+    ::Val{decay},
+    ::Val{bonus},
+    ::Val{reversed},
+    ::Val{W},
+) where {T, F, decay, bonus, reversed, W}
+    NV = MATRIX_CPU_VECTORS
+    Vt = Vec{W, T}
+    b, h, hq, j0, start, len = at
+    nk = size(q, 1)
+    offsets = ntuple(m -> (m - 1) * W * sizeof(T), Val(NV))
+    row = NV * W * sizeof(T)
+    zero_block = ntuple(_ -> vbroadcast(Vt, zero(T)), Val(NV))
+    GC.@preserve out block x for step in steps
+        t = reversed ? start + len - step : start + step - 1
+        xp = pointer(x, LinearIndices(x)[j0, h, t, b])
+        xs = map(off -> vload(Vt, xp + off), offsets)
+        sp = pointer(block)
+        acc, bonus_sum = zero_block, zero(T)
+        dstep = matrix_decay(g, Val(decay === :key ? :none : decay), T, 1, h, t, b)
+        for i in 1:nk
+            d = decay === :key ? matrix_decay(g, Val(:key), T, i, h, t, b) : dstep
+            ki, qi = T(@inbounds k[i, hq, t, b]), T(@inbounds q[i, hq, t, b])
+            acc = rowfn(sp + (i - 1) * row, xs, acc, d, ki, qi, Val(bonus))
+            if bonus
+                bonus_sum += qi * T(@inbounds u[i, h]) * ki
+            end
+        end
+        if bonus
+            bonus_vec = vbroadcast(
+                Vt,
+                bonus_sum,
+            ) # one binding: the closure captures no reassigned variable
+            acc = map((a, y) -> vmuladd(bonus_vec, y, a), acc, xs)
+        end
+        op = pointer(out, LinearIndices(out)[j0, h, t, b])
+        foreach((off, x) -> vstore!(op + off, x), offsets, acc)
+    end
+    return nothing
+end
+
+"""
     matrix_vector_item!(w, o, S, q, k, v, g, u, h0, cu_seqlens,
                         Val(decay), Val(bonus), Val(reverse), Val(W))
 
@@ -131,48 +213,29 @@ function matrix_vector_item!(
     ::Val{W},
 ) where {T, decay, bonus, reversed, W}
     NV = MATRIX_CPU_VECTORS
-    Vt = Vec{W, T}
-    nv, H, nk = size(v, 1), size(v, 2), size(q, 1)
-    nblocks = nv ÷ (NV * W)
-    blk = (w - 1) % nblocks + 1
-    h = ((w - 1) ÷ nblocks) % H + 1
-    n = (w - 1) ÷ (nblocks * H) + 1
-    j0 = (blk - 1) * NV * W + 1
-    b, start, len = matrix_segment(cu_seqlens, n, size(v, 3))
-    hq = (h - 1) ÷ (H ÷ size(q, 2)) + 1
+    nk = size(q, 1)
+    h, n, j0, b, start, len, hq = matrix_vector_block(w, v, q, cu_seqlens, Val(W))
     # the block's state rows, contiguous and aligned here (not at hlast's stride and alignment)
     block = Matrix{T}(undef, NV * W, nk)
     @inbounds for i in 1:nk, j in 1:(NV * W)
         block[j, i] = h0 === nothing ? zero(T) : T(h0[j0 + j - 1, i, h, n])
     end
-    offsets = ntuple(m -> (m - 1) * W * sizeof(T), Val(NV))
-    row = NV * W * sizeof(T)
-    zero_block = ntuple(_ -> vbroadcast(Vt, zero(T)), Val(NV))
-    GC.@preserve o block v for step in 1:len
-        t = reversed ? start + len - step : start + step - 1
-        vp = pointer(v, LinearIndices(v)[j0, h, t, b])
-        vs = map(off -> vload(Vt, vp + off), offsets)
-        sp = pointer(block)
-        acc, bonus_sum = zero_block, zero(T)
-        dstep = matrix_decay(g, Val(decay === :key ? :none : decay), T, 1, h, t, b)
-        for i in 1:nk
-            d = decay === :key ? matrix_decay(g, Val(:key), T, i, h, t, b) : dstep
-            ki, qi = T(@inbounds k[i, hq, t, b]), T(@inbounds q[i, hq, t, b])
-            acc = matrix_row_update(sp + (i - 1) * row, vs, acc, d, ki, qi, Val(bonus))
-            if bonus
-                bonus_sum += qi * T(@inbounds u[i, h]) * ki
-            end
-        end
-        if bonus
-            bonus_vec = vbroadcast(
-                Vt,
-                bonus_sum,
-            ) # one binding: the closure captures no reassigned variable
-            acc = map((a, x) -> vmuladd(bonus_vec, x, a), acc, vs)
-        end
-        op = pointer(o, LinearIndices(o)[j0, h, t, b])
-        foreach((off, x) -> vstore!(op + off, x), offsets, acc)
-    end
+    matrix_vector_sweep!(
+        o,
+        block,
+        v,
+        q,
+        k,
+        g,
+        u,
+        matrix_row_update,
+        1:len,
+        (b, h, hq, j0, start, len),
+        Val(decay),
+        Val(bonus),
+        Val(reversed),
+        Val(W),
+    )
     @inbounds for i in 1:nk, j in 1:(NV * W)
         S[j0 + j - 1, i, h, n] = block[j, i]
     end

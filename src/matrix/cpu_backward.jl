@@ -68,47 +68,28 @@ function matrix_values_vector_item!(
     ::Val{W},
 ) where {T, decay, bonus, reversed, W}
     NV = MATRIX_CPU_VECTORS
-    Vt = Vec{W, T}
-    nv, H, nk = size(dv, 1), size(dv, 2), size(q, 1)
-    nblocks = nv ÷ (NV * W)
-    blk = (w - 1) % nblocks + 1
-    h = ((w - 1) ÷ nblocks) % H + 1
-    n = (w - 1) ÷ (nblocks * H) + 1
-    j0 = (blk - 1) * NV * W + 1
-    b, start, len = matrix_segment(cu_seqlens, n, size(dv, 3))
-    hq = (h - 1) ÷ (H ÷ size(q, 2)) + 1
+    nk = size(q, 1)
+    h, n, j0, b, start, len, hq = matrix_vector_block(w, dv, q, cu_seqlens, Val(W))
     block = Matrix{T}(undef, NV * W, nk) # G's rows for the block, contiguous and aligned
     @inbounds for i in 1:nk, j in 1:(NV * W)
         block[j, i] = dhlast === nothing ? zero(T) : T(dhlast[j0 + j - 1, i, h, n])
     end
-    offsets = ntuple(m -> (m - 1) * W * sizeof(T), Val(NV))
-    row = NV * W * sizeof(T)
-    zero_block = ntuple(_ -> vbroadcast(Vt, zero(T)), Val(NV))
-    GC.@preserve dv block dout for step in len:-1:1
-        t = reversed ? start + len - step : start + step - 1
-        dp = pointer(dout, LinearIndices(dout)[j0, h, t, b])
-        ds = map(off -> vload(Vt, dp + off), offsets)
-        gp = pointer(block)
-        acc, bonus_sum = zero_block, zero(T)
-        dstep = matrix_decay(g, Val(decay === :key ? :none : decay), T, 1, h, t, b)
-        for i in 1:nk
-            d = decay === :key ? matrix_decay(g, Val(:key), T, i, h, t, b) : dstep
-            ki, qi = T(@inbounds k[i, hq, t, b]), T(@inbounds q[i, hq, t, b])
-            acc = matrix_values_row(gp + (i - 1) * row, ds, acc, d, ki, qi, Val(bonus))
-            if bonus
-                bonus_sum += qi * T(@inbounds u[i, h]) * ki
-            end
-        end
-        if bonus
-            bonus_vec = vbroadcast(
-                Vt,
-                bonus_sum,
-            ) # one binding: the closure captures no reassigned variable
-            acc = map((a, x) -> vmuladd(bonus_vec, x, a), acc, ds)
-        end
-        op = pointer(dv, LinearIndices(dv)[j0, h, t, b])
-        foreach((off, x) -> vstore!(op + off, x), offsets, acc)
-    end
+    matrix_vector_sweep!(
+        dv,
+        block,
+        dout,
+        q,
+        k,
+        g,
+        u,
+        matrix_values_row,
+        len:-1:1,
+        (b, h, hq, j0, start, len),
+        Val(decay),
+        Val(bonus),
+        Val(reversed),
+        Val(W),
+    )
     if Gs !== nothing
         @inbounds for i in 1:nk, j in 1:(NV * W)
             Gs[j0 + j - 1, i, h, n] = block[j, i]
