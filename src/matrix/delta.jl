@@ -355,18 +355,14 @@ function delta_rule_scan(
     cu_seqlens = nothing,
     kwargs...,
 )
-    if !(v isa AbstractArray) || ndims(v) != 4 || !(q isa AbstractArray)
-        throw(ArgumentError(
-            "delta_rule_scan: v must be a (V, H, T, batch) array, got $(typeof(v))",
-        ))
-    end
-    o = similar(v)
-    if !return_state
-        delta_rule_scan!(o, q, k, v; cu_seqlens, kwargs...)
-        return o
-    end
-    nseq = cu_seqlens === nothing ? size(v, 4) : length(cu_seqlens) - 1
-    hlast = similar(v, (size(v, 1), size(q, 1), size(v, 2), nseq))
-    delta_rule_scan!(o, q, k, v; hlast, cu_seqlens, kwargs...)
-    return o, hlast
+    return allocating_scan(
+        delta_rule_scan!,
+        "delta_rule_scan",
+        q,
+        k,
+        v,
+        return_state,
+        cu_seqlens;
+        kwargs...,
+    )
 end

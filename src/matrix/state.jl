@@ -376,19 +376,37 @@ function matrix_state_scan(
     cu_seqlens = nothing,
     kwargs...,
 )
+    return allocating_scan(
+        matrix_state_scan!,
+        "matrix_state_scan",
+        q,
+        k,
+        v,
+        return_state,
+        cu_seqlens;
+        kwargs...,
+    )
+end
+
+"""
+    allocating_scan(scan!, name, q, k, v, return_state, cu_seqlens; kwargs...)
+
+`o` (and, with `return_state`, the final states `(V, K, H, nseq)`) allocated
+like `v` and filled by `scan!(o, q, k, v; ...)`: the allocating form shared by
+[`matrix_state_scan`](@ref) and [`delta_rule_scan`](@ref).
+"""
+function allocating_scan(scan!, name, q, k, v, return_state, cu_seqlens; kwargs...)
     if !(v isa AbstractArray) || ndims(v) != 4 || !(q isa AbstractArray)
-        throw(ArgumentError(
-            "matrix_state_scan: v must be a (V, H, T, batch) array, got $(typeof(v))",
-        ))
+        throw(ArgumentError("$name: v must be a (V, H, T, batch) array, got $(typeof(v))"))
     end
     o = similar(v)
     if !return_state
-        matrix_state_scan!(o, q, k, v; cu_seqlens, kwargs...)
+        scan!(o, q, k, v; cu_seqlens, kwargs...)
         return o
     end
     nseq = cu_seqlens === nothing ? size(v, 4) : length(cu_seqlens) - 1
     hlast = similar(v, (size(v, 1), size(q, 1), size(v, 2), nseq))
-    matrix_state_scan!(o, q, k, v; hlast, cu_seqlens, kwargs...)
+    scan!(o, q, k, v; hlast, cu_seqlens, kwargs...)
     return o, hlast
 end
 
