@@ -153,3 +153,31 @@ def test_chunk_size_selects_the_chunked_form_unless_the_store_or_the_call_say_ot
     check(o, grads, want_o, want)
     assert (fwd.algorithm, fwd.config["chunk"], fwd.source) == ("recurrent", 16, "tuned")
     assert (bwd.algorithm, bwd.config["chunk"], bwd.source) == ("chunked", 16, "tuned")
+
+
+def test_the_forward_runs_chunked_by_default_in_mamba2s_form_only(isolated_store):
+    """A decay per head and one q/k group for four heads (Mamba-2), past the forward's steps: chunked by default,
+    with the float64 loop's answer; the same shape with a q/k per head, or with a decay per key, stays recurrent."""
+    from scanweaver.fused.matrix_state import MatrixStateFeatures
+
+    steps, size = next((e[0], e[1]) for e in OP.chunked_from["forward"] if e[2:] == ("one_qk_group_head_decay",))
+    Kb, Vb, H, T = 128, 64, 4, steps + 19
+    assert Kb * Vb >= size
+    head, key = MatrixStateFeatures("float64", Kb, Vb, "scalar"), MatrixStateFeatures("float64", Kb, Vb, "key")
+    grouped = {"batch": 1, "T": T, "H": H, "Hq": 1, "nseq": 1}
+    assert OP.algorithm("c", "forward", head, grouped) == "chunked"
+    assert OP.algorithm("c", "forward", head, {**grouped, "T": steps - 1}) == "recurrent"
+    assert OP.algorithm("c", "forward", head, {**grouped, "Hq": H}) == "recurrent"
+    assert OP.algorithm("c", "forward", head, {**grouped, "H": 2}) == "recurrent"
+    assert OP.algorithm("c", "forward", key, grouped) == "recurrent"
+    rng = np.random.default_rng(7)
+    q, k = rng.normal(size=(1, T, 1, Kb)), rng.normal(size=(1, T, 1, Kb)) / 11
+    v, g = rng.normal(size=(1, T, H, Vb)), -rng.uniform(1e-3, 0.2, (1, T, H))
+    o, _ = matrix.forward(matrix.operands("test", q, k, v, g, decay="scalar"), backend="cpu")
+    info = runner.last["matrix_state"]
+    assert (info.algorithm, info.source) == ("chunked", "default")
+    S, want = np.zeros((H, Kb, Vb)), np.zeros((T, H, Vb))
+    for t in range(T):
+        S = np.exp(g[0, t])[:, None, None] * S + k[0, t, 0][None, :, None] * v[0, t][:, None, :]
+        want[t] = np.einsum("k,hkv->hv", q[0, t, 0], S)
+    np.testing.assert_allclose(o[0], want, rtol=1e-9, atol=1e-9)

@@ -100,10 +100,11 @@ class FusedOp(ABC):
     tunables: ClassVar[dict[str, tuple[Tunable, ...]]] = {}
     implementations: ClassVar[dict[str, tuple[str, ...]]] = {}
     #: Part -> ``((steps, state), ...)``: the chunked form is the default of ``part`` (where the kernels have
-    #: one, an ``algorithm`` tunable with a ``chunked`` value) when some pair holds: at least ``steps`` steps per
-    #: sequence and ``K * V >= state``; parts not named keep the tunable's declared default.  Operations set
+    #: one, an ``algorithm`` tunable with a ``chunked`` value) when some entry holds: at least ``steps`` steps per
+    #: sequence and ``K * V >= state``, and, for an entry ``(steps, state, condition)``, the named shape
+    #: condition of :meth:`condition`; parts not named keep the tunable's declared default.  Operations set
     #: their own from measurements.
-    chunked_from: ClassVar[dict[str, tuple[tuple[int, int], ...]]] = {}
+    chunked_from: ClassVar[dict[str, tuple[tuple[Any, ...], ...]]] = {}
 
     @abstractmethod
     def params(self, part: str) -> tuple[Param, ...]:
@@ -208,9 +209,16 @@ class FusedOp(ABC):
         if not self.chooses(family):
             return None
         steps, state = self.steps(sizes), getattr(features, "K", 1) * getattr(features, "V", 1)
-        if any(steps >= s and state >= n for s, n in self.chunked_from.get(part, ())):
+        if any(steps >= e[0] and state >= e[1] and all(self.condition(c, features, sizes) for c in e[2:])
+               for e in self.chunked_from.get(part, ())):
             return "chunked"
         return str(next(t.default for t in self.tunables_for(family) if t.name == "algorithm"))
+
+    def condition(self, name: str, features: Any, sizes: dict[str, int]) -> bool:
+        """Whether the shape condition ``name`` of a :attr:`chunked_from` entry holds for a call; an operation
+        that names conditions in its rule defines them."""
+        raise ScanInputError(f"{self.name}: the algorithm rule names the condition {name!r}, which the operation "
+                             "does not define")
 
     def defaults(self, family: str, part: str, features: Any, sizes: dict[str, int], backend: dict[str, object],
                  hints: dict[str, object] | None = None) -> tuple[dict[str, object], bool]:

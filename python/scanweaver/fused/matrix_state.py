@@ -187,9 +187,18 @@ class MatrixState(FusedOp):
     #: The algorithm rule (bench/results/linear_rnn_algorithms.json, float32 on every core): the chunked backward
     #: from 1024 steps per sequence with K * V >= 4096, and from 256 with K * V >= 8192 (faster at 23 of the 24
     #: such shapes measured, Mamba-2, GLA and RWKV-6: the recurrent one took 1.05-2.95x its time); the forward
-    #: stays recurrent (the chunked one won by up to 1.2x on Mamba-2's one q/k group, lost by up to 2x on GLA and
-    #: RWKV-6).  docs/matrix-state.md#algorithms has the figures.
-    chunked_from = {"backward": ((1024, 4096), (256, 8192))}
+    #: runs chunked from 1024 steps with K * V >= 8192 where one q/k group serves every head and the decay is one
+    #: value per head (Mamba-2's form: its products with q and k are computed once per group; chunked faster at
+    #: the 4 such shapes of the table, 1.01-1.18x, and 1.12-1.68x at bench/linear_rnn.py's two Mamba-2 shapes),
+    #: else recurrent (the chunked one lost by up to 2x on GLA and RWKV-6).  docs/matrix-state.md#algorithms has
+    #: the figures.
+    chunked_from = {"backward": ((1024, 4096), (256, 8192)), "forward": ((1024, 8192, "one_qk_group_head_decay"),)}
+
+    def condition(self, name: str, features: MatrixStateFeatures, sizes: dict[str, int]) -> bool:
+        """``one_qk_group_head_decay``: a decay per head and one q/k group for four or more heads (Mamba-2)."""
+        if name == "one_qk_group_head_decay":
+            return features.decay == "scalar" and sizes.get("Hq", 1) == 1 and sizes.get("H", 1) >= 4
+        return super().condition(name, features, sizes)
 
     def work(self, features: MatrixStateFeatures, sizes: dict[str, int]) -> int:
         """``batch * T * H * K * V`` state elements per forward call."""
