@@ -38,7 +38,13 @@ products ``x e^{d}`` are formed in ``SW_ACC`` and a zero ``x`` (or a zero
 start state) contributes 0 even where ``e^{d}`` overflows.  A chunk differs
 from the recurrence in overflow only where a weight ``k_j e^{G_i - G_j}``,
 ``q_i e^{Gq_i}`` or ``A_ij`` itself leaves the storage type's range (with
-float32 storage that needs a growth of about e^88 inside one chunk).
+float32 storage that needs a growth of about e^88 inside one chunk), or, in
+float64, where a growth inside one chunk passes e^709 (double's range) on a
+tiny state the recurrence would keep finite.
+
+Scratch: the chunk-start states (``slots * H * K * V`` elements, the
+quantity the carry kernel needs) and the prefix planes (``3 * slots * H * C``
+times K for a decay per key, 1 per head).
 
 Packed sequences: sequence s owns the chunk slots ``cu_seqlens[s] // C + s``
 onwards (enough for its chunks; the slot of a workgroup finds its sequence
