@@ -105,6 +105,12 @@ class FusedOp(ABC):
     #: condition of :meth:`condition`; parts not named keep the tunable's declared default.  Operations set
     #: their own from measurements.
     chunked_from: ClassVar[dict[str, tuple[tuple[Any, ...], ...]]] = {}
+    #: The target families whose kernels :attr:`chunked_from` was measured on; the others keep the ``algorithm``
+    #: tunable's declared default.
+    chunked_measured_on: ClassVar[tuple[str, ...]] = ("c",)
+    #: Family -> the parts whose kernels have the chunked form, where only some do: the family's other parts run
+    #: the recurrence whatever ``algorithm`` says, and their config says so (:meth:`settle`).
+    chunked_parts: ClassVar[dict[str, tuple[str, ...]]] = {}
 
     @abstractmethod
     def params(self, part: str) -> tuple[Param, ...]:
@@ -198,9 +204,19 @@ class FusedOp(ABC):
         T, batch = sizes.get("T", sizes.get("L", 1)), sizes.get("batch", 1)
         return T * batch // max(1, sizes.get("nseq", batch))
 
-    def chooses(self, family: str) -> bool:
-        """True when the kernels of ``family`` have an ``algorithm`` tunable with a ``chunked`` value."""
+    def chooses(self, family: str, part: str | None = None) -> bool:
+        """True when the kernels of ``family`` (of its ``part``, if given) have an ``algorithm`` tunable with a
+        ``chunked`` value (:attr:`chunked_parts` names the parts where only some have the form)."""
+        if part is not None and part not in self.chunked_parts.get(family, (part,)):
+            return False
         return any(t.name == "algorithm" and "chunked" in t.values for t in self.tunables_for(family))
+
+    def settle(self, family: str, part: str, config: dict) -> dict:
+        """``config`` with the algorithm that runs: the ``algorithm`` tunable's declared default where
+        ``family``'s ``part`` has no chunked form (:attr:`chunked_parts`), else ``config`` itself."""
+        if "algorithm" not in config or self.chooses(family, part):
+            return config
+        return {**config, "algorithm": next(t.default for t in self.tunables_for(family) if t.name == "algorithm")}
 
     def algorithm(self, family: str, part: str, features: Any, sizes: dict[str, int]) -> str | None:
         """The default algorithm of ``part``: ``chunked`` where :attr:`chunked_from` says so for this shape
@@ -209,8 +225,9 @@ class FusedOp(ABC):
         if not self.chooses(family):
             return None
         steps, state = self.steps(sizes), getattr(features, "K", 1) * getattr(features, "V", 1)
-        if any(steps >= e[0] and state >= e[1] and all(self.condition(c, features, sizes) for c in e[2:])
-               for e in self.chunked_from.get(part, ())):
+        rules = self.chunked_from.get(part, ()) if family in self.chunked_measured_on else ()
+        if self.chooses(family, part) and any(steps >= e[0] and state >= e[1] and
+                                              all(self.condition(c, features, sizes) for c in e[2:]) for e in rules):
             return "chunked"
         return str(next(t.default for t in self.tunables_for(family) if t.name == "algorithm"))
 
@@ -226,7 +243,8 @@ class FusedOp(ABC):
         defaults by shape), with the algorithm of :meth:`algorithm`, then ``hints`` (``{"chunk": n}``, from
         fla's and mamba-ssm's ``chunk_size``): where ``family``'s kernels have a ``chunk`` tunable whose rule
         takes ``n``, it becomes ``chunk``, and where they have a chunked form, ``algorithm`` is ``chunked``;
-        a hint they cannot take is dropped.  Returns ``(defaults, whether a hint was taken)``.
+        a hint they cannot take (or given to a part without the chunked form) is dropped.  Returns
+        ``(defaults, whether a hint was taken)``.
 
         Example:
             >>> from scanweaver.fused import REGISTRY
@@ -242,7 +260,8 @@ class FusedOp(ABC):
             cfg["algorithm"] = alg
         chunk = (hints or {}).get("chunk")
         tun = next((t for t in self.tunables_for(family) if t.name == "chunk"), None)
-        if chunk is None or tun is None or (tun.rule is not None and tun.rule(chunk)):
+        if chunk is None or tun is None or (tun.rule is not None and tun.rule(chunk)) or \
+                (alg is not None and not self.chooses(family, part)):
             return cfg, False
         cfg["chunk"] = chunk
         if alg is not None:

@@ -88,9 +88,25 @@ def _state_rule(value) -> str | None:
     return power_of_two(value) or (None if 2 <= value <= 64 else "it must be between 2 and 64")
 
 
+def _between(value, lo: int, hi: int) -> str | None:
+    return None if lo <= value <= hi else f"it must be between {lo} and {hi}"
+
+
+#: The algorithms of the CPU kernels and of the GPU forward: the fused recurrence, or the chunked (matmul) form.
+ALGORITHMS = ("recurrent", "chunked")
+#: The longest chunk of the GPU chunked forward (its output kernel keeps a chunk x chunk tile of scores in local
+#: memory: 16 KiB at 64 in float32).
+GPU_MAX_CHUNK = 64
 #: The matrix-state GPU (OpenCL, CUDA) kernels' tunables (:mod:`scanweaver.targets.fused_gpu_matrix_state`):
-#: the state tiled over work-items, a column's keys (a row's values) split over ``state_per_item`` slots each.
+#: the state tiled over work-items, a column's keys (a row's values) split over ``state_per_item`` slots each;
+#: the forward's algorithm (:mod:`scanweaver.targets.matrix_gpu_chunked`: the chunked form; every GPU backward
+#: runs the recurrence).
 MATRIX_GPU_TUNABLES = (
+    Tunable("algorithm", "recurrent", ALGORITHMS, "the forward's algorithm: the fused recurrence (the default: "
+            "nothing measured on a GPU yet) or the chunked matmul form (the backward runs the recurrence)",
+            lambda v: None if v in ALGORITHMS else f"it must be one of {', '.join(ALGORITHMS)}"),
+    Tunable("chunk", 64, (16, 32, 64), f"time steps per chunk of the chunked forward (any length from 1 to "
+            f"{GPU_MAX_CHUNK}; results do not depend on it)", lambda v: _between(v, 1, GPU_MAX_CHUNK)),
     Tunable("workgroup_size", 256, (32, 64, 128, 256, 512, 1024), "work-items per workgroup of every kernel",
             _columns_rule),
     Tunable("time_tile", 16, (2, 4, 8, 16, 32), "time steps of q, k, g (v, do) staged in local memory at once",
@@ -133,15 +149,9 @@ class MatrixStateFeatures:
             raise ScanInputError(f"matrix_state: readout={self.readout!r}; it must be one of {', '.join(READOUTS)}")
 
 
-def _between(value, lo: int, hi: int) -> str | None:
-    return None if lo <= value <= hi else f"it must be between {lo} and {hi}"
-
-
 #: The longest chunk of the chunked form: its scratch holds a few chunk x chunk tiles per thread (4 MiB each at
 #: 1024 in float32), and its intra-chunk work grows with the chunk's square.
 MAX_CHUNK = 1024
-#: The algorithms of the CPU kernels: the fused recurrence, or the chunked (matmul) form.
-ALGORITHMS = ("recurrent", "chunked")
 #: The CPU (C) kernels' tunables.
 C_TUNABLES = (
     Tunable("algorithm", "recurrent", ALGORITHMS, "the fused recurrence or the chunked matmul form; by default "
@@ -193,6 +203,8 @@ class MatrixState(FusedOp):
     #: else recurrent (the chunked one lost by up to 2x on GLA and RWKV-6).  docs/matrix-state.md#algorithms has
     #: the figures.
     chunked_from = {"backward": ((1024, 4096), (256, 8192)), "forward": ((1024, 8192, "one_qk_group_head_decay"),)}
+    #: The GPU kernels have the chunked form of the forward only (:mod:`scanweaver.targets.matrix_gpu_chunked`).
+    chunked_parts = {"gpu": ("forward",)}
 
     def condition(self, name: str, features: MatrixStateFeatures, sizes: dict[str, int]) -> bool:
         """``one_qk_group_head_decay``: a decay per head and one q/k group for four or more heads (Mamba-2)."""

@@ -20,11 +20,17 @@ tiling):
 * the backward's **keys** kernel (:mod:`.matrix_state_gpu_backward`): the same
   tiling transposed: rows times value slices.
 
+With ``algorithm="chunked"`` the forward is the chunked (matmul) form of
+:mod:`.matrix_gpu_chunked` instead (four kernels and a scratch ``ws``; its
+chunk kernel of value columns uses the column tiling above); every backward
+runs the recurrence.
+
 Kernels (ABI of :meth:`~scanweaver.fused.matrix_state.MatrixState.params`; the
 parameter ``do`` is spelled ``do_``; sizes are 64-bit ints; the backward's
 kernels take the plan's scratch ``ws`` last)::
 
     sw_matrix_state_forward(q, k, v, g, u, h0, cu_seqlens, o, hlast, batch, T, H, Hq, nseq)
+    sw_matrix_state_chunk_prefix / _local / _carry / _output(the forward's parameters, ws)   (chunked)
     sw_matrix_state_bwd_keys / _bwd_values / _bwd_decay(q, k, v, g, u, h0, cu_seqlens, do_, dhlast,
                                                          dq, dk, dv, dg, du, dh0, batch, T, H, Hq, nseq, ws)
 
@@ -42,6 +48,7 @@ from ..errors import ScanInputError
 from ..fused.matrix_state import MatrixStateFeatures
 from .fused import KERNELS, FusedKernel
 from .fused_gpu_mamba1 import params
+from . import matrix_gpu_chunked as chunked
 from .launch_limits import ITEMSIZE, SM90
 from .mamba1_gpu_backward import ATOMIC_ADD
 from .matrix_state_gpu_backward import DECAY, KEYS, VALUES
@@ -263,24 +270,40 @@ def layout_defines(lay: Layout) -> str:
                       f"#define SW_NACC {min(ACCUMULATORS, lay.kp)}", f"#define SW_NACC_V {min(ACCUMULATORS, lay.vp)}"])
 
 
+def is_chunked(call) -> bool:
+    """True when ``call`` runs the chunked form (:mod:`.matrix_gpu_chunked`): the forward with
+    ``algorithm="chunked"`` (the backward runs the recurrence)."""
+    return call.part == "forward" and call.params.get("algorithm") == "chunked"
+
+
 def render(r, call) -> str:
-    """Kernel source of ``call`` (forward: one kernel; backward: the keys, values and decay kernels)."""
+    """Kernel source of ``call`` (forward: one kernel, or the chunked form's four; backward: the keys, values and
+    decay kernels)."""
     f: MatrixStateFeatures = call.features
     cfg = call.params
     tunables = "\n".join(
         f"#ifndef {name}\n#define {name} {cfg[name]}\n#endif\n#define SW_{name.upper()} ({name})"
         for name in ("workgroup_size", "time_tile"))
-    ws = f", {r.global_prefix}{r.ctype(f.dtype)}* restrict ws" if call.part == "backward" else ""
+    chunk = is_chunked(call)
+    ws = f", {r.global_prefix}{r.ctype(f.dtype)}* restrict ws" if call.part == "backward" or chunk else ""
     lay = layout(f, cfg)
     bounds = r.launch_bounds_blocks.format(n="SW_WG", blocks=resident_blocks(lay.wg)) \
         if r.launch_bounds_blocks else r.launch_bounds.format(n="SW_WG")
-    body = FORWARD if call.part == "forward" else ATOMIC_ADD + KEYS + VALUES + DECAY
+    body = chunked.CHUNKED if chunk else FORWARD if call.part == "forward" else ATOMIC_ADD + KEYS + VALUES + DECAY
+    extra = ""
+    if chunk:
+        # one resident workgroup: ptxas may then give the scores' exponentials more than REGISTERS (else it settles
+        # at 128 and spills at K = 256)
+        bounds3 = r.launch_bounds_blocks.format(n="SW_WG3", blocks=1) if r.launch_bounds_blocks \
+            else r.launch_bounds.format(n="SW_WG3")
+        extra = chunked.defines(f, cfg) + f"\n#define SW_KERNEL_WG3 {r.kernel_prefix} {bounds3}"
     exp = r.math_fn("exp", f.dtype)
     parts = [f"/* scanweaver {r.target} fused kernel: matrix_state {call.part}, {f.dtype}, K={f.K}, V={f.V}, "
              f"decay {f.decay}, readout {f.readout} */",
              r.preamble_for(f.dtype), f"#define SW_T {r.ctype(f.dtype)}",
              f"#define SW_DOUBLE {int(f.dtype == 'float64')}", feature_defines(f), tunables,
-             layout_defines(lay), "\n".join(r.gpu_macros()), f"#define SW_KERNEL_TILED {r.kernel_prefix} {bounds}",
+             layout_defines(lay), extra, "\n".join(r.gpu_macros()),
+             f"#define SW_KERNEL_TILED {r.kernel_prefix} {bounds}",
              PRELUDE.replace("@EXP@", exp),
              body.replace("@PARAMS@", params(r, call) + ws).replace("@EXP@", exp)]
     return "\n".join(p for p in parts if p) + "\n"
@@ -291,6 +314,8 @@ def local_bytes(part: str, features: MatrixStateFeatures, config: dict) -> int:
     one-element arrays of switched-off features are left out: compilers drop them)."""
     K, V, item, tt = features.K, features.V, ITEMSIZE[features.dtype], int(config["time_tile"])
     lay = layout(features, config)
+    if part == "forward" and config.get("algorithm") == "chunked":
+        return chunked.local_bytes(features, config, lay.ct)
     decays = {"none": 0, "scalar": tt, "key": tt * K}[features.decay]
     bonus = features.readout == "bonus"
     columns = (2 * tt * K + decays + (K if bonus else 0) + tt * lay.ct + tt * lay.ks * lay.ct) * item
@@ -318,11 +343,15 @@ def plan(call, sizes: dict):
     lay = layout(f, cfg)
     need = local_bytes(call.part, f, cfg)
     if need > SM90.shared_per_block:
-        raise ScanInputError(f"matrix_state {call.part}: time_tile={cfg['time_tile']} with K={f.K}, V={f.V} in "
-                             f"{f.dtype} needs {need} bytes of local memory per workgroup, over "
-                             f"{SM90.shared_per_block}; lower time_tile")
+        what = f"chunk={cfg['chunk']}, " if is_chunked(call) else ""
+        raise ScanInputError(f"matrix_state {call.part}: {what}time_tile={cfg['time_tile']} with K={f.K}, V={f.V} "
+                             f"in {f.dtype} needs {need} bytes of local memory per workgroup, over "
+                             f"{SM90.shared_per_block}; lower {'chunk or ' if what else ''}time_tile")
     heads = sizes["nseq"] * sizes["H"]
     columns = -(-f.V // lay.ct)
+    if is_chunked(call):
+        launches, ws = chunked.plan_launches(f, cfg, sizes, lay.wg, lay.ct)
+        return Plan(tuple(Launch(*x) for x in launches), ws=ws)
     if call.part == "forward":
         return Plan((Launch("sw_matrix_state_forward", heads * columns, lay.wg),))
     launches = [Launch("sw_matrix_state_bwd_keys", heads * -(-f.K // lay.rt), lay.wg),

@@ -137,7 +137,8 @@ def matrix_configurations() -> list[dict]:
 
 
 def matrix_report(entry: dict, arch: str = "sm_90", nvcc: str = "nvcc") -> dict:
-    """ptxas's report of both parts' kernels of one :func:`matrix_configurations` entry (``{kernel: resources}``)."""
+    """ptxas's report of both parts' kernels of one :func:`matrix_configurations` entry, and of the chunked
+    forward's (``algorithm="chunked"``, the default ``chunk``) (``{kernel: resources}``)."""
     from ..fused import REGISTRY as FUSED
     from ..targets import TARGETS
     from ..targets.fused import kernel_for
@@ -145,25 +146,27 @@ def matrix_report(entry: dict, arch: str = "sm_90", nvcc: str = "nvcc") -> dict:
     op, kernel = FUSED.get("matrix_state"), kernel_for("cuda", "matrix_state")
     kernels: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for part in ("forward", "backward"):
-            src = Path(tmp) / f"{part}.cu"
-            src.write_text(kernel.render(TARGETS.get("cuda")(), op.call(part, entry["features"], entry["config"])))
+        for name, part, cfg in (("forward", "forward", entry["config"]), ("backward", "backward", entry["config"]),
+                                ("chunked", "forward", {**entry["config"], "algorithm": "chunked"})):
+            src = Path(tmp) / f"{name}.cu"
+            src.write_text(kernel.render(TARGETS.get("cuda")(), op.call(part, entry["features"], cfg)))
             proc = subprocess.run([nvcc, "-cubin", f"-arch={arch}", "-Xptxas", "-v", "-o",
-                                   str(Path(tmp) / f"{part}.cubin"), str(src)], capture_output=True, text=True,
+                                   str(Path(tmp) / f"{name}.cubin"), str(src)], capture_output=True, text=True,
                                   timeout=300)
             found = parse(proc.stderr)
             if proc.returncode and not any("error" in k for k in found.values()):
-                found[f"*{part}"] = {"error": proc.stderr.strip()[-500:]}
+                found[f"*{name}"] = {"error": proc.stderr.strip()[-500:]}
             kernels.update(found)
     return kernels
 
 
 def matrix_table(doc: dict) -> str:
     """The markdown table of a ``--matrix-state`` record: per model shape and dtype, the default tunables and
-    each kernel's registers and shared memory, and the spill bytes of all of them."""
-    names = ("forward", "bwd_keys", "bwd_values", "bwd_decay")
+    each kernel's registers and shared memory (of the chunked forward: its two kernels with local memory), and
+    the spill bytes of all of them."""
+    names = ("forward", "bwd_keys", "bwd_values", "bwd_decay", "chunk_local", "chunk_output")
     lines = ["| model shape | dtype | workgroup_size, state_per_item, time_tile | forward | backward: keys | values "
-             "| decay | spill bytes |", "|---|---|---|---|---|---|---|---|"]
+             "| decay | chunked forward: local | output | spill bytes |", "|---|---|---|---|---|---|---|---|---|---|"]
     for e in doc["entries"]:
         cfg, ks = e["config"], e["kernels"]
         cells = []

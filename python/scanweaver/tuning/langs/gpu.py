@@ -98,6 +98,11 @@ class GPUTarget(KernelTunerTarget):
             block_size_names=["workgroup_size"] if has_wg else None, fingerprint=fp,
         )
 
+    def fused_values(self, given: dict[str, tuple]) -> tuple[dict[str, tuple], dict[str, object]]:
+        """Kernel Tuner times one kernel: the recurrent forward's.  The chunked form (four launches and a
+        scratch buffer) is not searched: ``algorithm`` stays ``recurrent`` (``chunk`` then shapes nothing)."""
+        return given, {"algorithm": "recurrent", "chunk": 64}
+
     def fused_kernel(self, problem, space: SearchSpace, inputs: dict[str, np.ndarray], workdir: Path) -> KernelSpec:
         """A fused operation's forward (:mod:`scanweaver.tuning.fused`): one kernel, as many workgroups of
         ``workgroup_size`` work-items as the rendering's plan launches, the source rendered per configuration."""
