@@ -235,6 +235,7 @@ SW_KERNEL_TILED void sw_matrix_state_chunk_local(@PARAMS@) {
     for (int x = lid; x < nn * SW_K; x += SW_WG) {
       const int tt = x / SW_K, i = x % SW_K, dd = SW_DECAY == 2 ? i : 0;
       const SW_T kv = k[SW_QK(SW_STEP(cs + p0 + tt)) + i];
+      (void)dd;
       sw[x] = !SW_DECAY ? kv : SW_PN(sl, n - 1, dd) == SW_PN(sl, p0 + tt, dd)
                                 ? SW_SCALE(kv, SW_PG(sl, n - 1, dd) - SW_PG(sl, p0 + tt, dd)) : (SW_T)0;
     }
@@ -273,6 +274,8 @@ SW_KERNEL_TILED void sw_matrix_state_chunk_carry(@PARAMS@) {
   for (sw_index c0 = 0; c0 < len; c0 += SW_C, ++sl) {
     const int n = SW_ROWS(c0);
     const SW_T e = ws[SW_EIDX(sl, i, j)];
+    (void)n;
+    (void)dd;
     ws[SW_EIDX(sl, i, j)] = s;
     if (!SW_DECAY)
       s += e;
