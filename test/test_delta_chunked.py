@@ -160,3 +160,16 @@ def test_the_backward_under_the_chunked_algorithm_is_the_recurrent_one(cpu):
     cpu.run_fused(OP.call("backward", f, cfg), {**a, "do": do, **out}, sizes)
     for n, g in out.items():
         np.testing.assert_allclose(g, want[n], rtol=1e-10, atol=1e-10, err_msg=n)
+    # through the runner, the algorithm it reports is the one that ran
+    from scanweaver.calls import runner
+    from scanweaver.ops.delta_rule import kernels
+    from scanweaver.ops.delta_rule.operands import operands
+
+    ops = operands("test", "gated_delta_rule", wide["q"], wide["k"], wide["v"], g=wide["g"], beta=wide["beta"],
+                   h0=wide["h0"])
+    grads = kernels.backward(ops, do, wide["dhlast"], backend="cpu", algorithm="chunked", chunk=4)
+    ran = runner.last["delta_rule"]
+    assert (ran.part, ran.algorithm) == ("backward", "recurrent")
+    np.testing.assert_allclose(grads["dv"], want["dv"], rtol=1e-10, atol=1e-10)
+    kernels.forward(ops, backend="cpu", algorithm="chunked", chunk=4)
+    assert runner.last["delta_rule"].algorithm == "chunked"

@@ -184,6 +184,9 @@ class DeltaRule(FusedOp):
     parts = PARTS
     tunables = {"c": C_TUNABLES, "gpu": GPU_DELTA_TUNABLES, "julia": JULIA_TUNABLES}
     implementations = {"numpy": PARTS, "c": PARTS, "opencl": PARTS, "cuda": PARTS, "julia": PARTS}
+    #: The C kernels have the chunked (WY) form of the forward only: the backward is the recurrent sweep from
+    #: checkpoints whatever ``algorithm`` says, and ``scanweaver.matrix.last`` says so.
+    chunked_parts = {"c": ("forward",)}
 
     def work(self, features: DeltaRuleFeatures, sizes: dict[str, int]) -> int:
         """``batch * T * H * K * V`` state elements per forward call."""
