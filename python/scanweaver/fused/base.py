@@ -104,6 +104,9 @@ class FusedOp(ABC):
     #: sequence and ``K * V >= state``; parts not named keep the tunable's declared default.  Operations set
     #: their own from measurements.
     chunked_from: ClassVar[dict[str, tuple[tuple[int, int], ...]]] = {}
+    #: The target families :attr:`chunked_from` was measured on (``None``: every family); the kernels of
+    #: others keep the ``algorithm`` tunable's declared default.
+    chunked_from_families: ClassVar[tuple[str, ...] | None] = None
 
     @abstractmethod
     def params(self, part: str) -> tuple[Param, ...]:
@@ -203,12 +206,15 @@ class FusedOp(ABC):
 
     def algorithm(self, family: str, part: str, features: Any, sizes: dict[str, int]) -> str | None:
         """The default algorithm of ``part``: ``chunked`` where :attr:`chunked_from` says so for this shape
-        (steps per sequence and the state's ``K * V`` at least one pair of its thresholds), else the
+        (steps per sequence and the state's ``K * V`` at least one pair of its thresholds) and ``family`` is
+        among :attr:`chunked_from_families`, else the
         ``algorithm`` tunable's declared default; ``None`` where ``family``'s kernels have no chunked form."""
         if not self.chooses(family):
             return None
         steps, state = self.steps(sizes), getattr(features, "K", 1) * getattr(features, "V", 1)
-        if any(steps >= s and state >= n for s, n in self.chunked_from.get(part, ())):
+        measured = self.chunked_from_families is None or family in self.chunked_from_families
+        rules = self.chunked_from.get(part, ()) if measured else ()
+        if any(steps >= s and state >= n for s, n in rules):
             return "chunked"
         return str(next(t.default for t in self.tunables_for(family) if t.name == "algorithm"))
 

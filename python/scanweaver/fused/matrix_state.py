@@ -142,13 +142,15 @@ def _between(value, lo: int, hi: int) -> str | None:
 MAX_CHUNK = 1024
 #: The algorithms of the CPU kernels: the fused recurrence, or the chunked (matmul) form.
 ALGORITHMS = ("recurrent", "chunked")
+#: The ``chunk`` tunable of the chunked form (C and ScanWeaver.jl kernels).
+CHUNK = Tunable("chunk", 64, (16, 32, 48, 64, 96, 128), "time steps per chunk of the chunked form (any length from "
+                f"1 to {MAX_CHUNK}; results do not depend on it)", lambda v: _between(v, 1, MAX_CHUNK))
 #: The CPU (C) kernels' tunables.
 C_TUNABLES = (
     Tunable("algorithm", "recurrent", ALGORITHMS, "the fused recurrence or the chunked matmul form; by default "
             "the rule of MatrixState.chunked_from (measured by bench/linear_rnn.py --table)",
             lambda v: None if v in ALGORITHMS else f"it must be one of {', '.join(ALGORITHMS)}"),
-    Tunable("chunk", 64, (16, 32, 48, 64, 96, 128), "time steps per chunk of the chunked form (any length from 1 "
-            f"to {MAX_CHUNK}; results do not depend on it)", lambda v: _between(v, 1, MAX_CHUNK)),
+    CHUNK,
     Tunable("block_v", 32, (16, 32, 64, 128), "value columns of the state per block (work item) of the recurrent form",
             lambda v: power_of_two(v) or _between(v, 4, 512)),
     Tunable("width", 8, (4, 8, 16), "lanes per vector; the default follows the CPU's vectors",
@@ -166,6 +168,16 @@ JULIA_TUNABLES = (
             lambda v: None if v in ("cpu", "cuda", "amdgpu", "oneapi", "metal") else
             "it must be one of cpu, cuda, amdgpu, oneapi, metal"),
 )
+#: ScanWeaver.jl's matrix-state tunables: :data:`JULIA_TUNABLES` (shared with the delta rule's), and the
+#: forward's algorithm (``src/matrix/chunked.jl``: the chunked form in KernelAbstractions kernels, every device;
+#: the backward runs the recurrence whatever it says) with its ``chunk``.
+MATRIX_JULIA_TUNABLES = (
+    *JULIA_TUNABLES,
+    Tunable("algorithm", "recurrent", ALGORITHMS, "the forward's fused recurrence or chunked matmul form "
+            "(the backward runs the recurrence)",
+            lambda v: None if v in ALGORITHMS else f"it must be one of {', '.join(ALGORITHMS)}"),
+    CHUNK,
+)
 
 _IN = ("q", "k", "v")
 _OPT_IN = ("g", "u", "h0", "cu_seqlens")
@@ -182,7 +194,7 @@ class MatrixState(FusedOp):
     name = "matrix_state"
     description = "matrix-state scan S_t = exp(g_t)*S_{t-1} + k_t v_t^T read by q_t (Mamba-2, GLA, RetNet, RWKV-6)"
     parts = PARTS
-    tunables = {"c": C_TUNABLES, "gpu": MATRIX_GPU_TUNABLES, "julia": JULIA_TUNABLES}
+    tunables = {"c": C_TUNABLES, "gpu": MATRIX_GPU_TUNABLES, "julia": MATRIX_JULIA_TUNABLES}
     implementations = {"numpy": PARTS, "c": PARTS, "opencl": PARTS, "cuda": PARTS, "julia": PARTS}
     #: The algorithm rule (bench/results/linear_rnn_algorithms.json, float32 on every core): the chunked backward
     #: from 1024 steps per sequence with K * V >= 4096, and from 256 with K * V >= 8192 (faster at 23 of the 24
@@ -190,6 +202,8 @@ class MatrixState(FusedOp):
     #: stays recurrent (the chunked one won by up to 1.2x on Mamba-2's one q/k group, lost by up to 2x on GLA and
     #: RWKV-6).  docs/matrix-state.md#algorithms has the figures.
     chunked_from = {"backward": ((1024, 4096), (256, 8192))}
+    #: The rule was measured on the C kernels; ScanWeaver.jl keeps its declared default (recurrent).
+    chunked_from_families = ("c",)
 
     def work(self, features: MatrixStateFeatures, sizes: dict[str, int]) -> int:
         """``batch * T * H * K * V`` state elements per forward call."""
