@@ -5,7 +5,7 @@ rule of the C kernels does not choose the chunked form for ScanWeaver.jl.  With 
 (``PYTHON_JULIACALL_EXE``/``PROJECT`` naming an environment with ScanWeaver): ``algorithm="chunked"`` and
 ``chunk_size=`` on ``backend="julia"`` against a float64 loop of the recurrence written here and against the
 ``cpu`` backend's chunked form, over the decays (with resets and growth), readouts, reverse, packing and groups;
-``scanweaver.matrix.last`` says what ran.
+the chunked backward against central differences of that loop; ``scanweaver.matrix.last`` says what ran.
 """
 
 from __future__ import annotations
@@ -119,6 +119,27 @@ for dtype in ("float32", "float64"):
                           "cpu": max(rel(o, co), rel(h, ch)), "backend": last.backend,
                           "algorithm": last.algorithm, "chunk": last.config["chunk"], "source": last.source,
                           "cpu_ran": [cpu.backend, cpu.algorithm]})
+        do, dh = rng.standard_normal(v.shape), rng.standard_normal(want_h.shape)
+        grads = matrix.backward(ops, do.astype(dtype), dh.astype(dtype), backend="julia", algorithm="chunked",
+                                chunk=16)
+        last = runner.last["matrix_state"]
+        named = {"q": q, "k": k, "v": v, "g": g, "u": u, "h0": h0}
+        worst = 0.0
+        for name, x in named.items():
+            if x is None or grads["d" + name] is None:
+                continue
+            step = rng.standard_normal(x.shape)
+            def loss(s):
+                moved = {**named, name: x.astype(np.float64) + s * step}
+                o, h = loop(moved["q"], moved["k"], moved["v"], moved["g"], decay, moved["u"], moved["h0"], cu,
+                            reverse)
+                return float((o * do).sum() + (h * dh).sum())
+            fd = (loss(1e-6) - loss(-1e-6)) / 2e-6
+            got = float((np.asarray(grads["d" + name], np.float64) * step).sum())
+            worst = max(worst, abs(got - fd) / max(1.0, abs(fd)))
+        cases.append({"name": f"backward {dtype} {decay} {readout} reverse={reverse} packed={packed} {kind}",
+                      "dtype": dtype, "fd": worst, "backend": last.backend, "algorithm": last.algorithm,
+                      "part": last.part, "chunk": last.config["chunk"]})
 q, k = (rng.standard_normal((1, 33, 2, 8)) for _ in range(2))
 v, g = rng.standard_normal((1, 33, 2, 8)), -rng.random((1, 33, 2, 8))
 o, _ = scanweaver.linear_attention(q, k, v, g=g, backend="julia", chunk_size=8)
@@ -147,10 +168,18 @@ def test_julia_chunked_matches_the_loop_and_cpu(results):
     assert not bad, bad
 
 
+def test_julia_chunked_backward_matches_central_differences_of_the_loop(results):
+    grads = [c for c in results if "fd" in c]
+    assert len(grads) == 2 * 6 and {c["part"] for c in grads} == {"backward"}
+    bad = [c for c in grads if not c["fd"] < (1e-2 if c["dtype"] == "float32" else 1e-6)]
+    assert not bad, bad
+
+
 def test_matrix_last_reports_the_julia_chunked_form(results):
     for c in results:
         assert (c["backend"], c["algorithm"]) == ("julia", "chunked"), c
     assert {tuple(c["cpu_ran"]) for c in results if "cpu_ran" in c} == {("cpu", "chunked")}
     assert {c["chunk"] for c in results if "loop" in c} == {1, 16, 64}
+    assert {c["chunk"] for c in results if "fd" in c} == {16}
     hint = next(c for c in results if c["name"].startswith("linear_attention"))
     assert (hint["chunk"], hint["source"]) == (8, "hint") and hint["numpy"] < 1e-10

@@ -1,6 +1,8 @@
-# The chunked (matmul) form of the matrix-state forward (`src/matrix/chunked.jl`)
-# on every backend of the suite, against the Float64 loop of the recurrence
-# (`matrix_reference` in test/reference.jl) and against the recurrent kernels.
+# The chunked (matmul) form of the matrix-state scan (`src/matrix/chunked.jl`,
+# `chunked_backward.jl`) on every backend of the suite: the forward against the
+# Float64 loop of the recurrence (`matrix_reference` in test/reference.jl) and
+# against the recurrent kernels, the backward against central differences of
+# that loop.
 
 """
     chunked_log_decays(rng, kind, dims) -> Array{Float64}
@@ -69,6 +71,77 @@ end
                 @test ok
                 @test matches(o, widen64.(Array(rec)); rtol = tolerance(T))
                 @test matches(h, widen64.(Array(rec_h)); rtol = tolerance(T))
+            end
+        end
+    end
+
+    @testset "backward $T $decay bonus=$bonus reverse=$reverse" for T in eltypes, decay in (
+            :none,
+            :scalar,
+            :key,
+        ), bonus in (false, true), reverse in (false, true)
+
+        nk, nv, H, Hq, L = 3, 4, 4, 2, 13
+        for (case, kind) in enumerate(decay === :none ? (:none,) : kinds)
+            packed = isodd(case)
+            batch = packed ? 1 : 2
+            cu_seqlens = packed ? [0, 4, 4, L] : nothing
+            nseq = packed ? 3 : batch
+            rounded(A) = Float64.(T.(A))
+            args = (
+                q = rounded(randn(rng, nk, Hq, L, batch)),
+                k = rounded(randn(rng, nk, Hq, L, batch)),
+                v = rounded(randn(rng, nv, H, L, batch)),
+                g = decay === :none ?
+                    nothing :
+                    rounded(chunked_log_decays(
+                        rng,
+                        kind,
+                        ((decay === :key ? (nk,) : ())..., H, L, batch),
+                    )),
+                u = bonus ? rounded(randn(rng, nk, H)) : nothing,
+                h0 = rounded(randn(rng, nv, nk, H, nseq)),
+            )
+            W, Vh = rounded(randn(rng, nv, H, L, batch)),
+                rounded(randn(rng, nv, nk, H, nseq))
+            loss(a) = begin
+                o, h = matrix_reference(a.q, a.k, a.v; a.g, a.u, a.h0, cu_seqlens, reverse)
+                sum(W .* o) + sum(Vh .* h)
+            end
+            on(A) = A === nothing ? nothing : AT(T.(A))
+            for chunk in (1, 4, 16)
+                d = matrix_state_backward(
+                    on(args.q),
+                    on(args.k),
+                    on(args.v),
+                    on(W);
+                    g = on(args.g),
+                    u = on(args.u),
+                    h0 = on(args.h0),
+                    dhlast = on(Vh),
+                    cu_seqlens,
+                    reverse,
+                    algorithm = :chunked,
+                    chunk,
+                )
+                for arg in keys(args)
+                    A = args[arg]
+                    grad = getfield(d, Symbol(:d, arg))
+                    A === nothing && (@test grad === nothing; continue)
+                    D = randn(rng, size(A))
+                    moved(s) = merge(args, NamedTuple{(arg,)}((A .+ s .* D,)))
+                    fd = (loss(moved(1.0e-6)) - loss(moved(-1.0e-6))) / 2.0e-6
+                    got = sum(Float64.(Array(grad)) .* D)
+                    ok = isapprox(
+                        got,
+                        fd;
+                        rtol = 100 * tolerance(T),
+                        atol = 1.0e-6 * max(1, abs(fd)),
+                    )
+                    ok ||
+                        @info "chunked backward differs from the loop" T decay bonus reverse kind chunk arg got fd
+                    @test ok
+                end
             end
         end
     end

@@ -161,86 +161,50 @@ Per (key row, head, position): `q` times its decay from the chunk's start
     end
 end
 
-"`e .+ kd[:, h, t, b] .* vj` for a column `e` of `K` values (an `NTuple`)."
-@inline function chunk_accumulate(
-    e::Tuple{A, Vararg{A, rest}},
-    kd,
-    vj,
-    h,
-    t,
-    b,
-) where {A, rest}
-    return ntuple(i -> e[i] + @inbounds(kd[i, h, t, b]) * vj, Val(rest + 1))
-end
-
 """
-    matrix_chunk_state_kernel!(backend, wg)(E, kd, v, chunks, Val(K), Val(reversed);
-        ndrange = V * H * nchunks)
+    matrix_chunk_state_kernel!(backend, wg)(E, kd, v, chunks, Val(reversed);
+        ndrange = V * K * H * nchunks)
 
-Per (state column, head, chunk): the chunk's own contribution to its end state,
-`E = (K o e^{G_last - G})^T V`, column `j` of it (K values in registers).
+Per state element `(j, i)`, head and chunk: the chunk's own contribution to its
+end state, `E = (K o e^{G_last - G})^T V`.
 """
 @kernel function matrix_chunk_state_kernel!(
     E,
     @Const(kd),
     @Const(v),
     @Const(chunks),
-    ::Val{nk},
     ::Val{reversed},
-) where {nk, reversed}
+) where {reversed}
     w = @index(Global, Linear)
-    nv, H = size(E, 1), size(E, 3)
-    if w <= nv * H * size(chunks, 2)
+    nv, nk, H = size(E, 1), size(E, 2), size(E, 3)
+    if w <= length(E)
         A = eltype(E)
         j = (w - 1) % nv + 1
-        h = ((w - 1) ÷ nv) % H + 1
-        c = (w - 1) ÷ (nv * H) + 1
+        i = ((w - 1) ÷ nv) % nk + 1
+        h = ((w - 1) ÷ (nv * nk)) % H + 1
+        c = (w - 1) ÷ (nv * nk * H) + 1
         b, t0, len = @inbounds(chunks[2, c]),
             @inbounds(chunks[3, c]),
             @inbounds(chunks[4, c])
-        e = ntuple(_ -> zero(A), Val(nk))
+        e = zero(A)
         for s in 1:len
             t = chunk_position(t0, s, Val(reversed))
-            vj = A(@inbounds v[j, h, t, b])
-            e = chunk_accumulate(e, kd, vj, h, t, b)
+            e += @inbounds(kd[i, h, t, b]) * A(@inbounds v[j, h, t, b])
         end
-        for i in 1:nk
-            @inbounds E[j, i, h, c] = e[i]
-        end
+        @inbounds E[j, i, h, c] = e
     end
 end
 
 """
-    chunk_carry(s, E, D, Val(decay), j, h, c) -> NTuple
+    matrix_chunk_carry_kernel!(backend, wg)(S0, hlast, E, D, h0, firsts, Val(decay),
+        Val(backward); ndrange = V * K * H * nseq)
 
-Column `j` of the state after chunk `c` from column `s` at its start:
-`D o s + E`, or `E` where `s` is 0.
-"""
-@inline function chunk_carry(
-    s::Tuple{A, Vararg{A, rest}},
-    E,
-    D,
-    ::Val{decay},
-    j,
-    h,
-    c,
-) where {A, rest, decay}
-    return ntuple(Val(rest + 1)) do i
-        e = @inbounds E[j, i, h, c]
-        iszero(s[i]) && return e
-        return @inbounds(D[decay === :key ? i : 1, h, c]) * s[i] + e
-    end
-end
-
-"""
-    matrix_chunk_carry_kernel!(backend, wg)(S0, hlast, E, D, h0, firsts, Val(K), Val(decay),
-        Val(backward); ndrange = V * H * nseq)
-
-Per (state column, head, sequence), in order over the sequence's chunks: the
-state at each chunk's start, `S_end = D o S_0 + E` (`E` alone where the state
-is 0, so a decay that overflows never meets a zero state), and the final state.
-With `backward` the chunks run from the last: the same map carries the adjoint
-of the chunks' end states from `dhlast` (as `h0`) to `dh0` (as `hlast`).
+Per state element `(j, i)`, head and sequence, in order over the sequence's
+chunks: the state at each chunk's start, `S_end = D o S_0 + E` (`E` alone where
+the state is 0, so a decay that overflows never meets a zero state), and the
+final state. With `backward` the chunks run from the last: the same map carries
+the adjoint of the chunks' end states from `dhlast` (as `h0`) to `dh0` (as
+`hlast`).
 """
 @kernel function matrix_chunk_carry_kernel!(
     S0,
@@ -249,29 +213,26 @@ of the chunks' end states from `dhlast` (as `h0`) to `dh0` (as `hlast`).
     @Const(D),
     @Const(h0),
     @Const(firsts),
-    ::Val{nk},
     ::Val{decay},
     ::Val{backward},
-) where {nk, decay, backward}
+) where {decay, backward}
     w = @index(Global, Linear)
-    nv, H = size(hlast, 1), size(hlast, 3)
-    if w <= nv * H * size(hlast, 4)
+    nv, nk, H = size(hlast, 1), size(hlast, 2), size(hlast, 3)
+    if w <= length(hlast)
         A = eltype(S0)
         j = (w - 1) % nv + 1
-        h = ((w - 1) ÷ nv) % H + 1
-        n = (w - 1) ÷ (nv * H) + 1
-        s = matrix_initial(h0, A, Val(nk), j, h, n)
+        i = ((w - 1) ÷ nv) % nk + 1
+        h = ((w - 1) ÷ (nv * nk)) % H + 1
+        n = (w - 1) ÷ (nv * nk * H) + 1
+        s = h0 === nothing ? zero(A) : A(@inbounds h0[j, i, h, n])
         c0, nc = @inbounds(firsts[n]), @inbounds(firsts[n + 1]) - @inbounds(firsts[n])
         for cc in 1:nc
             c = backward ? c0 + nc - cc + 1 : c0 + cc
-            for i in 1:nk
-                @inbounds S0[j, i, h, c] = s[i]
-            end
-            s = chunk_carry(s, E, D, Val(decay), j, h, c)
+            @inbounds S0[j, i, h, c] = s
+            e = @inbounds E[j, i, h, c]
+            s = iszero(s) ? e : @inbounds(D[decay === :key ? i : 1, h, c]) * s + e
         end
-        for i in 1:nk
-            @inbounds hlast[j, i, h, n] = s[i]
-        end
+        @inbounds hlast[j, i, h, n] = s
     end
 end
 

@@ -158,15 +158,15 @@ function matrix_chunk_states(
         matrix_chunk_state_kernel!,
         backend,
         wg,
-        nv * H * nch,
-        (E, kd, v, chunks, Val(nk), Val(reversed)),
+        length(E),
+        (E, kd, v, chunks, Val(reversed)),
     )
     launch_chunk_kernel!(
         matrix_chunk_carry_kernel!,
         backend,
         wg,
-        nv * H * size(hlast, 4),
-        (S0, hlast, E, D, h0, firsts, Val(nk), Val(decay), Val(false)),
+        length(hlast),
+        (S0, hlast, E, D, h0, firsts, Val(decay), Val(false)),
     )
     launch_chunk_kernel!(
         matrix_chunk_intra_kernel!,
@@ -196,5 +196,103 @@ function matrix_chunked!(backend, wg, C, o, hlast, q, k, v, g, u, h0, cu_seqlens
         length(o),
         (o, st.qd, st.S0, st.Aw, v, st.chunks, st.slot, reversed),
     )
+    return nothing
+end
+
+"""
+    matrix_chunked_backward!(backend, wg, C, (; dq, dk, dv, dg, du, dh0), q, k, v, dout,
+                             g, u, h0, dhlast, cu_seqlens, Val(decay), Val(bonus), Val(reversed))
+
+The chunked matrix-state backward (`src/matrix/chunked_backward.jl`) with
+chunks of `C` steps: writes `dq`, `dk`, `dv` and those of `dg`, `du`, `dh0`
+that are not `nothing`.
+"""
+function matrix_chunked_backward!(
+    backend,
+    wg,
+    C,
+    grads::NamedTuple,
+    q,
+    k,
+    v,
+    dout,
+    g,
+    u,
+    h0,
+    dhlast,
+    cu_seqlens,
+    flags...,
+)
+    decay_flag, _, reversed = flags
+    nk, (nv, H, L, batch) = size(q, 1), size(v)
+    S = eltype(grads.dv)
+    A = chunk_accumulator(backend, S)
+    nseq = cu_seqlens === nothing ? batch : length(cu_seqlens) - 1
+    alloc(T, dims...) = KernelAbstractions.allocate(backend, T, dims)
+    hl = alloc(A, nv, nk, H, nseq)
+    st = matrix_chunk_states(backend, wg, C, hl, q, k, v, g, u, h0, cu_seqlens, flags...)
+    Kd = decay_flag === Val(:key) ? nk : 1
+    dS, dS0 = alloc(A, nv, nk, H, st.nch), alloc(A, nv, nk, H, nseq)
+    Ed, dAw = st.E, alloc(A, st.Cw, H, L, batch)
+    dqh, dkh, qa, kb = ntuple(_ -> alloc(A, nk, H, L, batch), 4)
+    launch_chunk_kernel!(
+        matrix_chunk_state_kernel!,
+        backend,
+        wg,
+        length(Ed),
+        (Ed, st.qd, dout, st.chunks, reversed),
+    )
+    launch_chunk_kernel!(
+        matrix_chunk_carry_kernel!,
+        backend,
+        wg,
+        length(dS0),
+        (dS, dS0, Ed, st.D, dhlast, st.firsts, decay_flag, Val(true)),
+    )
+    launch_chunk_kernel!(
+        matrix_chunk_dA_kernel!,
+        backend,
+        wg,
+        length(dAw),
+        (dAw, dout, v, st.chunks, st.slot, reversed),
+    )
+    common = (st.G, st.seg, st.chunks, st.slot, flags...)
+    launch_chunk_kernel!(
+        matrix_chunk_dq_kernel!,
+        backend,
+        wg,
+        length(dqh),
+        (dqh, qa, q, k, u, st.S0, dAw, dout, common...),
+    )
+    launch_chunk_kernel!(
+        matrix_chunk_dk_kernel!,
+        backend,
+        wg,
+        length(dkh),
+        (dkh, kb, q, k, u, v, dS, dAw, common...),
+    )
+    launch_chunk_kernel!(
+        matrix_chunk_dv_kernel!,
+        backend,
+        wg,
+        length(grads.dv),
+        (grads.dv, st.kd, dS, st.Aw, dout, st.chunks, st.slot, reversed),
+    )
+    launch_chunk_kernel!(
+        matrix_chunk_group_kernel!,
+        backend,
+        wg,
+        length(grads.dq),
+        (grads.dq, grads.dk, dqh, dkh),
+    )
+    if grads.dg !== nothing && decay_flag !== Val(:none)
+        args = (grads.dg, qa, kb, g, hl, dhlast, st.chunks, st.firsts, Val(S), flags...)
+        launch_chunk_kernel!(matrix_chunk_dg_kernel!, backend, wg, Kd * H * nseq, args)
+    end
+    if grads.du !== nothing
+        args = (grads.du, q, k, dAw, st.slot)
+        launch_chunk_kernel!(matrix_chunk_du_kernel!, backend, wg, nk * H, args)
+    end
+    grads.dh0 === nothing || (grads.dh0 .= dS0)
     return nothing
 end

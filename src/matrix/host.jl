@@ -170,11 +170,13 @@ end
     host_matrix_backward!(device, dtype, batch, T, H, Hq, nseq, K, V, decay,
                           q, k, v, g, u, h0, cu_seqlens, dout, dhlast,
                           dq, dk, dv, dg, du, dh0;
-                          reverse = false, workgroupsize = nothing) -> nothing
+                          reverse = false, workgroupsize = nothing,
+                          algorithm = "recurrent", chunk = nothing) -> nothing
 
 The Python facade's entry point for [`matrix_state_backward!`](@ref), by
 address as [`host_matrix_state!`](@ref): writes `dq`, `dk`, `dv` and, when
-their addresses are not `0`, `dg`, `du`, `dh0`.
+their addresses are not `0`, `dg`, `du`, `dh0`. `algorithm` and `chunk` are
+those of [`matrix_state_backward!`](@ref).
 """
 function host_matrix_backward!(
     device::AbstractString,
@@ -204,6 +206,8 @@ function host_matrix_backward!(
     dh0::Integer;
     reverse::Bool = false,
     workgroupsize = nothing,
+    algorithm::AbstractString = "recurrent",
+    chunk = nothing,
 )
     m = matrix_host(dtype, batch, T, H, Hq, nseq, K, V, decay)
     addresses = (; q, k, v, g, u, h0, cu_seqlens, dout, dhlast, dq, dk, dv, dg, du, dh0)
@@ -229,6 +233,8 @@ function host_matrix_backward!(
         cu_seqlens = host.cu_seqlens,
         reverse,
         workgroupsize,
+        algorithm = Symbol(algorithm),
+        chunk,
     )
     KernelAbstractions.synchronize(array_backend(dev.v))
     copy_back!(D, host, dev, (:dq, :dk, :dv, :dg, :du, :dh0))

@@ -169,12 +169,12 @@ JULIA_TUNABLES = (
             "it must be one of cpu, cuda, amdgpu, oneapi, metal"),
 )
 #: ScanWeaver.jl's matrix-state tunables: :data:`JULIA_TUNABLES` (shared with the delta rule's), and the
-#: forward's algorithm (``src/matrix/chunked.jl``: the chunked form in KernelAbstractions kernels, every device;
-#: the backward runs the recurrence whatever it says) with its ``chunk``.
+#: algorithm (``src/matrix/chunked.jl``, ``chunked_backward.jl``: the chunked form, forward and backward, in
+#: KernelAbstractions kernels on every device) with its ``chunk``.
 MATRIX_JULIA_TUNABLES = (
     *JULIA_TUNABLES,
-    Tunable("algorithm", "recurrent", ALGORITHMS, "the forward's fused recurrence or chunked matmul form "
-            "(the backward runs the recurrence)",
+    Tunable("algorithm", "recurrent", ALGORITHMS, "the fused recurrence or the chunked matmul form (forward and "
+            "backward, KernelAbstractions kernels); recurrent unless asked",
             lambda v: None if v in ALGORITHMS else f"it must be one of {', '.join(ALGORITHMS)}"),
     CHUNK,
 )

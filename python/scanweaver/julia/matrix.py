@@ -31,8 +31,8 @@ def run(call: FusedCall, arrays: dict, sizes: dict[str, int]) -> None:
 
     Args:
         call: the operation, part, :class:`~scanweaver.fused.matrix_state.MatrixStateFeatures` and
-            the resolved ``julia`` tunables (``workgroup_size``, ``device``, and the forward's ``algorithm``
-            and ``chunk``: ``chunked`` runs ScanWeaver.jl's chunked form; the backward runs the recurrence).
+            the resolved ``julia`` tunables (``workgroup_size``, ``device``, ``algorithm`` and ``chunk``:
+            ``chunked`` runs ScanWeaver.jl's chunked form of the part).
         arrays: the part's ABI buffers by name, already checked (absent or disabled ones ``None``).
         sizes: ``batch``, ``T``, ``H``, ``Hq``, ``nseq``.
 
@@ -43,6 +43,5 @@ def run(call: FusedCall, arrays: dict, sizes: dict[str, int]) -> None:
     f, params = call.features, call.params
     host = fusedcall.entry(call, f.dtype)
     head = (params["device"], f.dtype, *(sizes[n] for n in ("batch", "T", "H", "Hq", "nseq")), f.K, f.V, f.decay)
-    extra = {"algorithm": str(params["algorithm"]), "chunk": int(params["chunk"])} if call.part == "forward" else {}
     host(*head, *fusedcall.addresses(arrays, BUFFERS[call.part]), reverse=bool(f.reverse),
-         workgroupsize=int(params["workgroup_size"]), **extra)
+         workgroupsize=int(params["workgroup_size"]), algorithm=str(params["algorithm"]), chunk=int(params["chunk"]))
