@@ -87,6 +87,7 @@ end
     for (name, array_type) in BACKENDS
         run_testsuite(name, array_type)
     end
+    include("test_matrix_chunked.jl")
     include("test_cpu_only.jl")
     include("test_gradients.jl")
     include("doc_examples.jl")

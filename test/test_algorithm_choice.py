@@ -119,7 +119,9 @@ def test_the_rule_needs_the_state_size_and_counts_steps_per_packed_sequence():
     # the GPU backward has the recurrence only, and the GPU forward keeps its default: the rule was measured on cpu
     assert OP.algorithm("gpu", "backward", big, one) == "recurrent"
     assert OP.algorithm("gpu", "forward", big, {**one, "T": 1 << 20}) == "recurrent"
-    assert OP.algorithm("julia", "backward", big, one) is None  # ScanWeaver.jl's kernels have one algorithm
+    # ScanWeaver.jl has both algorithms, forward and backward; its default stays recurrent (the rule was measured on C)
+    assert OP.algorithm("julia", "backward", big, one) == "recurrent"
+    assert OP.algorithm("julia", "forward", big, {**one, "T": 1 << 20}) == "recurrent"
 
 
 def test_an_explicit_algorithm_wins_over_the_rule(isolated_store, answers):

@@ -203,7 +203,98 @@ end
             nk * H * batch,
         ),
     ]
-    for (kernel, args, n) in [scans; mamba; matrix]
+    st = ScanWeaver.matrix_chunk_states(
+        CPU(),
+        wg,
+        4,
+        similar(S),
+        q,
+        k,
+        v,
+        g,
+        u_,
+        S,
+        nothing,
+        flags[1:3]...,
+    )
+    A4 = zeros(Float64, nk, H, L, batch)
+    dS = similar(st.S0)
+    common = (st.G, st.seg, st.chunks, st.slot, flags[1:3]...)
+    chunked = [
+        (
+            ScanWeaver.matrix_chunk_prefix_kernel!,
+            (st.G, st.seg, st.D, g, st.chunks, Val(Float32), Val(:key), Val(false)),
+            length(st.D),
+        ),
+        (
+            ScanWeaver.matrix_chunk_scale_kernel!,
+            (st.qd, st.kd, q, k, st.G, st.seg, st.chunks, st.slot, flags[1:3]...),
+            length(st.qd),
+        ),
+        (
+            ScanWeaver.matrix_chunk_state_kernel!,
+            (st.E, st.kd, v, st.chunks, Val(false)),
+            length(st.E),
+        ),
+        (
+            ScanWeaver.matrix_chunk_carry_kernel!,
+            (st.S0, S, st.E, st.D, S, st.firsts, Val(:key), Val(true)),
+            length(S),
+        ),
+        (
+            ScanWeaver.matrix_chunk_intra_kernel!,
+            (st.Aw, q, k, u_, common...),
+            length(st.Aw),
+        ),
+        (
+            ScanWeaver.matrix_chunk_output_kernel!,
+            (similar(v), st.qd, st.S0, st.Aw, v, st.chunks, st.slot, Val(false)),
+            length(v),
+        ),
+        (
+            ScanWeaver.matrix_chunk_dA_kernel!,
+            (st.Aw, v, v, st.chunks, st.slot, Val(false)),
+            length(st.Aw),
+        ),
+        (
+            ScanWeaver.matrix_chunk_dq_kernel!,
+            (A4, similar(A4), q, k, u_, st.S0, st.Aw, v, common...),
+            length(A4),
+        ),
+        (
+            ScanWeaver.matrix_chunk_dk_kernel!,
+            (A4, similar(A4), q, k, u_, v, dS, st.Aw, common...),
+            length(A4),
+        ),
+        (
+            ScanWeaver.matrix_chunk_dv_kernel!,
+            (similar(v), st.kd, dS, st.Aw, v, st.chunks, st.slot, Val(false)),
+            length(v),
+        ),
+        (
+            ScanWeaver.matrix_chunk_dg_kernel!,
+            (
+                similar(g),
+                A4,
+                A4,
+                g,
+                zeros(Float64, size(S)),
+                S,
+                st.chunks,
+                st.firsts,
+                Val(Float32),
+                flags[1:3]...,
+            ),
+            nk * H * batch,
+        ),
+        (ScanWeaver.matrix_chunk_du_kernel!, (similar(u_), q, k, st.Aw, st.slot), nk * H),
+        (
+            ScanWeaver.matrix_chunk_group_kernel!,
+            (similar(q), similar(k), A4, A4),
+            length(q),
+        ),
+    ]
+    for (kernel, args, n) in [scans; mamba; matrix; chunked]
         @test !boxes_a_variable(kernel(CPU(), wg), args, n)
     end
 end

@@ -107,7 +107,8 @@ def test_the_julia_backend_renders_the_matrix_state_operation():
     assert runs_matrix_state("julia", "forward") and runs_matrix_state("julia", "backward")
     device = next(t for t in JULIA_TUNABLES if t.name == "device")
     assert device.values == tuple(DEVICES)
-    assert op.resolve("julia", {}, {}, "test") == {"workgroup_size": 64, "device": "cpu"}
+    assert op.resolve("julia", {}, {}, "test") == {"workgroup_size": 64, "device": "cpu", "algorithm": "recurrent",
+                                                   "chunk": 64}
 
 
 def test_julia_run_fused_checks_matrix_buffers_before_starting_julia():

@@ -361,10 +361,13 @@ end
     matrix_state_backward!(dq, dk, dv, q, k, v, dout; dg = nothing, du = nothing,
                            dh0 = nothing, g = nothing, u = nothing, h0 = nothing,
                            dhlast = nothing, cu_seqlens = nothing, reverse = false,
-                           workgroupsize = nothing) -> (; dq, dk, dv, dg, du, dh0)
+                           workgroupsize = nothing, algorithm = :recurrent,
+                           chunk = nothing) -> (; dq, dk, dv, dg, du, dh0)
 
 In-place [`matrix_state_backward`](@ref): overwrites `dq`, `dk`, `dv` and,
 when given, `dg` (g's size), `du` (`(K, H)`) and `dh0` (`(V, K, H, nseq)`).
+`algorithm = :chunked` runs the chunked form (`src/matrix/chunked_backward.jl`:
+the chunk-start states recomputed, chunks of `chunk` steps, 64 unless given).
 """
 function matrix_state_backward!(
     dq,
@@ -385,6 +388,8 @@ function matrix_state_backward!(
     cu_seqlens = nothing,
     reverse::Bool = false,
     workgroupsize = nothing,
+    algorithm::Symbol = :recurrent,
+    chunk = nothing,
 )
     api = :matrix_state_backward!
     nseq = check_matrix_state(
@@ -405,6 +410,7 @@ function matrix_state_backward!(
     check_matrix_size(api, :du, du, (size(q, 1), size(v, 2)), "(K, H)")
     check_backends(api, array_backend(v), (; dq, dk, dg, du))
     check_tunables(api, (; workgroupsize))
+    check_matrix_algorithm(api, algorithm, chunk)
     backend = array_backend(v)
     wg = something(
         workgroupsize,
@@ -418,6 +424,28 @@ function matrix_state_backward!(
     nk = size(q, 1)
     nv, H, L, batch = size(v)
     foreach(X -> X === nothing || fill!(X, zero(eltype(X))), (dq, dk, dv, dh0))
+    if algorithm === :chunked
+        grads = (; dq, dk, dv, dg, du, dh0)
+        flags = (Val(decay), Val(u !== nothing), Val(reverse))
+        C = something(chunk, DEFAULT_MATRIX_CHUNK)
+        matrix_chunked_backward!(
+            backend,
+            wg,
+            C,
+            grads,
+            q,
+            k,
+            v,
+            dout,
+            g,
+            u,
+            h0,
+            dhlast,
+            cu_seqlens,
+            flags...,
+        )
+        return grads
+    end
     rows = decay === :none ?
         nothing :
         decay === :key && dg !== nothing ? dg : similar(v, (nk, H, L, batch))

@@ -105,14 +105,16 @@ end
 """
     host_matrix_state!(device, dtype, batch, T, H, Hq, nseq, K, V, decay,
                        q, k, v, g, u, h0, cu_seqlens, o, hlast;
-                       reverse = false, workgroupsize = nothing) -> nothing
+                       reverse = false, workgroupsize = nothing,
+                       algorithm = "recurrent", chunk = nothing) -> nothing
 
 The Python facade's entry point for [`matrix_state_scan!`](@ref): the arrays
 are addresses of C-contiguous host buffers in `dtype` (`cu_seqlens`: int64),
 `0` for absent ones, in the layouts of `scanweaver.fused.matrix_state`, read
 as the Julia layouts without copying (see [`matrix_host_arrays`](@ref)). A
 `u` selects the bonus readout. On a GPU device the inputs are copied over and
-`o`, `hlast` copied back.
+`o`, `hlast` copied back. `algorithm` (`recurrent` or `chunked`) and `chunk`
+are those of [`matrix_state_scan!`](@ref).
 """
 function host_matrix_state!(
     device::AbstractString,
@@ -136,6 +138,8 @@ function host_matrix_state!(
     hlast::Integer;
     reverse::Bool = false,
     workgroupsize = nothing,
+    algorithm::AbstractString = "recurrent",
+    chunk = nothing,
 )
     m = matrix_host(dtype, batch, T, H, Hq, nseq, K, V, decay)
     host = matrix_host_arrays(m, (; q, k, v, g, u, h0, cu_seqlens, o, hlast))
@@ -154,6 +158,8 @@ function host_matrix_state!(
         cu_seqlens = host.cu_seqlens,
         reverse,
         workgroupsize,
+        algorithm = Symbol(algorithm),
+        chunk,
     )
     KernelAbstractions.synchronize(array_backend(dev.v))
     copy_back!(D, host, dev, (:o, :hlast))
@@ -164,11 +170,13 @@ end
     host_matrix_backward!(device, dtype, batch, T, H, Hq, nseq, K, V, decay,
                           q, k, v, g, u, h0, cu_seqlens, dout, dhlast,
                           dq, dk, dv, dg, du, dh0;
-                          reverse = false, workgroupsize = nothing) -> nothing
+                          reverse = false, workgroupsize = nothing,
+                          algorithm = "recurrent", chunk = nothing) -> nothing
 
 The Python facade's entry point for [`matrix_state_backward!`](@ref), by
 address as [`host_matrix_state!`](@ref): writes `dq`, `dk`, `dv` and, when
-their addresses are not `0`, `dg`, `du`, `dh0`.
+their addresses are not `0`, `dg`, `du`, `dh0`. `algorithm` and `chunk` are
+those of [`matrix_state_backward!`](@ref).
 """
 function host_matrix_backward!(
     device::AbstractString,
@@ -198,6 +206,8 @@ function host_matrix_backward!(
     dh0::Integer;
     reverse::Bool = false,
     workgroupsize = nothing,
+    algorithm::AbstractString = "recurrent",
+    chunk = nothing,
 )
     m = matrix_host(dtype, batch, T, H, Hq, nseq, K, V, decay)
     addresses = (; q, k, v, g, u, h0, cu_seqlens, dout, dhlast, dq, dk, dv, dg, du, dh0)
@@ -223,6 +233,8 @@ function host_matrix_backward!(
         cu_seqlens = host.cu_seqlens,
         reverse,
         workgroupsize,
+        algorithm = Symbol(algorithm),
+        chunk,
     )
     KernelAbstractions.synchronize(array_backend(dev.v))
     copy_back!(D, host, dev, (:dq, :dk, :dv, :dg, :du, :dh0))

@@ -278,10 +278,14 @@ end
 """
     matrix_state_scan!(o, q, k, v; g = nothing, decay = g === nothing ? :none : :scalar,
                        u = nothing, h0 = nothing, hlast = nothing, cu_seqlens = nothing,
-                       reverse = false, workgroupsize = nothing) -> o
+                       reverse = false, workgroupsize = nothing,
+                       algorithm = :recurrent, chunk = nothing) -> o
 
 In-place [`matrix_state_scan`](@ref): writes `o` (the size of `v`) and, when
-given, the final states `hlast` `(V, K, H, nseq)`.
+given, the final states `hlast` `(V, K, H, nseq)`. `algorithm = :chunked` runs
+the chunked (matmul) form (`src/matrix/chunked.jl`) with chunks of `chunk`
+steps (64 unless given; 1 to 1024, results do not depend on it); the
+recurrence ignores `chunk`.
 """
 function matrix_state_scan!(
     o,
@@ -296,10 +300,13 @@ function matrix_state_scan!(
     cu_seqlens = nothing,
     reverse::Bool = false,
     workgroupsize = nothing,
+    algorithm::Symbol = :recurrent,
+    chunk = nothing,
 )
     api = :matrix_state_scan!
     nseq = check_matrix_state(api, (; o), (; h0, hlast), q, k, v, g, u, cu_seqlens, decay)
     check_tunables(api, (; workgroupsize))
+    check_matrix_algorithm(api, algorithm, chunk)
     backend = array_backend(v)
     wg = something(
         workgroupsize,
@@ -317,6 +324,12 @@ function matrix_state_scan!(
     if items == 0
         hlast === nothing ||
             (h0 === nothing ? fill!(hlast, zero(eltype(hlast))) : copyto!(hlast, h0))
+        return o
+    end
+    if algorithm === :chunked
+        flags = (Val(decay), Val(u !== nothing), Val(reverse))
+        C = something(chunk, DEFAULT_MATRIX_CHUNK)
+        matrix_chunked!(backend, wg, C, o, out, q, k, v, g, u, h0, cu_seqlens, flags...)
         return o
     end
     cu = cu_seqlens === nothing ?
@@ -348,7 +361,7 @@ end
 """
     matrix_state_scan(q, k, v; g = nothing, u = nothing, h0 = nothing,
                       return_state = false, cu_seqlens = nothing, reverse = false,
-                      workgroupsize = nothing)
+                      workgroupsize = nothing, algorithm = :recurrent, chunk = nothing)
 
 The matrix-state scan of `scanweaver.fused.matrix_state` (Mamba-2 / SSD,
 gated linear attention, RetNet, RWKV-6 with `u`) in its recurrent form, with
@@ -356,7 +369,9 @@ the Python layouts reversed (see the top of `src/matrix/state.jl`): `g` of
 size `(H, T, batch)` is a log decay per head and step, `(K, H, T, batch)` one
 per key row; `u` `(K, H)` switches to the bonus readout. No scale is applied.
 Returns `o` (and the final states `(V, K, H, nseq)` with `return_state`).
-`workgroupsize` reaches the kernel as a `Val`.
+`workgroupsize` reaches the kernel as a `Val`. `algorithm = :chunked` (with
+`chunk` steps per chunk) computes the same result in the chunked (matmul)
+form; see [`matrix_state_scan!`](@ref).
 
 # Examples
 ```julia-repl

@@ -220,7 +220,8 @@ class FusedOp(ABC):
 
     def algorithm(self, family: str, part: str, features: Any, sizes: dict[str, int]) -> str | None:
         """The default algorithm of ``part``: ``chunked`` where :attr:`chunked_from` says so for this shape
-        (steps per sequence and the state's ``K * V`` at least one pair of its thresholds), else the
+        (steps per sequence and the state's ``K * V`` at least one entry of its thresholds) and ``family`` is
+        among :attr:`chunked_measured_on`, else the
         ``algorithm`` tunable's declared default; ``None`` where ``family``'s kernels have no chunked form."""
         if not self.chooses(family):
             return None

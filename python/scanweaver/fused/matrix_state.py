@@ -152,13 +152,15 @@ class MatrixStateFeatures:
 #: The longest chunk of the chunked form: its scratch holds a few chunk x chunk tiles per thread (4 MiB each at
 #: 1024 in float32), and its intra-chunk work grows with the chunk's square.
 MAX_CHUNK = 1024
+#: The ``chunk`` tunable of the chunked form (C and ScanWeaver.jl kernels).
+CHUNK = Tunable("chunk", 64, (16, 32, 48, 64, 96, 128), "time steps per chunk of the chunked form (any length from "
+                f"1 to {MAX_CHUNK}; results do not depend on it)", lambda v: _between(v, 1, MAX_CHUNK))
 #: The CPU (C) kernels' tunables.
 C_TUNABLES = (
     Tunable("algorithm", "recurrent", ALGORITHMS, "the fused recurrence or the chunked matmul form; by default "
             "the rule of MatrixState.chunked_from (measured by bench/linear_rnn.py --table)",
             lambda v: None if v in ALGORITHMS else f"it must be one of {', '.join(ALGORITHMS)}"),
-    Tunable("chunk", 64, (16, 32, 48, 64, 96, 128), "time steps per chunk of the chunked form (any length from 1 "
-            f"to {MAX_CHUNK}; results do not depend on it)", lambda v: _between(v, 1, MAX_CHUNK)),
+    CHUNK,
     Tunable("block_v", 32, (16, 32, 64, 128), "value columns of the state per block (work item) of the recurrent form",
             lambda v: power_of_two(v) or _between(v, 4, 512)),
     Tunable("width", 8, (4, 8, 16), "lanes per vector; the default follows the CPU's vectors",
@@ -176,6 +178,16 @@ JULIA_TUNABLES = (
             lambda v: None if v in ("cpu", "cuda", "amdgpu", "oneapi", "metal") else
             "it must be one of cpu, cuda, amdgpu, oneapi, metal"),
 )
+#: ScanWeaver.jl's matrix-state tunables: :data:`JULIA_TUNABLES` (shared with the delta rule's), and the
+#: algorithm (``src/matrix/chunked.jl``, ``chunked_backward.jl``: the chunked form, forward and backward, in
+#: KernelAbstractions kernels on every device) with its ``chunk``.
+MATRIX_JULIA_TUNABLES = (
+    *JULIA_TUNABLES,
+    Tunable("algorithm", "recurrent", ALGORITHMS, "the fused recurrence or the chunked matmul form (forward and "
+            "backward, KernelAbstractions kernels); recurrent unless asked",
+            lambda v: None if v in ALGORITHMS else f"it must be one of {', '.join(ALGORITHMS)}"),
+    CHUNK,
+)
 
 _IN = ("q", "k", "v")
 _OPT_IN = ("g", "u", "h0", "cu_seqlens")
@@ -192,7 +204,7 @@ class MatrixState(FusedOp):
     name = "matrix_state"
     description = "matrix-state scan S_t = exp(g_t)*S_{t-1} + k_t v_t^T read by q_t (Mamba-2, GLA, RetNet, RWKV-6)"
     parts = PARTS
-    tunables = {"c": C_TUNABLES, "gpu": MATRIX_GPU_TUNABLES, "julia": JULIA_TUNABLES}
+    tunables = {"c": C_TUNABLES, "gpu": MATRIX_GPU_TUNABLES, "julia": MATRIX_JULIA_TUNABLES}
     implementations = {"numpy": PARTS, "c": PARTS, "opencl": PARTS, "cuda": PARTS, "julia": PARTS}
     #: The algorithm rule (bench/results/linear_rnn_algorithms.json, float32 on every core): the chunked backward
     #: from 1024 steps per sequence with K * V >= 4096, and from 256 with K * V >= 8192 (faster at 23 of the 24

@@ -31,7 +31,8 @@ def run(call: FusedCall, arrays: dict, sizes: dict[str, int]) -> None:
 
     Args:
         call: the operation, part, :class:`~scanweaver.fused.matrix_state.MatrixStateFeatures` and
-            the resolved ``julia`` tunables (``workgroup_size``, ``device``).
+            the resolved ``julia`` tunables (``workgroup_size``, ``device``, ``algorithm`` and ``chunk``:
+            ``chunked`` runs ScanWeaver.jl's chunked form of the part).
         arrays: the part's ABI buffers by name, already checked (absent or disabled ones ``None``).
         sizes: ``batch``, ``T``, ``H``, ``Hq``, ``nseq``.
 
@@ -43,4 +44,4 @@ def run(call: FusedCall, arrays: dict, sizes: dict[str, int]) -> None:
     host = fusedcall.entry(call, f.dtype)
     head = (params["device"], f.dtype, *(sizes[n] for n in ("batch", "T", "H", "Hq", "nseq")), f.K, f.V, f.decay)
     host(*head, *fusedcall.addresses(arrays, BUFFERS[call.part]), reverse=bool(f.reverse),
-         workgroupsize=int(params["workgroup_size"]))
+         workgroupsize=int(params["workgroup_size"]), algorithm=str(params["algorithm"]), chunk=int(params["chunk"]))
