@@ -180,7 +180,7 @@ def test_growth_overflows_only_where_the_recurrence_does(opencl):
 
 def test_public_calls_select_the_chunked_form_and_report_it(opencl):
     """``algorithm="chunked"`` and ``chunk_size=`` select the chunked forward on opencl as on cpu, and
-    :data:`scanweaver.matrix.last` says which algorithm ran; the backward runs the recurrence and says so."""
+    :data:`scanweaver.matrix.last` says which algorithm ran."""
     rng = np.random.default_rng(11)
     B, T, H, K, V = 1, 37, 2, 8, 8
     q, k = rng.normal(size=(2, B, T, H, K)).astype(np.float32)
@@ -201,18 +201,16 @@ def test_public_calls_select_the_chunked_form_and_report_it(opencl):
     assert scanweaver.matrix.last.algorithm == "recurrent", "a chunk over 64 is a hint the GPU kernels drop"
 
 
-def test_a_gpu_backward_reports_the_recurrence_it_runs():
-    """The GPU backward has no chunked form: asked for one (explicitly, by the hint, or by the CPU's measured
-    rule at its shapes) its config says ``recurrent``."""
+def test_both_gpu_parts_take_the_chunked_form_and_keep_the_recurrent_default():
+    """Both GPU parts have the chunked form (explicitly or by the hint), but the CPU's measured rule does not pick
+    it at its shapes: nothing was measured on a GPU."""
     f = MatrixStateFeatures("float32", 64, 64, "key")
     sizes = {"batch": 1, "T": 4096, "H": 1, "Hq": 1, "nseq": 1}
     assert OP.algorithm("c", "backward", f, sizes) == "chunked"
     assert OP.algorithm("gpu", "backward", f, sizes) == "recurrent"
-    assert OP.defaults("gpu", "backward", f, sizes, {}, {"chunk": 32}) == ({"algorithm": "recurrent"}, False)
-    assert OP.defaults("gpu", "forward", f, sizes, {}, {"chunk": 32}) == ({"algorithm": "chunked", "chunk": 32}, True)
-    cfg = OP.settle("gpu", "backward", OP.resolve("gpu", {"algorithm": "chunked"}, {}, "test"))
-    assert cfg["algorithm"] == "recurrent"
-    assert OP.settle("gpu", "forward", {"algorithm": "chunked"}) == {"algorithm": "chunked"}
+    for part in ("forward", "backward"):
+        assert OP.defaults("gpu", part, f, sizes, {}, {"chunk": 32}) == ({"algorithm": "chunked", "chunk": 32}, True)
+        assert OP.settle("gpu", part, {"algorithm": "chunked"}) == {"algorithm": "chunked"}
 
 
 def test_bad_algorithm_and_chunk_are_refused():

@@ -229,7 +229,9 @@ def test_the_ptxas_record_of_the_model_shapes_is_current_and_spills_nothing():
     for e, c in zip(doc["entries"], matrix_configurations(), strict=True):
         assert set(e["kernels"]) == {f"sw_matrix_state_{k}" for k in ("forward", "bwd_keys", "bwd_values", "bwd_decay",
                                                                         "chunk_prefix", "chunk_local", "chunk_carry",
-                                                                        "chunk_output")}
+                                                                        "chunk_output", "chunk_adjoint_local",
+                                                                        "chunk_adjoint_carry", "chunk_bwd_keys",
+                                                                        "chunk_bwd_values", "chunk_bwd_decay")}
         for name, r in e["kernels"].items():
             assert "error" not in r and r["spill_stores"] == r["spill_loads"] == r["stack"] == 0, (e["label"], name)
             assert r["registers"] <= 255 and r["shared"] <= max(local_bytes("backward", c["features"], c["config"]),

@@ -92,20 +92,20 @@ def _between(value, lo: int, hi: int) -> str | None:
     return None if lo <= value <= hi else f"it must be between {lo} and {hi}"
 
 
-#: The algorithms of the CPU kernels and of the GPU forward: the fused recurrence, or the chunked (matmul) form.
+#: The algorithms of the CPU and GPU kernels: the fused recurrence, or the chunked (matmul) form.
 ALGORITHMS = ("recurrent", "chunked")
 #: The longest chunk of the GPU chunked forward (its output kernel keeps a chunk x chunk tile of scores in local
 #: memory: 16 KiB at 64 in float32).
 GPU_MAX_CHUNK = 64
 #: The matrix-state GPU (OpenCL, CUDA) kernels' tunables (:mod:`scanweaver.targets.fused_gpu_matrix_state`):
 #: the state tiled over work-items, a column's keys (a row's values) split over ``state_per_item`` slots each;
-#: the forward's algorithm (:mod:`scanweaver.targets.matrix_gpu_chunked`: the chunked form; every GPU backward
-#: runs the recurrence).
+#: the algorithm of both parts (the chunked forms: :mod:`scanweaver.targets.matrix_gpu_chunked`,
+#: :mod:`scanweaver.targets.matrix_gpu_chunked_backward`).
 MATRIX_GPU_TUNABLES = (
-    Tunable("algorithm", "recurrent", ALGORITHMS, "the forward's algorithm: the fused recurrence (the default: "
-            "nothing measured on a GPU yet) or the chunked matmul form (the backward runs the recurrence)",
+    Tunable("algorithm", "recurrent", ALGORITHMS, "the fused recurrence (the default: nothing measured on a GPU "
+            "yet) or the chunked form (the forward's matmuls; the backward recomputes the states per chunk)",
             lambda v: None if v in ALGORITHMS else f"it must be one of {', '.join(ALGORITHMS)}"),
-    Tunable("chunk", 64, (16, 32, 64), f"time steps per chunk of the chunked forward (any length from 1 to "
+    Tunable("chunk", 64, (16, 32, 64), f"time steps per chunk of the chunked form (any length from 1 to "
             f"{GPU_MAX_CHUNK}; results do not depend on it)", lambda v: _between(v, 1, GPU_MAX_CHUNK)),
     Tunable("workgroup_size", 256, (32, 64, 128, 256, 512, 1024), "work-items per workgroup of every kernel",
             _columns_rule),
@@ -215,8 +215,9 @@ class MatrixState(FusedOp):
     #: else recurrent (the chunked one lost by up to 2x on GLA and RWKV-6).  docs/matrix-state.md#algorithms has
     #: the figures.
     chunked_from = {"backward": ((1024, 4096), (256, 8192)), "forward": ((1024, 8192, "one_qk_group_head_decay"),)}
-    #: The GPU kernels have the chunked form of the forward only (:mod:`scanweaver.targets.matrix_gpu_chunked`).
-    chunked_parts = {"gpu": ("forward",)}
+    #: The GPU kernels have the chunked form of both parts (:mod:`scanweaver.targets.matrix_gpu_chunked`,
+    #: :mod:`scanweaver.targets.matrix_gpu_chunked_backward`).
+    chunked_parts = {"gpu": ("forward", "backward")}
 
     def condition(self, name: str, features: MatrixStateFeatures, sizes: dict[str, int]) -> bool:
         """``one_qk_group_head_decay``: a decay per head and one q/k group for four or more heads (Mamba-2)."""

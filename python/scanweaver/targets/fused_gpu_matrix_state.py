@@ -22,8 +22,10 @@ tiling):
 
 With ``algorithm="chunked"`` the forward is the chunked (matmul) form of
 :mod:`.matrix_gpu_chunked` instead (four kernels and a scratch ``ws``; its
-chunk kernel of value columns uses the column tiling above); every backward
-runs the recurrence.
+chunk kernel of value columns uses the column tiling above), and the backward
+that of :mod:`.matrix_gpu_chunked_backward` (the forward's chunk-state
+kernels, two for the adjoints, then the keys, values and decay kernels below
+on the chunks).
 
 Kernels (ABI of :meth:`~scanweaver.fused.matrix_state.MatrixState.params`; the
 parameter ``do`` is spelled ``do_``; sizes are 64-bit ints; the backward's
@@ -31,6 +33,8 @@ kernels take the plan's scratch ``ws`` last)::
 
     sw_matrix_state_forward(q, k, v, g, u, h0, cu_seqlens, o, hlast, batch, T, H, Hq, nseq)
     sw_matrix_state_chunk_prefix / _local / _carry / _output(the forward's parameters, ws)   (chunked)
+    sw_matrix_state_chunk_prefix / _local / _carry / _adjoint_local / _adjoint_carry / _bwd_keys / _bwd_values /
+        _bwd_decay(the backward's parameters)                                             (chunked backward)
     sw_matrix_state_bwd_keys / _bwd_values / _bwd_decay(q, k, v, g, u, h0, cu_seqlens, do_, dhlast,
                                                          dq, dk, dv, dg, du, dh0, batch, T, H, Hq, nseq, ws)
 
@@ -49,6 +53,7 @@ from ..fused.matrix_state import MatrixStateFeatures
 from .fused import KERNELS, FusedKernel
 from .fused_gpu_mamba1 import params
 from . import matrix_gpu_chunked as chunked
+from . import matrix_gpu_chunked_backward as chunked_backward
 from .launch_limits import ITEMSIZE, SM90
 from .mamba1_gpu_backward import ATOMIC_ADD
 from .matrix_state_gpu_backward import DECAY, KEYS, VALUES
@@ -271,14 +276,14 @@ def layout_defines(lay: Layout) -> str:
 
 
 def is_chunked(call) -> bool:
-    """True when ``call`` runs the chunked form (:mod:`.matrix_gpu_chunked`): the forward with
-    ``algorithm="chunked"`` (the backward runs the recurrence)."""
-    return call.part == "forward" and call.params.get("algorithm") == "chunked"
+    """True when ``call`` runs the chunked form (``algorithm="chunked"``: :mod:`.matrix_gpu_chunked`,
+    :mod:`.matrix_gpu_chunked_backward`)."""
+    return call.params.get("algorithm") == "chunked"
 
 
 def render(r, call) -> str:
     """Kernel source of ``call`` (forward: one kernel, or the chunked form's four; backward: the keys, values and
-    decay kernels)."""
+    decay kernels, or the chunked form's eight)."""
     f: MatrixStateFeatures = call.features
     cfg = call.params
     tunables = "\n".join(
@@ -290,6 +295,10 @@ def render(r, call) -> str:
     bounds = r.launch_bounds_blocks.format(n="SW_WG", blocks=resident_blocks(lay.wg)) \
         if r.launch_bounds_blocks else r.launch_bounds.format(n="SW_WG")
     body = chunked.CHUNKED if chunk else FORWARD if call.part == "forward" else ATOMIC_ADD + KEYS + VALUES + DECAY
+    if chunk and call.part == "backward":
+        body = (chunked_backward.HOOKS + chunked.STATES + chunked_backward.ADJOINT + chunked_backward.SLOT_SEGMENT
+                + ATOMIC_ADD + KEYS.replace("sw_matrix_state_bwd_", "sw_matrix_state_chunk_bwd_")
+                + (VALUES + DECAY).replace("sw_matrix_state_bwd_", "sw_matrix_state_chunk_bwd_"))
     extra = ""
     if chunk:
         # one resident workgroup: ptxas may then give the scores' exponentials more than REGISTERS (else it settles
@@ -316,6 +325,8 @@ def local_bytes(part: str, features: MatrixStateFeatures, config: dict) -> int:
     lay = layout(features, config)
     if part == "forward" and config.get("algorithm") == "chunked":
         return chunked.local_bytes(features, config, lay.ct)
+    if config.get("algorithm") == "chunked":
+        return max((tt * K + tt * lay.ct) * item, local_bytes(part, features, {**config, "algorithm": "recurrent"}))
     decays = {"none": 0, "scalar": tt, "key": tt * K}[features.decay]
     bonus = features.readout == "bonus"
     columns = (2 * tt * K + decays + (K if bonus else 0) + tt * lay.ct + tt * lay.ks * lay.ct) * item
@@ -331,7 +342,8 @@ def local_bytes(part: str, features: MatrixStateFeatures, config: dict) -> int:
 def plan(call, sizes: dict):
     """Forward: ``nseq * H * ceil(V / CT)`` workgroups; backward: the keys kernel on ``nseq * H * ceil(K / RT)``,
     the values kernel on the forward's grid, then (with decays) the decay kernel, with ``batch * T * H * K``
-    scratch for a scalar decay's per-row terms; every workgroup has ``workgroup_size`` work-items.
+    scratch for a scalar decay's per-row terms; every workgroup has ``workgroup_size`` work-items.  The chunked
+    forms: :func:`.matrix_gpu_chunked.plan_launches`, :func:`.matrix_gpu_chunked_backward.plan_launches`.
 
     Raises:
         ScanInputError: local memory over a workgroup's 48 KiB.
@@ -350,7 +362,8 @@ def plan(call, sizes: dict):
     heads = sizes["nseq"] * sizes["H"]
     columns = -(-f.V // lay.ct)
     if is_chunked(call):
-        launches, ws = chunked.plan_launches(f, cfg, sizes, lay.wg, lay.ct)
+        launches, ws = chunked.plan_launches(f, cfg, sizes, lay.wg, lay.ct) if call.part == "forward" else \
+            chunked_backward.plan_launches(f, cfg, sizes, lay.wg, lay.ct, lay.rt)
         return Plan(tuple(Launch(*x) for x in launches), ws=ws)
     if call.part == "forward":
         return Plan((Launch("sw_matrix_state_forward", heads * columns, lay.wg),))

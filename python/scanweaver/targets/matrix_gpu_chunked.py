@@ -27,6 +27,10 @@ Four kernels (three without a decay), each a plain loop nest on local memory:
    columns), A (C x C, in local memory) from the keys in tiles of ``KT``,
    then the outputs.
 
+The chunked backward (:mod:`.matrix_gpu_chunked_backward`) runs kernels 1-3
+(:data:`STATES`; its carry writes no final state) for the chunks' start
+states.
+
 Exactness: a log decay whose exponential is 0 in the storage type (below
 -104 in float32, -746 in float64, ``-inf`` included) is a reset: the sum
 restarts at 0, factors across it are 0 (by the counts, never by
@@ -66,7 +70,8 @@ from ..fused.matrix_state import GPU_MAX_CHUNK as MAX_CHUNK
 from ..fused.matrix_state import MatrixStateFeatures
 from .launch_limits import ITEMSIZE, SM90
 
-__all__ = ["CHUNKED", "MAX_CHUNK", "ChunkLayout", "chunk_layout", "defines", "local_bytes", "plan_launches", "slots"]
+__all__ = ["CHUNKED", "MAX_CHUNK", "OUTPUT", "STATES", "ChunkLayout", "chunk_layout", "defines", "local_bytes",
+           "plan_launches", "slots"]
 #: Entries of A per work-item of the output kernel at most (registers): its workgroup is C * C / this, or more.
 SCORES_PER_ITEM = 16
 #: Value columns per workgroup of the output kernel at most.
@@ -146,7 +151,9 @@ def defines(f: MatrixStateFeatures, config: dict) -> str:
                       f"#define SW_CT3 {lay.ct3}", f"#define SW_KT {lay.kt}"])
 
 
-CHUNKED = r"""
+#: The macros and the kernels of the chunk-start states (prefix, local, carry): the forward's and the chunked
+#: backward's (:mod:`.matrix_gpu_chunked_backward`) first kernels.
+STATES = r"""
 #define SW_C SW_CHUNK
 #define SW_KD (SW_DECAY == 2 ? SW_K : 1)
 #define SW_NCH ((T + SW_C - 1) / SW_C)
@@ -173,6 +180,10 @@ CHUNKED = r"""
 /* x e^{d} rounded to SW_T, formed in SW_ACC; 0 for x = 0 whatever e^{d} is */
 #define SW_SCALE(x, d) ((x) == (SW_T)0 ? (SW_T)0 : (SW_T)((SW_ACC)(x) * exp((SW_ACC)(d))))
 #define SW_ROWS(p) ((int)(len - (p) < SW_C ? len - (p) : SW_C))
+/* the carry's final state: into hlast (the forward), nowhere (the backward) */
+#ifndef SW_HLAST_PUT
+#define SW_HLAST_PUT(at, x) hlast[at] = (x)
+#endif
 /* the sequence of slot sl, its segment, the chunk's first scan position cs and length n (0: an idle slot) */
 #define SW_SLOT(sl) \
   sw_index seq = 0; \
@@ -284,9 +295,12 @@ SW_KERNEL_TILED void sw_matrix_state_chunk_carry(@PARAMS@) {
     else
       s = (SW_T)((SW_ACC)s * exp(SW_PG(sl, n - 1, dd)) + (SW_ACC)e);
   }
-  hlast[st] = s;
+  SW_HLAST_PUT(st, s);
 }
+"""
 
+#: The output kernel of the chunked forward.
+OUTPUT = r"""
 #define SW_NG3 (SW_WG3 / SW_CT3)
 #define SW_NO ((SW_C + SW_NG3 - 1) / SW_NG3)
 #define SW_NA ((SW_C * SW_C + SW_WG3 - 1) / SW_WG3)
@@ -392,3 +406,6 @@ SW_KERNEL_WG3 void sw_matrix_state_chunk_output(@PARAMS@) {
   }
 }
 """
+
+#: The chunked forward's kernels.
+CHUNKED = STATES + OUTPUT

@@ -33,6 +33,17 @@ only which end of the sequence comes first.
 from __future__ import annotations
 
 KEYS = r"""
+/* where the initial and final states' adjoints come from, where dh0 goes, the scalar decay's per-row terms and
+   whether several sequences add into du: the plain backward's (the chunked one defines its own) */
+#ifndef SW_H0_AT
+#define SW_H0_ON SW_HAS_H0
+#define SW_H0_AT(x) h0[x]
+#define SW_DHLAST_ON SW_HAS_DHLAST
+#define SW_DHLAST_AT(x) dhlast[x]
+#define SW_DH0_ON SW_HAS_H0
+#define SW_ESCR ws
+#define SW_MANY_SEQ (nseq > 1)
+#endif
 /* add v to *p: a plain store when this workgroup is the only writer */
 #define SW_PUT(shared, p, v) do { if (shared) sw_atomic_add((p), (v)); else *(p) = (v); } while (0)
 /* a row work-item: row rr of the workgroup's tile kt (state row i), value slice p */
@@ -91,10 +102,10 @@ SW_KERNEL_TILED void sw_matrix_state_bwd_keys(@PARAMS@) {
   SW_ROW_ITEM();
   const SW_T ui = (SW_BONUS && live) ? u[h * SW_K + i] : (SW_T)0;
   const int shared_qk = H != Hq; /* the heads of a group add into the same dq, dk */
-  SW_GLOBAL SW_T* e_ = SW_DECAY == 2 ? dg : ws; /* e_t[i], in g's layout with one entry per key */
+  SW_GLOBAL SW_T* e_ = SW_DECAY == 2 ? dg : SW_ESCR; /* e_t[i], in g's layout with one entry per key */
   SW_T S[SW_VP];
 #pragma unroll
-  for (int m = 0; m < SW_VP; ++m) S[m] = (SW_HAS_H0 && live && SW_VAL_OK(m)) ? h0[st + SW_VAL(m)] : (SW_T)0;
+  for (int m = 0; m < SW_VP; ++m) S[m] = (SW_H0_ON && live && SW_VAL_OK(m)) ? SW_H0_AT(st + SW_VAL(m)) : (SW_T)0;
   SW_T du_acc = (SW_T)0;
   /* 1. forward: dq, and x (bonus: shifted one step back) into e */
   for (sw_index s0 = 0; s0 < len; s0 += SW_TT) {
@@ -144,9 +155,9 @@ SW_KERNEL_TILED void sw_matrix_state_bwd_keys(@PARAMS@) {
   }
   /* h_i = dhlast[i] . hlast[i], summed over the value slices */
   SW_T hpart = (SW_T)0;
-  if (SW_HAS_DHLAST && live)
+  if (SW_DHLAST_ON && live)
     for (int m = 0; m < SW_VP; ++m)
-      if (SW_VAL_OK(m)) hpart += dhlast[st + SW_VAL(m)] * S[m];
+      if (SW_VAL_OK(m)) hpart += SW_DHLAST_AT(st + SW_VAL(m)) * S[m];
   SW_BARRIER();
   red[p * SW_RT + rr] = hpart;
   SW_BARRIER();
@@ -158,7 +169,8 @@ SW_KERNEL_TILED void sw_matrix_state_bwd_keys(@PARAMS@) {
   SW_GLOBAL_BARRIER(); /* e written above is read by other work-items below */
   /* 2. reverse: G's row; dk; e = x - y (+ h at the last step) */
 #pragma unroll
-  for (int m = 0; m < SW_VP; ++m) S[m] = (SW_HAS_DHLAST && live && SW_VAL_OK(m)) ? dhlast[st + SW_VAL(m)] : (SW_T)0;
+  for (int m = 0; m < SW_VP; ++m)
+    S[m] = (SW_DHLAST_ON && live && SW_VAL_OK(m)) ? SW_DHLAST_AT(st + SW_VAL(m)) : (SW_T)0;
   for (sw_index cs = (len + SW_TT - 1) / SW_TT - 1; cs >= 0; --cs) {
     const sw_index s0 = cs * SW_TT;
     const int n = SW_TILE_LEN(s0);
@@ -206,7 +218,7 @@ SW_KERNEL_TILED void sw_matrix_state_bwd_keys(@PARAMS@) {
     if (p == 0 && live) {
       SW_T dsum = (SW_T)0;
       for (int p_ = 0; p_ < SW_VS; ++p_) dsum += red[p_ * SW_RT + rr];
-      SW_PUT(nseq > 1, &du[h * SW_K + i], dsum);
+      SW_PUT(SW_MANY_SEQ, &du[h * SW_K + i], dsum);
     }
   }
 }
@@ -219,7 +231,7 @@ SW_KERNEL_TILED void sw_matrix_state_bwd_values(@PARAMS@) {
   SW_T G[SW_KP];
 #pragma unroll
   for (int m = 0; m < SW_KP; ++m)
-    G[m] = (SW_HAS_DHLAST && live && SW_KEY_OK(m)) ? dhlast[st + SW_KEY(m) * SW_V] : (SW_T)0;
+    G[m] = (SW_DHLAST_ON && live && SW_KEY_OK(m)) ? SW_DHLAST_AT(st + SW_KEY(m) * SW_V) : (SW_T)0;
   if (SW_BONUS)
     for (int i = lid; i < SW_K; i += SW_WG) su[i] = u[h * SW_K + i];
   for (sw_index cs = (len + SW_TT - 1) / SW_TT - 1; cs >= 0; --cs) {
@@ -259,7 +271,7 @@ SW_KERNEL_TILED void sw_matrix_state_bwd_values(@PARAMS@) {
     SW_BARRIER();
     SW_REDUCE_COLUMNS(dv, s0, n);
   }
-  if (SW_HAS_H0 && live) {
+  if (SW_DH0_ON && live) {
 #pragma unroll
     for (int m = 0; m < SW_KP; ++m)
       if (SW_KEY_OK(m)) dh0[st + SW_KEY(m) * SW_V] = G[m];
@@ -296,7 +308,7 @@ SW_KERNEL_TILED void sw_matrix_state_bwd_decay(@PARAMS@) {
       SW_ACC x = (SW_ACC)0;
       if (s < len) {
         const sw_index at = SW_GK(SW_STEP(s));
-        for (int i = 0; i < SW_K; ++i) x += (SW_ACC)ws[at + i];
+        for (int i = 0; i < SW_K; ++i) x += (SW_ACC)SW_ESCR[at + i];
       }
       part[lid] = x;
       SW_BARRIER();

@@ -138,7 +138,8 @@ def matrix_configurations() -> list[dict]:
 
 def matrix_report(entry: dict, arch: str = "sm_90", nvcc: str = "nvcc") -> dict:
     """ptxas's report of both parts' kernels of one :func:`matrix_configurations` entry, and of the chunked
-    forward's (``algorithm="chunked"``, the default ``chunk``) (``{kernel: resources}``)."""
+    forward's and backward's (``algorithm="chunked"``, the default ``chunk``) (``{kernel: resources}``; the
+    chunk-state kernels both chunked parts share are the backward's)."""
     from ..fused import REGISTRY as FUSED
     from ..targets import TARGETS
     from ..targets.fused import kernel_for
@@ -147,7 +148,8 @@ def matrix_report(entry: dict, arch: str = "sm_90", nvcc: str = "nvcc") -> dict:
     kernels: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, part, cfg in (("forward", "forward", entry["config"]), ("backward", "backward", entry["config"]),
-                                ("chunked", "forward", {**entry["config"], "algorithm": "chunked"})):
+                                ("chunked", "forward", {**entry["config"], "algorithm": "chunked"}),
+                                ("chunked_backward", "backward", {**entry["config"], "algorithm": "chunked"})):
             src = Path(tmp) / f"{name}.cu"
             src.write_text(kernel.render(TARGETS.get("cuda")(), op.call(part, entry["features"], cfg)))
             proc = subprocess.run([nvcc, "-cubin", f"-arch={arch}", "-Xptxas", "-v", "-o",
@@ -162,11 +164,13 @@ def matrix_report(entry: dict, arch: str = "sm_90", nvcc: str = "nvcc") -> dict:
 
 def matrix_table(doc: dict) -> str:
     """The markdown table of a ``--matrix-state`` record: per model shape and dtype, the default tunables and
-    each kernel's registers and shared memory (of the chunked forward: its two kernels with local memory), and
-    the spill bytes of all of them."""
-    names = ("forward", "bwd_keys", "bwd_values", "bwd_decay", "chunk_local", "chunk_output")
+    each kernel's registers and shared memory (of the chunked forward: its two kernels with local memory; of the
+    chunked backward: its keys and values kernels), and the spill bytes of all of them."""
+    names = ("forward", "bwd_keys", "bwd_values", "bwd_decay", "chunk_local", "chunk_output", "chunk_bwd_keys",
+             "chunk_bwd_values")
     lines = ["| model shape | dtype | workgroup_size, state_per_item, time_tile | forward | backward: keys | values "
-             "| decay | chunked forward: local | output | spill bytes |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| decay | chunked forward: local | output | chunked backward: keys | values | spill bytes |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for e in doc["entries"]:
         cfg, ks = e["config"], e["kernels"]
         cells = []
