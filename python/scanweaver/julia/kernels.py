@@ -138,6 +138,30 @@ MATRIX_STATE_KERNELS = (
 )
 
 
+#: ScanWeaver.jl's chunked matrix-state kernels (``src/matrix/chunked.jl``, ``chunked_backward.jl``): run through
+#: ``matrix_state_scan!`` / ``matrix_state_backward!`` with ``algorithm = :chunked``; not Kernel Tuner problems.
+MATRIX_CHUNKED_KERNELS = (
+    KernelSignature("matrix_chunk_carry_kernel!", ("S0", "hlast", "E", "D", "h0", "firsts"), ("decay", "backward")),
+    KernelSignature("matrix_chunk_dA_kernel!", ("dAw", "dout", "v", "chunks", "slot"), ("reversed",)),
+    KernelSignature("matrix_chunk_dg_kernel!", ("dg", "qa", "kb", "g", "hl", "dhlast", "chunks", "firsts"),
+                                               ("S", "decay", "bonus", "reversed")),
+    KernelSignature("matrix_chunk_dk_kernel!", ("dkh", "kb", "q", "k", "u", "v", "dS", "dAw", "G", "seg", "chunks",
+                                                "slot"), ("decay", "bonus", "reversed")),
+    KernelSignature("matrix_chunk_dq_kernel!", ("dqh", "qa", "q", "k", "u", "S0", "dAw", "dout", "G", "seg", "chunks",
+                                                "slot"), ("decay", "bonus", "reversed")),
+    KernelSignature("matrix_chunk_du_kernel!", ("du", "q", "k", "dAw", "slot"), ()),
+    KernelSignature("matrix_chunk_dv_kernel!", ("dv", "kd", "dS", "Aw", "dout", "chunks", "slot"), ("reversed",)),
+    KernelSignature("matrix_chunk_group_kernel!", ("dq", "dk", "dqh", "dkh"), ()),
+    KernelSignature("matrix_chunk_intra_kernel!", ("Aw", "q", "k", "u", "G", "seg", "chunks", "slot"),
+                                                  ("decay", "bonus", "reversed")),
+    KernelSignature("matrix_chunk_output_kernel!", ("o", "qd", "S0", "Aw", "v", "chunks", "slot"), ("reversed",)),
+    KernelSignature("matrix_chunk_prefix_kernel!", ("G", "seg", "D", "g", "chunks"), ("S", "decay", "reversed")),
+    KernelSignature("matrix_chunk_scale_kernel!", ("qd", "kd", "q", "k", "G", "seg", "chunks", "slot"),
+                                                  ("decay", "bonus", "reversed")),
+    KernelSignature("matrix_chunk_state_kernel!", ("E", "kd", "v", "chunks"), ("reversed",)),
+)
+
+
 #: ScanWeaver.jl's fused Mamba-1 backward (``src/mamba/backward.jl``); not yet a Kernel Tuner problem.
 MAMBA_BACKWARD_KERNELS = (
     KernelSignature("mamba_backward_kernel!", ("grads", "ckpt", "hs", "ops", "dout", "dhlast"), _MAMBA_VALS),
@@ -146,9 +170,10 @@ MAMBA_BACKWARD_KERNELS = (
 
 def all_kernels() -> dict[str, KernelSignature]:
     """Every ``@kernel`` of ScanWeaver.jl by name: the schedules', the fused Mamba scan's (forward and
-    backward) and the matrix-state kernels'."""
+    backward) and the matrix-state kernels' (recurrent and chunked)."""
     kernels = {k.name: k for s in (*SCHEDULES.values(), MAMBA) for k in s.kernels}
-    return {**kernels, **{k.name: k for k in (*MAMBA_BACKWARD_KERNELS, *MATRIX_STATE_KERNELS)}}
+    fused = (*MAMBA_BACKWARD_KERNELS, *MATRIX_STATE_KERNELS, *MATRIX_CHUNKED_KERNELS)
+    return {**kernels, **{k.name: k for k in fused}}
 
 
 DTYPES = {"float32": np.float32, "float64": np.float64, "complex64": np.complex64, "complex128": np.complex128}
