@@ -211,7 +211,7 @@ class MatrixState(FusedOp):
     #: such shapes measured, Mamba-2, GLA and RWKV-6: the recurrent one took 1.05-2.95x its time); the forward
     #: runs chunked from 1024 steps with K * V >= 8192 where one q/k group serves every head and the decay is one
     #: value per head (Mamba-2's form: its products with q and k are computed once per group; chunked faster at
-    #: the 4 such shapes of the table, 1.01-1.18x, and 1.12-1.68x at bench/linear_rnn.py's two Mamba-2 shapes),
+    #: the 4 such shapes of the table, 1.01-1.18x, and 1.08-1.68x at bench/linear_rnn.py's two Mamba-2 shapes),
     #: else recurrent (the chunked one lost by up to 2x on GLA and RWKV-6).  docs/matrix-state.md#algorithms has
     #: the figures.
     chunked_from = {"backward": ((1024, 4096), (256, 8192)), "forward": ((1024, 8192, "one_qk_group_head_decay"),)}
