@@ -30,6 +30,12 @@
 # (each sequence's chunks, offsets), `slot` `(2, T, batch)` (chunk and
 # chunk-local step of each position).
 
+"The cell `(x, h, t, b)` of work-item `w` over an array of size `(n, H, L, batch)`."
+@inline function chunk_cell(w, n, H, L)
+    x, h = (w - 1) % n + 1, ((w - 1) ÷ n) % H + 1
+    return x, h, ((w - 1) ÷ (n * H)) % L + 1, (w - 1) ÷ (n * H * L) + 1
+end
+
 "Data position of chunk-local step `s` of a chunk that starts at `t0`."
 @inline chunk_position(t0, s, ::Val{reversed}) where {reversed} = reversed ?
     t0 - (s - 1) :
@@ -134,10 +140,7 @@ Per (key row, head, position): `q` times its decay from the chunk's start
     nk, H, L = size(qd, 1), size(qd, 2), size(qd, 3)
     if w <= length(qd)
         A = eltype(qd)
-        i = (w - 1) % nk + 1
-        h = ((w - 1) ÷ nk) % H + 1
-        t = ((w - 1) ÷ (nk * H)) % L + 1
-        b = (w - 1) ÷ (nk * H * L) + 1
+        i, h, t, b = chunk_cell(w, nk, H, L)
         hq = (h - 1) ÷ (H ÷ size(q, 2)) + 1
         r = decay === :key ? i : 1
         c, s = @inbounds(slot[1, t, b]), @inbounds(slot[2, t, b])
@@ -262,10 +265,7 @@ its own factor; decays per head weigh the dot product.
     C, H, L = size(Aw, 1), size(Aw, 2), size(Aw, 3)
     if w <= length(Aw)
         A = eltype(Aw)
-        j = (w - 1) % C + 1
-        h = ((w - 1) ÷ C) % H + 1
-        t = ((w - 1) ÷ (C * H)) % L + 1
-        b = (w - 1) ÷ (C * H * L) + 1
+        j, h, t, b = chunk_cell(w, C, H, L)
         hq = (h - 1) ÷ (H ÷ size(q, 2)) + 1
         nk = size(q, 1)
         c, i = @inbounds(slot[1, t, b]), @inbounds(slot[2, t, b])

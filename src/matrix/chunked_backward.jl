@@ -80,10 +80,7 @@ Per (key row, head, position): the head's `dq` and its state part times `q`
     nk, H, L = size(dqh, 1), size(dqh, 2), size(dqh, 3)
     if w <= length(dqh)
         A = eltype(dqh)
-        x = (w - 1) % nk + 1
-        h = ((w - 1) ÷ nk) % H + 1
-        t = ((w - 1) ÷ (nk * H)) % L + 1
-        b = (w - 1) ÷ (nk * H * L) + 1
+        x, h, t, b = chunk_cell(w, nk, H, L)
         hq = (h - 1) ÷ (H ÷ size(q, 2)) + 1
         r = decay === :key ? x : 1
         c, i = @inbounds(slot[1, t, b]), @inbounds(slot[2, t, b])
@@ -138,10 +135,7 @@ Per (key row, head, position): the head's `dk` and its state part times `k`
     nk, H, L = size(dkh, 1), size(dkh, 2), size(dkh, 3)
     if w <= length(dkh)
         A = eltype(dkh)
-        x = (w - 1) % nk + 1
-        h = ((w - 1) ÷ nk) % H + 1
-        t = ((w - 1) ÷ (nk * H)) % L + 1
-        b = (w - 1) ÷ (nk * H * L) + 1
+        x, h, t, b = chunk_cell(w, nk, H, L)
         hq = (h - 1) ÷ (H ÷ size(q, 2)) + 1
         r = decay === :key ? x : 1
         c, s = @inbounds(slot[1, t, b]), @inbounds(slot[2, t, b])
