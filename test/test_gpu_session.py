@@ -26,8 +26,8 @@ pytestmark = [pytest.mark.skipif(not OCL.ok, reason=f"PoCL stands in for the GPU
 pytest.importorskip("torch", reason="the families step runs through scanweaver.torch")
 
 
-def session(out: Path, *args: str, timeout: float = 300) -> tuple[subprocess.CompletedProcess, dict]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "python"), OUT="", PYTHON=sys.executable)
+def session(out: Path, *args: str, timeout: float = 300, path: str = "") -> tuple[subprocess.CompletedProcess, dict]:
+    env = dict(os.environ, PYTHONPATH=path + str(ROOT / "python"), OUT="", PYTHON=sys.executable)
     proc = subprocess.run(["bash", "bench/gpu_session.sh", "--dry-run", "--out", str(out), *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
     return proc, json.loads((out / "summary.json").read_text())
@@ -58,10 +58,17 @@ def test_dry_run_of_the_whole_session(tmp_path):
 
 
 def test_a_step_past_its_limit_is_cut_and_reported(tmp_path):
-    """A 6 s deadline leaves the scoreboard (its imports alone take longer) a few seconds: it is killed with
-    its children at its limit, reported as cut, and the session still writes its summary and exits 0."""
+    """A 6 s deadline leaves the scoreboard a few seconds, and its process is made to take a minute (a
+    ``sitecustomize`` that sleeps in the scoreboard's interpreter only, so the cut does not depend on how fast
+    this machine imports): it is killed with its children at its limit, reported as cut, and the session still
+    writes its summary and exits 0."""
+    slow = tmp_path / "slow"
+    slow.mkdir()
+    (slow / "sitecustomize.py").write_text('import sys, time\nif "--suite" in sys.argv:\n    time.sleep(60)\n')
+    out = tmp_path / "out"
     t0 = time.time()
-    proc, summary = session(tmp_path, "--deadline", "6", "--min-step", "1", "--steps", "scoreboard")
+    proc, summary = session(out, "--deadline", "6", "--min-step", "1", "--steps", "scoreboard",
+                            path=str(slow) + os.pathsep)
     elapsed = time.time() - t0
     assert proc.returncode == 0, proc.stdout[-3000:]
     steps = {r["name"]: r for r in summary["steps"]}
