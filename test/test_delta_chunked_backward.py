@@ -167,8 +167,8 @@ def test_a_positive_log_decay_runs_the_recurrence(cpu, family):
 
 
 def test_the_public_operations_report_what_ran():
-    """``algorithm="chunked"`` runs the chunked backward of the delta form (beta through the public operations'
-    sigmoid) and reports it; RWKV-7's backward stays recurrent and reports that."""
+    """``algorithm="chunked"`` (or fla's ``chunk_size``) runs the chunked backward of the delta form (beta through
+    the public operations' sigmoid) and reports it; RWKV-7's backward stays recurrent and reports that."""
     swt = pytest.importorskip("scanweaver.torch")
     if not get_backend("cpu").availability().ok:
         pytest.skip("cpu backend unavailable")
@@ -186,6 +186,12 @@ def test_the_public_operations_report_what_ran():
     ((0.5 * o).square().sum() + h.sum()).backward()
     close({n: x.grad.numpy() for n, x in t.items()}, {n: x.grad.numpy() for n, x in w.items()}, 1e-10,
           "kda with beta logits")
+    t = {n: torch.tensor(np.asarray(x, np.float64), requires_grad=True) for n, x in a.items()}
+    o, h = swt.kda(t["q"], t["k"], t["v"], t["g"], t["beta"], 0.5, t["h0"], True, True,
+                   use_beta_sigmoid_in_kernel=True, backend="cpu", chunk_size=8)  # fla's hint: the chunked form
+    (o.square().sum() + h.sum()).backward()
+    ran = scanweaver.matrix.last
+    assert (ran.part, ran.algorithm, ran.source) == ("backward", "chunked", "hint")
     _, a, _ = problem(rng, "rwkv7", batch=1, T=9, H=2, K=8, V=8)
     t = {n: torch.tensor(np.asarray(x, np.float64), requires_grad=True) for n, x in a.items()}
     o, h = call_public(swt.rwkv7, "rwkv7", t, 0.5, backend="cpu", algorithm="chunked", chunk=4)

@@ -147,8 +147,9 @@ static void sw_wy_solve(const SW_T* N, const SW_T* beta, SW_T* U, int n, SW_T* X
 }
 
 #if !SW_DPLR
-/* One chunk of n steps (loaded in c) from the state S (updated); o rows into c->O. */
-static void sw_wy_chunk(sw_ck_tiles* c, int n, SW_T* S) {
+/* One chunk of n steps (loaded in c) from the state S (updated); o rows into c->O (out: else only S, as the
+ * backward's chunk-boundary states need). */
+static void sw_wy_chunk(sw_ck_tiles* c, int n, SW_T* S, int out) {
   sw_ck_prefix(&c->d, c->G, n);
   if (c->d.grow) {
     sw_wy_recurrent(c, n, S);
@@ -162,10 +163,12 @@ static void sw_wy_chunk(sw_ck_tiles* c, int n, SW_T* S) {
   sw_gemm(n, SW_VP, SW_K, c->Kd, SW_KP, 1, S, SW_VP, c->dV, SW_VP, 0);
   for (long e = 0; e < (long)n * SW_VP; e += SW_W) sw_vstore(c->dV + e, sw_vload(c->V + e) - sw_vload(c->dV + e));
   sw_wy_solve(c->dA, c->bt, c->dV, n, NULL);
-  const int reuse = sw_wy_intra(c, c->Q, c->K, 0, c->A, 0);
-  if (!reuse) sw_ck_qs(c);
-  sw_gemm(n, SW_VP, SW_K, reuse ? c->s.xr : c->Qs, SW_KP, 1, S, SW_VP, c->O, SW_VP, 0);
-  sw_ck_trmm(n, SW_VP, c->A, SW_CP, c->dV, SW_VP, c->O, SW_VP, 1);
+  const int reuse = out && sw_wy_intra(c, c->Q, c->K, 0, c->A, 0);
+  if (out) {
+    if (!reuse) sw_ck_qs(c);
+    sw_gemm(n, SW_VP, SW_K, reuse ? c->s.xr : c->Qs, SW_KP, 1, S, SW_VP, c->O, SW_VP, 0);
+    sw_ck_trmm(n, SW_VP, c->A, SW_CP, c->dV, SW_VP, c->O, SW_VP, 1);
+  }
   sw_ck_kd(c, reuse);
   sw_ck_decay_state(c, S);
   sw_gemm(SW_K, SW_VP, n, c->Kd, 1, SW_KP, c->dV, SW_VP, S, SW_VP, 1);
@@ -267,7 +270,7 @@ static int sw_forward_chunked(const sw_dr* m, sw_s* o, SW_T* hlast) {
 #if SW_DPLR
         sw_dplr_chunk(&c, n, S);
 #else
-        sw_wy_chunk(&c, n, S);
+        sw_wy_chunk(&c, n, S, 1);
 #endif
         for (int i = 0; i < n; ++i) sw_store_row(o + SW_VO(m, b, s0 + i, h), c.O + (long)i * SW_VP, SW_V);
       }

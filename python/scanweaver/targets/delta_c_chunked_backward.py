@@ -8,7 +8,7 @@ through the L2 normalisation once (``sw_bwd_qk``).  Per value head (lane),
 two passes over its chunks, no state ever stored per step:
 
 1. *chunk-boundary states*: the states at the chunks' starts run again from h0
-   through the chunked forward (``sw_wy_chunk``) and are kept, or, past a
+   through the chunked forward (``sw_wy_chunk`` without its outputs) and are kept, or, past a
    memory budget, kept every ``e`` chunks and recomputed one segment at a
    time in the reverse pass (as :mod:`.matrix_c_chunked_backward`);
 2. *reverse pass* over the chunks with dS the adjoint of the chunk's end state
@@ -242,7 +242,7 @@ static void sw_wyb_head(const sw_dr* m, const sw_bg* gr, sw_bw* w, sw_wyb* y, lo
     if (ci % every == 0) memcpy(y->Sb + ci / every * SW_STATE, y->S, bytes);
     const int n = (int)SW_MIN((long)SW_C, len - ci * SW_C);
     sw_wy_load(m, b, h, hq, start + ci * SW_C, n, c);
-    sw_wy_chunk(c, n, y->S);
+    sw_wy_chunk(c, n, y->S, 0);
   }
   for (int k = 0; k < SW_GW; ++k) y->r[k] = 0;
   if (SW_GATE && SW_HAS_DHLAST && gr->dhlast)  /* hlast's share of the decay gradient: rows of dhlast o hlast */
@@ -263,7 +263,7 @@ static void sw_wyb_head(const sw_dr* m, const sw_bg* gr, sw_bw* w, sw_wyb* y, lo
         if (ci + 1 < s1c) {
           const int n = (int)SW_MIN((long)SW_C, len - ci * SW_C);
           sw_wy_load(m, b, h, hq, start + ci * SW_C, n, c);
-          sw_wy_chunk(c, n, y->S);
+          sw_wy_chunk(c, n, y->S, 0);
         }
       }
     }
