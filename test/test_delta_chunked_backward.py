@@ -7,7 +7,7 @@ DeltaNet, Gated DeltaNet and KDA (the ``delta`` form); RWKV-7's backward stays r
 Cases: chunks of 16, 32 and 64 steps with T = 1, chunk - 1, chunk + 1 and 2 chunk + 3; log decays mixing tiny
 (-1e-4), huge (-1e4) and exact resets (-inf); grouped value heads (Hq < H); the in-kernel L2 normalisation; h0 and
 dhlast, and the final state's gradient alone; packed sequences with an empty one; a positive log decay (the lane
-runs the recurrence); float32 and float64; beta through the public operations' sigmoid.
+runs the recurrence); float32, float64 and bfloat16 storage; beta through the public operations' sigmoid.
 """
 
 from __future__ import annotations
@@ -134,6 +134,16 @@ def test_float32_gradients(cpu, family):
     assert all(x.dtype == np.float32 and np.isfinite(x).all() for x in got.values())
     close(got, want, 2e-5, "vs float64 autograd")
     close(got, {n: rec[n].astype(np.float64) for n in want}, 2e-5, "vs recurrent float32")
+
+
+def test_bfloat16_storage_accumulates_in_float32(cpu):
+    rng = np.random.default_rng(14)
+    f, a, sizes = problem(rng, "kda", batch=1, T=40, H=2, K=16, V=24, dtype="bfloat16", dhlast=True)
+    do = rng.normal(size=a["v"].shape).astype(a["v"].dtype)
+    got = backward(cpu, f, a, sizes, do, algorithm="chunked", chunk=16)
+    want = autograd(a, do, False)
+    assert got["dq"].dtype.name == "bfloat16" and got["dh0"].dtype == np.float32
+    close(got, want, 2 * 2.0 ** -7, "vs float64 autograd")  # the gradients rounded to bfloat16 once
 
 
 @pytest.mark.parametrize("family", FAMILIES)
