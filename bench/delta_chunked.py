@@ -1,11 +1,13 @@
-"""The delta-rule family's two CPU forwards, measured in one run: the fused recurrence against the chunked WY form.
+"""The delta-rule family's two CPU algorithms, measured in one run: the fused recurrence against the chunked WY form,
+forward and forward + backward.
 
 For DeltaNet, Gated DeltaNet, KDA and RWKV-7 (float32, the operands of bench/delta_rule.py: unit keys, beta in
 (0, 1), log decays in [-2, -0.01]; RWKV-7: a = -kappa, b = kappa * iclr), the median time of ``--repeats``
-forward calls of the fused ``delta_rule`` op through the cpu backend's ``run_fused`` with
-``algorithm="recurrent"`` and with ``algorithm="chunked"`` at each chunk length, on ``--threads`` threads;
-``speedup`` is the recurrent time over the chunked one, ``rel_err`` the chunked
-output's largest difference from the recurrent one over the latter's largest magnitude.
+forward calls, and of forward + backward calls, of the fused ``delta_rule`` op through the cpu backend's
+``run_fused`` with ``algorithm="recurrent"`` and with ``algorithm="chunked"`` at each chunk length, on
+``--threads`` threads (RWKV-7's backward is the recurrent one under both); ``speedup`` is the recurrent time over
+the chunked one, ``rel_err`` the chunked output's (``fb_rel_err``: each gradient's, the largest) largest
+difference from the recurrent one over the latter's largest magnitude.
 
 Usage::
 
@@ -30,23 +32,32 @@ from delta_rule import Ours, inputs, timed  # noqa: E402
 #: (B, T, H, K, V) measured, and the chunk lengths of the chunked form.
 SHAPES = ((1, 4096, 8, 128, 128), (1, 4096, 16, 64, 64), (4, 1024, 8, 128, 128))
 CHUNKS = (16, 32, 64, 128)
-QUICK, QUICK_CHUNKS = ((1, 256, 2, 32, 32),), (16, 64)
+QUICK, QUICK_CHUNKS = ((1, 256, 2, 32, 32),), (32,)
 FAMILIES = ("deltanet", "gated", "kda", "rwkv7")
 
 
+def rel_err(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.abs(got.astype(np.float64) - want).max() / np.abs(want).max())
+
+
 def measure(family: str, shape: tuple, threads: int, repeats: int, chunks: tuple) -> dict:
-    """One row: the recurrent forward's seconds, each chunk length's seconds, speedups and errors."""
+    """One row: the recurrent forward's and forward + backward's seconds, each chunk length's, speedups and
+    errors."""
     a = inputs(family, *shape)
     rec = Ours(family, a, threads, algorithm="recurrent")
     want = rec.forward().copy()
+    grads = {n: g.astype(np.float64) for n, g in rec.forward_backward().items()}
     row = {"family": family, "shape": dict(zip("BTHKV", shape, strict=True)),
-           "recurrent_s": timed(rec.forward, repeats)}
+           "recurrent_s": timed(rec.forward, repeats), "recurrent_fb_s": timed(rec.forward_backward, repeats)}
     for c in chunks:
         ck = Ours(family, a, threads, algorithm="chunked", chunk=c)
         got = ck.forward().copy()
         row[f"chunked_{c}_s"] = timed(ck.forward, repeats)
         row[f"speedup_{c}"] = row["recurrent_s"] / row[f"chunked_{c}_s"]
-        row[f"rel_err_{c}"] = float(np.abs(got.astype(np.float64) - want).max() / np.abs(want).max())
+        row[f"rel_err_{c}"] = rel_err(got, want)
+        row[f"fb_rel_err_{c}"] = max(rel_err(g, grads[n]) for n, g in ck.forward_backward().items())
+        row[f"chunked_{c}_fb_s"] = timed(ck.forward_backward, repeats)
+        row[f"fb_speedup_{c}"] = row["recurrent_fb_s"] / row[f"chunked_{c}_fb_s"]
     return row
 
 
@@ -64,10 +75,12 @@ def main(argv=None) -> int:
         for family in args.only.split(","):
             row = measure(family, shape, args.threads, args.repeats, chunks)
             rows.append(row)
-            best = max(chunks, key=lambda c: row[f"speedup_{c}"])
-            print(f"{family:9s} {shape}: recurrent {row['recurrent_s'] * 1e3:8.1f} ms, " + ", ".join(
-                f"chunk {c} {row[f'chunked_{c}_s'] * 1e3:8.1f} ms (x{row[f'speedup_{c}']:.2f})" for c in chunks)
-                + f"; best chunk {best}, rel err {row[f'rel_err_{best}']:.1e}", flush=True)
+            for pre, part in (("", "forward"), ("fb_", "fwd+bwd")):
+                key = "_fb_s" if pre else "_s"
+                best = max(chunks, key=lambda c: row[f"{pre}speedup_{c}"])
+                print(f"{family:9s} {shape} {part:8s}: recurrent {row['recurrent' + key] * 1e3:8.1f} ms, " + ", ".join(
+                    f"chunk {c} {row[f'chunked_{c}{key}'] * 1e3:8.1f} ms (x{row[f'{pre}speedup_{c}']:.2f})"
+                    for c in chunks) + f"; best chunk {best}, rel err {row[f'{pre}rel_err_{best}']:.1e}", flush=True)
     if args.json:
         root = Path(__file__).resolve().parent
         path = root / ("out/delta_chunked_quick.json" if args.quick else "results/delta_chunked.json")

@@ -145,9 +145,9 @@ def test_public_operations_take_the_chunked_form(op):
     np.testing.assert_allclose(np.asarray(h), want_h, rtol=1e-10, atol=1e-10)
 
 
-def test_the_backward_under_the_chunked_algorithm_is_the_recurrent_one(cpu):
-    """The backward has one algorithm (the recurrent sweep from checkpoints): ``algorithm="chunked"`` leaves it
-    exact."""
+def test_the_backward_under_the_chunked_algorithm_is_the_chunked_one(cpu):
+    """``algorithm="chunked"`` runs the chunked backward of the delta form (test_delta_chunked_backward.py), exact,
+    and the runner reports it."""
     rng = np.random.default_rng(8)
     f, a, sizes = problem(rng, "gated", batch=1, T=13, K=6, V=7, dhlast=True)
     wide = {n: (x if n == "cu_seqlens" else np.asarray(x, np.float64)) for n, x in a.items()}
@@ -169,7 +169,7 @@ def test_the_backward_under_the_chunked_algorithm_is_the_recurrent_one(cpu):
                    h0=wide["h0"])
     grads = kernels.backward(ops, do, wide["dhlast"], backend="cpu", algorithm="chunked", chunk=4)
     ran = runner.last["delta_rule"]
-    assert (ran.part, ran.algorithm) == ("backward", "recurrent")
+    assert (ran.part, ran.algorithm) == ("backward", "chunked")
     np.testing.assert_allclose(grads["dv"], want["dv"], rtol=1e-10, atol=1e-10)
     kernels.forward(ops, backend="cpu", algorithm="chunked", chunk=4)
     assert runner.last["delta_rule"].algorithm == "chunked"

@@ -191,7 +191,7 @@ def resolve(be: Backend, op: str, part: str, features: Any, sizes: dict[str, int
         if entry is not None and entry[0] == store.FUSED_PREFIX + op:
             tuned = {k: v for k, v in dict(entry[1]).items() if part == "forward" or k != "algorithm"}
             defaults, source = {**defaults, **tuned}, "tuned"
-    cfg = fused.settle(family, part, fused.resolve(family, tunables, defaults, api))
+    cfg = fused.settle(family, part, fused.resolve(family, tunables, defaults, api), features)
     reason = misfit(be, op, part, features, cfg)
     if reason:
         raise ScanInputError(f"{api}: {reason}")

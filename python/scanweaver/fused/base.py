@@ -204,17 +204,25 @@ class FusedOp(ABC):
         T, batch = sizes.get("T", sizes.get("L", 1)), sizes.get("batch", 1)
         return T * batch // max(1, sizes.get("nseq", batch))
 
-    def chooses(self, family: str, part: str | None = None) -> bool:
-        """True when the kernels of ``family`` (of its ``part``, if given) have an ``algorithm`` tunable with a
-        ``chunked`` value (:attr:`chunked_parts` names the parts where only some have the form)."""
-        if part is not None and part not in self.chunked_parts.get(family, (part,)):
+    def chunked_of(self, family: str, features: Any = None) -> tuple[str, ...] | None:
+        """The parts of ``family``'s kernels that have the chunked form for a call with ``features`` (``None``:
+        every part): :attr:`chunked_parts`; an operation whose forms differ narrows it by ``features``."""
+        return self.chunked_parts.get(family)
+
+    def chooses(self, family: str, part: str | None = None, features: Any = None) -> bool:
+        """True when the kernels of ``family`` (of its ``part``, if given, for ``features``, if given) have an
+        ``algorithm`` tunable with a ``chunked`` value (:meth:`chunked_of` names the parts where only some have the
+        form)."""
+        parts = self.chunked_of(family, features)
+        if part is not None and parts is not None and part not in parts:
             return False
         return any(t.name == "algorithm" and "chunked" in t.values for t in self.tunables_for(family))
 
-    def settle(self, family: str, part: str, config: dict) -> dict:
+    def settle(self, family: str, part: str, config: dict, features: Any = None) -> dict:
         """``config`` with the algorithm that runs: the ``algorithm`` tunable's declared default where
-        ``family``'s ``part`` has no chunked form (:attr:`chunked_parts`), else ``config`` itself."""
-        if "algorithm" not in config or self.chooses(family, part):
+        ``family``'s ``part`` has no chunked form (for ``features``: :meth:`chunked_of`), else ``config``
+        itself."""
+        if "algorithm" not in config or self.chooses(family, part, features):
             return config
         return {**config, "algorithm": next(t.default for t in self.tunables_for(family) if t.name == "algorithm")}
 
@@ -227,7 +235,7 @@ class FusedOp(ABC):
             return None
         steps, state = self.steps(sizes), getattr(features, "K", 1) * getattr(features, "V", 1)
         rules = self.chunked_from.get(part, ()) if family in self.chunked_measured_on else ()
-        if self.chooses(family, part) and any(steps >= e[0] and state >= e[1] and
+        if self.chooses(family, part, features) and any(steps >= e[0] and state >= e[1] and
                                               all(self.condition(c, features, sizes) for c in e[2:]) for e in rules):
             return "chunked"
         return str(next(t.default for t in self.tunables_for(family) if t.name == "algorithm"))
@@ -262,7 +270,7 @@ class FusedOp(ABC):
         chunk = (hints or {}).get("chunk")
         tun = next((t for t in self.tunables_for(family) if t.name == "chunk"), None)
         if chunk is None or tun is None or (tun.rule is not None and tun.rule(chunk)) or \
-                (alg is not None and not self.chooses(family, part)):
+                (alg is not None and not self.chooses(family, part, features)):
             return cfg, False
         cfg["chunk"] = chunk
         if alg is not None:

@@ -54,8 +54,9 @@ from its checkpoint in the reverse sweep.
 :func:`forward_reference` and :func:`backward_reference` are the definition
 every kernel is checked against (the backward against finite differences in
 the tests).  The C kernels have the tunable ``algorithm``: ``recurrent``, or
-``chunked``, the WY (UT transform) form of the forward on chunks of ``chunk``
-steps (both forms; the backward stays recurrent).
+``chunked``, the WY (UT transform) form on chunks of ``chunk`` steps: the
+forward of both forms, and the backward of the ``delta`` form (RWKV-7's
+backward stays recurrent; :meth:`DeltaRule.chunked_of`).
 
 Example:
     >>> import numpy as np
@@ -141,12 +142,12 @@ def storage(name: str) -> np.dtype:
     return np.dtype(name)
 
 
-#: The CPU forward's algorithms: the fused recurrence, or the chunked WY (UT transform) form.
+#: The CPU kernels' algorithms: the fused recurrence, or the chunked WY (UT transform) form.
 ALGORITHMS = ("recurrent", "chunked")
 #: The CPU (C) kernels' tunables.
 C_TUNABLES = (
-    Tunable("algorithm", "recurrent", ALGORITHMS, "forward algorithm: the fused recurrence (the default: faster or "
-            "level at the shapes of bench/delta_chunked.py) or the chunked WY form (the backward runs the recurrence)",
+    Tunable("algorithm", "recurrent", ALGORITHMS, "algorithm: the fused recurrence (the default) or the chunked WY "
+            "form, forward and backward (RWKV-7's backward runs the recurrence under both; bench/delta_chunked.py)",
             lambda v: None if v in ALGORITHMS else f"it must be one of {', '.join(ALGORITHMS)}"),
     Tunable("chunk", 32, (16, 32, 64, 128), "time steps per chunk of the chunked form (any length from 1 to "
             f"{MAX_CHUNK}; results do not depend on it; 16 or 32 ran fastest, bench/delta_chunked.py)",
@@ -184,9 +185,16 @@ class DeltaRule(FusedOp):
     parts = PARTS
     tunables = {"c": C_TUNABLES, "gpu": GPU_DELTA_TUNABLES, "julia": JULIA_TUNABLES}
     implementations = {"numpy": PARTS, "c": PARTS, "opencl": PARTS, "cuda": PARTS, "julia": PARTS}
-    #: The C kernels have the chunked (WY) form of the forward only: the backward is the recurrent sweep from
-    #: checkpoints whatever ``algorithm`` says, and ``scanweaver.matrix.last`` says so.
-    chunked_parts = {"c": ("forward",)}
+    #: The C kernels have the chunked (WY) form of both parts for the ``delta`` form and of the forward only for
+    #: ``dplr`` (RWKV-7: its backward is the recurrent sweep from checkpoints whatever ``algorithm`` says, and
+    #: ``scanweaver.matrix.last`` says so; :meth:`chunked_of`).
+    chunked_parts = {"c": PARTS}
+
+    def chunked_of(self, family: str, features: DeltaRuleFeatures | None = None) -> tuple[str, ...] | None:
+        """:attr:`chunked_parts`, the forward only for the ``dplr`` form on the C kernels."""
+        if family == "c" and features is not None and features.form == "dplr":
+            return ("forward",)
+        return super().chunked_of(family, features)
 
     def work(self, features: DeltaRuleFeatures, sizes: dict[str, int]) -> int:
         """``batch * T * H * K * V`` state elements per forward call."""

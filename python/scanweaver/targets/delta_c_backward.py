@@ -1,5 +1,10 @@
 """C source of the delta-rule backward (assembled by :mod:`.fused_c_delta_rule`): checkpoints, no per-step states.
 
+The recurrent backward of every form; under ``algorithm="chunked"`` the entry
+calls the chunked backward of :mod:`.delta_c_chunked_backward` instead (the
+``delta`` form), which runs a lane with growth by this module's
+``sw_bwd_head`` and passes dq and dk back through ``sw_bwd_qk``.
+
 One work item per (sequence, q/k head): its value heads one after another, each
 in blocks of ``SW_CBB`` value columns (the columns of S and of G = dL/dS evolve
 independently; what couples them, the key-side gradients, is summed over the
@@ -33,7 +38,7 @@ from __future__ import annotations
 BACKWARD = r"""
 #define SW_NVB (SW_CBB / SW_W)
 #define SW_TILEB ((long)SW_K * SW_CBB)
-#define SW_C SW_CHECKPOINT
+#define SW_CKPT SW_CHECKPOINT
 
 typedef struct {
   const sw_s* dout;
@@ -51,12 +56,12 @@ typedef struct {
 } sw_bw;
 
 static int sw_bw_new(sw_bw* w, long L, long nck) {
-  const size_t tiles = (size_t)(SW_C + 2 + nck) * (size_t)SW_TILEB, rows = (size_t)L * SW_KP;
+  const size_t tiles = (size_t)(SW_CKPT + 2 + nck) * (size_t)SW_TILEB, rows = (size_t)L * SW_KP;
   const size_t nrows = 2 + (SW_GATE == 2) + 2 * SW_DPLR;
   w->P.raw = NULL;
   SW_T* base = (SW_T*)sw_alloc(sizeof(SW_T) * (tiles + 5 * SW_KP + nrows * rows + 2 * (size_t)L), &w->raw);
-  if (!base || sw_pk_new(&w->P, SW_C, SW_CBB) != SW_OK) return SW_ENOMEM;
-  w->st = base, w->ck = w->st + (SW_C + 1) * SW_TILEB, w->G = w->ck + nck * SW_TILEB, w->R = w->G + SW_TILEB;
+  if (!base || sw_pk_new(&w->P, SW_CKPT, SW_CBB) != SW_OK) return SW_ENOMEM;
+  w->st = base, w->ck = w->st + (SW_CKPT + 1) * SW_TILEB, w->G = w->ck + nck * SW_TILEB, w->R = w->G + SW_TILEB;
   w->dqh = w->R + 5 * SW_KP, w->dkh = w->dqh + rows;
   SW_T* next = w->dkh + rows;
   w->dgk = SW_GATE == 2 ? next : NULL, next += SW_GATE == 2 ? rows : 0;
@@ -184,20 +189,20 @@ static void sw_bwd_step(sw_bw* w, int i, const SW_T* restrict prev, long ti, sw_
 /* Columns [c0, c0 + nv) of value head h over sequence (row, b, [start, stop)). */
 static void sw_bwd_block(const sw_dr* m, const sw_bg* gr, sw_bw* w, long row, long b, long start, long stop, long h,
                          long hq, long c0, int nv) {
-  const long nck = (stop - start + SW_C - 1) / SW_C;
+  const long nck = (stop - start + SW_CKPT - 1) / SW_CKPT;
   sw_pk* P = &w->P;
   sw_state_in(m, SW_HAS_H0 ? m->h0 : NULL, row, h, c0, nv, SW_CBB, w->st);
   for (long c = 0; c < nck; ++c) {
-    const long t0 = start + c * SW_C;
-    const int n = (int)SW_MIN((long)SW_C, stop - t0);
+    const long t0 = start + c * SW_CKPT;
+    const int n = (int)SW_MIN((long)SW_CKPT, stop - t0);
     memcpy(w->ck + c * SW_TILEB, w->st, sizeof(SW_T) * SW_TILEB);
     sw_pack(m, P, b, h, hq, t0, n, c0, nv, NULL);
     sw_groups(P, n, w->st, 0, 0, 0);
   }
   sw_state_in(m, SW_HAS_DHLAST ? gr->dhlast : NULL, row, h, c0, nv, SW_CBB, w->G);
   for (long c = nck - 1; c >= 0; --c) {
-    const long t0 = start + c * SW_C;
-    const int n = (int)SW_MIN((long)SW_C, stop - t0);
+    const long t0 = start + c * SW_CKPT;
+    const int n = (int)SW_MIN((long)SW_CKPT, stop - t0);
     sw_pack(m, P, b, h, hq, t0, n, c0, nv, gr->dout);
     memcpy(w->st, w->ck + c * SW_TILEB, sizeof(SW_T) * SW_TILEB);
     sw_groups(P, n, w->st, SW_TILEB, 0, 1);
@@ -220,37 +225,38 @@ SW_INLINE void sw_unnorm(const sw_s* src, SW_T* dy, SW_T* tmp) {
 #endif
 }
 
-/* Sequence `row`, q/k head hq: its value heads, then dq and dk. */
-static void sw_bwd_item(const sw_dr* m, const sw_bg* gr, sw_bw* w, long row, long hq) {
-  long b, start, stop;
-  sw_seq(m, row, &b, &start, &stop);
-  const long len = stop - start, grp = m->H / m->Hq;
-  memset(w->dqh, 0, sizeof(SW_T) * (size_t)(len * SW_KP));
-  memset(w->dkh, 0, sizeof(SW_T) * (size_t)(len * SW_KP));
-  for (long h = hq * grp; h < (hq + 1) * grp; ++h) {
-    memset(w->dsc, 0, sizeof(SW_T) * (size_t)(2 * len));
-    if (SW_GATE == 2) memset(w->dgk, 0, sizeof(SW_T) * (size_t)(len * SW_KP));
-    if (SW_DPLR) {
-      memset(w->da, 0, sizeof(SW_T) * (size_t)(len * SW_KP));
-      memset(w->db, 0, sizeof(SW_T) * (size_t)(len * SW_KP));
-    }
-    for (long c0 = 0; c0 < SW_V; c0 += SW_CBB)
-      sw_bwd_block(m, gr, w, row, b, start, stop, h, hq, c0, (int)SW_MIN((long)SW_CBB, SW_V - c0));
-    for (long t = start; t < stop; ++t) {
-      const long ti = t - start;
+/* Value head h of sequence row (batch b, steps [start, stop)) by the recurrence: dv, dg, dbeta (da, db) written,
+ * its dq and dk rows added into the thread's sums (dqh, dkh). */
+static void sw_bwd_head(const sw_dr* m, const sw_bg* gr, sw_bw* w, long row, long b, long start, long stop, long h,
+                        long hq) {
+  const long len = stop - start;
+  memset(w->dsc, 0, sizeof(SW_T) * (size_t)(2 * len));
+  if (SW_GATE == 2) memset(w->dgk, 0, sizeof(SW_T) * (size_t)(len * SW_KP));
+  if (SW_DPLR) {
+    memset(w->da, 0, sizeof(SW_T) * (size_t)(len * SW_KP));
+    memset(w->db, 0, sizeof(SW_T) * (size_t)(len * SW_KP));
+  }
+  for (long c0 = 0; c0 < SW_V; c0 += SW_CBB)
+    sw_bwd_block(m, gr, w, row, b, start, stop, h, hq, c0, (int)SW_MIN((long)SW_CBB, SW_V - c0));
+  for (long t = start; t < stop; ++t) {
+    const long ti = t - start;
 #if SW_DPLR
-      sw_store_row(gr->da + SW_HK(m, b, t, h), w->da + ti * SW_KP, SW_K);
-      sw_store_row(gr->db + SW_HK(m, b, t, h), w->db + ti * SW_KP, SW_K);
+    sw_store_row(gr->da + SW_HK(m, b, t, h), w->da + ti * SW_KP, SW_K);
+    sw_store_row(gr->db + SW_HK(m, b, t, h), w->db + ti * SW_KP, SW_K);
 #else
-      gr->dbeta[SW_BT(m, b, t, h)] = sw_out(w->dsc[2 * ti]);
+    gr->dbeta[SW_BT(m, b, t, h)] = sw_out(w->dsc[2 * ti]);
 #endif
 #if SW_GATE == 2
-      sw_store_row(gr->dg + SW_HK(m, b, t, h), w->dgk + ti * SW_KP, SW_K);
+    sw_store_row(gr->dg + SW_HK(m, b, t, h), w->dgk + ti * SW_KP, SW_K);
 #elif SW_GATE == 1
-      gr->dg[SW_BT(m, b, t, h)] = sw_out(w->dsc[2 * ti + 1]);
+    gr->dg[SW_BT(m, b, t, h)] = sw_out(w->dsc[2 * ti + 1]);
 #endif
-    }
   }
+}
+
+/* dq and dk of q/k head hq over steps [start, stop) of batch b from the thread's sums, through the L2
+ * normalisation when it is on. */
+static void sw_bwd_qk(const sw_dr* m, const sw_bg* gr, sw_bw* w, long b, long start, long stop, long hq) {
   for (long t = start; t < stop; ++t) {
     SW_T *dq = w->dqh + (t - start) * SW_KP, *dk = w->dkh + (t - start) * SW_KP;
     sw_unnorm(m->q + SW_QK(m, b, t, hq), dq, w->R);
@@ -260,8 +266,23 @@ static void sw_bwd_item(const sw_dr* m, const sw_bg* gr, sw_bw* w, long row, lon
   }
 }
 
+/* Sequence `row`, q/k head hq: its value heads, then dq and dk. */
+static void sw_bwd_item(const sw_dr* m, const sw_bg* gr, sw_bw* w, long row, long hq) {
+  long b, start, stop;
+  sw_seq(m, row, &b, &start, &stop);
+  const long len = stop - start, grp = m->H / m->Hq;
+  memset(w->dqh, 0, sizeof(SW_T) * (size_t)(len * SW_KP));
+  memset(w->dkh, 0, sizeof(SW_T) * (size_t)(len * SW_KP));
+  for (long h = hq * grp; h < (hq + 1) * grp; ++h) sw_bwd_head(m, gr, w, row, b, start, stop, h, hq);
+  sw_bwd_qk(m, gr, w, b, start, stop, hq);
+}
+
+#if SW_CHUNKED
+static int sw_backward_chunked(const sw_dr* m, const sw_bg* gr);
+#endif
+
 static int sw_backward_run(const sw_dr* m, const sw_bg* gr) {
-  const long items = m->nseq * m->Hq, L = sw_longest(m), nck = (L + SW_C - 1) / SW_C;
+  const long items = m->nseq * m->Hq, L = sw_longest(m), nck = (L + SW_CKPT - 1) / SW_CKPT;
   const int nt = (int)SW_MIN((long)sw_threads(), items);
   int status = SW_OK;
 #pragma omp parallel num_threads(nt)
@@ -290,6 +311,9 @@ int sw_delta_rule_backward(const sw_s* q, const sw_s* k, const sw_s* v, const sw
   const int bad = sw_check(&m);
   if (bad) return bad;
   const sw_bg gr = {dout, dhlast, dq, dk, dv, dg, dbeta, da, db, dh0};
+#if SW_CHUNKED
+  return sw_backward_chunked(&m, &gr);
+#endif
   return sw_backward_run(&m, &gr);
 }
 """

@@ -26,8 +26,10 @@ threads (a long lane is not split: the chunk's transition is dense, K x K).
 The ``dplr`` form (RWKV-7, :c:func:`sw_dplr_chunk`) solves for ``w_i = S_{i-1}^T
 a_i`` the same way, with the q-side prefix one step back (``G_{i-1}``, the
 engine's shift of RWKV-6's bonus readout) for the strict products of a, then
-reads out and carries both W (through b) and V (through k).  The backward
-stays recurrent.
+reads out and carries both W (through b) and V (through k).  Its backward
+stays recurrent; the ``delta`` form's chunked backward is
+:mod:`.delta_c_chunked_backward` (which keeps the residuals ``X`` of
+``sw_wy_solve``).
 
 Entry: ``sw_forward_chunked(m, o, hlast)``, called by ``sw_delta_rule_forward`` when ``SW_CHUNKED``.
 
@@ -123,9 +125,10 @@ static int sw_wy_intra(sw_ck_tiles* c, const SW_T* X, const SW_T* Y, int strict,
 #endif
 }
 
-/* U (in place of R, n rows of SW_VP) with U_i = beta_i (R_i + sum_{j<i} N_ij U_j) (beta NULL: 1), N strictly lower:
- * blocks of SW_MR rows, the earlier rows by one product, the block's own rows one by one. */
-static void sw_wy_solve(const SW_T* N, const SW_T* beta, SW_T* U, int n) {
+/* U (in place of R, n rows of SW_VP) with U_i = beta_i X_i, X_i = R_i + sum_{j<i} N_ij U_j (beta NULL: 1), N strictly
+ * lower: blocks of SW_MR rows, the earlier rows by one product, the block's own rows one by one.  X (or NULL) keeps
+ * the rows X_i (the backward's residuals). */
+static void sw_wy_solve(const SW_T* N, const SW_T* beta, SW_T* U, int n, SW_T* X) {
   for (int i0 = 0; i0 < n; i0 += SW_MR) {
     const int i1 = SW_MIN(n, i0 + SW_MR);
     if (i0) sw_gemm(i1 - i0, SW_VP, i0, N + (long)i0 * SW_CP, SW_CP, 1, U, SW_VP, U + (long)i0 * SW_VP, SW_VP, 1);
@@ -136,6 +139,7 @@ static void sw_wy_solve(const SW_T* N, const SW_T* beta, SW_T* U, int n) {
         const SW_T* uj = U + (long)j * SW_VP;
         for (int c = 0; c < SW_VP; c += SW_W) sw_vstore(ui + c, sw_vload(ui + c) + a * sw_vload(uj + c));
       }
+      if (X) memcpy(X + (long)i * SW_VP, ui, sizeof(SW_T) * SW_VP);
       if (beta)
         for (int c = 0; c < SW_VP; c += SW_W) sw_vstore(ui + c, beta[i] * sw_vload(ui + c));
     }
@@ -143,8 +147,9 @@ static void sw_wy_solve(const SW_T* N, const SW_T* beta, SW_T* U, int n) {
 }
 
 #if !SW_DPLR
-/* One chunk of n steps (loaded in c) from the state S (updated); o rows into c->O. */
-static void sw_wy_chunk(sw_ck_tiles* c, int n, SW_T* S) {
+/* One chunk of n steps (loaded in c) from the state S (updated); o rows into c->O (out: else only S, as the
+ * backward's chunk-boundary states need). */
+static void sw_wy_chunk(sw_ck_tiles* c, int n, SW_T* S, int out) {
   sw_ck_prefix(&c->d, c->G, n);
   if (c->d.grow) {
     sw_wy_recurrent(c, n, S);
@@ -157,11 +162,13 @@ static void sw_wy_chunk(sw_ck_tiles* c, int n, SW_T* S) {
   sw_ck_scale_q(c, c->K, c->Kd);  /* R = V - (K o e^{G}) S_0 into dV */
   sw_gemm(n, SW_VP, SW_K, c->Kd, SW_KP, 1, S, SW_VP, c->dV, SW_VP, 0);
   for (long e = 0; e < (long)n * SW_VP; e += SW_W) sw_vstore(c->dV + e, sw_vload(c->V + e) - sw_vload(c->dV + e));
-  sw_wy_solve(c->dA, c->bt, c->dV, n);
-  const int reuse = sw_wy_intra(c, c->Q, c->K, 0, c->A, 0);
-  if (!reuse) sw_ck_qs(c);
-  sw_gemm(n, SW_VP, SW_K, reuse ? c->s.xr : c->Qs, SW_KP, 1, S, SW_VP, c->O, SW_VP, 0);
-  sw_ck_trmm(n, SW_VP, c->A, SW_CP, c->dV, SW_VP, c->O, SW_VP, 1);
+  sw_wy_solve(c->dA, c->bt, c->dV, n, NULL);
+  const int reuse = out && sw_wy_intra(c, c->Q, c->K, 0, c->A, 0);
+  if (out) {
+    if (!reuse) sw_ck_qs(c);
+    sw_gemm(n, SW_VP, SW_K, reuse ? c->s.xr : c->Qs, SW_KP, 1, S, SW_VP, c->O, SW_VP, 0);
+    sw_ck_trmm(n, SW_VP, c->A, SW_CP, c->dV, SW_VP, c->O, SW_VP, 1);
+  }
   sw_ck_kd(c, reuse);
   sw_ck_decay_state(c, S);
   sw_gemm(SW_K, SW_VP, n, c->Kd, 1, SW_KP, c->dV, SW_VP, S, SW_VP, 1);
@@ -219,7 +226,7 @@ static void sw_dplr_chunk(sw_ck_tiles* c, int n, SW_T* S) {
   sw_gemm(n, SW_VP, SW_K, c->Qs, SW_KP, 1, S, SW_VP, W, SW_VP, 0);
   sw_ck_trmm(n, SW_VP, c->A, SW_CP, c->V, SW_VP, W, SW_VP, 1);
   sw_wy_intra(c, Ar, Br, 1, c->dA, 1);
-  sw_wy_solve(c->dA, NULL, W, n);
+  sw_wy_solve(c->dA, NULL, W, n, NULL);
   sw_wy_shift(&c->d, 0);
   sw_ck_qs(c);
   sw_gemm(n, SW_VP, SW_K, c->Qs, SW_KP, 1, S, SW_VP, c->O, SW_VP, 0);
@@ -263,7 +270,7 @@ static int sw_forward_chunked(const sw_dr* m, sw_s* o, SW_T* hlast) {
 #if SW_DPLR
         sw_dplr_chunk(&c, n, S);
 #else
-        sw_wy_chunk(&c, n, S);
+        sw_wy_chunk(&c, n, S, 1);
 #endif
         for (int i = 0; i < n; ++i) sw_store_row(o + SW_VO(m, b, s0 + i, h), c.O + (long)i * SW_VP, SW_V);
       }

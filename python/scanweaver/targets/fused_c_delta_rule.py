@@ -1,8 +1,9 @@
 """C (CPU) rendering of the fused delta rule (:mod:`scanweaver.fused.delta_rule`): recurrent and chunked forms.
 
 The tunable ``algorithm`` picks the forward: ``recurrent`` (below) or ``chunked``, the WY form of
-:mod:`.delta_c_chunked` on the chunk engine (chunks of ``chunk`` steps, both forms).  The backward is the
-recurrent one under both.
+:mod:`.delta_c_chunked` on the chunk engine (chunks of ``chunk`` steps, both forms); and the backward of the
+``delta`` form: the recurrent one (:mod:`.delta_c_backward`) or the chunked WY backward of
+:mod:`.delta_c_chunked_backward` (RWKV-7's, the ``dplr`` form's, is the recurrent one under both).
 
 Forward: one work item per (sequence, value head, block of ``block_v`` value
 columns) (the columns of the state evolve independently); blocks of
@@ -37,6 +38,7 @@ from .chunk_tiles import CHUNK_TILES
 from .cvec import vector_prelude
 from .delta_c_backward import BACKWARD
 from .delta_c_chunked import WY
+from .delta_c_chunked_backward import WY_BACKWARD
 from .delta_c_common import COMMON
 from .fused import KERNELS, FusedKernel
 from .fused_c_mamba1 import HEAD, TAIL
@@ -122,22 +124,22 @@ def backward_columns(features: DeltaRuleFeatures, config: dict) -> int:
     return cols
 
 
-def defines(features: DeltaRuleFeatures, config: dict) -> str:
-    """``#define`` lines of the features and tunables."""
+def defines(features: DeltaRuleFeatures, config: dict, part: str = "forward") -> str:
+    """``#define`` lines of the features and tunables (of ``part``'s kernel)."""
     f = features
     flags = {"SW_K": f.K, "SW_V": f.V, "SW_GATE": GATES.index(f.gate), "SW_DPLR": int(f.form == "dplr"),
              "SW_L2": int(f.l2norm), "SW_HAS_H0": int(f.has_h0), "SW_HAS_SEQLENS": int(f.has_seqlens),
              "SW_HAS_DHLAST": int(f.has_dhlast), "SW_STORE": STORE_CODE[f.dtype], "SW_GV": GROUP_VECTORS,
-             "SW_CBB": backward_columns(f, config), "SW_CHUNKED": int(chunked(f, config)),
+             "SW_CBB": backward_columns(f, config), "SW_CHUNKED": int(chunked(f, config, part)),
              "SW_DECAY": GATES.index(f.gate), "SW_BONUS": 0}
     lines = [f"#define {k} {v}" for k, v in flags.items()]
     return "\n".join(lines + tunable_defines(("chunk", "block_v", "checkpoint", "threads"), config))
 
 
-def chunked(features: DeltaRuleFeatures, config: dict) -> bool:
-    """True when the forward runs the chunked (WY) form (``algorithm`` chunked; every backward runs the
-    recurrence)."""
-    return config.get("algorithm") == "chunked"
+def chunked(features: DeltaRuleFeatures, config: dict, part: str = "forward") -> bool:
+    """True when ``part`` runs the chunked (WY) form: ``algorithm`` chunked, and for the backward the ``delta``
+    form (RWKV-7's backward runs the recurrence, :meth:`~scanweaver.fused.delta_rule.DeltaRule.chunked_of`)."""
+    return config.get("algorithm") == "chunked" and (part == "forward" or features.form == "delta")
 
 
 def render(renderer, call) -> str:
@@ -145,9 +147,13 @@ def render(renderer, call) -> str:
     f, cfg = call.features, call.params
     title = (f"/* scanweaver fused C kernel: delta_rule {call.part}, {f.dtype}, K={f.K}, V={f.V}, gate {f.gate}, "
              f"form {f.form}, l2norm {int(f.l2norm)}, {cfg['algorithm']}, width {cfg['width']} */")
-    wy = call.part == "forward" and chunked(f, cfg)
-    body = [engine_source(), CHUNK_TILES, WY, FORWARD] if wy else [FORWARD if call.part == "forward" else BACKWARD]
-    parts = [title, defines(f, cfg), HEAD, THREADS, vector_prelude(f.state_dtype, cfg["width"]), COMMON, *body, TAIL]
+    wy = chunked(f, cfg, call.part)
+    if call.part == "forward":
+        body = [engine_source(), CHUNK_TILES, WY, FORWARD] if wy else [FORWARD]
+    else:
+        body = [engine_source(), CHUNK_TILES, WY, BACKWARD, WY_BACKWARD] if wy else [BACKWARD]
+    parts = [title, defines(f, cfg, call.part), HEAD, THREADS, vector_prelude(f.state_dtype, cfg["width"]), COMMON,
+             *body, TAIL]
     return "\n".join(parts)
 
 

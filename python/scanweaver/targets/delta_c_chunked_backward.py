@@ -1,0 +1,323 @@
+"""C source of the chunked (WY / UT transform) delta-rule backward on the chunk engine (assembled by
+:mod:`.fused_c_delta_rule` after :mod:`.delta_c_backward`, whose entry calls it when ``SW_CHUNKED``).
+
+The ``delta`` form (DeltaNet, Gated DeltaNet, KDA).  One work item per
+(sequence, q/k head), as the recurrent backward: its value heads one after
+another, dq and dk summed over them in the thread's rows and passed back
+through the L2 normalisation once (``sw_bwd_qk``).  Per value head (lane),
+two passes over its chunks, no state ever stored per step:
+
+1. *chunk-boundary states*: the states at the chunks' starts run again from h0
+   through the chunked forward (``sw_wy_chunk`` without its outputs) and are kept, or, past a
+   memory budget, kept every ``e`` chunks and recomputed one segment at a
+   time in the reverse pass (as :mod:`.matrix_c_chunked_backward`);
+2. *reverse pass* over the chunks with dS the adjoint of the chunk's end state
+   (``dhlast`` at the lane's end).  In the notation of :mod:`.delta_c_chunked`
+   (``A = Q K^T o Gamma o M_incl``, ``N = -strict(K K^T o Gamma)``, ``X_i = R_i +
+   sum_{j<i} N_ij U_j`` the residuals, ``U = diag(beta) X``, ``Kg = K o e^{G}``,
+   ``Qg = Q o e^{G}``, ``Kd = K o e^{G_last - G}``)::
+
+       dU   = A^T dO + Kd dS                       (the total adjoint of U)
+       W    = dU + (N^T diag(beta) W)  (strictly upper: a backward substitution, sw_wy_solve_t)
+       dV   = diag(beta) W;  dbeta_i = W_i . X_i
+       dQ   = e^{G} o (dO S_0^T) + [adjoint of A in Q]
+       dKx  = e^{G_last - G} o (U dS^T) + [adjoint of A in K] + [adjoint of K K^T o Gamma in its columns]
+       dKy  = -e^{G} o (dV S_0^T) + [adjoint of K K^T o Gamma in its rows]     (dA of K K^T o Gamma: -dV U^T)
+       dS  <- e^{G_last} o dS + Qg^T dO - Kg^T dV
+
+   with the intra-chunk adjoints of the engine (``sw_ck_intra_key_adjoint`` for
+   a decay per key; ``sw_ck_weights`` and two triangular products otherwise).
+
+k plays two parts in a step: the column of the update (``S += k u^T``, dKx)
+and the row of the projection (``u = beta (v - S'^T k)``, dKy); dk is their
+sum.  The decay gradient comes from the identity of the gauge ``S_t ->
+Lambda_t^{-1} S_t`` (per key, or one value): q and the projection's k scale by
+``Lambda_t``, the update's k by ``Lambda_t^{-1}``, so ``dg_t = sum_{s >= t}
+(q_s o dq_s + k_s o dKy_s - k_s o dKx_s) + rows(dhlast o hlast)`` (summed
+over the keys for a decay per head), a running sum in double from the lane's
+end, as the diagonal family's chunked backward does.  At a reset (a log decay
+below ``SW_RESET_BELOW``: its decay is 0 in the storage type) the sum is 0
+exactly, as the recurrence's ``rows(S'_t o Gs)`` with ``S'_t = 0``; the
+running sum restarts there.
+
+A lane with a positive (or NaN) log decay, whose forward runs those chunks
+by the recurrence (``sw_wy_recurrent``), runs the recurrent backward of
+:mod:`.delta_c_backward` (``sw_bwd_head``) entirely, so the gradients of
+growth are those of the recurrence.  The ``dplr`` form (RWKV-7) has no
+chunked backward: its kernels are rendered without ``SW_CHUNKED`` (see
+:func:`~.fused_c_delta_rule.chunked`).
+
+Example:
+    >>> from scanweaver.targets.delta_c_chunked_backward import WY_BACKWARD
+    >>> "sw_wy_solve_t" in WY_BACKWARD
+    True
+"""
+
+from __future__ import annotations
+
+WY_BACKWARD = r"""
+#if SW_CHUNKED && !SW_DPLR
+/* ---- the delta rule's chunked backward (WY form) ---- */
+/* Bytes of chunk-boundary states one thread keeps before it checkpoints (as the diagonal family's). */
+#define SW_WY_STATE_BUDGET (64L << 20)
+
+/* A thread's workspace: chunk tiles, nsb chunk-boundary states, the state and its adjoint, the residuals X, W (the
+ * adjoint of U), dKy, a product before its factors, Kg (rows of SW_VP or SW_KP), dbeta per row, the decay gradient's
+ * running sum. */
+typedef struct {
+  sw_ck_tiles c;
+  void *raw, *raw_x;
+  SW_T *Sb, *S, *dS, *X, *W, *dKy, *t1, *Kg, *db;
+  double* r;
+  long nsb;
+} sw_wyb;
+
+static int sw_wyb_alloc(sw_wyb* y, const sw_dr* m) {
+  const long nc = (sw_longest(m) + SW_C - 1) / SW_C, fit = SW_WY_STATE_BUDGET / (long)(sizeof(SW_T) * SW_STATE);
+  long root = 1;
+  while (root * root < nc) ++root;
+  y->nsb = nc <= fit ? nc : SW_MAX(fit, 2 * root + 1);
+  const size_t cv = (size_t)SW_C * SW_VP, ck = (size_t)SW_C * SW_KP;
+  char* p = (char*)sw_alloc(sizeof(SW_T) * (2 * cv + 3 * ck + SW_CP) + sizeof(double) * SW_GW + 64, &y->raw_x);
+  if (!p) return SW_ENOMEM;
+  y->X = (SW_T*)p, y->W = y->X + cv, y->dKy = y->W + cv, y->t1 = y->dKy + ck, y->Kg = y->t1 + ck;
+  y->db = y->Kg + ck;
+  y->r = (double*)(((uintptr_t)(y->db + SW_CP) + 7) & ~(uintptr_t)7);
+  if (sw_ck_alloc(&y->c, &y->raw, y->nsb + 2, &y->Sb) != SW_OK) {
+    free(y->raw_x);
+    return SW_ENOMEM;
+  }
+  y->S = y->Sb + y->nsb * SW_STATE;
+  y->dS = y->S + SW_STATE;
+  return SW_OK;
+}
+
+/* W (the total adjoint of U, from dU in place) with W_i = dU_i + sum_{j>i} N_ji BW_j and BW = diag(beta) W: the
+ * transpose of sw_wy_solve, blocks of SW_MR rows from the last, the later rows by one product. */
+static void sw_wy_solve_t(const SW_T* N, const SW_T* beta, SW_T* W, SW_T* BW, int n) {
+  for (int i0 = (n - 1) / SW_MR * SW_MR; i0 >= 0; i0 -= SW_MR) {
+    const int i1 = SW_MIN(n, i0 + SW_MR);
+    if (i1 < n)
+      sw_gemm(i1 - i0, SW_VP, n - i1, N + (long)i1 * SW_CP + i0, 1, SW_CP, BW + (long)i1 * SW_VP, SW_VP,
+              W + (long)i0 * SW_VP, SW_VP, 1);
+    for (int i = i1 - 1; i >= i0; --i) {
+      SW_T *wi = W + (long)i * SW_VP, *bi = BW + (long)i * SW_VP;
+      for (int j = i + 1; j < i1; ++j) {
+        const SW_T a = N[(long)j * SW_CP + i];
+        const SW_T* bj = BW + (long)j * SW_VP;
+        for (int c = 0; c < SW_VP; c += SW_W) sw_vstore(wi + c, sw_vload(wi + c) + a * sw_vload(bj + c));
+      }
+      for (int c = 0; c < SW_VP; c += SW_W) sw_vstore(bi + c, beta[i] * sw_vload(wi + c));
+    }
+  }
+}
+
+/* One chunk's backward (loaded in c, with dO; it does not grow) from S0, its start state: dQ (c->dQ), dKx (c->dK),
+ * dKy, dV (c->dV), dbeta (y->db), and dS from the chunk's end to its start. */
+static void sw_wyb_chunk(sw_ck_tiles* c, sw_wyb* y, int n, const SW_T* S0, SW_T* dS) {
+  sw_ck_dec* d = &c->d;
+  SW_T *U = c->O, *NB = y->X;
+  sw_ck_prefix(d, c->G, n);
+  sw_ck_last(c);
+  /* the forward's U and residuals X: N into dA, R = V - Kg S_0 */
+  sw_wy_intra(c, c->K, c->K, 1, c->dA, 1);
+  for (int i = 1; i < n; ++i)
+    for (int j = 0; j < i; ++j) c->dA[(long)i * SW_CP + j] = -c->dA[(long)i * SW_CP + j];
+  sw_ck_scale_q(c, c->K, y->Kg);
+  sw_gemm(n, SW_VP, SW_K, y->Kg, SW_KP, 1, S0, SW_VP, U, SW_VP, 0);
+  for (long e = 0; e < (long)n * SW_VP; e += SW_W) sw_vstore(U + e, sw_vload(c->V + e) - sw_vload(U + e));
+  sw_wy_solve(c->dA, c->bt, U, n, y->X);
+  const int reuse = sw_wy_intra(c, c->Q, c->K, 0, c->A, 0);
+  if (!reuse) sw_ck_qs(c);
+  const SW_T* Qg = reuse ? c->s.xr : c->Qs;
+  sw_ck_kd(c, reuse);
+  /* dU = A^T dO + Kd dS into W; dKx's state part e^{G_last - G} o (U dS^T) */
+  sw_ck_trmm_t(n, SW_VP, c->A, SW_CP, c->DO, SW_VP, y->W, SW_VP, 0);
+  sw_gemm(n, SW_VP, SW_K, c->Kd, SW_KP, 1, dS, SW_VP, y->W, SW_VP, 1);
+  sw_ck_transpose(dS, SW_VP, SW_K, SW_V, c->St, SW_KP, SW_KP);
+  sw_gemm(n, SW_KP, SW_V, U, SW_VP, 1, c->St, SW_KP, y->t1, SW_KP, 0);
+  sw_ck_scale_k(c, y->t1, c->dK, 0);
+  /* dA = mask(dO U^T) into A (A read no more) */
+  sw_ck_transpose(U, SW_VP, n, SW_V, c->Vt, SW_CP, SW_RUP(n));
+  sw_ck_lower_prod(n, SW_V, c->DO, SW_VP, c->Vt, SW_CP, c->A);
+  sw_ck_mask(c->A, n, 0);
+  /* W, dV = diag(beta) W, dbeta = rows W . X; then NB = -dV in place of X */
+  sw_wy_solve_t(c->dA, c->bt, y->W, c->dV, n);
+  for (int i = 0; i < n; ++i) {
+    sw_v acc = sw_vzero;
+    SW_T *xi = y->X + (long)i * SW_VP;
+    const SW_T *wi = y->W + (long)i * SW_VP, *vi = c->dV + (long)i * SW_VP;
+    for (int j = 0; j < SW_VP; j += SW_W) {
+      acc += sw_vload(wi + j) * sw_vload(xi + j);
+      sw_vstore(xi + j, -sw_vload(vi + j));
+    }
+    y->db[i] = sw_vhsum(acc);
+  }
+  /* the state parts of dQ and dKy: e^{G} o (dO S_0^T), e^{G} o (NB S_0^T) */
+  sw_ck_transpose(S0, SW_VP, SW_K, SW_V, c->St, SW_KP, SW_KP);
+  sw_gemm(n, SW_KP, SW_V, c->DO, SW_VP, 1, c->St, SW_KP, y->t1, SW_KP, 0);
+  sw_ck_scale_q(c, y->t1, c->dQ);
+  sw_gemm(n, SW_KP, SW_V, NB, SW_VP, 1, c->St, SW_KP, y->t1, SW_KP, 0);
+  sw_ck_scale_q(c, y->t1, y->dKy);
+  /* the adjoint of A (Q and the update's K) */
+#if SW_KEYDECAY
+  sw_ck_intra_key_adjoint(d, c->Q, c->K, 0, c->A, c->dQ, c->dK, &c->s);
+#else
+  sw_ck_weights(d, c->A, c->A, 0, &c->s);
+  sw_ck_trmm(n, SW_KP, c->A, SW_CP, c->K, SW_KP, c->dQ, SW_KP, 1);
+  sw_ck_trmm_t(n, SW_KP, c->A, SW_CP, c->Q, SW_KP, c->dK, SW_KP, 1);
+#endif
+  /* dS_0 = e^{G_last} o dS + Qg^T dO + Kg^T NB */
+  sw_ck_decay_state(c, dS);
+  sw_gemm(SW_K, SW_VP, n, Qg, 1, SW_KP, c->DO, SW_VP, dS, SW_VP, 1);
+  sw_gemm(SW_K, SW_VP, n, y->Kg, 1, SW_KP, NB, SW_VP, dS, SW_VP, 1);
+  /* the adjoint of K K^T o Gamma (strict): dA = NB U^T (= -dN); rows the projection's K, columns the update's */
+  sw_ck_lower_prod(n, SW_V, NB, SW_VP, c->Vt, SW_CP, c->A);
+  sw_ck_mask(c->A, n, 1);
+#if SW_KEYDECAY
+  if (d->plain) sw_wy_intra(c, c->K, c->K, 1, c->dA, 1);  /* the scratch of K K^T o Gamma for its adjoint */
+  sw_ck_intra_key_adjoint(d, c->K, c->K, 1, c->A, y->dKy, c->dK, &c->s);
+#else
+  sw_ck_weights(d, c->A, c->A, 1, &c->s);
+  sw_ck_trmm(n, SW_KP, c->A, SW_CP, c->K, SW_KP, y->dKy, SW_KP, 1);
+  sw_ck_trmm_t(n, SW_KP, c->A, SW_CP, c->K, SW_KP, c->dK, SW_KP, 1);
+#endif
+}
+
+/* 1 when some log decay of value head h over steps [start, stop) of batch b is positive or NaN (the lane runs the
+ * recurrent backward). */
+static int sw_wyb_grows(const sw_dr* m, long b, long start, long stop, long h) {
+#if SW_GATE
+  for (long t = start; t < stop; ++t)
+    for (int k = 0; k < (SW_GATE == 2 ? SW_K : 1); ++k) {
+      const SW_T x = sw_in(m->g[SW_GATE == 2 ? SW_HK(m, b, t, h) + k : SW_BT(m, b, t, h)]);
+      if (!(x <= 0)) return 1;
+    }
+#else
+  (void)m, (void)b, (void)start, (void)stop, (void)h;
+#endif
+  return 0;
+}
+
+/* Row i of the chunk starting at t0: dq and dk added into the thread's sums, dv and dbeta written, and dg from the
+ * running sum r (in double, from the lane's end) of q o dq + k o dKy - k o dKx. */
+static void sw_wyb_row(const sw_dr* m, const sw_bg* gr, sw_bw* w, sw_wyb* y, long b, long start, long t0, int i,
+                       long h) {
+  const sw_ck_tiles* c = &y->c;
+  const long t = t0 + i, ti = t - start;
+  const SW_T *qi = c->Q + (long)i * SW_KP, *ki = c->K + (long)i * SW_KP, *dqi = c->dQ + (long)i * SW_KP;
+  const SW_T *dxi = c->dK + (long)i * SW_KP, *dyi = y->dKy + (long)i * SW_KP;
+  SW_T *dq = w->dqh + ti * SW_KP, *dk = w->dkh + ti * SW_KP;
+  for (int k = 0; k < SW_K; ++k) {
+    dq[k] += dqi[k];
+    dk[k] += dxi[k] + dyi[k];
+    y->r[SW_KEYDECAY ? k : 0] += (double)(qi[k] * dqi[k] + ki[k] * dyi[k]) - (double)(ki[k] * dxi[k]);
+  }
+  for (int k = 0; k < (SW_GATE == 2 ? SW_K : SW_GATE); ++k)  /* a reset: the sum is 0 there, exactly */
+    if (c->G[(long)i * SW_GW + k] < (SW_T)SW_RESET_BELOW) y->r[k] = 0;
+  sw_store_row(gr->dv + SW_VO(m, b, t, h), c->dV + (long)i * SW_VP, SW_V);
+  gr->dbeta[SW_BT(m, b, t, h)] = sw_out(y->db[i]);
+#if SW_GATE == 2
+  for (int k = 0; k < SW_K; ++k) c->s.tmp[k] = (SW_T)y->r[k];
+  sw_store_row(gr->dg + SW_HK(m, b, t, h), c->s.tmp, SW_K);
+#elif SW_GATE == 1
+  gr->dg[SW_BT(m, b, t, h)] = sw_out((SW_T)y->r[0]);
+#endif
+}
+
+/* Value head h of sequence row (batch b, steps [start, stop)) by chunks: dv, dg, dbeta and dh0 written, its dq and
+ * dk rows added into the thread's sums. */
+static void sw_wyb_head(const sw_dr* m, const sw_bg* gr, sw_bw* w, sw_wyb* y, long row, long b, long start,
+                        long stop, long h, long hq) {
+  sw_ck_tiles* c = &y->c;
+  const long len = stop - start, nc = (len + SW_C - 1) / SW_C;
+  const size_t bytes = sizeof(SW_T) * SW_STATE;
+  long every = 1;
+  while (nc > y->nsb && (nc + every - 1) / every + every > y->nsb) ++every;
+  const long ncp = (nc + every - 1) / every;
+  SW_T* seg = y->Sb + (every > 1 ? ncp : 0) * SW_STATE;
+  /* 1: the chunk-boundary states (every chunk's, or every `every`-th as checkpoints) */
+  sw_state_in(m, SW_HAS_H0 ? m->h0 : NULL, row, h, 0, SW_V, SW_VP, y->S);
+  for (long ci = 0; ci < nc; ++ci) {
+    if (ci % every == 0) memcpy(y->Sb + ci / every * SW_STATE, y->S, bytes);
+    const int n = (int)SW_MIN((long)SW_C, len - ci * SW_C);
+    sw_wy_load(m, b, h, hq, start + ci * SW_C, n, c);
+    sw_wy_chunk(c, n, y->S, 0);
+  }
+  for (int k = 0; k < SW_GW; ++k) y->r[k] = 0;
+  if (SW_GATE && SW_HAS_DHLAST && gr->dhlast)  /* hlast's share of the decay gradient: rows of dhlast o hlast */
+    for (int k = 0; k < SW_K; ++k) {
+      const SW_T* src = gr->dhlast + SW_SK(m, row, h, k);
+      double sum = 0;
+      for (int j = 0; j < SW_V; ++j) sum += (double)src[j] * y->S[(long)k * SW_VP + j];
+      y->r[SW_KEYDECAY ? k : 0] += sum;
+    }
+  sw_state_in(m, SW_HAS_DHLAST ? gr->dhlast : NULL, row, h, 0, SW_V, SW_VP, y->dS);
+  /* 2: reverse pass, one segment of `every` chunks at a time */
+  for (long sg = ncp - 1; sg >= 0; --sg) {
+    const long s0c = sg * every, s1c = SW_MIN(nc, s0c + every);
+    if (every > 1) {
+      memcpy(y->S, y->Sb + sg * SW_STATE, bytes);
+      for (long ci = s0c; ci < s1c; ++ci) {
+        memcpy(seg + (ci - s0c) * SW_STATE, y->S, bytes);
+        if (ci + 1 < s1c) {
+          const int n = (int)SW_MIN((long)SW_C, len - ci * SW_C);
+          sw_wy_load(m, b, h, hq, start + ci * SW_C, n, c);
+          sw_wy_chunk(c, n, y->S, 0);
+        }
+      }
+    }
+    for (long ci = s1c - 1; ci >= s0c; --ci) {
+      const long t0 = start + ci * SW_C;
+      const int n = (int)SW_MIN((long)SW_C, len - ci * SW_C);
+      sw_wy_load(m, b, h, hq, t0, n, c);
+      for (int i = 0; i < n; ++i)
+        sw_load_row(c->DO + (long)i * SW_VP, gr->dout + SW_VO(m, b, t0 + i, h), SW_V, SW_VP);
+      sw_wyb_chunk(c, y, n, every > 1 ? seg + (ci - s0c) * SW_STATE : y->Sb + ci * SW_STATE, y->dS);
+      for (int i = n - 1; i >= 0; --i) sw_wyb_row(m, gr, w, y, b, start, t0, i, h);
+    }
+  }
+  sw_state_out(m, gr->dh0, row, h, 0, SW_V, SW_VP, y->dS);
+}
+
+/* Sequence `row`, q/k head hq: its value heads (by chunks, or by the recurrence where one grows), then dq and dk. */
+static void sw_wyb_item(const sw_dr* m, const sw_bg* gr, sw_bw* w, sw_wyb* y, long row, long hq) {
+  long b, start, stop;
+  sw_seq(m, row, &b, &start, &stop);
+  const long len = stop - start, grp = m->H / m->Hq;
+  memset(w->dqh, 0, sizeof(SW_T) * (size_t)(len * SW_KP));
+  memset(w->dkh, 0, sizeof(SW_T) * (size_t)(len * SW_KP));
+  for (long h = hq * grp; h < (hq + 1) * grp; ++h) {
+    if (sw_wyb_grows(m, b, start, stop, h)) sw_bwd_head(m, gr, w, row, b, start, stop, h, hq);
+    else sw_wyb_head(m, gr, w, y, row, b, start, stop, h, hq);
+  }
+  sw_bwd_qk(m, gr, w, b, start, stop, hq);
+}
+
+static int sw_backward_chunked(const sw_dr* m, const sw_bg* gr) {
+  const long items = m->nseq * m->Hq, L = sw_longest(m), nck = (L + SW_CKPT - 1) / SW_CKPT;
+  const int nt = (int)SW_MIN((long)sw_threads(), items);
+  int status = SW_OK;
+#pragma omp parallel num_threads(nt)
+  {
+    sw_bw w;
+    sw_wyb y;
+    const int okw = sw_bw_new(&w, L, nck) == SW_OK, oky = okw && sw_wyb_alloc(&y, m) == SW_OK;
+    if (!oky) {
+#pragma omp atomic write
+      status = SW_ENOMEM;
+    }
+#pragma omp for schedule(dynamic, 1)
+    for (long it = 0; it < items; ++it)
+      if (oky) sw_wyb_item(m, gr, &w, &y, it / m->Hq, it % m->Hq);
+    free(w.raw);
+    free(w.P.raw);
+    if (oky) {
+      free(y.raw);
+      free(y.raw_x);
+    }
+  }
+  return status;
+}
+#endif
+"""

@@ -1,0 +1,211 @@
+"""The chunked (WY / UT transform) backward of the fused ``delta_rule`` op on the cpu backend: every gradient (q, k,
+v, g, beta, h0, and through the final state) of ``algorithm="chunked"`` against the recurrent backward and against
+PyTorch float64 autograd through a float64 loop of the recurrence written here (one step at a time, the models'
+formulas).
+
+DeltaNet, Gated DeltaNet and KDA (the ``delta`` form); RWKV-7's backward stays recurrent and the runner says so.
+Cases: chunks of 16, 32 and 64 steps with T = 1, chunk - 1, chunk + 1 and 2 chunk + 3; log decays mixing tiny
+(-1e-4), huge (-1e4) and exact resets (-inf); grouped value heads (Hq < H); the in-kernel L2 normalisation; h0 and
+dhlast, and the final state's gradient alone; packed sequences with an empty one; a positive log decay (the lane
+runs the recurrence); float32, float64 and bfloat16 storage; beta through the public operations' sigmoid.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from delta_family import call_public, problem
+
+import scanweaver
+from scanweaver.fused import REGISTRY as FUSED
+from scanweaver.runtime import get_backend
+
+torch = pytest.importorskip("torch")
+
+OP = FUSED.get("delta_rule")
+FAMILIES = ("deltanet", "gated", "kda")
+#: Gradient name -> the differentiable input it belongs to.
+INPUTS = {"dq": "q", "dk": "k", "dv": "v", "dg": "g", "dbeta": "beta", "dh0": "h0"}
+
+
+@pytest.fixture(scope="module")
+def cpu():
+    be = get_backend("cpu")
+    if not be.availability().ok:
+        pytest.skip(f"cpu backend unavailable: {be.availability().reason}")
+    return be
+
+
+def backward(be, f, a, sizes, do, **tunables):
+    """The C backward's gradients (NaN-filled first, so an unwritten element shows)."""
+    cfg = OP.resolve("c", tunables, be.fused_defaults(OP.name, f, sizes), "test")
+    out = {p.name: np.full(shape, np.nan, dtype) for p, enabled, shape, dtype in
+           OP.layout("backward", f, tuple(sorted(sizes.items()))) if p.kind == "out" and enabled}
+    be.run_fused(OP.call("backward", f, cfg), {**a, "do": do, **out}, sizes)
+    return out
+
+
+def loop(t, l2norm, cu=None):
+    """``(o, hlast)`` of the delta rule in PyTorch, one step at a time over all heads (differentiable): S' = D S,
+    u = beta (v - S'^T k), S = S' + k u^T, o = S^T q; D = exp(g) per head (g (B, T, H)) or per key (B, T, H, K)."""
+    q, k, v, g = t["q"], t["k"], t["v"], t.get("g")
+    B, T, Hq, K = q.shape
+    H = v.shape[2]
+    if l2norm:
+        q, k = (x / torch.sqrt((x * x).sum(-1, keepdim=True) + 1e-6) for x in (q, k))
+    q, k = q.repeat_interleave(H // Hq, 2), k.repeat_interleave(H // Hq, 2)  # value head h reads h // (H / Hq)
+    segs = [(b, b, 0, T) for b in range(B)] if cu is None else \
+        [(i, 0, int(cu[i]), int(cu[i + 1])) for i in range(len(cu) - 1)]
+    rows: dict = {}
+    finals = []
+    for row, b, start, stop in segs:
+        S = t["h0"][row] if "h0" in t else torch.zeros(H, K, v.shape[3], dtype=v.dtype)
+        for i in range(start, stop):
+            if g is not None:
+                d = torch.exp(g[b, i])
+                S = (d[:, None, None] if d.dim() == 1 else d[:, :, None]) * S
+            u = t["beta"][b, i][:, None] * (v[b, i] - torch.einsum("hkv,hk->hv", S, k[b, i]))
+            S = S + k[b, i][:, :, None] * u[:, None, :]
+            rows[b, i] = torch.einsum("hkv,hk->hv", S, q[b, i])
+        finals.append(S)
+    o = torch.stack([torch.stack([rows[b, i] for i in range(T)]) for b in range(B)]) if T else v[:, :0]
+    return o, torch.stack(finals)
+
+
+def autograd(a, do, l2norm):
+    """Float64 gradients of sum(o * do) + sum(hlast * dhlast) by autograd through :func:`loop`."""
+    leaves = {n: torch.tensor(np.asarray(x, np.float64), requires_grad=True) for n, x in a.items()
+              if n in INPUTS.values()}
+    o, h = loop(leaves, l2norm, a.get("cu_seqlens"))
+    loss = (o * torch.tensor(np.asarray(do, np.float64))).sum()
+    if "dhlast" in a:
+        loss = loss + (h * torch.tensor(np.asarray(a["dhlast"], np.float64))).sum()
+    loss.backward()
+    return {"d" + n: leaf.grad.numpy() for n, leaf in leaves.items()}
+
+
+def mixed_gates(rng, a, T):
+    """Log decays mixing tiny (-1e-4) and moderate ones, about a tenth huge (-1e4), and two exact resets."""
+    if "g" not in a:
+        return
+    g = a["g"]
+    g[...] = -np.exp(rng.uniform(np.log(1e-4), np.log(1.0), g.shape))
+    g[rng.uniform(size=g.shape) < 0.1] = -1e4
+    g[0, T // 2, 0] = -np.inf
+    g[0, T - 1, -1] = -np.inf
+
+
+def close(got, want, tol, what):
+    for n, w in want.items():
+        assert n in got, f"{what}: {n} missing"
+        scale = max(float(np.abs(w).max()), 1e-30)
+        np.testing.assert_allclose(np.asarray(got[n], np.float64), w, rtol=0, atol=tol * scale,
+                                   err_msg=f"{what}: {n}")
+
+
+@pytest.mark.parametrize("chunk", [16, 32, 64])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_float64_gradients_match_autograd_and_the_recurrence(cpu, family, chunk):
+    for i, T in enumerate((1, chunk - 1, chunk + 1, 2 * chunk + 3)):
+        rng = np.random.default_rng(T + chunk)
+        f, a, sizes = problem(rng, family, batch=1, T=T, H=2, Hq=1, K=16, V=24, l2norm=True, dhlast=True)
+        mixed_gates(rng, a, T)
+        do = rng.normal(size=a["v"].shape)
+        dos = (do, np.zeros_like(do)) if i == 3 else (do,)  # then the final state's gradient alone
+        for d in dos:
+            want = autograd(a, d, True)
+            rec = backward(cpu, f, a, sizes, d, algorithm="recurrent")
+            got = backward(cpu, f, a, sizes, d, algorithm="chunked", chunk=chunk)
+            close(got, want, 1e-10, f"T={T} vs autograd")
+            close(got, {n: rec[n] for n in want}, 1e-11, f"T={T} vs recurrent")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_float32_gradients(cpu, family):
+    rng = np.random.default_rng(len(family))
+    T = 2 * 32 + 3
+    f, a, sizes = problem(rng, family, batch=1, T=T, H=2, Hq=1, K=24, V=32, l2norm=True, dhlast=True,
+                          dtype="float32")
+    mixed_gates(rng, a, T)
+    do = rng.normal(size=a["v"].shape).astype(np.float32)
+    want = autograd(a, do, True)
+    rec = backward(cpu, f, a, sizes, do, algorithm="recurrent")
+    got = backward(cpu, f, a, sizes, do, algorithm="chunked", chunk=32)
+    assert all(x.dtype == np.float32 and np.isfinite(x).all() for x in got.values())
+    close(got, want, 2e-5, "vs float64 autograd")
+    close(got, {n: rec[n].astype(np.float64) for n in want}, 2e-5, "vs recurrent float32")
+
+
+def test_bfloat16_storage_accumulates_in_float32(cpu):
+    rng = np.random.default_rng(14)
+    f, a, sizes = problem(rng, "kda", batch=1, T=40, H=2, K=16, V=24, dtype="bfloat16", dhlast=True)
+    do = rng.normal(size=a["v"].shape).astype(a["v"].dtype)
+    got = backward(cpu, f, a, sizes, do, algorithm="chunked", chunk=16)
+    want = autograd(a, do, False)
+    assert got["dq"].dtype.name == "bfloat16" and got["dh0"].dtype == np.float32
+    close(got, want, 2 * 2.0 ** -7, "vs float64 autograd")  # the gradients rounded to bfloat16 once
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_packed_sequences_with_an_empty_one(cpu, family):
+    rng = np.random.default_rng(11)
+    f, a, sizes = problem(rng, family, seqlens=[17, 0, 35, 1], H=2, Hq=1, K=16, V=24, dhlast=True)
+    mixed_gates(rng, a, 53)
+    do = rng.normal(size=a["v"].shape)
+    want = autograd(a, do, False)
+    got = backward(cpu, f, a, sizes, do, algorithm="chunked", chunk=16)
+    close(got, want, 1e-10, "vs autograd")
+
+
+@pytest.mark.parametrize("family", ["gated", "kda"])
+def test_a_positive_log_decay_runs_the_recurrence(cpu, family):
+    """A lane whose log decays are positive somewhere (the forward runs those chunks by the recurrence) takes the
+    recurrent backward: the same numbers; the other lane the chunked one."""
+    rng = np.random.default_rng(12)
+    T = 2 * 16 + 3
+    f, a, sizes = problem(rng, family, batch=1, T=T, H=2, Hq=1, K=16, V=24, l2norm=True, dhlast=True)
+    a["g"][...] = rng.uniform(-0.05, -1e-4, a["g"].shape)
+    a["g"][0, 20, 0] = 0.02  # head 0 grows at one step
+    do = rng.normal(size=a["v"].shape)
+    want = autograd(a, do, True)
+    rec = backward(cpu, f, a, sizes, do, algorithm="recurrent")
+    got = backward(cpu, f, a, sizes, do, algorithm="chunked", chunk=16)
+    close(got, want, 1e-10, "vs autograd")
+    for n in ("dv", "dg", "dbeta", "dh0"):  # head 0's own gradients: the recurrent backward's numbers exactly
+        head0 = (slice(None), 0) if n == "dh0" else (slice(None), slice(None), 0)
+        np.testing.assert_array_equal(got[n][head0], rec[n][head0], err_msg=n)
+
+
+def test_the_public_operations_report_what_ran():
+    """``algorithm="chunked"`` (or fla's ``chunk_size``) runs the chunked backward of the delta form (beta through
+    the public operations' sigmoid) and reports it; RWKV-7's backward stays recurrent and reports that."""
+    swt = pytest.importorskip("scanweaver.torch")
+    if not get_backend("cpu").availability().ok:
+        pytest.skip("cpu backend unavailable")
+    rng = np.random.default_rng(13)
+    _, a, _ = problem(rng, "kda", batch=1, T=21, H=2, Hq=1, K=8, V=8)
+    a["beta"] = rng.normal(size=a["beta"].shape)  # logits
+    t = {n: torch.tensor(np.asarray(x, np.float64), requires_grad=True) for n, x in a.items()}
+    o, h = swt.kda(t["q"], t["k"], t["v"], t["g"], t["beta"], 0.5, t["h0"], True, True,
+                   use_beta_sigmoid_in_kernel=True, backend="cpu", algorithm="chunked", chunk=8)
+    (o.square().sum() + h.sum()).backward()
+    ran = scanweaver.matrix.last
+    assert (ran.backend, ran.part, ran.algorithm) == ("cpu", "backward", "chunked")
+    w = {n: torch.tensor(np.asarray(x, np.float64), requires_grad=True) for n, x in a.items()}
+    o, h = loop({**w, "beta": torch.sigmoid(w["beta"])}, True)  # use_qk_l2norm_in_kernel=True
+    ((0.5 * o).square().sum() + h.sum()).backward()
+    close({n: x.grad.numpy() for n, x in t.items()}, {n: x.grad.numpy() for n, x in w.items()}, 1e-10,
+          "kda with beta logits")
+    t = {n: torch.tensor(np.asarray(x, np.float64), requires_grad=True) for n, x in a.items()}
+    o, h = swt.kda(t["q"], t["k"], t["v"], t["g"], t["beta"], 0.5, t["h0"], True, True,
+                   use_beta_sigmoid_in_kernel=True, backend="cpu", chunk_size=8)  # fla's hint: the chunked form
+    (o.square().sum() + h.sum()).backward()
+    ran = scanweaver.matrix.last
+    assert (ran.part, ran.algorithm, ran.source) == ("backward", "chunked", "hint")
+    _, a, _ = problem(rng, "rwkv7", batch=1, T=9, H=2, K=8, V=8)
+    t = {n: torch.tensor(np.asarray(x, np.float64), requires_grad=True) for n, x in a.items()}
+    o, h = call_public(swt.rwkv7, "rwkv7", t, 0.5, backend="cpu", algorithm="chunked", chunk=4)
+    assert scanweaver.matrix.last.algorithm == "chunked"  # the forward
+    (o.sum() + h.sum()).backward()
+    ran = scanweaver.matrix.last
+    assert (ran.part, ran.algorithm) == ("backward", "recurrent")
