@@ -209,3 +209,37 @@ def test_the_public_operations_report_what_ran():
     (o.sum() + h.sum()).backward()
     ran = scanweaver.matrix.last
     assert (ran.part, ran.algorithm) == ("backward", "recurrent")
+
+
+def test_the_default_backward_follows_the_measured_rule():
+    """With no ``algorithm`` given, the backward of the delta form runs chunked from 1024 steps per sequence with
+    K * V >= 4096 (where bench/delta_chunked.py measured it faster) and the forward stays recurrent; below either
+    bound and for RWKV-7's backward the recurrent one runs (the GPU and Julia kernels have the recurrent form only)."""
+    swt = pytest.importorskip("scanweaver.torch")
+    if not get_backend("cpu").availability().ok:
+        pytest.skip("cpu backend unavailable")
+    rng = np.random.default_rng(14)
+    f, _, _ = problem(rng, "gated", batch=1, T=8, H=1, K=64, V=64)
+    small, _, _ = problem(rng, "gated", batch=1, T=8, H=1, K=32, V=64)
+    dplr, _, _ = problem(rng, "rwkv7", batch=1, T=8, H=1, K=64, V=64)
+    one = {"batch": 1, "T": 1024, "H": 1, "Hq": 1, "nseq": 1}
+    assert OP.algorithm("c", "backward", f, one) == "chunked"
+    assert OP.algorithm("c", "forward", f, one) == "recurrent"
+    assert OP.algorithm("c", "backward", f, {**one, "T": 1023}) == "recurrent"
+    assert OP.algorithm("c", "backward", f, {**one, "batch": 1, "T": 4096, "nseq": 8}) == "recurrent"  # packed
+    assert OP.algorithm("c", "backward", small, one) == "recurrent"
+    assert OP.algorithm("c", "backward", dplr, one) == "recurrent"
+    assert OP.algorithm("gpu", "backward", f, one) is None and OP.algorithm("julia", "backward", f, one) is None
+    # a real training step at the rule's bound: the chunked backward runs and matches the recurrent one
+    _, a, _ = problem(rng, "gated", batch=1, T=1024, H=2, Hq=1, K=64, V=64)
+    grads = {}
+    for alg in (None, "recurrent"):
+        t = {n: torch.tensor(np.asarray(x, np.float64), requires_grad=True) for n, x in a.items()}
+        kw = {} if alg is None else {"algorithm": alg}
+        o, h = swt.gated_delta_rule(t["q"], t["k"], t["v"], t["g"], t["beta"], 0.5, t["h0"], True, True,
+                                    backend="cpu", **kw)
+        (o.square().sum() + h.sum()).backward()
+        ran = scanweaver.matrix.last
+        assert (ran.part, ran.algorithm, ran.source) == ("backward", alg or "chunked", "explicit" if alg else "default")
+        grads[alg] = {n: x.grad.numpy() for n, x in t.items()}
+    close(grads[None], grads["recurrent"], 1e-9, "default chunked vs recurrent")

@@ -189,6 +189,11 @@ class DeltaRule(FusedOp):
     #: ``dplr`` (RWKV-7: its backward is the recurrent sweep from checkpoints whatever ``algorithm`` says, and
     #: ``scanweaver.matrix.last`` says so; :meth:`chunked_of`).
     chunked_parts = {"c": PARTS}
+    #: The algorithm rule (bench/results/delta_chunked.json, float32, 2 threads, quiet cores): the chunked backward
+    #: from 1024 steps per sequence with K * V >= 4096, where forward + backward with it ran 1.46-1.56x faster at
+    #: K = V = 128 and 1.02-1.17x at 64 (DeltaNet, Gated DeltaNet, KDA at T = 1024 and 4096); the forward stays
+    #: recurrent (the chunked one ran at 0.8-1.0x).  RWKV-7's backward has no chunked form (:meth:`chunked_of`).
+    chunked_from = {"backward": ((1024, 4096),)}
 
     def chunked_of(self, family: str, features: DeltaRuleFeatures | None = None) -> tuple[str, ...] | None:
         """:attr:`chunked_parts`, the forward only for the ``dplr`` form on the C kernels."""
