@@ -2,8 +2,9 @@
 with Adam on ScanWeaver's ``gated_delta_rule`` follows the losses of the same model on fla 0.6's naive reference
 (within 0.3% at every step: both accumulate in float32, in different orders, and Adam's steps amplify that);
 and, where ``transformers`` is installed, its Qwen3-Next gated delta net layer with ScanWeaver's function in its
-``chunk_gated_delta_rule`` and ``fused_recurrent_gated_delta_rule`` hooks equals the layer's own PyTorch fallback
-(prefill, then decode with its cache; outputs and every parameter's gradient)."""
+``chunk_gated_delta_rule`` and ``fused_recurrent_gated_delta_rule`` hooks, and its Kimi Linear delta attention
+layer with ``scanweaver.kda`` in its ``chunk_kda`` and ``fused_recurrent_kda`` hooks, equal the layers' own
+PyTorch fallbacks (prefill, then decode with the cache; outputs and every parameter's gradient)."""
 
 from __future__ import annotations
 
@@ -170,10 +171,58 @@ def test_qwen3_next_layer_takes_scanweaver_as_its_fla_hooks(monkeypatch):
     want = run()
     monkeypatch.setattr(qwen, "torch_chunk_gated_delta_rule", scanweaver.gated_delta_rule)
     monkeypatch.setattr(qwen, "torch_recurrent_gated_delta_rule", scanweaver.gated_delta_rule)
+    before = scanweaver.matrix.last
     got = run()
+    ran = scanweaver.matrix.last
+    assert ran is not before and ran.part == "backward", "scanweaver.gated_delta_rule ran the layer's training step"
     torch.testing.assert_close(got[0], want[0], rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(got[1], want[1], rtol=1e-4, atol=1e-5)
     for name, grad in want[2].items():
         # the fallback computes in float32 in chunks whatever the layer's dtype: A_log's gradient, a sum over every
         # step with cancellation, differed by 6e-4 of its largest entry from ours also with the layer in float64
+        torch.testing.assert_close(got[2][name], grad, rtol=1e-3, atol=2e-3 * float(grad.abs().max()), msg=name)
+
+
+def test_kimi_linear_layer_takes_scanweaver_kda_as_its_fla_hooks(monkeypatch):
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install "
+                                                              "transformers)")
+    try:
+        from transformers.models.kimi_linear import modeling_kimi_linear as kimi
+    except ImportError as exc:
+        pytest.skip(f"transformers {transformers.__version__} has no Kimi Linear: {exc}")
+    cfg = transformers.KimiLinearConfig(hidden_size=64, linear_num_heads=4, linear_head_dim=16,
+                                        linear_conv_kernel_dim=4, num_hidden_layers=1,
+                                        layer_types=["linear_attention"], hidden_act="silu", rms_norm_eps=1e-6,
+                                        vocab_size=32, num_attention_heads=2, num_key_value_heads=2,
+                                        intermediate_size=64, moe_intermediate_size=32, num_experts=2,
+                                        num_experts_per_token=1, pad_token_id=None, bos_token_id=None,
+                                        eos_token_id=None)
+    torch.manual_seed(0)
+    layer = kimi.KimiLinearDeltaAttention(cfg, 0)
+    with torch.no_grad():  # the layer leaves its gate's parameters to the model's initialisation
+        layer.forget_gate.dt_bias.uniform_(-1.0, 1.0)
+        layer.forget_gate.A_log.uniform_(-1.0, 0.5)
+    x = torch.randn(2, 37, 64)
+
+    def run():
+        """Serving (prefill, then decode steps with the layer's cache; no gradients) and training (the whole
+        sequence, every parameter's gradient)."""
+        with torch.no_grad():
+            cache = transformers.DynamicCache(config=cfg)
+            ys = [layer(x[:, :30], cache=cache)] + [layer(x[:, t: t + 1], cache=cache) for t in range(30, 37)]
+        layer.zero_grad()
+        full = layer(x)
+        full.square().sum().backward()
+        return torch.cat(ys, 1), full.detach(), {n: p.grad.clone() for n, p in layer.named_parameters()}
+
+    want = run()
+    monkeypatch.setattr(kimi, "chunk_kimi_delta_attention", scanweaver.kda)
+    monkeypatch.setattr(kimi, "recurrent_kimi_delta_attention", scanweaver.kda)
+    before = scanweaver.matrix.last
+    got = run()
+    ran = scanweaver.matrix.last
+    assert ran is not before and ran.part == "backward", "scanweaver.kda ran the layer's training step"
+    torch.testing.assert_close(got[0], want[0], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got[1], want[1], rtol=1e-4, atol=1e-5)
+    for name, grad in want[2].items():
         torch.testing.assert_close(got[2][name], grad, rtol=1e-3, atol=2e-3 * float(grad.abs().max()), msg=name)
