@@ -141,6 +141,36 @@ def test_gated_deltanet_layer_trains_to_the_losses_of_fla_naive_reference():
     assert rel < 3e-3
 
 
+def check_drop_in(transformers, monkeypatch, layer, cfg, module, hooks, ours):
+    """``layer`` with ``ours`` in the ``hooks`` of ``module`` equals the layer's own PyTorch fallback: serving
+    (prefill, then decode steps with the layer's cache; no gradients) and training (the whole sequence, every
+    parameter's gradient); and our backward ran."""
+    x = torch.randn(2, 37, 64)
+
+    def run():
+        with torch.no_grad():
+            cache = transformers.DynamicCache(config=cfg)
+            ys = [layer(x[:, :30], cache=cache)] + [layer(x[:, t: t + 1], cache=cache) for t in range(30, 37)]
+        layer.zero_grad()
+        full = layer(x)
+        full.square().sum().backward()
+        return torch.cat(ys, 1), full.detach(), {n: p.grad.clone() for n, p in layer.named_parameters()}
+
+    want = run()
+    for hook in hooks:
+        monkeypatch.setattr(module, hook, ours)
+    before = scanweaver.matrix.last
+    got = run()
+    ran = scanweaver.matrix.last
+    assert ran is not before and ran.part == "backward", f"{ours.__name__} ran the layer's training step"
+    torch.testing.assert_close(got[0], want[0], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got[1], want[1], rtol=1e-4, atol=1e-5)
+    for name, grad in want[2].items():
+        # the fallbacks compute in float32 in chunks whatever the layer's dtype: A_log's gradient, a sum over every
+        # step with cancellation, differed by 6e-4 of its largest entry from ours also with the layer in float64
+        torch.testing.assert_close(got[2][name], grad, rtol=1e-3, atol=2e-3 * float(grad.abs().max()), msg=name)
+
+
 def test_qwen3_next_layer_takes_scanweaver_as_its_fla_hooks(monkeypatch):
     transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install "
                                                               "transformers)")
@@ -155,32 +185,8 @@ def test_qwen3_next_layer_takes_scanweaver_as_its_fla_hooks(monkeypatch):
                                        intermediate_size=64, num_experts=2, num_experts_per_tok=1)
     torch.manual_seed(0)
     layer = qwen.Qwen3NextGatedDeltaNet(cfg, 0)
-    x = torch.randn(2, 37, 64)
-
-    def run():
-        """Serving (prefill, then decode steps with the layer's cache; no gradients) and training (the whole
-        sequence, every parameter's gradient)."""
-        with torch.no_grad():
-            cache = transformers.DynamicCache(config=cfg)
-            ys = [layer(x[:, :30], cache=cache)] + [layer(x[:, t: t + 1], cache=cache) for t in range(30, 37)]
-        layer.zero_grad()
-        full = layer(x)
-        full.square().sum().backward()
-        return torch.cat(ys, 1), full.detach(), {n: p.grad.clone() for n, p in layer.named_parameters()}
-
-    want = run()
-    monkeypatch.setattr(qwen, "torch_chunk_gated_delta_rule", scanweaver.gated_delta_rule)
-    monkeypatch.setattr(qwen, "torch_recurrent_gated_delta_rule", scanweaver.gated_delta_rule)
-    before = scanweaver.matrix.last
-    got = run()
-    ran = scanweaver.matrix.last
-    assert ran is not before and ran.part == "backward", "scanweaver.gated_delta_rule ran the layer's training step"
-    torch.testing.assert_close(got[0], want[0], rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(got[1], want[1], rtol=1e-4, atol=1e-5)
-    for name, grad in want[2].items():
-        # the fallback computes in float32 in chunks whatever the layer's dtype: A_log's gradient, a sum over every
-        # step with cancellation, differed by 6e-4 of its largest entry from ours also with the layer in float64
-        torch.testing.assert_close(got[2][name], grad, rtol=1e-3, atol=2e-3 * float(grad.abs().max()), msg=name)
+    check_drop_in(transformers, monkeypatch, layer, cfg, qwen,
+                  ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule"), scanweaver.gated_delta_rule)
 
 
 def test_kimi_linear_layer_takes_scanweaver_kda_as_its_fla_hooks(monkeypatch):
@@ -202,27 +208,5 @@ def test_kimi_linear_layer_takes_scanweaver_kda_as_its_fla_hooks(monkeypatch):
     with torch.no_grad():  # the layer leaves its gate's parameters to the model's initialisation
         layer.forget_gate.dt_bias.uniform_(-1.0, 1.0)
         layer.forget_gate.A_log.uniform_(-1.0, 0.5)
-    x = torch.randn(2, 37, 64)
-
-    def run():
-        """Serving (prefill, then decode steps with the layer's cache; no gradients) and training (the whole
-        sequence, every parameter's gradient)."""
-        with torch.no_grad():
-            cache = transformers.DynamicCache(config=cfg)
-            ys = [layer(x[:, :30], cache=cache)] + [layer(x[:, t: t + 1], cache=cache) for t in range(30, 37)]
-        layer.zero_grad()
-        full = layer(x)
-        full.square().sum().backward()
-        return torch.cat(ys, 1), full.detach(), {n: p.grad.clone() for n, p in layer.named_parameters()}
-
-    want = run()
-    monkeypatch.setattr(kimi, "chunk_kimi_delta_attention", scanweaver.kda)
-    monkeypatch.setattr(kimi, "recurrent_kimi_delta_attention", scanweaver.kda)
-    before = scanweaver.matrix.last
-    got = run()
-    ran = scanweaver.matrix.last
-    assert ran is not before and ran.part == "backward", "scanweaver.kda ran the layer's training step"
-    torch.testing.assert_close(got[0], want[0], rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(got[1], want[1], rtol=1e-4, atol=1e-5)
-    for name, grad in want[2].items():
-        torch.testing.assert_close(got[2][name], grad, rtol=1e-3, atol=2e-3 * float(grad.abs().max()), msg=name)
+    check_drop_in(transformers, monkeypatch, layer, cfg, kimi,
+                  ("chunk_kimi_delta_attention", "recurrent_kimi_delta_attention"), scanweaver.kda)
