@@ -45,3 +45,14 @@ def loop_reference(a, b, x, c=None, h0=None, reset=None, reverse=False):
             h = at * h + b[..., t] * x[..., t]
             y[..., t] = h if c is None else np.asarray(c, np.float64)[..., t] * h
     return y, h
+
+
+@pytest.fixture(scope="session")
+def cpu():
+    """The ``cpu`` backend (emitted C), or a skip naming why it is unavailable (no C compiler)."""
+    from scanweaver.runtime import get_backend
+
+    be = get_backend("cpu")
+    if not be.availability().ok:
+        pytest.skip(f"cpu backend unavailable: {be.availability().reason}")
+    return be

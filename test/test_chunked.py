@@ -17,18 +17,9 @@ import scanweaver
 from scanweaver import ScanInputError
 from scanweaver.fused import REGISTRY as FUSED
 from scanweaver.fused.matrix_state import MatrixStateFeatures
-from scanweaver.runtime import get_backend
 
 OP = FUSED.get("matrix_state")
 KINDS = ("decay", "growth", "mixed", "reset", "tiny_huge")
-
-
-@pytest.fixture(scope="module")
-def cpu():
-    be = get_backend("cpu")
-    if not be.availability().ok:
-        pytest.skip(f"cpu backend unavailable: {be.availability().reason}")
-    return be
 
 
 def log_decays(rng, kind: str, shape) -> np.ndarray:

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 from scanweaver.fused.matrix_state import MatrixStateFeatures
-from scanweaver.runtime import get_backend
 from test_chunked import fused, loop_of, operands
 
 CASES = {
@@ -26,14 +25,6 @@ CASES = {
                                                      has_seqlens=True, has_dhlast=True), [11, 12], 4, 2),
     "none-after": (MatrixStateFeatures("float64", 5, 6, "none", "after", has_h0=True, has_dhlast=True), None, 2, 2),
 }
-
-
-@pytest.fixture(scope="module")
-def cpu():
-    be = get_backend("cpu")
-    if not be.availability().ok:
-        pytest.skip(f"cpu backend unavailable: {be.availability().reason}")
-    return be
 
 
 def objective(f, a, do, dh) -> float:

@@ -7,7 +7,8 @@ DeltaNet, Gated DeltaNet and KDA (the ``delta`` form); RWKV-7's backward stays r
 Cases: chunks of 16, 32 and 64 steps with T = 1, chunk - 1, chunk + 1 and 2 chunk + 3; log decays mixing tiny
 (-1e-4), huge (-1e4) and exact resets (-inf); grouped value heads (Hq < H); the in-kernel L2 normalisation; h0 and
 dhlast, and the final state's gradient alone; packed sequences with an empty one; a positive log decay (the lane
-runs the recurrence); float32, float64 and bfloat16 storage; beta through the public operations' sigmoid.
+runs the recurrence); float32, float64, bfloat16 and float16 storage; chunk-boundary states past the
+memory budget (checkpointed, recomputed per segment); beta through the public operations' sigmoid.
 """
 
 from __future__ import annotations
@@ -26,14 +27,6 @@ OP = FUSED.get("delta_rule")
 FAMILIES = ("deltanet", "gated", "kda")
 #: Gradient name -> the differentiable input it belongs to.
 INPUTS = {"dq": "q", "dk": "k", "dv": "v", "dg": "g", "dbeta": "beta", "dh0": "h0"}
-
-
-@pytest.fixture(scope="module")
-def cpu():
-    be = get_backend("cpu")
-    if not be.availability().ok:
-        pytest.skip(f"cpu backend unavailable: {be.availability().reason}")
-    return be
 
 
 def backward(be, f, a, sizes, do, **tunables):
@@ -136,14 +129,29 @@ def test_float32_gradients(cpu, family):
     close(got, {n: rec[n].astype(np.float64) for n in want}, 2e-5, "vs recurrent float32")
 
 
-def test_bfloat16_storage_accumulates_in_float32(cpu):
+@pytest.mark.parametrize("dtype,eps", [("bfloat16", 2.0 ** -8), ("float16", 2.0 ** -11)])
+def test_half_storage_accumulates_in_float32(cpu, dtype, eps):
     rng = np.random.default_rng(14)
-    f, a, sizes = problem(rng, "kda", batch=1, T=40, H=2, K=16, V=24, dtype="bfloat16", dhlast=True)
+    f, a, sizes = problem(rng, "kda", batch=1, T=40, H=2, K=16, V=24, dtype=dtype, dhlast=True)
     do = rng.normal(size=a["v"].shape).astype(a["v"].dtype)
     got = backward(cpu, f, a, sizes, do, algorithm="chunked", chunk=16)
     want = autograd(a, do, False)
-    assert got["dq"].dtype.name == "bfloat16" and got["dh0"].dtype == np.float32
-    close(got, want, 2 * 2.0 ** -7, "vs float64 autograd")  # the gradients rounded to bfloat16 once
+    assert got["dq"].dtype.name == dtype and got["dh0"].dtype == np.float32
+    close(got, want, 4 * eps, "vs float64 autograd")  # the gradients rounded to the storage type once
+
+
+def test_chunk_states_past_the_memory_budget_are_checkpointed_and_recomputed(cpu):
+    """520 chunks of 128 x 128 float64 states (65 MiB) pass the 64 MiB a thread keeps: the backward keeps every
+    second chunk-boundary state and recomputes the others per segment, and its gradients equal the recurrent
+    backward's."""
+    rng = np.random.default_rng(21)
+    T = 16 * 520
+    f, a, sizes = problem(rng, "gated", batch=1, T=T, H=1, Hq=1, K=128, V=128, l2norm=True, dhlast=True,
+                          lo=-0.5, hi=-1e-4)
+    do = rng.normal(size=a["v"].shape)
+    rec = backward(cpu, f, a, sizes, do, algorithm="recurrent")
+    got = backward(cpu, f, a, sizes, do, algorithm="chunked", chunk=16)
+    close(got, rec, 1e-10, "checkpointed chunks vs recurrent")
 
 
 @pytest.mark.parametrize("family", FAMILIES)

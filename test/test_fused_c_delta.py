@@ -21,17 +21,8 @@ from delta_family import FAMILIES, inputs_of, loop, problem
 from scanweaver.errors import ScanInputError
 from scanweaver.fused import REGISTRY as FUSED
 from scanweaver.fused.delta_rule import backward_reference, forward_reference
-from scanweaver.runtime import get_backend
 
 OP = FUSED.get("delta_rule")
-
-
-@pytest.fixture(scope="module")
-def cpu():
-    be = get_backend("cpu")
-    if not be.availability().ok:
-        pytest.skip(f"cpu backend unavailable: {be.availability().reason}")
-    return be
 
 
 def run(be, f, a, sizes, part="forward", do=None, **tunables):

@@ -17,17 +17,8 @@ import pytest
 from scanweaver.errors import ScanInputError
 from scanweaver.fused import REGISTRY as FUSED
 from scanweaver.fused.matrix_state import MatrixStateFeatures, backward_reference, forward_reference
-from scanweaver.runtime import get_backend
 
 OP = FUSED.get("matrix_state")
-
-
-@pytest.fixture(scope="module")
-def cpu():
-    be = get_backend("cpu")
-    if not be.availability().ok:
-        pytest.skip(f"cpu backend unavailable: {be.availability().reason}")
-    return be
 
 
 def problem(rng, f: MatrixStateFeatures, B, T, H, Hq, lo=-2.0, hi=-0.01, seqlens=None):
