@@ -14,7 +14,7 @@ import pytest
 from scanweaver.fused import REGISTRY as FUSED
 from scanweaver.fused.matrix_state import MatrixStateFeatures
 from scanweaver.targets.fused import kernel_for
-from test_chunked import cpu, fused, loop_of, operands  # noqa: F401  (cpu: the fixture)
+from test_chunked import fused, loop_of, operands
 
 OP = FUSED.get("matrix_state")
 GCC, QEMU = shutil.which("aarch64-linux-gnu-gcc"), shutil.which("qemu-aarch64")
