@@ -131,10 +131,12 @@ NVCC = shutil.which("nvcc")
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH (CUDA toolkit not installed)")
 @pytest.mark.parametrize("family", ["deltanet", "gated", "kda"])
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_cuda_backward_compiles_for_sm90_without_spills_at_k_v_128(tmp_path, family, dtype):
+def test_cuda_backward_compiles_for_sm90_without_spills_at_k_v_128(tmp_path, family):
+    """ptxas (CUDA 13) reported: values 47 to 80 registers, keys 108 to 128 (512 work-items: 8 x 16 columns
+    per row, 1024 spilled), qk 56 to 64, deltas as the forward; float64 (not compiled here, 256 work-items in
+    keys) 254 to 255 registers in keys, no spills."""
     gate, form = FAMILIES[family]
-    f = DeltaRuleFeatures(dtype, 128, 128, True, True, True, gate, form, family != "deltanet")
+    f = DeltaRuleFeatures("float32", 128, 128, True, True, True, gate, form, family != "deltanet")
     sizes = {"batch": 1, "T": 4096, "H": 16, "Hq": 4, "nseq": 1}
     cfg = OP.resolve("gpu", {}, kernel_for("cuda", OP.name).defaults(f, sizes), "test")
     source = kernel_for("cuda", OP.name).render(TARGETS.get("cuda")(), OP.call("backward", f, cfg))
