@@ -12,7 +12,9 @@ import subprocess
 
 import numpy as np
 import pytest
-from delta_family import FAMILIES, inputs_of, problem, torch_loop
+
+import scanweaver
+from delta_family import FAMILIES, PUBLIC, call_public, inputs_of, problem, torch_loop
 
 from scanweaver.fused import REGISTRY as FUSED
 from scanweaver.fused.delta_rule import DeltaRuleFeatures, backward_reference
@@ -115,6 +117,27 @@ def test_opencl_float32_gradients(family):
                               **{n: np.asarray(x, np.float64) for n, x in inputs_of(a).items()}, l2norm=True,
                               do=np.asarray(do, np.float64), dhlast=np.asarray(a["dhlast"], np.float64))
     close(got, {n: w for n, w in want.items() if w is not None and OP.enabled(n, f)}, 2e-5, "vs float64")
+
+
+@pytest.mark.parametrize("op", ["gated_delta_rule", "kda"])
+def test_public_gradients_run_the_opencl_backward(op):
+    """The PyTorch entry points with ``backend="opencl"`` run both parts there (no fallback): every gradient equals
+    autograd of the loop, with a scale, the L2 norm and q/k heads shared by two value heads."""
+    opencl()
+    torch = pytest.importorskip("torch")
+    swt = pytest.importorskip("scanweaver.torch")
+    rng = np.random.default_rng(5)
+    _, a, _ = problem(rng, PUBLIC[op], batch=2, T=7, H=4, Hq=2, K=6, V=5, l2norm=True)
+    w_o, w_h = rng.normal(size=(2, 7, 4, 5)), rng.normal(size=(2, 4, 6, 5))
+    leaves = {n: {m: torch.tensor(x, requires_grad=True) for m, x in a.items()} for n in ("want", "got")}
+    o, h = torch_loop(PUBLIC[op], leaves["want"], 0.8, True)
+    ((o * torch.tensor(w_o)).sum() + (h * torch.tensor(w_h)).sum()).backward()
+    o, h = call_public(swt.__dict__[op], op, leaves["got"], 0.8, True, backend="opencl")
+    ((o * torch.tensor(w_o)).sum() + (h * torch.tensor(w_h)).sum()).backward()
+    ran = scanweaver.matrix.last
+    assert (ran.part, ran.backend, ran.fallback) == ("backward", "opencl", ""), ran
+    for n, leaf in leaves["got"].items():
+        np.testing.assert_allclose(leaf.grad.numpy(), leaves["want"][n].grad.numpy(), rtol=0, atol=1e-11, err_msg=n)
 
 
 def test_the_gpu_backward_is_chosen_for_every_delta_form_and_names_rwkv7():
