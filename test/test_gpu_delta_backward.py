@@ -74,7 +74,9 @@ def close(got, want, tol, what):
 
 #: (family, problem() keywords, config): K split over 1 to 4 work-items in the values kernel and the columns over
 #: 1 to 4 in the keys kernel (rows and columns past K and V on the last one), V over several workgroups, tiles
-#: that do not divide the lengths, packed sequences with an empty one, q/k heads shared by 2 or 3 value heads.
+#: that do not divide the lengths, packed sequences with an empty one, q/k heads shared by 2 or 3 value heads; K x
+#: key_split over 512 (the keys kernel's columns over 16 work-items, slices past V idle, one row per work-item in
+#: the values kernel).
 CASES = [("deltanet", {"seqlens": [5, 0, 9, 1], "Hq": 1, "H": 2, "K": 5, "V": 19, "l2norm": True},
           {"workgroup_size": 8, "time_tile": 4, "key_split": 2}),
          ("gated", {"seqlens": [5, 0, 9, 1], "Hq": 1, "H": 2, "K": 16, "V": 12, "l2norm": True},
@@ -83,7 +85,9 @@ CASES = [("deltanet", {"seqlens": [5, 0, 9, 1], "Hq": 1, "H": 2, "K": 5, "V": 19
          ("kda", {"T": 11, "batch": 2, "Hq": 1, "H": 3, "K": 7, "V": 9, "l2norm": True},
           {"workgroup_size": 8, "time_tile": 4, "key_split": 4}),
          ("kda", {"seqlens": [6, 0, 13], "Hq": 1, "H": 2, "K": 12, "V": 10, "l2norm": True},
-          {"workgroup_size": 8, "time_tile": 5, "key_split": 2})]
+          {"workgroup_size": 8, "time_tile": 5, "key_split": 2}),
+         ("gated", {"T": 9, "batch": 1, "Hq": 1, "H": 2, "K": 24, "V": 24, "l2norm": True},
+          {"workgroup_size": 8, "time_tile": 4, "key_split": 32})]
 
 
 @pytest.mark.parametrize("family,kw,config", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
