@@ -9,19 +9,20 @@ partial dq, dk (and, gate ``scalar``, the per-row dg) ``(batch, T, H, K)``.
 column j of G = dL/dS, its K rows split over ``key_split`` work-items joined by a local sum) runs in reverse
 ``G += q_t do_t[j]``, ``du_t[j] = G . k_t``, ``G <- D_t (G - beta_t k_t du_t[j])``, writing dv, du and dh0.
 *keys* (one workgroup per (sequence, value head), work-item = row i and one of ``key_split`` slices of the
-columns, rows summed in local memory; fewer slices where K x key_split would pass 1024) runs forward from h0,
-rebuilding S's row i with ``u = beta r`` and writing ``dq_t[i] = S_t[i] . do_t`` and ``A_t[i] = S'_t[i] .
-du_t``, then in reverse carries G's row i for ``B_t[i] = G_t[i] . u_t``: ``dk_t[i] = B - beta A`` and
+columns, rows summed in local memory; fewer slices where K x key_split would pass
+:data:`~.fused_gpu_delta_rule.ROW_ITEMS`) runs forward from h0, rebuilding S's row i with ``u = beta r`` and
+writing ``dq_t[i] = S_t[i] . do_t`` and ``A_t[i] = S'_t[i] . du_t``, then in reverse carries G's row i (G_t
+with q_t do_t^T added) for ``B_t[i] = G_t[i] . u_t``: ``dk_t[i] = B - beta A`` and
 
     dg_t[i] = rows(G'_t o S'_t)[i] = X_{t+1}[i] + q_t[i] dq_t[i] - k_t[i] B - beta_t k_t[i] A
 
-with ``X_{t+1}[i] = rows(G_t^- o S_t)[i]`` (G_t^- = D_{t+1} G'_{t+1}, so X_{t+1} = dg_{t+1}; at the end
-``dhlast[i] . S_last[i]``): no state is ever run backwards, so a decay of 0 (g = -inf, or an exponent that
-underflows) is exact, and its dg is 0 as written.  *qk* (one work-item per (step, q/k head)) sums the group's
-dq and dk, passes them back through the L2 normalisation (``dx = (dy - y (y . dy)) / sqrt(|x|^2 + 1e-6)``)
-and writes dbeta (``du . r``) and the scalar gate's dg (the sum of the rows).  Every output element has one
-writer: no atomics.  A work-item keeps K / key_split rows (values) or V / key_split columns (keys) in
-registers.
+since S_t = S'_t + k_t u_t^T and G'_t = G_t - beta_t k_t du_t^T, with ``X_{t+1}[i] = rows(D_{t+1} G'_{t+1} o
+S_t)[i] = dg_{t+1}[i]`` (``dhlast[i] . S_last[i]`` at the end): no state is ever run backwards, so a decay of 0
+(g = -inf, or an exponent that underflows) is exact, and its dg is 0 as written.  *qk* (one work-item per
+(step, q/k head)) sums the group's dq and dk, passes them back through the L2 normalisation (``dx = (dy - y
+(y . dy)) / sqrt(|x|^2 + 1e-6)``) and writes dbeta (``du . r``) and the scalar gate's dg (the sum of the
+rows).  Every output element has one writer: no atomics.  A work-item keeps K / key_split rows (values) or V /
+(its slices) columns (keys) in registers.
 """
 
 from __future__ import annotations
