@@ -1,77 +1,155 @@
-"""GPU text of the DeltaNet backward (gate none, form delta, q/k heads = value heads), for :mod:`.fused_gpu_delta_rule`.
+"""GPU text of the ``delta`` form's backward (every gate, ``l2norm``, q/k heads shared by value heads), for
+:mod:`.fused_gpu_delta_rule`.
 
-Three kernels and ``2 * batch * T * H * V`` values of scratch ``ws`` (the plan's):
-*deltas* (the forward's sweep) writes ``r_t = v_t - S_{t-1}^T k_t``; *values*
-(one work-item per state column, in reverse) carries G's column j through
-``G <- G + q_t do_t[j]``, ``du_t[j] = G . k_t``, ``G <- G - beta_t k_t
-du_t[j]``, writing dv, du (to ``ws``) and dh0; *keys* (one workgroup per
-(sequence, head), work-item i = row i) rebuilds row i of S from the stored
-deltas (``S[i] += k_t[i] u_t``, forward for dq, then subtracted in reverse: no
-checkpoints, a rounding error that grows linearly in T, never exponentially),
-carries row i of G, and writes ``dq_t[i] = S_t[i] . do_t``, ``dk_t[i] = G'_t[i]
-. u_t - beta_t S_{t-1}[i] . du_t`` and (work-item 0) ``dbeta_t = du_t . r_t``.
-Every output element has one writer: no atomics.  The values and keys kernels
-keep a column (K values) or two rows (2 V values) per work-item in registers.
+Four kernels (the recurrences of :mod:`scanweaver.fused.delta_rule`, with S'_t = D_t S_{t-1}, q and k the
+normalised ones) and the plan's scratch ``ws``: r and du ``(batch, T, H, V)``, then per value head the
+partial dq, dk (and, gate ``scalar``, the per-row dg) ``(batch, T, H, K)``.
+
+*deltas* (the forward's sweep) writes ``r_t = v_t - S'^T_t k_t``.  *values* (the forward's workgroups:
+column j of G = dL/dS, its K rows split over ``key_split`` work-items joined by a local sum) runs in reverse
+``G += q_t do_t[j]``, ``du_t[j] = G . k_t``, ``G <- D_t (G - beta_t k_t du_t[j])``, writing dv, du and dh0.
+*keys* (one workgroup per (sequence, value head), work-item = row i and one of ``key_split`` slices of the
+columns, rows summed in local memory; fewer slices where K x key_split would pass
+:data:`~.fused_gpu_delta_rule.ROW_ITEMS`) runs forward from h0, rebuilding S's row i with ``u = beta r`` and
+writing ``dq_t[i] = S_t[i] . do_t`` and ``A_t[i] = S'_t[i] . du_t``, then in reverse carries G's row i (G_t
+with q_t do_t^T added) for ``B_t[i] = G_t[i] . u_t``: ``dk_t[i] = B - beta A`` and
+
+    dg_t[i] = rows(G'_t o S'_t)[i] = X_{t+1}[i] + q_t[i] dq_t[i] - k_t[i] B - beta_t k_t[i] A
+
+since S_t = S'_t + k_t u_t^T and G'_t = G_t - beta_t k_t du_t^T, with ``X_{t+1}[i] = rows(D_{t+1} G'_{t+1} o
+S_t)[i] = dg_{t+1}[i]`` (``dhlast[i] . S_last[i]`` at the end): no state is ever run backwards, so a decay of 0
+(g = -inf, or an exponent that underflows) is exact, and its dg is 0 as written.  *qk* (one work-item per
+(step, q/k head)) sums the group's dq and dk, passes them back through the L2 normalisation (``dx = (dy - y
+(y . dy)) / sqrt(|x|^2 + 1e-6)``) and writes dbeta (``du . r``) and the scalar gate's dg (the sum of the
+rows).  Every output element has one writer: no atomics.  A work-item keeps K / key_split rows (values) or V /
+(its slices) columns (keys) in registers.
 """
 
 from __future__ import annotations
 
-#: Macros of the column and row work-items of the backward (after the forward's prelude).
+#: Macros of the backward's kernels (after the forward's prelude).
 MACROS = r"""
-/* the column work-item: its sequence, head and state column j (element (i, j) at st + i * SW_V) */
-#define SW_COLUMN() \
-  const int lid = SW_LID; \
-  const sw_index grp = SW_GROUP, vt = grp % SW_NVT, seq = grp / SW_NVT / H, h = grp / SW_NVT % H; \
-  const sw_index j = vt * SW_WG + lid; \
-  const int live = j < SW_V; \
-  SW_SEGMENT(seq); \
-  const sw_index st = (seq * H + h) * SW_K * SW_V + j
-/* q, k and beta of the n steps from s0 into local memory */
-#define SW_STAGE(s0, n) do { \
-  for (int e = lid; e < (n) * SW_K; e += SW_WG) { \
-    const sw_index t_ = start + (s0) + e / SW_K; \
-    sq[e] = q[SW_QK(t_) + e % SW_K]; \
-    sk[e] = k[SW_QK(t_) + e % SW_K]; \
-  } \
-  for (int e = lid; e < (n); e += SW_WG) sb[e] = beta[SW_BT(start + (s0) + e)]; \
+#define SW_VC ((SW_V + SW_CS - 1) / SW_CS)
+#define SW_RITEMS (SW_K * SW_CS)
+#define SW_BD_LEN (SW_GATE == 2 ? SW_TT * SW_K : SW_TT)
+#define SW_BTHV (batch * T * H * SW_V)
+#define SW_BTHK (batch * T * H * SW_K)
+/* 1 / |x| (fla's epsilon) of the NI = K q or k values at x, as the forward stages them */
+#define SW_RNORM(x, out) do { \
+  SW_T n_ = (SW_T)0; \
+  for (int i_ = 0; i_ < SW_K; ++i_) n_ += (x)[i_] * (x)[i_]; \
+  (out) = (SW_T)1 / @SQRT@(n_ + (SW_T)1e-6); \
 } while (0)
+/* beta and the q and k norms of the n steps from s0 (work-items lid of NI) */
+#define SW_STAGE_B(s0, n, NI) do { \
+  for (int e = lid; e < (n); e += (NI)) { \
+    const sw_index t_ = start + (s0) + e; \
+    sb[e] = beta[SW_BT(t_)]; \
+    if (SW_L2) { SW_RNORM(q + SW_QK(t_), sn[2 * e]); SW_RNORM(k + SW_QK(t_), sn[2 * e + 1]); } \
+  } \
+} while (0)
+/* q, k (normalised), the decays and beta of the n steps from s0 */
+#define SW_STAGE_QK(s0, n, NI) do { \
+  SW_STAGE_B(s0, n, NI); \
+  if (SW_GATE == 1) for (int e = lid; e < (n); e += (NI)) sd[e] = @EXP@(g[SW_BT(start + (s0) + e)]); \
+  SW_BARRIER(); \
+  for (int e = lid; e < (n) * SW_K; e += (NI)) { \
+    const sw_index t_ = start + (s0) + e / SW_K; \
+    const int i_ = e % SW_K; \
+    sq[e] = q[SW_QK(t_) + i_]; \
+    sk[e] = k[SW_QK(t_) + i_]; \
+    if (SW_L2) { sq[e] *= sn[2 * (e / SW_K)]; sk[e] *= sn[2 * (e / SW_K) + 1]; } \
+    if (SW_GATE == 2) sd[e] = @EXP@(g[SW_HK(t_) + i_]); \
+  } \
+} while (0)
+/* sums over the SW_CS work-items of row i (local memory; every work-item gets the same sum) */
+#if SW_CS > 1
+#define SW_RSUM2(x, y) do { \
+  red[lid] = (x); red[SW_RITEMS + lid] = (y); \
+  SW_BARRIER(); \
+  (x) = (SW_T)0; (y) = (SW_T)0; \
+  for (int c_ = 0; c_ < SW_CS; ++c_) { (x) += red[c_ * SW_K + i]; (y) += red[SW_RITEMS + c_ * SW_K + i]; } \
+  SW_BARRIER(); \
+} while (0)
+#else
+#define SW_RSUM2(x, y) ((void)0)
+#endif
+/* the keys kernel's tile: u = beta r, do and du of the n steps from s0, beta and the norms */
+#define SW_STAGE_ROWS(s0, n) do { \
+  SW_STAGE_B(s0, n, SW_RITEMS); \
+  for (int e = lid; e < (n) * SW_V; e += SW_RITEMS) { \
+    const sw_index t_ = start + (s0) + e / SW_V; \
+    su[e] = beta[SW_BT(t_)] * wr[SW_VO(t_) + e % SW_V]; \
+    sdo[e] = do_[SW_VO(t_) + e % SW_V]; \
+    sdu[e] = wdu[SW_VO(t_) + e % SW_V]; \
+  } \
+} while (0)
+/* q_t[i], k_t[i] (normalised) and the decay of row i at step t, staged step tt */
+#define SW_ROW_STEP(t, tt) \
+  const SW_T qi = q[SW_QK(t) + i] * (SW_L2 ? sn[2 * (tt)] : (SW_T)1); \
+  const SW_T ki = k[SW_QK(t) + i] * (SW_L2 ? sn[2 * (tt) + 1] : (SW_T)1); \
+  const SW_T di = SW_GATE == 2 ? @EXP@(g[SW_HK(t) + i]) : SW_GATE == 1 ? @EXP@(g[SW_BT(t)]) : (SW_T)1; \
+  const SW_T bt = sb[tt]
 """
 
 BACKWARD = r"""
-SW_KERNEL void sw_delta_rule_bwd_values(@PARAMS@, SW_GLOBAL SW_T* restrict ws) {
+SW_KERNEL_DR void sw_delta_rule_bwd_values(@PARAMS@, SW_GLOBAL SW_T* restrict ws) {
   SW_LOCAL SW_T sq[SW_TT * SW_K];
   SW_LOCAL SW_T sk[SW_TT * SW_K];
+  SW_LOCAL SW_T sd[SW_BD_LEN];
   SW_LOCAL SW_T sb[SW_TT];
-  SW_COLUMN();
-  SW_GLOBAL SW_T* wdu = ws + batch * T * H * SW_V;
-  SW_T G[SW_K];
+  SW_LOCAL SW_T sn[2 * SW_TT];
+  SW_LOCAL SW_T red[2 * SW_ITEMS];
+  const int lid = SW_LID, c = lid % SW_WG, r = lid / SW_WG;
+  const sw_index grp = SW_GROUP, vt = grp % SW_NVT, seq = grp / SW_NVT / H, h = grp / SW_NVT % H;
+  const sw_index j = vt * SW_WG + c;
+  const int live = j < SW_V;
+  SW_SEGMENT(seq);
+  const sw_index st = (seq * H + h) * SW_K * SW_V + j; /* element (i, j) of G at st + i * SW_V */
+  SW_GLOBAL SW_T* wdu = ws + SW_BTHV;
+  SW_T G[SW_KR];
 #pragma unroll
-  for (int i = 0; i < SW_K; ++i) G[i] = (SW_HAS_DHLAST && live) ? dhlast[st + i * SW_V] : (SW_T)0;
-  for (sw_index c = (len + SW_TT - 1) / SW_TT - 1; c >= 0; --c) {
-    const sw_index s0 = c * SW_TT;
+  for (int ii = 0; ii < SW_KR; ++ii) {
+    const int i = r * SW_KR + ii;
+    G[ii] = (SW_HAS_DHLAST && live && i < SW_K) ? dhlast[st + i * SW_V] : (SW_T)0;
+  }
+  (void)red, (void)sn, (void)sd;
+  for (sw_index ct = (len + SW_TT - 1) / SW_TT - 1; ct >= 0; --ct) {
+    const sw_index s0 = ct * SW_TT;
     const int n = SW_TILE_LEN(s0);
     SW_BARRIER();
-    SW_STAGE(s0, n);
+    SW_STAGE_QK(s0, n, SW_ITEMS);
     SW_BARRIER();
-    if (!live) continue;
     for (int tt = n - 1; tt >= 0; --tt) {
       const sw_index t = start + s0 + tt;
-      const SW_T dj = do_[SW_VO(t) + j];
-      SW_T du = (SW_T)0;
+      const SW_T dj = live ? do_[SW_VO(t) + j] : (SW_T)0, bt = sb[tt];
+      SW_T du = (SW_T)0, z = (SW_T)0;
 #pragma unroll
-      for (int i = 0; i < SW_K; ++i) {
-        G[i] += sq[tt * SW_K + i] * dj;
-        du += G[i] * sk[tt * SW_K + i];
+      for (int ii = 0; ii < SW_KR; ++ii) {
+        const int i = r * SW_KR + ii;
+        if (i < SW_K) {
+          G[ii] += sq[tt * SW_K + i] * dj;
+          du += G[ii] * sk[tt * SW_K + i];
+        }
       }
+      SW_SUM2(du, z);
 #pragma unroll
-      for (int i = 0; i < SW_K; ++i) G[i] -= sb[tt] * sk[tt * SW_K + i] * du;
-      dv[SW_VO(t) + j] = sb[tt] * du;
-      wdu[SW_VO(t) + j] = du;
+      for (int ii = 0; ii < SW_KR; ++ii) {
+        const int i = r * SW_KR + ii;
+        if (i < SW_K) G[ii] = SW_DK(tt, i) * (G[ii] - bt * sk[tt * SW_K + i] * du);
+      }
+      if (r == 0 && live) {
+        dv[SW_VO(t) + j] = bt * du;
+        wdu[SW_VO(t) + j] = du;
+      }
     }
   }
   if (SW_HAS_H0 && live) {
 #pragma unroll
-    for (int i = 0; i < SW_K; ++i) dh0[st + i * SW_V] = G[i];
+    for (int ii = 0; ii < SW_KR; ++ii) {
+      const int i = r * SW_KR + ii;
+      if (i < SW_K) dh0[st + i * SW_V] = G[ii];
+    }
   }
 }
 
@@ -79,72 +157,135 @@ SW_KERNEL_ROWS void sw_delta_rule_bwd_keys(@PARAMS@, SW_GLOBAL SW_T* restrict ws
   SW_LOCAL SW_T su[SW_TT * SW_V];
   SW_LOCAL SW_T sdo[SW_TT * SW_V];
   SW_LOCAL SW_T sdu[SW_TT * SW_V];
-  SW_LOCAL SW_T sr[SW_TT * SW_V];
-  const int i = SW_LID;
+  SW_LOCAL SW_T sb[SW_TT];
+  SW_LOCAL SW_T sn[2 * SW_TT];
+  SW_LOCAL SW_T red[2 * SW_RITEMS];
+  const int lid = SW_LID, i = lid % SW_K, cs = lid / SW_K;
   const sw_index grp = SW_GROUP, seq = grp / H, h = grp % H;
   SW_SEGMENT(seq);
   SW_GLOBAL const SW_T* wr = ws;
-  SW_GLOBAL const SW_T* wdu = ws + batch * T * H * SW_V;
-  const sw_index st = ((seq * H + h) * SW_K + i) * SW_V;
-  SW_T S[SW_V], G[SW_V];
+  SW_GLOBAL const SW_T* wdu = ws + SW_BTHV;
+  SW_GLOBAL SW_T* wq = ws + 2 * SW_BTHV;
+  SW_GLOBAL SW_T* wk = wq + SW_BTHK;
+  SW_GLOBAL SW_T* wg = wk + SW_BTHK;
+  const sw_index st = ((seq * H + h) * SW_K + i) * SW_V + cs * SW_VC; /* row i, this work-item's columns */
+  const int nc = SW_V - cs * SW_VC;
+  SW_T S[SW_VC];
 #pragma unroll
-  for (int j = 0; j < SW_V; ++j) S[j] = SW_HAS_H0 ? h0[st + j] : (SW_T)0;
-  /* 1. forward: S_t's row i from the deltas; dq */
+  for (int jj = 0; jj < SW_VC; ++jj) S[jj] = (SW_HAS_H0 && jj < nc) ? h0[st + jj] : (SW_T)0;
+  (void)red, (void)sn, (void)wg;
+  /* 1. forward: S_t's row i; dq_t[i] = S_t[i] . do_t, A_t[i] = S'_t[i] . du_t */
   for (sw_index s0 = 0; s0 < len; s0 += SW_TT) {
     const int n = SW_TILE_LEN(s0);
     SW_BARRIER();
-    for (int e = i; e < n * SW_V; e += SW_K) {
-      const sw_index t = start + s0 + e / SW_V;
-      su[e] = beta[SW_BT(t)] * wr[SW_VO(t) + e % SW_V];
-      sdo[e] = do_[SW_VO(t) + e % SW_V];
-    }
+    SW_STAGE_ROWS(s0, n);
     SW_BARRIER();
     for (int tt = 0; tt < n; ++tt) {
       const sw_index t = start + s0 + tt;
-      const SW_T ki = k[SW_QK(t) + i];
-      SW_T acc = (SW_T)0;
+      SW_ROW_STEP(t, tt);
+      const int o = tt * SW_V + cs * SW_VC;
+      SW_T dqi = (SW_T)0, ai = (SW_T)0;
+      (void)qi, (void)bt;
 #pragma unroll
-      for (int j = 0; j < SW_V; ++j) {
-        S[j] += ki * su[tt * SW_V + j];
-        acc += S[j] * sdo[tt * SW_V + j];
+      for (int jj = 0; jj < SW_VC; ++jj) {
+        if (jj < nc) {
+          const SW_T sp = di * S[jj];
+          ai += sp * sdu[o + jj];
+          S[jj] = sp + ki * su[o + jj];
+          dqi += S[jj] * sdo[o + jj];
+        }
       }
-      dq[SW_QK(t) + i] = acc;
+      SW_RSUM2(dqi, ai);
+      if (cs == 0) {
+        wq[SW_HK(t) + i] = dqi;
+        wk[SW_HK(t) + i] = ai;
+      }
     }
   }
-  /* 2. reverse: S_{t-1} = S_t - k_t u_t^T; G's row i; dk, dbeta */
+  /* X = rows(dhlast o S_last), then G's row i in reverse: dk_t[i] = B - beta A, dg_t[i] */
+  SW_T X = (SW_T)0, z = (SW_T)0;
 #pragma unroll
-  for (int j = 0; j < SW_V; ++j) G[j] = SW_HAS_DHLAST ? dhlast[st + j] : (SW_T)0;
-  for (sw_index c = (len + SW_TT - 1) / SW_TT - 1; c >= 0; --c) {
-    const sw_index s0 = c * SW_TT;
+  for (int jj = 0; jj < SW_VC; ++jj) {
+    const SW_T gl = (SW_HAS_DHLAST && jj < nc) ? dhlast[st + jj] : (SW_T)0;
+    X += gl * S[jj];
+    S[jj] = gl;
+  }
+  SW_RSUM2(X, z);
+  for (sw_index ct = (len + SW_TT - 1) / SW_TT - 1; ct >= 0; --ct) {
+    const sw_index s0 = ct * SW_TT;
     const int n = SW_TILE_LEN(s0);
     SW_BARRIER();
-    for (int e = i; e < n * SW_V; e += SW_K) {
-      const sw_index t = start + s0 + e / SW_V;
-      sr[e] = wr[SW_VO(t) + e % SW_V];
-      su[e] = beta[SW_BT(t)] * sr[e];
-      sdo[e] = do_[SW_VO(t) + e % SW_V];
-      sdu[e] = wdu[SW_VO(t) + e % SW_V];
-    }
+    SW_STAGE_ROWS(s0, n);
     SW_BARRIER();
     for (int tt = n - 1; tt >= 0; --tt) {
       const sw_index t = start + s0 + tt;
-      const SW_T qi = q[SW_QK(t) + i], ki = k[SW_QK(t) + i], bt = beta[SW_BT(t)];
-      SW_T gu = (SW_T)0, sdu_ = (SW_T)0;
+      SW_ROW_STEP(t, tt);
+      const int o = tt * SW_V + cs * SW_VC;
+      SW_T B = (SW_T)0, z2 = (SW_T)0;
 #pragma unroll
-      for (int j = 0; j < SW_V; ++j) {
-        const SW_T uj = su[tt * SW_V + j], duj = sdu[tt * SW_V + j];
-        G[j] += qi * sdo[tt * SW_V + j];
-        gu += G[j] * uj;
-        S[j] -= ki * uj;
-        sdu_ += S[j] * duj;
-        G[j] -= bt * ki * duj;
+      for (int jj = 0; jj < SW_VC; ++jj) {
+        if (jj < nc) {
+          const SW_T gv = S[jj] + qi * sdo[o + jj];
+          B += gv * su[o + jj];
+          S[jj] = di * (gv - bt * ki * sdu[o + jj]);
+        }
       }
-      dk[SW_QK(t) + i] = gu - bt * sdu_;
-      if (i == 0) {
-        SW_T db = (SW_T)0;
-        for (int j = 0; j < SW_V; ++j) db += sdu[tt * SW_V + j] * sr[tt * SW_V + j];
-        dbeta[SW_BT(t)] = db;
+      SW_RSUM2(B, z2);
+      if (cs == 0) {
+        const SW_T A = wk[SW_HK(t) + i];
+        wk[SW_HK(t) + i] = B - bt * A;
+        if (SW_GATE) {
+          const SW_T dgi = di == (SW_T)0 ? (SW_T)0 : X + qi * wq[SW_HK(t) + i] - ki * B - bt * ki * A;
+          X = dgi;
+          if (SW_GATE == 2) dg[SW_HK(t) + i] = dgi;
+          else wg[SW_HK(t) + i] = dgi;
+        }
       }
+    }
+  }
+}
+
+SW_KERNEL void sw_delta_rule_bwd_qk(@PARAMS@, SW_GLOBAL SW_T* restrict ws) {
+  const sw_index item = SW_GROUP * SW_WG + SW_LID;
+  if (item >= batch * T * Hq) return;
+  const sw_index tok = item / Hq, hq = item % Hq, grp = H / Hq;
+  SW_GLOBAL const SW_T* wr = ws;
+  SW_GLOBAL const SW_T* wdu = ws + SW_BTHV;
+  SW_GLOBAL const SW_T* wq = ws + 2 * SW_BTHV;
+  SW_GLOBAL const SW_T* wk = wq + SW_BTHK;
+  SW_GLOBAL const SW_T* wg = wk + SW_BTHK;
+  const sw_index xo = (tok * Hq + hq) * SW_K;
+  (void)wg;
+  /* dq (w = 0) and dk (w = 1): the group's sum, back through the normalisation */
+  for (int w = 0; w < 2; ++w) {
+    SW_GLOBAL const SW_T* x = (w ? k : q) + xo;
+    SW_GLOBAL const SW_T* part = (w ? wk : wq) + tok * H * SW_K;
+    SW_GLOBAL SW_T* out = (w ? dk : dq) + xo;
+    SW_T rn = (SW_T)1, dot = (SW_T)0;
+    if (SW_L2) {
+      SW_RNORM(x, rn);
+      for (int i = 0; i < SW_K; ++i) {
+        SW_T dy = (SW_T)0;
+        for (sw_index h = hq * grp; h < (hq + 1) * grp; ++h) dy += part[h * SW_K + i];
+        dot += x[i] * rn * dy;
+      }
+    }
+    for (int i = 0; i < SW_K; ++i) {
+      SW_T dy = (SW_T)0;
+      for (sw_index h = hq * grp; h < (hq + 1) * grp; ++h) dy += part[h * SW_K + i];
+      out[i] = SW_L2 ? rn * (dy - x[i] * rn * dot) : dy;
+    }
+  }
+  /* dbeta = du . r and the scalar gate's dg of the group's value heads */
+  for (sw_index h = hq * grp; h < (hq + 1) * grp; ++h) {
+    const sw_index bt = tok * H + h;
+    SW_T db = (SW_T)0;
+    for (int j = 0; j < SW_V; ++j) db += wdu[bt * SW_V + j] * wr[bt * SW_V + j];
+    dbeta[bt] = db;
+    if (SW_GATE == 1) {
+      SW_T s = (SW_T)0;
+      for (int i = 0; i < SW_K; ++i) s += wg[bt * SW_K + i];
+      dg[bt] = s;
     }
   }
 }

@@ -13,9 +13,11 @@ q, the update columns, the projections, the decays and beta of ``time_tile``
 steps (and the next one) are staged in local memory, normalised there when
 ``l2norm`` is on.
 
-The backward (:mod:`.delta_gpu_backward`) is DeltaNet's: gate ``none``, form
-``delta``, no ``l2norm``, q/k heads equal to value heads; its *deltas* kernel is
-this forward sweep writing ``r_t = v_t - p_t`` to the scratch.
+The backward (:mod:`.delta_gpu_backward`) is the ``delta`` form's (DeltaNet,
+Gated DeltaNet, KDA; every gate, ``l2norm``, q/k heads shared by value heads);
+its *deltas* kernel is this forward sweep writing ``r_t = v_t - p_t`` to the
+scratch.  RWKV-7's backward (form ``dplr``) is refused: it runs on the ``cpu``
+backend.
 
 Kernels (ABI of :meth:`~scanweaver.fused.delta_rule.DeltaRule.params`; ``do`` spelled ``do_``)::
 
@@ -29,7 +31,7 @@ from ..fused.delta_rule import GATES, DeltaRuleFeatures
 from .delta_gpu_backward import BACKWARD, MACROS
 from .fused import KERNELS, FusedKernel
 from .fused_gpu_mamba1 import params
-from .fused_gpu_matrix_state import LOCAL_BUDGET, MAX_K, columns_per_group
+from .fused_gpu_matrix_state import LOCAL_BUDGET, columns_per_group
 from .launch_limits import ITEMSIZE, SM90
 
 #: State rows a work-item keeps in registers by default (``key_split`` = K / this, rounded up to a power of two):
@@ -38,6 +40,10 @@ from .launch_limits import ITEMSIZE, SM90
 ROWS_PER_ITEM = 16
 #: Most work-items of one workgroup (CUDA's and most OpenCL devices' limit).
 MAX_ITEMS = 1024
+#: Most work-items of the backward's keys kernel (K rows x :func:`row_split` slices of the columns): ptxas (CUDA 13,
+#: sm_90, K = V = 128) spilled 4 to 12 bytes at 1024 in float32 (64 registers a work-item), none at 512 (108 to 128
+#: registers); in float64 12 to 32 bytes at 512, none at 256 (254 to 255 registers).
+ROW_ITEMS = {"float32": 512, "float64": 256}
 
 PRELUDE = r"""
 #define SW_WG SW_WORKGROUP_SIZE
@@ -110,6 +116,9 @@ PRELUDE = r"""
     } \
     SW_BARRIER(); \
   } \
+  /* a second barrier after the normalisation: without it PoCL 3.1 (LLVM 15) staged wrong projections for gate \
+   * none with key_split > 1 (the forward and the backward off by O(1) after the first tile) */ \
+  SW_BARRIER(); \
   if (!SW_DPLR) \
     for (int e = lid; e < (m) * SW_K; e += SW_ITEMS) sa[e] = SW_DK(e / SW_K, e % SW_K) * sx[e]; \
 } while (0)
@@ -197,7 +206,7 @@ def render(r, call) -> str:
     tunables = "\n".join(
         f"#ifndef {name}\n#define {name} {cfg[name]}\n#endif\n#define SW_{name.upper()} ({name})"
         for name in ("workgroup_size", "time_tile", "key_split"))
-    kernels = [f"#define SW_KERNEL_ROWS {r.kernel_prefix} {r.launch_bounds.format(n='SW_K')}".rstrip(),
+    kernels = [f"#define SW_KERNEL_ROWS {r.kernel_prefix} {r.launch_bounds.format(n='SW_RITEMS')}".rstrip(),
                f"#define SW_KERNEL_DR {r.kernel_prefix} {r.launch_bounds.format(n='SW_ITEMS')}".rstrip()]
     if call.part == "forward":
         body = COLUMNS.replace("@NAME@", "sw_delta_rule_forward").replace("@EXTRA@", "")
@@ -209,13 +218,13 @@ def render(r, call) -> str:
     defines = [f"#define SW_K {f.K}", f"#define SW_V {f.V}", f"#define SW_GATE {GATES.index(f.gate)}",
                f"#define SW_DPLR {int(f.form == 'dplr')}", f"#define SW_L2 {int(f.l2norm)}",
                f"#define SW_HAS_H0 {int(f.has_h0)}", f"#define SW_HAS_SEQLENS {int(f.has_seqlens)}",
-               f"#define SW_HAS_DHLAST {int(f.has_dhlast)}"]
-    prelude = PRELUDE.replace("@EXP@", r.math_fn("exp", f.state_dtype)).replace("@SQRT@",
-                                                                                  r.math_fn("sqrt", f.state_dtype))
+               f"#define SW_HAS_DHLAST {int(f.has_dhlast)}", f"#define SW_CS {row_split(f, cfg['key_split'])}"]
+    text = (PRELUDE + body.replace("@PARAMS@", params(r, call))).replace("@EXP@", r.math_fn("exp", f.state_dtype))
+    text = text.replace("@SQRT@", r.math_fn("sqrt", f.state_dtype))
     parts = [f"/* scanweaver {r.target} fused kernel: delta_rule {call.part}, {f.dtype}, K={f.K}, V={f.V}, "
              f"gate {f.gate}, form {f.form}, l2norm {int(f.l2norm)} */",
              r.preamble_for(f.state_dtype), f"#define SW_T {r.ctype(f.state_dtype)}", "\n".join(defines), tunables,
-             "\n".join(r.gpu_macros()), *kernels, prelude, body.replace("@PARAMS@", params(r, call))]
+             "\n".join(r.gpu_macros()), *kernels, text]
     return "\n".join(p for p in parts if p) + "\n"
 
 
@@ -225,36 +234,47 @@ def _check_dtype(call) -> None:
                              f"{call.features.dtype} (convert the operands to float32)")
 
 
+def row_split(features: DeltaRuleFeatures, key_split: int) -> int:
+    """Work-items per state row of the backward's keys kernel: ``key_split``, halved while the K rows' would pass
+    :data:`ROW_ITEMS`."""
+    split, most = key_split, ROW_ITEMS[features.state_dtype]
+    while split > 1 and features.K * split > most:
+        split //= 2
+    return split
+
+
 def local_bytes(part: str, features: DeltaRuleFeatures, config: dict) -> int:
     """Static local (shared) memory of the largest kernel of ``part``, in bytes (the kernels' declarations)."""
     f, tt, items = features, config["time_tile"], config["workgroup_size"] * config["key_split"]
     rows = (tt + 1) * f.K
     count = 3 * rows + (rows if f.form == "dplr" else 1) + (rows if f.gate == "key" else tt + 1) \
         + 3 * (tt + 1) + 2 * items
-    columns = count * ITEMSIZE[f.state_dtype]
+    size = ITEMSIZE[f.state_dtype]
     if part == "forward":
-        return columns
-    return max(columns, (2 * tt * f.K + tt) * ITEMSIZE[f.dtype], 4 * tt * f.V * ITEMSIZE[f.dtype])
+        return count * size
+    values = 2 * tt * f.K + (tt * f.K if f.gate == "key" else tt) + 3 * tt + 2 * items
+    keys = 3 * tt * f.V + 3 * tt + 2 * f.K * row_split(f, config["key_split"])
+    return max(count, values, keys) * size
 
 
 def plan(call, sizes: dict):
     """Forward: ``nseq * H * ceil(V / workgroup_size)`` workgroups of ``workgroup_size * key_split``; backward
-    (DeltaNet): deltas on that grid, values on the same workgroups of ``workgroup_size``, then keys on ``nseq *
-    H`` workgroups of K work-items, with ``2 * batch * T * H * V`` of ``ws``.
+    (form ``delta``): deltas and values on that grid, keys on ``nseq * H`` workgroups of ``K *``
+    :func:`row_split` work-items, qk on ``batch * T * Hq`` work-items in workgroups of ``workgroup_size``, with
+    ``2 * batch * T * H * V + (2 or 3) * batch * T * H * K`` of ``ws``.
 
     Raises:
-        ScanInputError: a dtype or feature these kernels do not run, too many work-items, K over the keys
-            kernel's limit, or local memory over a workgroup's 48 KiB.
+        ScanInputError: a dtype or form these kernels do not run, too many work-items, or local memory over
+            a workgroup's 48 KiB.
     """
     from .gpu import Launch, Plan
 
     f: DeltaRuleFeatures = call.features
     wg, tt, split = call.params["workgroup_size"], call.params["time_tile"], call.params["key_split"]
     _check_dtype(call)
-    if call.part == "backward" and (f.gate != "none" or f.form != "delta" or f.l2norm or sizes["Hq"] != sizes["H"]):
-        raise ScanInputError(f"delta_rule backward: the GPU kernels run DeltaNet's (gate none, form delta, no "
-                             f"l2norm, Hq = H); got gate {f.gate}, form {f.form}, l2norm {f.l2norm}, Hq = "
-                             f"{sizes['Hq']}, H = {sizes['H']}: use the cpu backend")
+    if call.part == "backward" and f.form != "delta":
+        raise ScanInputError(f"delta_rule backward: the GPU kernels run the delta form's (DeltaNet, Gated "
+                             f"DeltaNet, KDA); got form {f.form} (RWKV-7): use the cpu backend")
     if wg * split > MAX_ITEMS:
         raise ScanInputError(f"delta_rule {call.part}: workgroup_size={wg} x key_split={split} work-items exceed "
                              f"{MAX_ITEMS} per workgroup")
@@ -267,12 +287,14 @@ def plan(call, sizes: dict):
     columns = heads * -(-f.V // wg)
     if call.part == "forward":
         return Plan((Launch("sw_delta_rule_forward", columns, wg * split),))
-    if f.K > MAX_K:
-        raise ScanInputError(f"delta_rule backward: K={f.K} state rows exceed {MAX_K} work-items per workgroup")
-    ws = 2 * sizes["batch"] * sizes["T"] * sizes["H"] * f.V
+    if f.K > MAX_ITEMS:
+        raise ScanInputError(f"delta_rule backward: K={f.K} state rows exceed {MAX_ITEMS} work-items per workgroup")
+    tokens = sizes["batch"] * sizes["T"]
+    ws = tokens * sizes["H"] * (2 * f.V + (3 if f.gate == "scalar" else 2) * f.K)
     return Plan((Launch("sw_delta_rule_bwd_deltas", columns, wg * split),
-                 Launch("sw_delta_rule_bwd_values", columns, wg), Launch("sw_delta_rule_bwd_keys", heads, f.K)),
-                ws=ws)
+                 Launch("sw_delta_rule_bwd_values", columns, wg * split),
+                 Launch("sw_delta_rule_bwd_keys", heads, f.K * row_split(f, split)),
+                 Launch("sw_delta_rule_bwd_qk", -(-tokens * sizes["Hq"] // wg), wg)), ws=ws)
 
 
 def defaults(features: DeltaRuleFeatures, sizes: dict) -> dict[str, int]:
@@ -291,15 +313,15 @@ def defaults(features: DeltaRuleFeatures, sizes: dict) -> dict[str, int]:
 
 def fits(part: str, features: DeltaRuleFeatures, config: dict | None = None) -> str | None:
     """Why these kernels cannot run ``part`` with ``features``, else ``None`` (the runner's ``auto`` passes over
-    them then, and a backward falls back to a backend that runs it): half storage, and a backward other than
-    DeltaNet's (q/k heads that differ from the value heads are found from the sizes, by :func:`plan`)."""
+    them then, and a backward falls back to a backend that runs it): half storage, and RWKV-7's backward (form
+    ``dplr``)."""
     if features.dtype not in ("float32", "float64"):
         return (f"the GPU kernels store float32 or float64; the operands (q, k, v and the gates) are {features.dtype}: "
                 "convert them to float32, or use backend='cpu' or 'numpy' (which store float16 and bfloat16 as given) "
                 "or 'auto'")
-    if part == "backward" and (features.gate != "none" or features.form != "delta" or features.l2norm):
-        return (f"the GPU backward is DeltaNet's (gate none, form delta, no l2norm); got gate {features.gate}, "
-                f"form {features.form}, l2norm {features.l2norm}")
+    if part == "backward" and features.form != "delta":
+        return (f"the GPU backward runs the delta form's (DeltaNet, Gated DeltaNet, KDA); got form "
+                f"{features.form} (RWKV-7)")
     return None
 
 
