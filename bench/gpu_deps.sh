@@ -14,6 +14,11 @@ mkdir -p .deps/wheels .deps/sdist .deps/site
 python3 -m pip download -q --no-deps --only-binary=:all: -d .deps/wheels \
   "accelerated-scan==0.3.1" "fla-core==0.6.0" "flash-linear-attention==0.6.0" "packaging==24.2"
 for w in .deps/wheels/*.whl; do python3 -m zipfile -e "$w" .deps/site; done
+# scanweaver's own pure-Python requirements that a GPU machine may lack (platformdirs: the cache and tuned-store
+# locations), in .deps/needed: the session puts it on the path only where its Python cannot import them
+rm -rf .deps/needed && mkdir -p .deps/needed .deps/wheels_needed
+python3 -m pip download -q --no-deps --only-binary=:all: -d .deps/wheels_needed "platformdirs>=3"
+for w in .deps/wheels_needed/*.whl; do python3 -m zipfile -e "$w" .deps/needed; done
 # the sdist (its setup.py runs for metadata only: no CUDA build, no build isolation)
 MAMBA_SKIP_CUDA_BUILD=TRUE MAMBA_FORCE_BUILD=TRUE python3 -m pip download -q --no-deps --no-binary=:all: \
   --no-build-isolation -d .deps/sdist "mamba-ssm==$MAMBA"

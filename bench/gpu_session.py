@@ -1,12 +1,15 @@
 """One call on a GPU machine: everything GPU-only, in priority order, inside one deadline (``bench/gpu_session.sh``).
 
-Steps, each a subprocess with its own time budget (:data:`STEPS`); a step may
-use what earlier steps left unused, never what later ones need, so the
-whole session ends within ``--deadline`` (default 510 s: a 10-minute job limit
-with its installs, and a margin):
+Steps, each a subprocess with its own time budget (:data:`STEPS`), in priority
+order: a step gets its own budget first, and what earlier steps left unused
+when the later ones' budgets still fit; a deadline under the sum of the
+budgets cuts the last steps, never the first.  The whole session ends within
+``--deadline`` (default 510 s: a 10-minute job limit with its installs, and a
+margin):
 
 1. ``setup``: the device's name from the driver (``nvidia-smi``), the libraries' versions, wheels carried
-   in ``.whl/`` installed into a scratch directory, ``.deps/site`` (``bench/gpu_deps.sh``) put on the path;
+   in ``.whl/`` installed into a scratch directory, ``.deps/site`` (``bench/gpu_deps.sh``) put on the path, and
+   ``.deps/needed`` (scanweaver's own requirements) where this Python lacks them;
 2. ``tests``: the CUDA tests (device arrays and call plans, Mamba-1 and the matrix-state operations on CUDA
    tensors with host copies refused, launch limits);
 3. ``families``: every CUDA kernel family against its float64 host reference, forward and backward
@@ -41,6 +44,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import importlib.util
 import json
 import os
 import shutil
@@ -156,6 +160,11 @@ def setup(s: Session) -> None:
         paths.append(str(site))
     if (ROOT / ".deps" / "site").is_dir():
         paths.append(str(ROOT / ".deps" / "site"))
+    needed = ROOT / ".deps" / "needed"  # scanweaver's own requirements, where this Python lacks them
+    if needed.is_dir() and any(importlib.util.find_spec(p.name) is None for p in needed.iterdir()
+                               if p.is_dir() and not p.name.endswith(".dist-info")):
+        paths.append(str(needed))
+        note.append("scanweaver's requirements from .deps/needed")
     s.env["PYTHONPATH"] = os.pathsep.join(paths + ([s.env["PYTHONPATH"]] if s.env.get("PYTHONPATH") else []))
     sys.path[:0] = [str(ROOT / "bench"), *paths]
     from gpu_defaults import driver_name, file_name, match_of  # noqa: E402  (bench/ is on the path now)
@@ -180,7 +189,9 @@ def run_step(s: Session, step: Step, reserve: float, wanted: set[str]) -> bool:
     row = {"name": step.name, "budget_s": step.budget}
     s.summary["steps"].append(row)
     command = step.dry if s.dry else step.real
-    limit = int(min(s.left() - reserve, s.left()))
+    # priority order: a step gets its own budget first (the time past the later steps' budgets when there is
+    # more); later steps share what is left, so a deadline under the sum of the budgets cuts the last steps
+    limit = int(min(s.left(), max(step.budget, s.left() - reserve)))
     if step.name not in wanted:
         row.update(status="skipped", note="not asked for (--steps)")
     elif command is None:

@@ -103,3 +103,22 @@ def test_table_gives_ours_against_the_fastest_checked_peer():
             models.ModelResult("p3", "p3", "gla", "peer", (1,), "failed", reason="wrong", forward_ms=0.1)]
     table = models.markdown(rows)
     assert "| 1.50x, 2.00x |" in table and "failed: wrong" in table
+
+
+def test_mamba_ssm_files_load_one_after_another_without_the_package_init(tmp_path, monkeypatch):
+    """The scoreboard loads mamba-ssm's files (Mamba-1's reference, then Mamba-2's Triton scan) without its
+    ``__init__`` (which imports the CUDA extension); the second load once failed on the H200 with
+    ``mamba_ssm.__spec__ is None`` (the stand-in package had no spec), which skipped the Mamba-2 peer."""
+    import sys
+
+    pkg = tmp_path / "mamba_ssm"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("raise RuntimeError('the package __init__ ran')\n")
+    (pkg / "first.py").write_text("VALUE = 1\n")
+    (pkg / "second.py").write_text("import importlib.util\nSPEC = importlib.util.find_spec('mamba_ssm')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("mamba_ssm", "mamba_ssm.first", "mamba_ssm.second", "selective_scan_cuda"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    assert models.mamba_ssm_module("first").VALUE == 1
+    assert models.mamba_ssm_module("second").SPEC.submodule_search_locations == [str(pkg)]
+    assert models.mamba_ssm_module("first").VALUE == 1

@@ -76,3 +76,15 @@ def test_a_step_past_its_limit_is_cut_and_reported(tmp_path):
     assert steps["scoreboard"]["status"] == "timeout", steps["scoreboard"]
     assert steps["scoreboard"]["seconds"] <= steps["scoreboard"]["limit_s"] + 2
     assert elapsed < 6 + 10, f"the session took {elapsed:.0f} s past a 6 s deadline"
+
+
+def test_a_deadline_under_the_budgets_cuts_the_last_steps_not_the_first(tmp_path):
+    """80 s for the tests (60 s budget) and gpu_check (70 s): the tests, first in priority, get their budget
+    and run (they were skipped on an H200 when the deadline was under the sum of the budgets, the time
+    being kept for later steps); gpu_check gets what is left."""
+    proc, summary = session(tmp_path, "--deadline", "80", "--steps", "tests gpu_check")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    steps = {r["name"]: r for r in summary["steps"]}
+    assert steps["tests"]["status"] == "ok" and steps["tests"]["limit_s"] >= 60, steps["tests"]
+    assert steps["gpu_check"]["status"] in ("ok", "skipped"), steps["gpu_check"]
+    assert all(r.get("limit_s", 0) <= summary["deadline_s"] for r in summary["steps"])

@@ -55,14 +55,13 @@ TOLERANCE = 1e-2
 def mamba_ssm_module(name: str):
     """Module ``mamba_ssm.<name>`` loaded without the package's ``__init__`` (which imports its CUDA
     extension): the pure-Python and Triton files only; ``selective_scan_cuda`` is stubbed when absent."""
-    spec = importlib.util.find_spec("mamba_ssm")
-    if spec is None or not spec.submodule_search_locations:
-        raise ImportError("mamba_ssm is not importable (bench/gpu_deps.sh unpacks it into .deps/site)")
-    if "mamba_ssm" not in sys.modules or not hasattr(sys.modules["mamba_ssm"], "__path__"):
-        pkg = types.ModuleType("mamba_ssm")
-        pkg.__path__ = list(spec.submodule_search_locations)
-        sys.modules["mamba_ssm"] = pkg
-    if importlib.util.find_spec("selective_scan_cuda") is None:
+    if not hasattr(sys.modules.get("mamba_ssm"), "__path__"):
+        spec = importlib.util.find_spec("mamba_ssm")
+        if spec is None or not spec.submodule_search_locations:
+            raise ImportError("mamba_ssm is not importable (bench/gpu_deps.sh unpacks it into .deps/site)")
+        # the package object with its spec and path, its __init__ not run (a second call finds it as it is)
+        sys.modules["mamba_ssm"] = importlib.util.module_from_spec(spec)
+    if "selective_scan_cuda" not in sys.modules and importlib.util.find_spec("selective_scan_cuda") is None:
         sys.modules.setdefault("selective_scan_cuda", types.ModuleType("selective_scan_cuda"))
     return importlib.import_module(f"mamba_ssm.{name}")
 
