@@ -73,3 +73,20 @@ def test_a_device_file_steers_the_default_path_of_a_call(tmp_path, monkeypatch, 
         assert scanweaver.api.SELECTIVE_NO_C.last.source == "default"
     finally:
         devices._load.cache_clear()
+
+
+def test_the_shipped_h200_file_answers_for_an_h200_and_for_no_other_device():
+    """The file measured on an H200 (``bench/gpu_session.sh``'s defaults step): every entry is a valid
+    configuration of its schedule, and it steers the cuda backend's default on an H200 only."""
+    from scanweaver.passes.materialize_schedule import resolve_config
+
+    shipped = [d for d in devices._load((str(devices.SHIPPED),)) if d["match"] == "H200"]
+    assert len(shipped) == 1 and shipped[0]["backend"] == "cuda" and shipped[0]["entries"]
+    for e in shipped[0]["entries"]:
+        resolve_config(e["schedule"], dict(e["config"]), "device file")
+        assert e["roofline_fraction"] > 0.5, e  # each size class's best measured configuration
+    got = devices.lookup(backend="cuda", device="NVIDIA H200", dtype="float32", lanes=12288, L=4096)
+    assert got is not None and got[0] == "hybrid"
+    assert devices.lookup(backend="cuda", device="NVIDIA A100-SXM4-80GB", dtype="float32", lanes=12288,
+                          L=4096) is None
+    assert devices.lookup(backend="opencl", device="NVIDIA H200", dtype="float32", lanes=12288, L=4096) is None
