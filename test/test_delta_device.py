@@ -175,3 +175,17 @@ def test_plain_calls_keep_device_arrays_there_and_float16_says_where_it_ran(rng,
     np.testing.assert_allclose(o16._a, want_o, atol=2e-2)
     info = scanweaver.matrix.last
     assert info.backend != "cuda" and "float16" in info.fallback and "host copies" in info.fallback
+
+
+def test_decode_steps_compute_with_the_device_module(rng, replay):
+    """The one-token steps are array expressions in the operands' own module: device arrays stay there."""
+    N, H, HV, K, V = 2, 1, 2, 3, 4
+    S = rng.normal(size=(N, HV, K, V))
+    q, k = rng.normal(size=(2, N, H, K))
+    v, g, beta = rng.normal(size=(N, HV, V)), -rng.uniform(0.1, 1, (N, HV, K)), rng.uniform(0.1, 0.9, (N, HV))
+    o, S1 = scanweaver.kda_step(*(device(x) for x in (S, q, k, v, g, beta)), scale=0.5, use_qk_l2norm_in_kernel=True)
+    one = {"q": q[:, None], "k": k[:, None], "v": v[:, None], "g": g[:, None], "beta": beta[:, None], "h0": S}
+    want_o, want_S = loop("kda", one, scale=0.5, l2norm=True)
+    assert isinstance(o, DeviceArray) and isinstance(S1, DeviceArray)
+    np.testing.assert_allclose(o._a, want_o[:, 0], rtol=1e-12)
+    np.testing.assert_allclose(S1._a, want_S, rtol=1e-12)
