@@ -13,13 +13,13 @@ dtype).  :func:`options` turns a call's arguments (fla's, by name) into the
 pair's options, Python literals, refusing fla's arguments that have no meaning
 here when they are set.
 
-Where each part computes is :func:`scanweaver.calls.device.place`'s rule, as for
-the matrix-state pairs: CUDA tensors (CuPy views) and CuPy arrays stay on the
-device when the backend that runs the part is ``cuda`` (``auto`` picks it where
-it runs): checks, conversions, beta's sigmoid, the scale, the ``state_v_first``
-transposes and the gradients' chain rule run with CuPy, the fused kernels on
-the current stream; nothing is copied to the host and nothing waits.  Where the
-GPU kernels do not fit the call (RWKV-7's backward, float16 or bfloat16
+Where each part computes is :func:`scanweaver.calls.device.place`'s rule, as
+for the matrix-state pairs: CUDA tensors (CuPy views) and CuPy arrays stay on
+the device when the backend that runs the part is ``cuda`` (``auto`` picks it
+where it runs): checks, conversions, beta's sigmoid, the scale, the
+``state_v_first`` transposes and the gradients' chain rule run with CuPy, the
+fused kernels on the current stream; nothing is copied to the host and nothing
+waits.  Where the GPU kernels do not fit the call (RWKV-7's backward, float16
 storage), the part runs on the best backend whose kernels do, on host copies
 made once (the results copied back), and :data:`scanweaver.matrix.last` says so
 in its ``fallback``.
