@@ -1,18 +1,23 @@
 """Where a kernel pair's call computes: on the caller's device, or on host copies.
 
 Every kernel pair built on a fused operation (:mod:`scanweaver.calls.pairs`:
-``mamba1``, ``linear_attention``, ``rwkv6``, ``mamba2``) asks :func:`place`
-once per part with its inputs.  Device arrays (CuPy arrays, and so PyTorch
-CUDA tensors, which the PyTorch front end hands over as CuPy views) stay on
-the device when the backend that runs the part (``backend=``; ``auto``: the
-best available) takes them in place (``cuda``): the pair then computes with
-the device arrays' own array module (:attr:`Placement.xp`, CuPy): operand
-checks and conversions, the gates and their gradients around the kernels,
-the outputs allocated on the current stream, the kernels queued there;
-nothing is copied to the host and nothing waits.  Otherwise (NumPy inputs,
-or a backend that takes host arrays only) the pair computes with NumPy, and
-device inputs are copied to the host once and the results copied back
-(:meth:`Placement.host`, :meth:`Placement.results`).
+``mamba1``, ``linear_attention``, ``rwkv6``, ``mamba2``, ``delta_rule``,
+``gated_delta_rule``, ``kda``, ``rwkv7``) asks :func:`place` once per part with
+its inputs (and, where a rendering fits only some calls, the call's features).
+Device arrays (CuPy arrays, and so PyTorch CUDA tensors, which the PyTorch
+front end hands over as CuPy views) stay on the device when the backend that
+runs the part (``backend=``; ``auto``: the best available) takes them in place
+(``cuda``): the pair then computes with the device arrays' own array module
+(:attr:`Placement.xp`, CuPy): operand checks and conversions, the gates and
+their gradients around the kernels, the outputs allocated on the current
+stream, the kernels queued there; nothing is copied to the host and nothing
+waits.  Otherwise (NumPy inputs, or a backend that takes host arrays only) the
+pair computes with NumPy, and device inputs are copied to the host once and the
+results copied back (:meth:`Placement.host`, :meth:`Placement.results`).  Where
+device inputs go to the host because the backend that takes them in place has
+no rendering of the part that fits the call (RWKV-7's backward on ``cuda``),
+the copy is the fallback's, and the runner's report of the call says so
+(:attr:`FusedInfo.fallback <scanweaver.calls.runner.FusedInfo>`).
 
 Example:
     >>> import numpy as np
@@ -25,7 +30,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -45,12 +50,16 @@ class Placement:
             takes the device arrays (``auto`` resolved, so that the part runs where its arrays are).
         back: for a host computation on device inputs, the device module the results go back to.
         device: on the device, the arrays' device as a context manager (CuPy's ``Device``), else ``None``.
+        op: the fused operation.
+        copied: why device inputs went to the host although a backend takes them in place (``""`` when not).
     """
 
     xp: Any
     backend: str
     back: Any = None
     device: Any = None
+    op: str = ""
+    copied: str = ""
 
     def context(self) -> contextlib.AbstractContextManager:
         """Makes the arrays' device current while the pair computes (CuPy allocates and launches on the current
@@ -69,13 +78,17 @@ class Placement:
         return [self.back.asnumpy(v) if isinstance(v, self.back.ndarray) else v for v in values]
 
     def results(self, values: list) -> list:
-        """The computation's results as the caller gets them: as they are, or back on the device."""
+        """The computation's results as the caller gets them: as they are, or back on the device (and when the
+        copies were a fallback's, the runner's report of the call says why)."""
         if self.back is None:
             return list(values)
+        if self.copied and self.op in runner.last:
+            info = runner.last[self.op]
+            runner.record(replace(info, fallback="; ".join(w for w in (info.fallback, self.copied) if w)))
         return [None if v is None else self.back.asarray(v) for v in values]
 
 
-def place(values: list, op: str, part: str, backend: str, *, api: str) -> Placement:
+def place(values: list, op: str, part: str, backend: str, *, api: str, features: Any = None) -> Placement:
     """Where ``part`` of fused operation ``op`` computes for a call with array arguments ``values``.
 
     On the device when some value is a device array with an array module (:func:`~scanweaver.arrays.
@@ -89,18 +102,43 @@ def place(values: list, op: str, part: str, backend: str, *, api: str) -> Placem
         part: ``forward`` or ``backward``.
         backend: the caller's ``backend=``.
         api: the public call's name.
+        features: the fused operation's features of the call, where a rendering fits only some calls (the GPU
+            delta-rule backward runs no RWKV-7): the part then runs where a rendering fits them, as the runner
+            picks (``None``: any rendering of the part).
     """
     xp = device_module(values)
     if xp is None:
         return Placement(np, backend)
     first = next(v for v in values if v is not None and isinstance(v, xp.ndarray))
     dtypes = [np.dtype(v.dtype) for v in values if isinstance(v, xp.ndarray)]
+    dtype = np.dtype(getattr(features, "state_dtype", compute_dtype(dtypes)))
     try:
-        be = runner.backend_for(op, part, backend, compute_dtype(dtypes), api=api, fallback=part == "backward")
+        be = runner.backend_for(op, part, backend, dtype, api=api, features=features, fallback=part == "backward")
     except (BackendUnavailable, ScanInputError):
         be = None  # the host path raises the error that names what is missing
-    takes = getattr(be, "is_device_array", None)
-    if be is not None and takes is not None and takes(first):
+    if be is not None and _takes(be, first):
         device = getattr(first, "device", None)
-        return Placement(xp, be.name, device=device if hasattr(device, "__enter__") else None)
-    return Placement(np, backend, back=xp)
+        return Placement(xp, be.name, device=device if hasattr(device, "__enter__") else None, op=op)
+    return Placement(np, backend, back=xp, op=op, copied=_why_copied(op, part, backend, dtype, features, be, first))
+
+
+def _takes(be, value) -> bool:
+    """True when backend ``be`` takes device array ``value`` in place."""
+    takes = getattr(be, "is_device_array", None)
+    return takes is not None and bool(takes(value))
+
+
+def _why_copied(op: str, part: str, backend: str, dtype: np.dtype, features: Any, be, first) -> str:
+    """Why device inputs go to the host for ``be`` although the backend asked for (``auto``: the best one for the
+    part, any call) takes them in place: its rendering does not fit ``features``; ``""`` otherwise."""
+    if be is None or features is None:
+        return ""
+    try:
+        dev = runner.backend_for(op, part, backend, dtype, api=op)
+    except (BackendUnavailable, ScanInputError):
+        return ""
+    reason = runner.misfit(dev, op, part, features) if dev.name != be.name and _takes(dev, first) else None
+    if not reason:
+        return ""
+    return (f"backend {dev.name!r}: {reason}; {be.name!r} ran the {part} on host copies of the device arrays "
+            "(copied there and the results back)")

@@ -249,7 +249,9 @@ class DeltaRule(FusedOp):
             raise ScanInputError(f"{api}: H = {sizes['H']} value heads must be a multiple of Hq = {sizes['Hq']} "
                                  "query/key heads")
         out = super().arguments(part, features, arrays, sizes, api)
-        if features.has_seqlens:
+        if features.has_seqlens and isinstance(arrays["cu_seqlens"], np.ndarray):
+            # device offsets are the device copy of host offsets checked by the operands (reading them back
+            # here would wait for the device)
             check_offsets(api, arrays["cu_seqlens"], sizes["T"])
         return out
 

@@ -1,4 +1,4 @@
-"""DeltaNet, Gated DeltaNet, KDA and RWKV-7 on NumPy arrays: the wrappers around the fused ``delta_rule``.
+"""DeltaNet, Gated DeltaNet, KDA and RWKV-7 on arrays: the wrappers around the fused ``delta_rule``.
 
 :func:`family_forward` and :func:`family_backward` take a kernel pair's inputs
 (in the order of :data:`INPUTS`) and options, and around the fused kernels of
@@ -8,7 +8,10 @@
 sigmoid(beta)``, c = 2 with negative eigenvalues allowed, and its chain rule)
 and ``state_v_first`` (states stored ``(N, HV, V, K)``).  Outputs are ``[o,
 final_state]``, o in v's dtype and the state in the accumulation dtype;
-gradients come back in each input's dtype.
+gradients come back in each input's dtype.  With ``xp`` (a device array module,
+CuPy) the inputs are its arrays and every step (checks, conversions, the sigmoid
+of beta and its chain rule, the scale, the ``state_v_first`` transposes, the
+kernels, the gradients' reshapes) runs with that module, on the device.
 
 Example:
     >>> import numpy as np
@@ -52,11 +55,12 @@ def scale_of(api: str, scale, K: int) -> float:
     return value
 
 
-def _sigmoid(x: np.ndarray) -> np.ndarray:
-    """The logistic function in float32 or wider, without overflow warnings."""
-    x = np.asarray(x, np.float64 if np.asarray(x).dtype == np.float64 else np.float32)
+def _sigmoid(x, xp=np):
+    """The logistic function in float32 or wider (arrays of module ``xp``), without overflow warnings."""
+    x = x if xp is not np else np.asarray(x)
+    x = xp.asarray(x, dtype=np.float64 if x.dtype == np.float64 else np.float32)
     with np.errstate(over="ignore"):
-        return 1 / (1 + np.exp(-x))
+        return 1 / (1 + xp.exp(-x))
 
 
 def _beta_scale(options: dict) -> float | None:
@@ -66,73 +70,86 @@ def _beta_scale(options: dict) -> float | None:
     return 2.0 if options.get("neg_eigval") else 1.0
 
 
-def _swap(x):
-    """``(..., K, V)`` <-> ``(..., V, K)`` (fla's ``state_v_first``), or None."""
-    return None if x is None else np.swapaxes(np.asarray(x), -1, -2)
+def _shape(x) -> tuple:
+    """The shape of an array of any module (a list's through NumPy)."""
+    return tuple(x.shape) if hasattr(x, "shape") else tuple(np.shape(x))
 
 
-def prepare(family: str, inputs: list, options: dict) -> DeltaOperands:
-    """The checked operands of one call of ``family`` (a key of :data:`INPUTS`)."""
+def _swap(x, xp=np):
+    """``(..., K, V)`` <-> ``(..., V, K)`` (fla's ``state_v_first``) in array module ``xp``, or None."""
+    return None if x is None else xp.swapaxes(np.asarray(x) if xp is np else x, -1, -2)
+
+
+def prepare(family: str, inputs: list, options: dict, xp=None) -> DeltaOperands:
+    """The checked operands of one call of ``family`` (a key of :data:`INPUTS`); with ``xp`` (a device array
+    module) on its arrays, on the device."""
+    mod = np if xp is None else xp
     named = dict(zip(INPUTS[family], inputs, strict=True))
     h0 = named.pop("initial_state")
     if options.get("state_v_first") and h0 is not None:
-        shape = tuple(np.shape(h0))
+        shape = _shape(h0)
         if len(shape) != 4:
             raise ScanInputError(f"{family}: initial_state has shape {shape}; with state_v_first it needs "
                                  "(N, HV, V, K)")
-        h0 = _swap(h0)
+        h0 = _swap(h0, mod)
     c = _beta_scale(options)
     if c is not None and named.get("beta") is not None:
-        raw = np.asarray(named["beta"])
-        named["beta"] = (c * _sigmoid(raw)).astype(raw.dtype if is_real(raw.dtype) else np.float64)
+        raw = named["beta"] if xp is not None else np.asarray(named["beta"])
+        named["beta"] = (c * _sigmoid(raw, mod)).astype(raw.dtype if is_real(raw.dtype) else np.float64)
     names = {}
     if family == "rwkv7":
         named = {"q": named["r"], "g": named["w"], **{n: named[n] for n in ("k", "v", "a", "b")}}
         names = {"q": "r", "g": "w"}
     return operands(family, family, named.pop("q"), named.pop("k"), named.pop("v"), h0=h0,
-                    cu_seqlens=options.get("cu_seqlens"), l2norm=bool(options.get("l2norm")), names=names, **named)
+                    cu_seqlens=options.get("cu_seqlens"), l2norm=bool(options.get("l2norm")), names=names, xp=xp,
+                    **named)
 
 
-def family_forward(family: str, inputs: list, options: dict) -> list:
+def family_forward(family: str, inputs: list, options: dict, xp=None) -> list:
     """``[o, final_state]`` of ``family`` (o in v's dtype, the state in the accumulation dtype, ``(N, HV, K, V)``
-    or ``(N, HV, V, K)`` with ``state_v_first``)."""
-    ops = prepare(family, inputs, options)
+    or ``(N, HV, V, K)`` with ``state_v_first``); with ``xp``, on its arrays."""
+    ops = prepare(family, inputs, options, xp)
+    mod = ops.xp
     o, h = forward(ops, backend=options.get("backend", "auto"), api=family, chunk_size=options.get("chunk_size"),
                    **options.get("tunables", {}))
     s = ops.state_dtype.type(scale_of(family, options.get("scale", DEFAULT_SCALE.get(family)), ops.q.shape[3]))
     if o.dtype == ops.state_dtype:
         o *= s  # in place: o is the kernel's own buffer
     else:  # half storage: scaled in float32, rounded once
-        o = np.multiply(o, s, dtype=ops.state_dtype)
+        o = mod.multiply(o, s, dtype=ops.state_dtype)
     o = o.astype(ops.out_dtype, copy=False)
     if options.get("state_v_first"):
-        h = np.ascontiguousarray(_swap(h))
+        h = mod.ascontiguousarray(_swap(h, mod))
     return [o, h]
 
 
 def family_backward(family: str, inputs: list, residuals: list, cotangents: list, needs: list,
-                    options: dict) -> list:
-    """Gradients of ``family`` for the inputs with ``needs`` set (see :mod:`scanweaver.calls.pairs`)."""
-    ops = prepare(family, inputs, options)
+                    options: dict, xp=None) -> list:
+    """Gradients of ``family`` for the inputs with ``needs`` set (see :mod:`scanweaver.calls.pairs`); with ``xp``,
+    on its arrays."""
+    ops = prepare(family, inputs, options, xp)
+    mod = ops.xp
     do, dht = cotangents
     s = ops.state_dtype.type(scale_of(family, options.get("scale", DEFAULT_SCALE.get(family)), ops.q.shape[3]))
     if do is not None:  # one new array: the kernels read scale * do
-        do = np.multiply(np.asarray(do), s, dtype=ops.state_dtype).astype(ops.dtype, copy=False)
+        do = mod.multiply(do if xp is not None else np.asarray(do), s, dtype=ops.state_dtype).astype(ops.dtype,
+                                                                                                    copy=False)
     if dht is not None and options.get("state_v_first"):
-        dht = _swap(dht)
+        dht = _swap(dht, mod)
     gr = backward(ops, do, dht, backend=options.get("backend", "auto"), api=family,
                   chunk_size=options.get("chunk_size"), **options.get("tunables", {}))
     c = _beta_scale(options)
     if c is not None and gr["dbeta"] is not None:
-        sig = _sigmoid(np.asarray(inputs[INPUTS[family].index("beta")]))
+        sig = _sigmoid(inputs[INPUTS[family].index("beta")], mod)
         gr["dbeta"] = gr["dbeta"].astype(sig.dtype) * (c * sig * (1 - sig))
     if gr["dh0"] is not None and options.get("state_v_first"):
-        gr["dh0"] = _swap(gr["dh0"])
+        gr["dh0"] = _swap(gr["dh0"], mod)
     alias = {"r": "dq", "w": "dg", "q": "dq", "g": "dg", "initial_state": "dh0"}
     out = []
     for x, name, need in zip(inputs, INPUTS[family], needs, strict=True):
         if need:
             gx = gr[alias.get(name, "d" + name)]
-            gx = np.zeros(np.shape(x), ops.state_dtype) if gx is None else np.reshape(gx, np.shape(x))
-            out.append(np.ascontiguousarray(gx, dtype=np.asarray(x).dtype))
+            shape = _shape(x)
+            gx = mod.zeros(shape, ops.state_dtype) if gx is None else gx.reshape(shape)
+            out.append(mod.ascontiguousarray(gx, dtype=x.dtype if xp is not None else np.asarray(x).dtype))
     return out

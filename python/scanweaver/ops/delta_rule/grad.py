@@ -13,6 +13,17 @@ dtype).  :func:`options` turns a call's arguments (fla's, by name) into the
 pair's options, Python literals, refusing fla's arguments that have no meaning
 here when they are set.
 
+Where each part computes is :func:`scanweaver.calls.device.place`'s rule, as
+for the matrix-state pairs: CUDA tensors (CuPy views) and CuPy arrays stay on
+the device when the backend that runs the part is ``cuda`` (``auto`` picks it
+where it runs): checks, conversions, beta's sigmoid, the scale, the
+``state_v_first`` transposes and the gradients' chain rule run with CuPy, the
+fused kernels on the current stream; nothing is copied to the host and nothing
+waits.  Where the GPU kernels do not fit the call (RWKV-7's backward, float16
+storage), the part runs on the best backend whose kernels do, on host copies
+made once (the results copied back), and :data:`scanweaver.matrix.last` says so
+in its ``fallback``.
+
 Example:
     >>> import numpy as np
     >>> from scanweaver.calls.pairs import PAIRS
@@ -32,11 +43,14 @@ import functools
 
 import numpy as np
 
-from ...arrays import host_arrays, returned_dtype
+from ...arrays import returned_dtype
+from ...calls.device import place
 from ...calls.pairs import PAIRS, KernelPair
 from ...errors import ScanInputError
+from ...fused.delta_rule import DeltaRuleFeatures
 from .families import INPUTS, family_backward, family_forward
-from .operands import accumulation, storage_dtype
+from .kernels import OP
+from .operands import FAMILIES, accumulation, storage_dtype
 
 #: fla's keyword arguments (its ``**kwargs``) each operation takes beside the kernels' tunables.
 FLA_KEYWORDS = {"delta_rule": ("chunk_size",), "gated_delta_rule": ("chunk_size", "use_gate_in_kernel", "A_log",
@@ -48,19 +62,43 @@ _GATE = ("computes the gate -exp(A_log) * softplus(g + dt_bias) inside fla's ker
          "JAX (it is differentiable there) and pass it with use_gate_in_kernel=False")
 
 
+def features(family: str, inputs: list, options: dict, has_dhlast: bool = False) -> DeltaRuleFeatures | None:
+    """The fused operation's features of a call of ``family`` as far as its inputs' shapes and dtypes give them
+    (for :func:`~scanweaver.calls.device.place`: the GPU kernels run float32 and float64 storage, and no RWKV-7
+    backward), or None where they do not (the operand checks then name what is wrong)."""
+    named = dict(zip(INPUTS[family], inputs, strict=True))
+    q, v = named["r" if family == "rwkv7" else "q"], named["v"]
+    gate, form = FAMILIES[family]
+    try:
+        store = storage_dtype([x.dtype for n, x in named.items() if x is not None and n != "initial_state"])
+        return DeltaRuleFeatures(store.name, int(q.shape[3]), int(v.shape[3]), named["initial_state"] is not None,
+                                 options.get("cu_seqlens") is not None, has_dhlast, gate, form,
+                                 bool(options.get("l2norm")))
+    except (AttributeError, IndexError, TypeError, ValueError, ScanInputError):
+        return None
+
+
 def _wrap(family: str):
-    """The pair's functions on host arrays, results back on the inputs' device (CuPy arrays from CUDA tensors)."""
+    """The pair's functions where :func:`~scanweaver.calls.device.place` says: on the caller's device with its
+    array module (CuPy arrays, e.g. from CUDA tensors, on a backend that takes them), else on host arrays
+    (device inputs copied once, the results copied back)."""
 
     def fwd(inputs: list, options: dict) -> list:
-        host, xp = host_arrays(inputs)
-        out = family_forward(family, host, options)
-        return out if xp is None else [xp.asarray(r) for r in out]
+        where = place(list(inputs), OP, "forward", options.get("backend", "auto"), api=family,
+                      features=features(family, inputs, options))
+        with where.context():
+            out = family_forward(family, where.host(inputs), {**options, "backend": where.backend},
+                                 where.xp if where.on_device else None)
+        return where.results(out)
 
     def bwd(inputs: list, residuals: list, cotangents: list, needs: list, options: dict) -> list:
-        host, xp = host_arrays(inputs)
-        cot, _ = host_arrays(list(cotangents))
-        out = family_backward(family, host, residuals, cot, needs, options)
-        return out if xp is None else [xp.asarray(g) for g in out]
+        feats = features(family, inputs, options, has_dhlast=cotangents[1] is not None)
+        where = place([*inputs, *cotangents], OP, "backward", options.get("backend", "auto"), api=family,
+                      features=feats)
+        with where.context():
+            out = family_backward(family, where.host(inputs), residuals, where.host(list(cotangents)), needs,
+                                  {**options, "backend": where.backend}, where.xp if where.on_device else None)
+        return where.results(out)
 
     return fwd, bwd
 

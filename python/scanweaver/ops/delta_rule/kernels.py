@@ -10,7 +10,8 @@ does not run it (the GPU kernels do not run RWKV-7's backward) runs on the best 
 that does, and the report says so.  The algorithm is the kernels' tunable
 ``algorithm``, chosen by the runner (:meth:`scanweaver.fused.FusedOp.algorithm`,
 ``chunk_size``, the tuned store, the call's ``algorithm=``), as for every fused
-operation.
+operation.  Operands of a device array module (``ops.xp``, CuPy) get their outputs
+allocated by that module, on the current stream: nothing leaves the device.
 
 Example:
     >>> import numpy as np
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...arrays import contiguous
 from ...calls import runner
 from ...calls.runner import FusedInfo
 from .operands import DeltaOperands
@@ -57,8 +59,8 @@ def forward(ops: DeltaOperands, *, backend: str = "auto", api: str = OP, chunk_s
     """``(o, hlast)``: o ``(B, T, HV, V)`` in the storage dtype, unscaled; hlast ``(nseq, HV, K, V)`` in the
     accumulation dtype (h0 where a sequence is empty)."""
     feats = ops.features()
-    o = np.empty(ops.v.shape, ops.dtype)
-    hlast = np.empty(ops.state_shape, ops.state_dtype)
+    o = ops.xp.empty(ops.v.shape, ops.dtype)
+    hlast = ops.xp.empty(ops.state_shape, ops.state_dtype)
     if ops.v.shape[1] == 0:
         hlast[...] = 0 if ops.h0 is None else ops.h0
         _record_empty(ops, "forward", backend, api, feats)
@@ -73,13 +75,14 @@ def backward(ops: DeltaOperands, do: np.ndarray | None, dhlast: np.ndarray | Non
     """Gradients of ``sum(o * do) + sum(hlast * dhlast)`` (o unscaled): ``dq, dk, dv, dg, dbeta, da, db`` in the
     storage dtype (None where the operand is absent) and ``dh0`` in the accumulation dtype (None without h0)."""
     feats = ops.features(has_dhlast=dhlast is not None)
-    do = np.zeros(ops.v.shape, ops.dtype) if do is None else np.ascontiguousarray(do, dtype=ops.dtype)
-    dh = None if dhlast is None else np.ascontiguousarray(dhlast, dtype=ops.state_dtype)
+    xp = ops.xp
+    do = xp.zeros(ops.v.shape, ops.dtype) if do is None else contiguous(do, ops.dtype, xp)
+    dh = None if dhlast is None else contiguous(dhlast, ops.state_dtype, xp)
     out: dict[str, np.ndarray | None] = {
-        "dq": np.zeros_like(ops.q), "dk": np.zeros_like(ops.k), "dv": np.zeros_like(ops.v),
-        **{"d" + n: None if x is None else np.zeros_like(x) for n, x in (("g", ops.g), ("beta", ops.beta),
+        "dq": xp.zeros_like(ops.q), "dk": xp.zeros_like(ops.k), "dv": xp.zeros_like(ops.v),
+        **{"d" + n: None if x is None else xp.zeros_like(x) for n, x in (("g", ops.g), ("beta", ops.beta),
                                                                          ("a", ops.a), ("b", ops.b))},
-        "dh0": None if ops.h0 is None else np.zeros(ops.state_shape, ops.state_dtype)}
+        "dh0": None if ops.h0 is None else xp.zeros(ops.state_shape, ops.state_dtype)}
     if ops.v.shape[1] == 0:
         if out["dh0"] is not None and dh is not None:
             out["dh0"][...] = dh

@@ -27,10 +27,11 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from ...arrays import aligned, as_array, is_half, is_real_operand, real_compute_dtype, returned_dtype
+from ...arrays import contiguous, is_half, is_real_operand, module_array, real_compute_dtype, returned_dtype
 from ...checks import check_seqlens
 from ...errors import ScanInputError
 from ...fused.delta_rule import DeltaRuleFeatures
@@ -42,11 +43,12 @@ FAMILIES = {"delta_rule": ("none", "delta"), "gated_delta_rule": ("scalar", "del
 STORED = ("float16", "bfloat16", "float32", "float64")
 
 
-def array(api: str, name: str, value, ndim: int, need: str) -> np.ndarray:
-    """``value`` as a real NumPy array of ``ndim`` dimensions, else :class:`ScanInputError` naming ``name``."""
+def array(api: str, name: str, value, ndim: int, need: str, xp=None) -> np.ndarray:
+    """``value`` as a real array of ``ndim`` dimensions, else :class:`ScanInputError` naming ``name``: a NumPy
+    array, or with ``xp`` (a device array module) one of its arrays, left where it is."""
     if value is None:
         raise ScanInputError(f"{api}: {name} is required, shaped {need}")
-    arr = as_array(api, name, value)
+    arr = module_array(api, name, value, xp)
     if arr.ndim != ndim:
         raise ScanInputError(f"{api}: {name} has shape {tuple(arr.shape)}; it needs {need}")
     if not is_real_operand(arr.dtype):
@@ -87,6 +89,8 @@ class DeltaOperands:
 
     ``g`` is ``(B, T, HV)`` (gate ``scalar``), ``(B, T, HV, K)`` (``key``) or None; ``beta`` (form ``delta``)
     ``(B, T, HV)``; ``a``, ``b`` (form ``dplr``) ``(B, T, HV, K)``; ``h0`` ``(nseq, HV, K, V)`` or None.
+    ``xp`` is the arrays' module: NumPy, or a device module (CuPy) whose arrays stay on the device
+    (``cu_seqlens`` then is the device copy of ``offsets``, the checked host offsets).
     """
 
     q: np.ndarray
@@ -102,6 +106,8 @@ class DeltaOperands:
     form: str
     l2norm: bool
     out_dtype: np.dtype
+    xp: Any = np
+    offsets: np.ndarray | None = None
 
     @property
     def dtype(self) -> np.dtype:
@@ -116,7 +122,7 @@ class DeltaOperands:
     @property
     def nseq(self) -> int:
         """Rows of the initial and final states."""
-        return self.v.shape[0] if self.cu_seqlens is None else len(self.cu_seqlens) - 1
+        return self.v.shape[0] if self.cu_seqlens is None else self.cu_seqlens.shape[0] - 1
 
     @property
     def sizes(self) -> dict[str, int]:
@@ -141,7 +147,7 @@ class DeltaOperands:
 
 
 def operands(api: str, family: str, q, k, v, *, g=None, beta=None, a=None, b=None, h0=None, cu_seqlens=None,
-             l2norm: bool = False, names: dict[str, str] | None = None) -> DeltaOperands:
+             l2norm: bool = False, names: dict[str, str] | None = None, xp=None) -> DeltaOperands:
     """Checks the operands of one call of ``family`` (a key of :data:`FAMILIES`) and returns :class:`DeltaOperands`.
 
     Args:
@@ -152,15 +158,18 @@ def operands(api: str, family: str, q, k, v, *, g=None, beta=None, a=None, b=Non
         h0: ``(N, HV, K, V)``, N = B or the sequences of ``cu_seqlens``.
         cu_seqlens: ``[0, ..., T]`` offsets of sequences packed along T (B = 1).
         names: the caller's names of q, g, h0 for the messages (``{"q": "r", "g": "w"}``).
+        xp: ``None`` for NumPy arrays (anything ``numpy.asarray`` reads); a device array module (CuPy) for its
+            arrays, checked and converted on the device (``cu_seqlens``, host offsets, is checked on the host
+            and its checked copy uploaded).
     """
     gate, form = FAMILIES[family]
     nm = {"q": "q", "k": "k", "v": "v", "g": "g", "beta": "beta", "a": "a", "b": "b", "h0": "initial_state",
           **(names or {})}
-    q = array(api, nm["q"], q, 4, "(B, T, H, K)")
+    q = array(api, nm["q"], q, 4, "(B, T, H, K)", xp=xp)
     B, T, H, K = q.shape
-    k = array(api, nm["k"], k, 4, f"(B, T, H, K) = {q.shape}")
+    k = array(api, nm["k"], k, 4, f"(B, T, H, K) = {q.shape}", xp=xp)
     check_shape(api, nm["k"], k, q.shape, f"{nm['q']}'s shape (B, T, H, K)")
-    v = array(api, nm["v"], v, 4, f"(B, T, HV, V) with (B, T) = {(B, T)}")
+    v = array(api, nm["v"], v, 4, f"(B, T, HV, V) with (B, T) = {(B, T)}", xp=xp)
     if v.shape[:2] != (B, T):
         raise ScanInputError(f"{api}: {nm['v']} has shape {v.shape}; it needs (B, T, HV, V) with (B, T) = {(B, T)} "
                              f"as {nm['q']}")
@@ -173,21 +182,23 @@ def operands(api: str, family: str, q, k, v, *, g=None, beta=None, a=None, b=Non
     data = {"q": q, "k": k, "v": v}
     if gate != "none":
         shape, need = ((B, T, HV), "(B, T, HV)") if gate == "scalar" else ((B, T, HV, K), "(B, T, HV, K)")
-        data["g"] = array(api, nm["g"], g, len(shape), f"{need} = {shape}")
+        data["g"] = array(api, nm["g"], g, len(shape), f"{need} = {shape}", xp=xp)
         check_shape(api, nm["g"], data["g"], shape, need)
     if form == "delta":
-        data["beta"] = array(api, nm["beta"], beta, 3, f"(B, T, HV) = {(B, T, HV)}")
+        data["beta"] = array(api, nm["beta"], beta, 3, f"(B, T, HV) = {(B, T, HV)}", xp=xp)
         check_shape(api, nm["beta"], data["beta"], (B, T, HV), "(B, T, HV)")
     else:
         for n, x in (("a", a), ("b", b)):
-            data[n] = array(api, nm[n], x, 4, f"(B, T, HV, K) = {(B, T, HV, K)}")
+            data[n] = array(api, nm[n], x, 4, f"(B, T, HV, K) = {(B, T, HV, K)}", xp=xp)
             check_shape(api, nm[n], data[n], (B, T, HV, K), "(B, T, HV, K)")
     store = storage_dtype([x.dtype for x in data.values()])
-    conv = {n: aligned(np.ascontiguousarray(x, dtype=store)) for n, x in data.items()}
+    conv = {n: contiguous(x, store, xp) for n, x in data.items()}
     if h0 is not None:
-        h0 = array(api, nm["h0"], h0, 4, f"(N, HV, K, V) = {(nseq, HV, K, V)}")
+        h0 = array(api, nm["h0"], h0, 4, f"(N, HV, K, V) = {(nseq, HV, K, V)}", xp=xp)
         check_shape(api, nm["h0"], h0, (nseq, HV, K, V), "(N, HV, K, V) (N: B, or the sequences of cu_seqlens)")
-        h0 = aligned(np.ascontiguousarray(h0, dtype=accumulation(store)))
+        h0 = contiguous(h0, accumulation(store), xp)
     out = returned_dtype(v.dtype, store)
+    dev_cu = cu if cu is None or xp is None else xp.asarray(cu)
     return DeltaOperands(conv["q"], conv["k"], conv["v"], conv.get("g"), conv.get("beta"), conv.get("a"),
-                         conv.get("b"), h0, cu, gate, form, bool(l2norm), np.dtype(out))
+                         conv.get("b"), h0, dev_cu, gate, form, bool(l2norm), np.dtype(out), np if xp is None else xp,
+                         cu)

@@ -12,7 +12,8 @@ full call's fused kernel at ``T = 1`` from the state (one read of it and one
 write of the new one; tensors as NumPy views, no copies).  Otherwise (JAX
 arrays, GPU tensors, tensors that need gradients) it is a few array
 expressions of the caller's library, so it stays on the caller's device and
-is differentiable by the framework itself: it reads the state once for its two
+is differentiable by the framework itself (device arrays of a module, CuPy's, likewise
+compute with that module, on the device): it reads the state once for its two
 dots (one batched matrix product of the state with the stacked key and query
 vectors; the readout is taken from the old state, ``q^T S' = (D q)^T S +
 (q . k) u``) and again to write the new one, in the common dtype of its
@@ -26,6 +27,7 @@ import importlib
 
 import numpy as np
 
+from ...arrays import device_module
 from ...calls.declare import operation
 from ...errors import ScanInputError
 
@@ -35,12 +37,12 @@ L2_EPS = 1e-6
 
 
 def _xp(values):
-    """The array namespace of ``values`` (``numpy``, ``torch`` or ``jax.numpy``)."""
+    """The array namespace of ``values`` (``numpy``, ``torch``, ``jax.numpy``, or a device arrays' module: CuPy)."""
     for v in values:
         lib = _LIBS.get(type(v).__module__.split(".")[0]) if v is not None else None
         if lib is not None:
             return importlib.import_module(lib)
-    return np
+    return device_module(values) or np
 
 
 def _shape(api: str, name: str, arr, need: tuple, what: str) -> None:
@@ -74,9 +76,9 @@ def _heads(xp, x, HV: int):
     H = x.shape[1]
     if H == HV:
         return x
-    if xp is np or xp.__name__ == "jax.numpy":
-        return xp.repeat(x, HV // H, axis=1)
-    return x.repeat_interleave(HV // H, dim=1)
+    if xp.__name__ == "torch":
+        return x.repeat_interleave(HV // H, dim=1)
+    return xp.repeat(x, HV // H, axis=1)
 
 
 def _l2(xp, x):
@@ -121,10 +123,10 @@ def _run_fused(xp, api: str, state, xs: list, options: dict):
 def _promoted(xp, arrays):
     """``arrays`` (``None`` kept) in their common dtype (PyTorch's matmul takes no mixed dtypes)."""
     given = [a for a in arrays if a is not None]
-    if xp is np or xp.__name__ == "jax.numpy":
-        dtype = xp.result_type(*given)
-    else:
+    if xp.__name__ == "torch":
         dtype = functools.reduce(xp.promote_types, [a.dtype for a in given])
+    else:
+        dtype = xp.result_type(*given)
     return [None if a is None else _cast(a, dtype) for a in arrays]
 
 
