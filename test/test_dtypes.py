@@ -349,3 +349,36 @@ def test_retention_decays_do_not_widen_the_call(rng, dtype):
     tol = 2e-3 if dtype == np.float16 else 1e-5
     np.testing.assert_allclose(o, want_o, rtol=tol, atol=tol * np.abs(want_o).max())
     np.testing.assert_allclose(state, want_s, rtol=1e-5, atol=1e-5 * np.abs(want_s).max())
+
+
+@pytest.mark.parametrize("op", ["linear_attention", "rwkv6", "mamba2_scan", "gated_delta_rule", "rwkv7"])
+@pytest.mark.parametrize("half", ["value", "others"])
+def test_the_output_takes_the_value_operands_dtype_in_every_framework(rng, op, half):
+    """o is returned in v's dtype (x's for Mamba-2) whatever the other operands' dtypes: bfloat16 q and k with
+    float32 v give a float32 o, and the other way round, in NumPy, JAX and PyTorch alike (PyTorch once took the
+    first operand's)."""
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed (pip install scanweaver[torch])")
+    bf16 = bfloat16()
+    B, T, H, K, V = 1, 6, 2, 4, 3
+    f = lambda *shape: rng.standard_normal(shape)  # noqa: E731
+    value = {"mamba2_scan": "x"}.get(op, "v")
+    args = {"linear_attention": dict(q=f(B, T, H, K), k=f(B, T, H, K), v=f(B, T, H, V),
+                                     g=-rng.uniform(0.05, 1, (B, T, H, K))),
+            "rwkv6": dict(r=f(B, T, H, K), k=f(B, T, H, K), v=f(B, T, H, V), w=-rng.uniform(0.05, 1, (B, T, H, K)),
+                          u=f(H, K)),
+            "mamba2_scan": dict(x=f(B, T, H, V), dt=rng.uniform(0.1, 1, (B, T, H)), A=-rng.uniform(0.5, 1, H),
+                                B=f(B, T, 1, K), C=f(B, T, 1, K)),
+            "gated_delta_rule": dict(q=f(B, T, H, K), k=f(B, T, H, K) / 3, v=f(B, T, H, V),
+                                     g=-rng.uniform(0.05, 1, (B, T, H)), beta=rng.uniform(0, 1, (B, T, H))),
+            "rwkv7": dict(r=f(B, T, H, K), w=-rng.uniform(0.05, 1, (B, T, H, K)), k=f(B, T, H, K) / 3,
+                          v=f(B, T, H, V), a=f(B, T, H, K) / 3, b=f(B, T, H, K) / 3)}[op]
+    narrow = {n for n in args if (n == value) == (half == "value")}
+    as_np = {n: x.astype(bf16 if n in narrow else np.float32) for n, x in args.items()}
+    want = bf16 if value in narrow else np.float32
+    jnp = pytest.importorskip("jax.numpy", reason="JAX is not installed (pip install scanweaver[jax])")
+    for name, conv in (("numpy", lambda n, x: x), ("jax", lambda n, x: jnp.asarray(x)),
+                       ("torch", lambda n, x: torch.tensor(np.asarray(x, np.float32)).to(
+                           torch.bfloat16 if n in narrow else torch.float32))):
+        o = getattr(scanweaver, op)(**{n: conv(n, x) for n, x in as_np.items()})
+        o = o[0] if isinstance(o, tuple) else o
+        assert str(o.dtype).endswith(np.dtype(want).name), f"{op}[{name}], {sorted(narrow)} bfloat16: o is {o.dtype}"

@@ -276,9 +276,10 @@ def _options(name: str, static: tuple) -> str:
     return options_text(name, OPERATIONS.get(name).options(args))
 
 
-def _float32(tensors: list) -> tuple[list, bool]:
-    """bfloat16 tensors as float32 (NumPy has no bfloat16); True when the first one was bfloat16."""
-    bf16 = tensors[0] is not None and tensors[0].dtype == torch.bfloat16
+def _float32(tensors: list, follows: int = 0) -> tuple[list, bool]:
+    """bfloat16 tensors as float32 (NumPy has no bfloat16); True when ``tensors[follows]``, the input whose dtype
+    the first output takes (:attr:`~scanweaver.calls.pairs.KernelPair.follows`: v, or u, or x), was bfloat16."""
+    bf16 = tensors[follows] is not None and tensors[follows].dtype == torch.bfloat16
     return [t.float() if t is not None and t.dtype == torch.bfloat16 else t for t in tensors], bf16
 
 
@@ -297,7 +298,7 @@ def _entry(op: Operation):
         opts = _options(op.name, static)
         inputs = op.pair_inputs(args)
         _check_tensors(op.name, {n: args.get(n) for n in op.arrays})
-        ins, bf16 = _float32(inputs)
+        ins, bf16 = _float32(inputs, PAIRS.get(op.pair).follows)
         outs = call(op.pair, ins, opts)
         if bf16:
             outs[0] = outs[0].to(torch.bfloat16)

@@ -53,6 +53,9 @@ class KernelPair:
         shapes: ``shapes(specs, options) -> [(shape, dtype)]`` of the results, from ``specs``
             (``(shape, numpy dtype)`` or ``None`` per input), without running anything.
         n_outputs: how many of the results are outputs (the rest are residuals).
+        follows: the input whose dtype the first output takes where that dtype is a storage one (float16,
+            bfloat16): v for attention, u or x for Mamba; a front end that widens bfloat16 before the kernels
+            (PyTorch's) narrows that output back by it.
     """
 
     name: str
@@ -60,6 +63,7 @@ class KernelPair:
     backward: Callable
     shapes: Callable
     n_outputs: int
+    follows: int = 0
 
 
 #: Every kernel pair, by name: each operation's package under :mod:`scanweaver.ops` registers its own.

@@ -121,7 +121,8 @@ def _shapes(family: str, specs: list, options: dict) -> list:
 
 
 for _family in INPUTS:
-    PAIRS.register()(KernelPair(_family, *_wrap(_family), functools.partial(_shapes, _family), n_outputs=2))
+    PAIRS.register()(KernelPair(_family, *_wrap(_family), functools.partial(_shapes, _family), n_outputs=2,
+                                follows=INPUTS[_family].index("v")))
 
 
 def _cu(api: str, name: str, value) -> list | None:

@@ -86,10 +86,11 @@ def _mamba2_shapes(specs: list, options: dict) -> list:
 
 
 PAIRS.register()(KernelPair(attention.LA, *_wrap(attention.la_forward, attention.la_backward, attention.LA),
-                            _la_shapes, n_outputs=2))
+                            _la_shapes, n_outputs=2, follows=2))
 PAIRS.register()(KernelPair(attention.RWKV6, *_wrap(attention.rwkv6_forward, attention.rwkv6_backward,
                                                     attention.RWKV6),
-                            lambda specs, options: _la_shapes(specs, options, attention.RWKV6), n_outputs=2))
+                            lambda specs, options: _la_shapes(specs, options, attention.RWKV6), n_outputs=2,
+                            follows=2))
 PAIRS.register()(KernelPair("mamba2", *_wrap(mamba2.mamba2_forward, mamba2.mamba2_backward, mamba2.API),
                             _mamba2_shapes, n_outputs=2))
 
