@@ -158,6 +158,32 @@ def test_float32_gradients_at_2048_against_autograd_through_fla(op, one_thread):
 
 # ---- torch.compile --------------------------------------------------------------------------------------------------
 
+FIRST_CALL_COMPILED = """
+import numpy as np, torch, scanweaver, scanweaver.torch as swt
+rng = np.random.default_rng(0)
+t = lambda *s: torch.tensor(rng.normal(size=s), dtype=torch.float32, requires_grad=True)
+q, k, v, g = t(1, 8, 1, 4), t(1, 8, 1, 4), t(1, 8, 1, 3), t(1, 8, 1, 4)
+gh = torch.tensor(-rng.uniform(0.1, 1, (1, 8, 1)), dtype=torch.float32, requires_grad=True)
+beta = torch.tensor(rng.uniform(0, 1, (1, 8, 1)), dtype=torch.float32, requires_grad=True)
+def loss(q, k, v, g, gh, beta):
+    o, s = swt.gated_delta_rule(q, k, v, gh, beta, output_final_state=True, use_qk_l2norm_in_kernel=True)
+    o2, _ = scanweaver.linear_attention(q, k, v, g=-torch.nn.functional.softplus(g))
+    return o.square().sum() + s.sum() + o2.sum()
+torch.compile(loss, fullgraph=True, backend="aot_eager")(q, k, v, g, gh, beta).backward()
+print("ok", float(q.grad.abs().sum()) > 0)
+"""
+
+
+def test_torch_compile_fullgraph_on_the_processs_first_call():
+    """An operation's first call in a process may be a compiled one, through ``scanweaver.torch`` or (once that is
+    imported) a plain call: its checks are traced then (a cached property's lock in them broke fullgraph=True
+    until an eager call had filled it)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", FIRST_CALL_COMPILED], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.split() == ["ok", "True"], proc.stderr[-3000:]
+
 
 @pytest.mark.parametrize("op", OPS)
 def test_torch_compile_fullgraph(op):

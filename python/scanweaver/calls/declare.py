@@ -44,7 +44,6 @@ Example:
 from __future__ import annotations
 
 import dis
-import functools
 import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -97,16 +96,18 @@ class Operation:
     recurrence: Callable[[dict], Any] | None = None
     refused: tuple[tuple[str, str], ...] = ()
     body: Callable | None = field(default=None, compare=False)
+    #: Parameters annotated ``bool`` (from :attr:`signature`).
+    booleans: tuple[str, ...] = field(init=False, compare=False, repr=False)
+    #: The named parameters, not ``**tunables`` (from :attr:`signature`).
+    parameters: tuple[str, ...] = field(init=False, compare=False, repr=False)
 
-    @functools.cached_property
-    def booleans(self) -> tuple[str, ...]:
-        """Parameters annotated ``bool``."""
-        return tuple(n for n, p in self.signature.parameters.items() if p.annotation in (bool, "bool"))
-
-    @functools.cached_property
-    def parameters(self) -> tuple[str, ...]:
-        """The named parameters (not ``**tunables``)."""
-        return tuple(n for n, p in self.signature.parameters.items() if p.kind is not p.VAR_KEYWORD)
+    def __post_init__(self) -> None:
+        # Plain attributes, set once here: torch.compile traces the entry points' checks, and a
+        # functools.cached_property takes a lock on Python 3.11 that Dynamo cannot trace (fullgraph=True
+        # failed on an operation's first call in a process).
+        params = self.signature.parameters.items()
+        object.__setattr__(self, "booleans", tuple(n for n, p in params if p.annotation in (bool, "bool")))
+        object.__setattr__(self, "parameters", tuple(n for n, p in params if p.kind is not p.VAR_KEYWORD))
 
     def check(self, args: dict, extra: tuple[str, ...] = ()) -> None:
         """The checks every entry point makes first: booleans, and keywords that are neither a parameter
