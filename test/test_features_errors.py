@@ -156,3 +156,17 @@ def test_log_scan_errors(kwargs, message):
         log_scan(np.zeros((2, 5)), np.ones((2, 5)), **kwargs)
     with pytest.raises(ScanInputError, match="^log_scan: log_a has complex dtype complex128"):
         log_scan(np.zeros((2, 5), complex), np.ones((2, 5)))
+
+
+def test_an_integer_operand_is_told_the_dtypes_its_operation_takes(rng):
+    """An int64 q of a real-only operation is not offered complex dtypes that the operation then refuses."""
+    q = np.ones((1, 4, 1, 3), np.int64)
+    k, v = rng.standard_normal((1, 4, 1, 3)), rng.standard_normal((1, 4, 1, 2))
+    g, beta = -rng.uniform(0.1, 1, (1, 4, 1)), rng.uniform(0, 1, (1, 4, 1))
+    with pytest.raises(ScanInputError, match=r"^gated_delta_rule: q has dtype int64; supported dtypes are float16, "
+                                             r"bfloat16, float32 and float64 \(complex64 and complex128 where the "
+                                             r"operation takes complex operands\): convert it with "
+                                             r"q\.astype\(np\.float32\)"):
+        scanweaver.gated_delta_rule(q, k, v, g, beta)
+    with pytest.raises(ScanInputError, match="q has dtype complex128; it needs a real floating-point dtype"):
+        scanweaver.gated_delta_rule(q + 0.5j, k, v, g, beta)

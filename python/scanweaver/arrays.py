@@ -30,7 +30,9 @@ SUPPORTED = (np.dtype(np.float32), np.dtype(np.float64))
 COMPLEX = (np.dtype(np.complex64), np.dtype(np.complex128))
 #: Storage-only dtypes, widened to float32 for accumulation (by name: bfloat16 comes from ml_dtypes).
 HALF = ("float16", "bfloat16")
-ACCEPTED = "float16, bfloat16, float32, float64, complex64 and complex128"
+#: The dtypes operands may have (complex ones only where an operation takes complex operands: the scans).
+ACCEPTED = "float16, bfloat16, float32 and float64 (complex64 and complex128 where the operation takes complex " \
+    "operands)"
 
 
 def is_half(dtype: np.dtype) -> bool:
@@ -139,8 +141,8 @@ def as_array(api: str, name: str, value: object) -> np.ndarray:
         # non-native byte order (e.g. big-endian data read from a file) converted once
         return arr if arr.dtype.byteorder in ("=", "|") or native == arr.dtype else arr.astype(native)
     raise ScanInputError(
-        f"{api}: {name} has dtype {arr.dtype}; supported dtypes are {ACCEPTED} "
-        f"(convert with {name}.astype(np.float32))"
+        f"{api}: {name} has dtype {arr.dtype}; supported dtypes are {ACCEPTED}: convert it with "
+        f"{name}.astype(np.float32)"
     )
 
 
