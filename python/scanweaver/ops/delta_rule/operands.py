@@ -157,14 +157,14 @@ def operands(api: str, family: str, q, k, v, *, g=None, beta=None, a=None, b=Non
         beta: ``(B, T, HV)`` (delta form).  a, b: ``(B, T, HV, K)`` (rwkv7).
         h0: ``(N, HV, K, V)``, N = B or the sequences of ``cu_seqlens``.
         cu_seqlens: ``[0, ..., T]`` offsets of sequences packed along T (B = 1).
-        names: the caller's names of q, g, h0 for the messages (``{"q": "r", "g": "w"}``).
+        names: the caller's names of q, g, h0, cu_seqlens for the messages (``{"q": "r", "g": "w"}``).
         xp: ``None`` for NumPy arrays (anything ``numpy.asarray`` reads); a device array module (CuPy) for its
             arrays, checked and converted on the device (``cu_seqlens``, host offsets, is checked on the host
             and its checked copy uploaded).
     """
     gate, form = FAMILIES[family]
     nm = {"q": "q", "k": "k", "v": "v", "g": "g", "beta": "beta", "a": "a", "b": "b", "h0": "initial_state",
-          **(names or {})}
+          "cu_seqlens": "cu_seqlens", **(names or {})}
     q = array(api, nm["q"], q, 4, "(B, T, H, K)", xp=xp)
     B, T, H, K = q.shape
     k = array(api, nm["k"], k, 4, f"(B, T, H, K) = {q.shape}", xp=xp)
@@ -177,7 +177,7 @@ def operands(api: str, family: str, q, k, v, *, g=None, beta=None, a=None, b=Non
     if H < 1 or HV % H or K < 1 or V < 1:
         raise ScanInputError(f"{api}: {nm['v']} has {HV} heads and {nm['q']}/{nm['k']} {H} (shapes {v.shape}, "
                              f"{q.shape}); HV must be a multiple of H (grouped value heads), and K, V at least 1")
-    cu = None if cu_seqlens is None else check_seqlens(api, cu_seqlens, T, B)
+    cu = None if cu_seqlens is None else check_seqlens(api, cu_seqlens, T, B, nm["cu_seqlens"])
     nseq = B if cu is None else len(cu) - 1
     data = {"q": q, "k": k, "v": v}
     if gate != "none":
