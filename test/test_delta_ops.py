@@ -292,3 +292,16 @@ def test_scale_and_lower_bound_are_real_numbers(bad):
     with pytest.raises(ScanInputError, match=f"kda: lower_bound must be {need}"):
         scanweaver.kda(*args, lower_bound=bad)
     np.testing.assert_array_equal(scanweaver.kda(*args, scale=np.float32(0.5))[0], scanweaver.kda(*args, scale=0.5)[0])
+
+
+def test_a_v_first_state_of_the_wrong_shape_is_reported_as_given():
+    rng = np.random.default_rng(15)
+    _, a, _ = problem(rng, "gated", batch=1, H=2, Hq=1, K=4, V=3)
+    args = [a[n] for n in ("q", "k", "v", "g", "beta")]
+    with pytest.raises(ScanInputError, match=r"gated_delta_rule: initial_state has shape \(1, 2, 4, 3\); it needs "
+                                             r"\(N, HV, V, K\) \(state_v_first\) .*= \(1, 2, 3, 4\)"):
+        scanweaver.gated_delta_rule(*args, initial_state=a["h0"], state_v_first=True)
+    with pytest.raises(ScanInputError, match=r"kda: initial_state has shape \(2, 4, 3\); it needs "
+                                             r"\(N, HV, V, K\) \(state_v_first\) = \(1, 2, 3, 4\)"):
+        scanweaver.kda(*args[:3], np.repeat(a["g"][..., None], 4, -1), a["beta"], initial_state=a["h0"][0],
+                       state_v_first=True)

@@ -30,7 +30,6 @@ import numpy as np
 
 from ...arrays import is_real
 from ...checks import scale_of
-from ...errors import ScanInputError
 from .kernels import backward, forward
 from .operands import DeltaOperands, operands
 
@@ -74,12 +73,6 @@ def prepare(family: str, inputs: list, options: dict, xp=None) -> DeltaOperands:
     mod = np if xp is None else xp
     named = dict(zip(INPUTS[family], inputs, strict=True))
     h0 = named.pop("initial_state")
-    if options.get("state_v_first") and h0 is not None:
-        shape = _shape(h0)
-        if len(shape) != 4:
-            raise ScanInputError(f"{family}: initial_state has shape {shape}; with state_v_first it needs "
-                                 "(N, HV, V, K)")
-        h0 = _swap(h0, mod)
     c = _beta_scale(options)
     if c is not None and named.get("beta") is not None:
         raw = named["beta"] if xp is not None else np.asarray(named["beta"])
@@ -89,8 +82,8 @@ def prepare(family: str, inputs: list, options: dict, xp=None) -> DeltaOperands:
         named = {"q": named["r"], "g": named["w"], **{n: named[n] for n in ("k", "v", "a", "b")}}
         names.update(q="r", g="w")
     return operands(family, family, named.pop("q"), named.pop("k"), named.pop("v"), h0=h0,
-                    cu_seqlens=options.get("cu_seqlens"), l2norm=bool(options.get("l2norm")), names=names, xp=xp,
-                    **named)
+                    cu_seqlens=options.get("cu_seqlens"), l2norm=bool(options.get("l2norm")),
+                    state_v_first=bool(options.get("state_v_first")), names=names, xp=xp, **named)
 
 
 def family_forward(family: str, inputs: list, options: dict, xp=None) -> list:
