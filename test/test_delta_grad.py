@@ -267,3 +267,20 @@ def test_jax_grad_under_jit_matches_grad_of_a_lax_scan(op):
     want = jax.jit(jax.grad(ref, argnums=tuple(range(len(names)))))(*args)
     for n, g1, g2 in zip(names, got, want, strict=True):
         np.testing.assert_allclose(np.asarray(g1), np.asarray(g2), rtol=2e-4, atol=2e-4, err_msg=n)
+
+
+def test_jax_offsets_must_be_known_when_the_call_is_made():
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+    import scanweaver.jax as swj
+
+    rng = np.random.default_rng(52)
+    _, a, _ = problem(rng, "gated", seqlens=(4, 5), dtype="float32")
+    args = [jnp.asarray(a[n]) for n in ("q", "k", "v", "g", "beta")]
+    cu = jnp.asarray(a["cu_seqlens"])
+    o = jax.jit(lambda *xs: swj.gated_delta_rule(*xs, cu_seqlens=a["cu_seqlens"])[0])(*args)
+    np.testing.assert_allclose(np.asarray(o), np.asarray(swj.gated_delta_rule(*args, cu_seqlens=cu)[0]), rtol=1e-6)
+    for name in ("cu_seqlens", "cu_seqlens_cpu"):
+        with pytest.raises(scanweaver.ScanInputError, match=rf"gated_delta_rule: {name} must be .*known when the "
+                                                            "call is made; got DynamicJaxprTracer"):
+            jax.jit(lambda c, name=name: swj.gated_delta_rule(*args, **{name: c})[0])(cu)

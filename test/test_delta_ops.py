@@ -246,7 +246,7 @@ def test_bad_operands_name_the_argument():
         scanweaver.kda(q, k, v, g, beta, None, np.zeros((2, 4, 5, 4)))
     with pytest.raises(ScanInputError, match="cu_seqlens packs sequences along T of one batch row"):
         scanweaver.kda(q, k, v, g, beta, cu_seqlens=[0, 9])
-    with pytest.raises(ScanInputError, match="cu_seqlens_cpu .* differs from cu_seqlens"):
+    with pytest.raises(ScanInputError, match="cu_seqlens_cpu must hold the offsets of cu_seqlens"):
         scanweaver.kda(q[:1], k[:1], v[:1], g[:1], beta[:1], cu_seqlens=[0, 4, 9], cu_seqlens_cpu=[0, 5, 9])
     with pytest.raises(ScanInputError, match="rwkv7: w has shape"):
         scanweaver.rwkv7(q, g[..., 0], k, v, g, g)
@@ -254,3 +254,54 @@ def test_bad_operands_name_the_argument():
         scanweaver.gated_delta_rule_step(np.zeros((2, 4, 4, 5)), q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0])
     with pytest.raises(ScanInputError, match="scale must be finite"):
         scanweaver.delta_rule(q, k, v, beta, float("nan"))
+
+
+def test_offsets_are_one_dimensional_and_cu_seqlens_cpu_alone_packs():
+    """The offsets follow linear_attention's rule: 1-D integers (a 2-D list is refused, not flattened), and
+    cu_seqlens_cpu given alone is the offsets, checked, its errors naming it."""
+    rng = np.random.default_rng(13)
+    _, a, _ = problem(rng, "gated", seqlens=(3, 0, 6))
+    args = [a[n] for n in ("q", "k", "v", "g", "beta")]
+    for bad in ([[0, 3, 9]], [[0, 3], [3, 9]]):
+        with pytest.raises(ScanInputError, match=r"gated_delta_rule: cu_seqlens must be 1-D integers .* got shape"):
+            scanweaver.gated_delta_rule(*args, cu_seqlens=bad)
+    cu = [int(c) for c in a["cu_seqlens"]]
+    want = scanweaver.gated_delta_rule(*args, None, a["h0"], True, cu_seqlens=cu)
+    got = scanweaver.gated_delta_rule(*args, None, a["h0"], True, cu_seqlens_cpu=np.array(cu))
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])
+    with pytest.raises(ScanInputError, match=r"kda: cu_seqlens_cpu must be 1-D .* got cu_seqlens_cpu\[-1\] = 8"):
+        scanweaver.kda(*args[:3], np.repeat(a["g"][..., None], 4, -1), a["beta"], cu_seqlens_cpu=[0, 3, 8])
+    with pytest.raises(ScanInputError, match=r"delta_rule: cu_seqlens_cpu must be 1-D integers .* got shape \(1, 3\)"):
+        scanweaver.delta_rule(a["q"], a["k"], a["v"], a["beta"], cu_seqlens_cpu=[[0, 3, 9]])
+
+
+@pytest.mark.parametrize("bad", ["abc", "0.5", True, [1.0], float("inf")])
+def test_scale_and_lower_bound_are_real_numbers(bad):
+    rng = np.random.default_rng(14)
+    _, a, _ = problem(rng, "kda")
+    args = [a[n] for n in ("q", "k", "v", "g", "beta")]
+    need = "finite" if bad == float("inf") else "a real number or None, got"
+    for op in ("gated_delta_rule", "kda"):
+        gate = a["g"][..., 0] if op == "gated_delta_rule" else a["g"]
+        with pytest.raises(ScanInputError, match=f"{op}: scale must be {need}"):
+            getattr(scanweaver, op)(*args[:3], gate, a["beta"], scale=bad)
+    with pytest.raises(ScanInputError, match=f"rwkv7: scale must be {need}"):
+        scanweaver.rwkv7(a["q"], a["g"], a["k"], a["v"], -a["k"], a["k"], scale=bad)
+    need = "finite" if bad == float("inf") else "a negative real number or None, got"
+    with pytest.raises(ScanInputError, match=f"kda: lower_bound must be {need}"):
+        scanweaver.kda(*args, lower_bound=bad)
+    np.testing.assert_array_equal(scanweaver.kda(*args, scale=np.float32(0.5))[0], scanweaver.kda(*args, scale=0.5)[0])
+
+
+def test_a_v_first_state_of_the_wrong_shape_is_reported_as_given():
+    rng = np.random.default_rng(15)
+    _, a, _ = problem(rng, "gated", batch=1, H=2, Hq=1, K=4, V=3)
+    args = [a[n] for n in ("q", "k", "v", "g", "beta")]
+    with pytest.raises(ScanInputError, match=r"gated_delta_rule: initial_state has shape \(1, 2, 4, 3\); it needs "
+                                             r"\(N, HV, V, K\) \(state_v_first\) .*= \(1, 2, 3, 4\)"):
+        scanweaver.gated_delta_rule(*args, initial_state=a["h0"], state_v_first=True)
+    with pytest.raises(ScanInputError, match=r"kda: initial_state has shape \(2, 4, 3\); it needs "
+                                             r"\(N, HV, V, K\) \(state_v_first\) = \(1, 2, 3, 4\)"):
+        scanweaver.kda(*args[:3], np.repeat(a["g"][..., None], 4, -1), a["beta"], initial_state=a["h0"][0],
+                       state_v_first=True)

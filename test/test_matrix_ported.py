@@ -68,6 +68,12 @@ def test_cu_seqlens_cpu_means_cu_seqlens():
         o, h = scanweaver.linear_attention(q, k, v, g, None, h0, True, **kw)
         _close(o, want_o)
         _close(h, want_h)
+    for call in (lambda: scanweaver.linear_attention(q, k, v, g, cu_seqlens_cpu=[0, 5, 11]),
+                 lambda: scanweaver.rwkv6(q, k, v, g, RNG.normal(size=(H, K)), cu_seqlens_cpu=[0, 5, 11])):
+        with pytest.raises(ScanInputError, match=r"cu_seqlens_cpu must be 1-D .* got cu_seqlens_cpu\[-1\] = 11"):
+            call()
+    with pytest.raises(ScanInputError, match="cu_seqlens_cpu packs sequences along T of one batch row"):
+        scanweaver.linear_attention(*(np.repeat(x, 2, 0) for x in (q, k, v)), cu_seqlens_cpu=cu)
     w, u = _logdecay((1, 12, H, K)), RNG.normal(size=(H, K))
     o, h = scanweaver.rwkv6(q, k, v, w, u, None, h0, True, None, cu)
     want_o, want_h = la_loop(q, k, v, w, K ** -0.5, h0, cu, bonus=u)

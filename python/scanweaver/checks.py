@@ -29,8 +29,8 @@ def check_seqlens(api: str, cu_seqlens: object, T: int | None, batch: int | None
     length = "T: the length of the packed axis" if T is None else f"T = {T}"
     rule = f"1-D integers [0, ..., T] ({length}): starting at 0, never decreasing, ending at T"
     try:
-        cu = np.asarray(cu_seqlens)
-    except Exception:  # e.g. a device tensor, or a traced value: say what is needed
+        cu = _host_values(cu_seqlens)
+    except Exception:  # e.g. a traced value: say what is needed
         raise ScanInputError(f"{api}: {name} must be {rule}, known when the call is made; got "
                              f"{type(cu_seqlens).__name__}") from None
     if cu.ndim != 1 or cu.size < 1 or cu.dtype.kind not in "iu":
@@ -52,6 +52,17 @@ def check_seqlens(api: str, cu_seqlens: object, T: int | None, batch: int | None
     return cu
 
 
+def _host_values(value: object) -> np.ndarray:
+    """``value`` as a NumPy array: a device array (a CUDA tensor, a CuPy array) through its values."""
+    try:
+        return np.asarray(value)
+    except Exception:
+        tolist = getattr(value, "tolist", None)
+        if tolist is None:
+            raise
+        return np.asarray(tolist())
+
+
 def seqlens_option(api: str, cu_seqlens: object, name: str = "cu_seqlens") -> list[int] | None:
     """``cu_seqlens`` as a list of ints for a kernel pair's options (Python literals), checked by
     :func:`check_seqlens` but for its end (the arrays' length is checked when they are); ``None`` stays.
@@ -60,6 +71,64 @@ def seqlens_option(api: str, cu_seqlens: object, name: str = "cu_seqlens") -> li
         ScanInputError: a float, 2-D, negative or decreasing ``cu_seqlens``, naming it.
     """
     return None if cu_seqlens is None else check_seqlens(api, cu_seqlens, None, name=name).tolist()
+
+
+def offsets_option(api: str, cu_seqlens: object, cu_seqlens_cpu: object = None) -> list[int] | None:
+    """The offsets for a call's options from ``cu_seqlens`` and ``cu_seqlens_cpu`` (flash-linear-attention's host
+    copy of the same offsets), each checked by :func:`seqlens_option`: either may be given; given both, they
+    must be equal.  :func:`offsets_name` says which one a later check (of the end, of the batch) names.
+
+    Raises:
+        ScanInputError: naming the argument that breaks the rule, or both when they differ.
+    """
+    cu = seqlens_option(api, cu_seqlens)
+    cpu = seqlens_option(api, cu_seqlens_cpu, "cu_seqlens_cpu")
+    if cu is not None and cpu is not None and cu != cpu:
+        i = next((i for i, (a, b) in enumerate(zip(cu, cpu, strict=False)) if a != b), min(len(cu), len(cpu)))
+        raise ScanInputError(f"{api}: cu_seqlens_cpu must hold the offsets of cu_seqlens (a copy on the host); "
+                             f"they differ at index {i} ({len(cu)} and {len(cpu)} offsets)")
+    return cu if cu is not None else cpu
+
+
+def offsets_name(cu_seqlens: object, cu_seqlens_cpu: object = None) -> str:
+    """The argument the offsets of :func:`offsets_option` came from: ``cu_seqlens_cpu`` when given alone."""
+    return "cu_seqlens_cpu" if cu_seqlens is None and cu_seqlens_cpu is not None else "cu_seqlens"
+
+
+def real_option(api: str, name: str, value: object, need: str = "a real number or None") -> float | None:
+    """``value`` checked: None, or a finite real number (a 0-d array or tensor too; not text, not a boolean).
+
+    Raises:
+        ScanInputError: naming ``name``, what it got and ``need``.
+    """
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes, bool, np.bool_)):
+        raise ScanInputError(f"{api}: {name} must be {need}, got {value!r}")
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ScanInputError(f"{api}: {name} must be {need}, got {type(value).__name__}") from None
+    if not np.isfinite(number):
+        raise ScanInputError(f"{api}: {name} must be finite, got {number}")
+    return number
+
+
+def scale_option(api: str, scale: object) -> float | None:
+    """The output ``scale`` checked by :func:`real_option`: None (``K**-0.5``) or a finite real number."""
+    return real_option(api, "scale", scale)
+
+
+def scale_of(api: str, scale: object, K: int) -> float:
+    """The output scale: ``K**-0.5`` when ``scale`` is None, else ``scale`` checked by :func:`scale_option`."""
+    value = scale_option(api, scale)
+    return float(K) ** -0.5 if value is None else value
+
+
+def state_layout(v_first: bool, heads: str = "H") -> str:
+    """How a recurrent state ``(N, heads, K, V)`` is named in messages: ``(N, heads, V, K) (state_v_first)``
+    in flash-linear-attention's V-first layout."""
+    return f"(N, {heads}, V, K) (state_v_first)" if v_first else f"(N, {heads}, K, V)"
 
 
 def boolean(api: str, name: str, value) -> bool:

@@ -4,10 +4,11 @@ Each is declared once here (:func:`scanweaver.calls.declare.operation`) with
 flash-linear-attention's signature, positional order included (``chunk_delta_rule``,
 ``chunk_gated_delta_rule``, ``chunk_kda``, ``chunk_rwkv7`` of fla 0.6), so a
 model ports by changing the import.  fla's arguments that only steer its
-Triton kernels (``cu_seqlens_cpu``, ``chunk_indices``, ``safe_gate``,
-``lower_bound``, ``disable_recompute``) are accepted and change nothing;
-``chunk_size`` is the runner's hint for the chunked form (it never changes the
-result beyond rounding); those with a meaning ScanWeaver does not carry (``cp_context``,
+Triton kernels (``chunk_indices``, ``safe_gate``, ``lower_bound``,
+``disable_recompute``) are accepted and change nothing; ``cu_seqlens_cpu`` is
+the offsets as ``cu_seqlens`` is (either may be given); ``chunk_size`` is the
+runner's hint for the chunked form (it never changes the result beyond
+rounding); those with a meaning ScanWeaver does not carry (``cp_context``,
 ``use_gate_in_kernel``, ``return_intermediate_states``, ``use_graph``,
 ``head_first``) are refused with a message when set.  The NumPy entry runs the
 kernel pair of :mod:`.grad`; :mod:`scanweaver.torch` and :mod:`scanweaver.jax`
@@ -63,7 +64,7 @@ def delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state
         output_final_state: also return the final states ``(N, HV, K, V)``.
         use_qk_l2norm_in_kernel: normalise q and k, ``x / sqrt(sum x^2 + 1e-6)``, inside the kernel.
         cu_seqlens: ``[0, ..., T]`` offsets of sequences packed along T (B = 1; empty ones allowed).
-        cu_seqlens_cpu: fla's host copy of ``cu_seqlens`` (checked equal when both are given).
+        cu_seqlens_cpu: fla's host copy of ``cu_seqlens``: either may be given (checked equal when both are).
         backend: ``auto`` (the best available backend that runs it) or a backend name.
         **tunables: tunables of the backend's delta-rule kernels; fla's ``chunk_size``, a hint for the chunked
             form (no effect on results beyond rounding).
@@ -149,8 +150,8 @@ def kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state: bo
             allow_neg_eigval, state_v_first, cu_seqlens, cu_seqlens_cpu, backend: as for
             :func:`gated_delta_rule`.
         use_gate_in_kernel: must be False (compute g first).
-        safe_gate, lower_bound, disable_recompute: steer fla's kernels; no effect here (``lower_bound`` must be
-            negative when given).
+        safe_gate, lower_bound, disable_recompute: steer fla's kernels; no effect here (``lower_bound`` must be a
+            negative real number when given).
         return_intermediate_states, cp_context, use_graph, max_num_seqs: must keep their defaults.
         **tunables: as for :func:`delta_rule`.
 

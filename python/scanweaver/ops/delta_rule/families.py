@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...arrays import is_real
-from ...errors import ScanInputError
+from ...checks import scale_of
 from .kernels import backward, forward
 from .operands import DeltaOperands, operands
 
@@ -40,19 +40,6 @@ INPUTS = {"delta_rule": ("q", "k", "v", "beta", "initial_state"),
           "rwkv7": ("r", "w", "k", "v", "a", "b", "initial_state")}
 #: The default output scale where it is not ``K**-0.5``.
 DEFAULT_SCALE = {"rwkv7": 1.0}
-
-
-def scale_of(api: str, scale, K: int) -> float:
-    """The output scale: ``K**-0.5`` when None, else a finite real number."""
-    if scale is None:
-        return float(K) ** -0.5
-    try:
-        value = float(scale)
-    except (TypeError, ValueError):
-        raise ScanInputError(f"{api}: scale must be a real number or None, got {type(scale).__name__}") from None
-    if not np.isfinite(value):
-        raise ScanInputError(f"{api}: scale must be finite, got {value}")
-    return value
 
 
 def _sigmoid(x, xp=np):
@@ -86,23 +73,17 @@ def prepare(family: str, inputs: list, options: dict, xp=None) -> DeltaOperands:
     mod = np if xp is None else xp
     named = dict(zip(INPUTS[family], inputs, strict=True))
     h0 = named.pop("initial_state")
-    if options.get("state_v_first") and h0 is not None:
-        shape = _shape(h0)
-        if len(shape) != 4:
-            raise ScanInputError(f"{family}: initial_state has shape {shape}; with state_v_first it needs "
-                                 "(N, HV, V, K)")
-        h0 = _swap(h0, mod)
     c = _beta_scale(options)
     if c is not None and named.get("beta") is not None:
         raw = named["beta"] if xp is not None else np.asarray(named["beta"])
         named["beta"] = (c * _sigmoid(raw, mod)).astype(raw.dtype if is_real(raw.dtype) else np.float64)
-    names = {}
+    names = {"cu_seqlens": options.get("cu_seqlens_name", "cu_seqlens")}
     if family == "rwkv7":
         named = {"q": named["r"], "g": named["w"], **{n: named[n] for n in ("k", "v", "a", "b")}}
-        names = {"q": "r", "g": "w"}
+        names.update(q="r", g="w")
     return operands(family, family, named.pop("q"), named.pop("k"), named.pop("v"), h0=h0,
-                    cu_seqlens=options.get("cu_seqlens"), l2norm=bool(options.get("l2norm")), names=names, xp=xp,
-                    **named)
+                    cu_seqlens=options.get("cu_seqlens"), l2norm=bool(options.get("l2norm")),
+                    state_v_first=bool(options.get("state_v_first")), names=names, xp=xp, **named)
 
 
 def family_forward(family: str, inputs: list, options: dict, xp=None) -> list:

@@ -46,6 +46,7 @@ import numpy as np
 from ...arrays import returned_dtype
 from ...calls.device import place
 from ...calls.pairs import PAIRS, KernelPair
+from ...checks import offsets_name, offsets_option, real_option, scale_option
 from ...errors import ScanInputError
 from ...fused.delta_rule import DeltaRuleFeatures
 from .families import INPUTS, family_backward, family_forward
@@ -125,18 +126,6 @@ for _family in INPUTS:
                                 follows=INPUTS[_family].index("v")))
 
 
-def _cu(api: str, name: str, value) -> list | None:
-    if value is None:
-        return None
-    try:
-        flat = np.asarray(value).reshape(-1)
-    except Exception:  # e.g. a CUDA tensor: its values are needed on the host
-        flat = np.asarray(value.tolist()).reshape(-1)
-    if flat.dtype.kind not in "iu":
-        raise ScanInputError(f"{api}: {name} must hold integers [0, ..., T], got dtype {flat.dtype}")
-    return [int(c) for c in flat]
-
-
 def _refuse(api: str, args: dict, checks: dict) -> None:
     """Raises for the first argument of ``checks`` (name -> (default, why)) set to another value."""
     for name, (default, why) in checks.items():
@@ -173,19 +162,16 @@ def options(family: str, args: dict) -> dict:
     if args.get("allow_neg_eigval") and not args.get("use_beta_sigmoid_in_kernel"):
         raise ScanInputError(f"{family}: allow_neg_eigval=True requires use_beta_sigmoid_in_kernel=True "
                              "(beta = 2 * sigmoid(beta))")
-    lower = args.get("lower_bound")
-    if lower is not None and not float(lower) < 0:
+    lower = real_option(family, "lower_bound", args.get("lower_bound"), "a negative real number or None")
+    if lower is not None and not lower < 0:
         raise ScanInputError(f"{family}: lower_bound must be negative (a bound on log decays < 0), got {lower}")
-    cu = _cu(family, "cu_seqlens", args.get("cu_seqlens"))
-    cu_cpu = _cu(family, "cu_seqlens_cpu", args.get("cu_seqlens_cpu"))
-    if cu is not None and cu_cpu is not None and cu_cpu != cu:
-        raise ScanInputError(f"{family}: cu_seqlens_cpu {cu_cpu} differs from cu_seqlens {cu}; it must be its copy")
     chunk = extra.get("chunk_size", args.get("chunk_size"))
     if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or chunk < 1):
         raise ScanInputError(f"{family}: chunk_size must be a positive int or None, got {chunk!r}")
-    scale = args.get("scale")
-    return {"scale": None if scale is None else float(scale), "l2norm": bool(args.get("use_qk_l2norm_in_kernel")),
+    return {"scale": scale_option(family, args.get("scale")), "l2norm": bool(args.get("use_qk_l2norm_in_kernel")),
             "beta_sigmoid": bool(args.get("use_beta_sigmoid_in_kernel")),
             "neg_eigval": bool(args.get("allow_neg_eigval")), "state_v_first": bool(args.get("state_v_first")),
-            "cu_seqlens": cu, "chunk_size": None if chunk is None else int(chunk),
-            "backend": args.get("backend", "auto"), "tunables": tunables}
+            "cu_seqlens": offsets_option(family, args.get("cu_seqlens"), args.get("cu_seqlens_cpu")),
+            "cu_seqlens_name": offsets_name(args.get("cu_seqlens"), args.get("cu_seqlens_cpu")),
+            "chunk_size": None if chunk is None else int(chunk), "backend": args.get("backend", "auto"),
+            "tunables": tunables}

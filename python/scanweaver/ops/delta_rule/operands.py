@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from ...arrays import contiguous, is_half, is_real_operand, module_array, real_compute_dtype, returned_dtype
-from ...checks import check_seqlens
+from ...checks import check_seqlens, state_layout
 from ...errors import ScanInputError
 from ...fused.delta_rule import DeltaRuleFeatures
 
@@ -147,7 +147,8 @@ class DeltaOperands:
 
 
 def operands(api: str, family: str, q, k, v, *, g=None, beta=None, a=None, b=None, h0=None, cu_seqlens=None,
-             l2norm: bool = False, names: dict[str, str] | None = None, xp=None) -> DeltaOperands:
+             l2norm: bool = False, state_v_first: bool = False, names: dict[str, str] | None = None,
+             xp=None) -> DeltaOperands:
     """Checks the operands of one call of ``family`` (a key of :data:`FAMILIES`) and returns :class:`DeltaOperands`.
 
     Args:
@@ -155,16 +156,17 @@ def operands(api: str, family: str, q, k, v, *, g=None, beta=None, a=None, b=Non
         q, k: ``(B, T, H, K)``.  v: ``(B, T, HV, V)`` with ``HV % H == 0``.
         g: log decays ``(B, T, HV)`` (gated_delta_rule) or ``(B, T, HV, K)`` (kda, rwkv7).
         beta: ``(B, T, HV)`` (delta form).  a, b: ``(B, T, HV, K)`` (rwkv7).
-        h0: ``(N, HV, K, V)``, N = B or the sequences of ``cu_seqlens``.
+        h0: ``(N, HV, K, V)``, N = B or the sequences of ``cu_seqlens``; ``(N, HV, V, K)`` with
+            ``state_v_first`` (checked in that layout, then taken as its transpose).
         cu_seqlens: ``[0, ..., T]`` offsets of sequences packed along T (B = 1).
-        names: the caller's names of q, g, h0 for the messages (``{"q": "r", "g": "w"}``).
+        names: the caller's names of q, g, h0, cu_seqlens for the messages (``{"q": "r", "g": "w"}``).
         xp: ``None`` for NumPy arrays (anything ``numpy.asarray`` reads); a device array module (CuPy) for its
             arrays, checked and converted on the device (``cu_seqlens``, host offsets, is checked on the host
             and its checked copy uploaded).
     """
     gate, form = FAMILIES[family]
     nm = {"q": "q", "k": "k", "v": "v", "g": "g", "beta": "beta", "a": "a", "b": "b", "h0": "initial_state",
-          **(names or {})}
+          "cu_seqlens": "cu_seqlens", **(names or {})}
     q = array(api, nm["q"], q, 4, "(B, T, H, K)", xp=xp)
     B, T, H, K = q.shape
     k = array(api, nm["k"], k, 4, f"(B, T, H, K) = {q.shape}", xp=xp)
@@ -177,7 +179,7 @@ def operands(api: str, family: str, q, k, v, *, g=None, beta=None, a=None, b=Non
     if H < 1 or HV % H or K < 1 or V < 1:
         raise ScanInputError(f"{api}: {nm['v']} has {HV} heads and {nm['q']}/{nm['k']} {H} (shapes {v.shape}, "
                              f"{q.shape}); HV must be a multiple of H (grouped value heads), and K, V at least 1")
-    cu = None if cu_seqlens is None else check_seqlens(api, cu_seqlens, T, B)
+    cu = None if cu_seqlens is None else check_seqlens(api, cu_seqlens, T, B, nm["cu_seqlens"])
     nseq = B if cu is None else len(cu) - 1
     data = {"q": q, "k": k, "v": v}
     if gate != "none":
@@ -194,8 +196,11 @@ def operands(api: str, family: str, q, k, v, *, g=None, beta=None, a=None, b=Non
     store = storage_dtype([x.dtype for x in data.values()])
     conv = {n: contiguous(x, store, xp) for n, x in data.items()}
     if h0 is not None:
-        h0 = array(api, nm["h0"], h0, 4, f"(N, HV, K, V) = {(nseq, HV, K, V)}", xp=xp)
-        check_shape(api, nm["h0"], h0, (nseq, HV, K, V), "(N, HV, K, V) (N: B, or the sequences of cu_seqlens)")
+        need, layout = ((nseq, HV, V, K) if state_v_first else (nseq, HV, K, V)), state_layout(state_v_first, "HV")
+        h0 = array(api, nm["h0"], h0, 4, f"{layout} = {need}", xp=xp)
+        check_shape(api, nm["h0"], h0, need, f"{layout} (N: B, or the sequences of cu_seqlens)")
+        if state_v_first:
+            h0 = (xp or np).swapaxes(h0, -1, -2)
         h0 = contiguous(h0, accumulation(store), xp)
     out = returned_dtype(v.dtype, store)
     dev_cu = cu if cu is None or xp is None else xp.asarray(cu)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...arrays import real_compute_dtype
+from ...checks import scale_of, state_layout
 from ...errors import ScanInputError
 from .kernels import backward, forward
 from .operands import MatrixOperands, array, check_shape, operands
@@ -33,31 +34,6 @@ RWKV6 = "rwkv6"
 LA_INPUTS = ("q", "k", "v", "g", "g_head", "decay", "initial_state")
 #: Inputs of the RWKV-6 pair, in order.
 RWKV6_INPUTS = ("r", "k", "v", "w", "u", "initial_state")
-
-
-def scale_of(api: str, scale, K: int) -> float:
-    """The output scale: ``K**-0.5`` when None, else a finite real number."""
-    value = scale_option(api, scale)
-    return float(K) ** -0.5 if value is None else value
-
-
-def scale_option(api: str, scale) -> float | None:
-    """``scale`` checked: None, or a finite real number (a 0-d array or tensor too).
-
-    Raises:
-        ScanInputError: naming ``scale`` and what it got.
-    """
-    if scale is None:
-        return None
-    if isinstance(scale, (str, bytes, bool, np.bool_)):
-        raise ScanInputError(f"{api}: scale must be a real number or None, got {scale!r}")
-    try:
-        value = float(scale)
-    except (TypeError, ValueError):
-        raise ScanInputError(f"{api}: scale must be a real number or None, got {type(scale).__name__}") from None
-    if not np.isfinite(value):
-        raise ScanInputError(f"{api}: scale must be finite, got {value}")
-    return value
 
 
 def retention_decays(H: int, xp=None, dtype=np.float64) -> np.ndarray:
@@ -100,8 +76,8 @@ def la_prepare(inputs: list, options: dict, xp=None) -> tuple[MatrixOperands, st
     v_first = bool(options.get("state_v_first", False))
     _check_state(api, h0, qa, va, options.get("cu_seqlens"), v_first=v_first, xp=xp)
     ops = operands(api, qa, k, va, gcore, decay=kind, h0=_flip(h0, xp) if v_first and h0 is not None else h0,
-                   cu_seqlens=options.get("cu_seqlens"), reverse=options.get("reverse", False), names={"g": gname},
-                   xp=xp)
+                   cu_seqlens=options.get("cu_seqlens"), reverse=options.get("reverse", False),
+                   names={"g": gname, "cu_seqlens": options.get("cu_seqlens_name", "cu_seqlens")}, xp=xp)
     return ops, which
 
 
@@ -112,7 +88,7 @@ def _check_state(api: str, h0, q, v, cu_seqlens, name: str = "initial_state", v_
     nseq = v.shape[0] if cu_seqlens is None else len(cu_seqlens) - 1
     K, V = q.shape[3], v.shape[3]
     need = (nseq, v.shape[2], V, K) if v_first else (nseq, v.shape[2], K, V)
-    layout = "(N, H, V, K) (state_v_first)" if v_first else "(N, H, K, V)"
+    layout = state_layout(v_first)
     h = array(api, name, h0, 4, f"{layout} = {need}", xp=xp)
     check_shape(api, name, h, need, f"{layout} (N: batch, or the sequences of cu_seqlens)")
 
@@ -173,7 +149,8 @@ def rwkv6_prepare(inputs: list, options: dict, api: str = RWKV6, xp=None) -> Mat
             raise ScanInputError(f"{api}: {name} is required")
     _check_state(api, h0, ra, va, options.get("cu_seqlens"), xp=xp)
     return operands(api, ra, k, va, w, decay="key", readout="bonus", u=u, h0=h0,
-                    cu_seqlens=options.get("cu_seqlens"), names={"q": "r", "g": "w"}, xp=xp)
+                    cu_seqlens=options.get("cu_seqlens"),
+                    names={"q": "r", "g": "w", "cu_seqlens": options.get("cu_seqlens_name", "cu_seqlens")}, xp=xp)
 
 
 def rwkv6_forward(inputs: list, options: dict, xp=None) -> list:

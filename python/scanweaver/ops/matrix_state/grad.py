@@ -27,7 +27,7 @@ import numpy as np
 from ...arrays import real_compute_dtype, returned_dtype
 from ...calls.device import place
 from ...calls.pairs import PAIRS, KernelPair
-from ...checks import seqlens_option
+from ...checks import offsets_name, offsets_option, scale_option, seqlens_option
 from ...errors import ScanInputError
 from . import attention, mamba2
 from .kernels import OP, check_chunk_size
@@ -95,21 +95,6 @@ PAIRS.register()(KernelPair("mamba2", *_wrap(mamba2.mamba2_forward, mamba2.mamba
                             _mamba2_shapes, n_outputs=2))
 
 
-def offsets_option(api: str, cu_seqlens, cu_seqlens_cpu=None) -> list[int] | None:
-    """``cu_seqlens`` for the options, checked by the one rule (:func:`scanweaver.checks.seqlens_option`).
-
-    ``cu_seqlens_cpu`` (flash-linear-attention's host copy of the same offsets) means the same: either
-    may be given; given both, they must be equal.
-    """
-    cu = seqlens_option(api, cu_seqlens)
-    cpu = seqlens_option(api, cu_seqlens_cpu, "cu_seqlens_cpu")
-    if cu is not None and cpu is not None and cu != cpu:
-        i = next((i for i, (a, b) in enumerate(zip(cu, cpu, strict=False)) if a != b), min(len(cu), len(cpu)))
-        raise ScanInputError(f"{api}: cu_seqlens_cpu must hold the offsets of cu_seqlens (a copy on the host); "
-                             f"they differ at index {i} ({len(cu)} and {len(cpu)} offsets)")
-    return cu if cu is not None else cpu
-
-
 def la_options(api: str, args: dict, *, retention: bool = False, names: dict | None = None) -> dict:
     """The linear-attention pair's options for a call of ``api`` (``linear_attention``, ``simple_gla``,
     ``retention``) with arguments ``args``: Python literals, which key the front ends' compiled ops.
@@ -117,10 +102,11 @@ def la_options(api: str, args: dict, *, retention: bool = False, names: dict | N
     Raises:
         ScanInputError: naming the argument (``scale``, ``cu_seqlens``, ``chunk_size`` ...).
     """
-    return {"api": api, "scale": attention.scale_option(api, args.get("scale")),
+    return {"api": api, "scale": scale_option(api, args.get("scale")),
             "reverse": bool(args.get("reverse", False)), "state_v_first": bool(args.get("state_v_first", False)),
             "retention": retention, "names": dict(names or {}),
             "cu_seqlens": offsets_option(api, args.get("cu_seqlens"), args.get("cu_seqlens_cpu")),
+            "cu_seqlens_name": offsets_name(args.get("cu_seqlens"), args.get("cu_seqlens_cpu")),
             "chunk_size": check_chunk_size(api, args.get("chunk_size")), "backend": args.get("backend", "auto"),
             "tunables": dict(args.get("tunables") or {})}
 
@@ -128,8 +114,9 @@ def la_options(api: str, args: dict, *, retention: bool = False, names: dict | N
 def rwkv6_options(args: dict) -> dict:
     """The ``rwkv6`` pair's options for a call with arguments ``args``."""
     api = attention.RWKV6
-    return {"scale": attention.scale_option(api, args.get("scale")),
+    return {"scale": scale_option(api, args.get("scale")),
             "cu_seqlens": offsets_option(api, args.get("cu_seqlens"), args.get("cu_seqlens_cpu")),
+            "cu_seqlens_name": offsets_name(args.get("cu_seqlens"), args.get("cu_seqlens_cpu")),
             "chunk_size": check_chunk_size(api, args.get("chunk_size")), "backend": args.get("backend", "auto"),
             "tunables": dict(args.get("tunables") or {})}
 

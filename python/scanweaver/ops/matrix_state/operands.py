@@ -111,13 +111,14 @@ def operands(api: str, q, k, v, g=None, *, decay: str, readout: str = "after", u
         api: the public call's name (errors start with it).
         q, k: ``(batch, T, Hq, K)``; v: ``(batch, T, H, V)`` with ``H % Hq == 0``.
         g: log decays ``(batch, T, H)`` (``decay="scalar"``) or ``(batch, T, H, K)`` (``key``).
-        names: the caller's names of q, k, v, g, u, h0 for the messages (e.g. ``{"q": "C"}``).
+        names: the caller's names of q, k, v, g, u, h0, cu_seqlens for the messages (e.g. ``{"q": "C"}``).
         out_dtype: the dtype of the outputs (default: the inputs' common dtype).
         xp: ``None`` for NumPy arrays (anything ``numpy.asarray`` reads); a device array module (CuPy) for
             its arrays, which are checked and converted on the device (``cu_seqlens``, host offsets, is
             checked on the host and copied to the device).
     """
-    nm = {"q": "q", "k": "k", "v": "v", "g": "g", "u": "u", "h0": "initial_state", **(names or {})}
+    nm = {"q": "q", "k": "k", "v": "v", "g": "g", "u": "u", "h0": "initial_state", "cu_seqlens": "cu_seqlens",
+          **(names or {})}
     q = array(api, nm["q"], q, 4, "(batch, T, H, K)", xp=xp)
     batch, T, Hq, K = q.shape
     k = array(api, nm["k"], k, 4, f"q's shape {q.shape}", xp=xp)
@@ -130,7 +131,7 @@ def operands(api: str, q, k, v, g=None, *, decay: str, readout: str = "after", u
         raise ScanInputError(f"{api}: {nm['v']} has {H} heads and {nm['q']}/{nm['k']} {Hq} (shapes {v.shape}, "
                              f"{q.shape}); the heads of {nm['q']}/{nm['k']} must divide those of {nm['v']}, "
                              "and K, V must be >= 1")
-    cs = seqlens(api, cu_seqlens, batch, T)
+    cs = seqlens(api, cu_seqlens, batch, T, nm["cu_seqlens"])
     nseq = batch if cs is None else len(cs) - 1
     got = []
     if decay != "none":
