@@ -260,3 +260,19 @@ def test_mamba2_against_mamba_ssm(D_shape):
                                     initial_states=h0, return_final_states=True)
     np.testing.assert_allclose(got, Y.numpy(), rtol=2e-4, atol=2e-4)
     np.testing.assert_allclose(h, final.numpy(), rtol=2e-4, atol=2e-4)
+
+
+@pytest.mark.parametrize("bad", ["0.5", [1.0], True, float("nan")])
+def test_every_decode_step_checks_its_scale_like_the_whole_sequence_call(bad):
+    """``scale`` of a decode step is held to the rule of the operations: a finite real number or None."""
+    rng = np.random.default_rng(3)
+    S, q, v = rng.normal(size=(1, 2, 4, 3)), rng.normal(size=(1, 2, 4)), rng.normal(size=(1, 2, 3))
+    g, beta = -rng.uniform(0.1, 1, (1, 2)), rng.uniform(0, 1, (1, 2))
+    calls = {"linear_attention_step": lambda sc: scanweaver.linear_attention_step(S, q, q, v, scale=sc),
+             "rwkv6_step": lambda sc: scanweaver.rwkv6_step(S, q, q, v, -np.abs(q), q[0], scale=sc),
+             "gated_delta_rule_step": lambda sc: scanweaver.gated_delta_rule_step(S, q, q / 3, v, g, beta, scale=sc),
+             "rwkv7_step": lambda sc: scanweaver.rwkv7_step(S, q, -np.abs(q), q / 3, v, q / 3, q / 3, scale=sc)}
+    for name, call in calls.items():
+        with pytest.raises(ScanInputError, match=r"scale must be (a real number or None|finite)"):
+            call(bad)
+        assert np.isfinite(np.asarray(call(0.5)[0], np.float64)).all(), name

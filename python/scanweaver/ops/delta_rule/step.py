@@ -29,6 +29,7 @@ import numpy as np
 
 from ...arrays import device_module
 from ...calls.declare import operation
+from ...checks import scale_of
 from ...errors import ScanInputError
 
 _LIBS = {"torch": "torch", "jax": "jax.numpy", "jaxlib": "jax.numpy"}
@@ -159,7 +160,7 @@ def _delta_step(api, state, q, k, v, beta, decay, *, scale, l2norm, state_v_firs
     d = None if decay is None else xp.exp(decay) if key_decay else xp.exp(decay)[..., None]
     Sk, Sq = _dots(xp, [k, q] if d is None else [d * k, d * q], S)
     u = beta[..., None] * (v - Sk)
-    o = (Sq + (q * k).sum(-1, keepdims=True) * u) * (float(K) ** -0.5 if scale is None else float(scale))
+    o = (Sq + (q * k).sum(-1, keepdims=True) * u) * scale_of(api, scale, K)
     S = (S if d is None else d[..., None] * S) + k[..., :, None] * u[..., None, :]
     S = _cast(S, state.dtype)
     return _cast(o, out_dtype), (xp.swapaxes(S, -1, -2) if state_v_first else S)
@@ -248,6 +249,6 @@ def rwkv7_step(state, r, w, k, v, a, b, *, scale=1.0):
     d = xp.exp(w)
     p, Sr = _dots(xp, [a, d * r], S)  # a^T S and (D r)^T S: o = r^T S' = (D r)^T S + (r . b) p + (r . k) v
     o = (Sr + (r * b).sum(-1, keepdims=True) * p + (r * k).sum(-1, keepdims=True) * vv) * \
-        (float(K) ** -0.5 if scale is None else float(scale))
+        scale_of(api, scale, K)
     S = d[..., None] * S + b[..., :, None] * p[..., None, :] + k[..., :, None] * vv[..., None, :]
     return _cast(o, v.dtype), _cast(S, state.dtype)

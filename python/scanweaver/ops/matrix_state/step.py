@@ -18,6 +18,7 @@ import numpy as np
 
 from ...arrays import device_module
 from ...calls.declare import operation
+from ...checks import scale_of
 from ...errors import ScanInputError
 
 _LIBS = {"torch": "torch", "jax": "jax.numpy", "jaxlib": "jax.numpy"}
@@ -92,7 +93,7 @@ def linear_attention_step(state, q, k, v, *, g=None, g_head=None, decay=None, sc
     xp = _xp((state, q, k, v, g, g_head, decay))
     S = _decayed(xp, state, g, g_head, decay)
     S = S + _heads(k, H)[..., :, None] * v[..., None, :]
-    s = float(K) ** -0.5 if scale is None else float(scale)
+    s = scale_of(api, scale, K)
     return (_heads(q, H)[..., :, None] * S).sum(-2) * s, S
 
 
@@ -125,7 +126,7 @@ def rwkv6_step(state, r, k, v, w, u, *, scale=None):
                  "v": (v, (b, H, V), "(batch, H, V)"), "w": (w, (b, H, K), "(batch, H, K)"),
                  "u": (u, (H, K), "(H, K)")})
     xp = _xp((state, r, k, v, w, u))
-    s = float(K) ** -0.5 if scale is None else float(scale)
+    s = scale_of(api, scale, K)
     kv = k[..., :, None] * v[..., None, :]
     o = (r[..., :, None] * (state + u[..., :, None] * kv)).sum(-2) * s
     return o, xp.exp(w)[..., None] * state + kv
