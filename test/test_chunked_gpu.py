@@ -11,7 +11,6 @@ sm_90 with nvcc and spills nothing at K = V = 128 and at K = 256, V = 512 (nothi
 from __future__ import annotations
 
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -24,7 +23,7 @@ from scanweaver.runtime import REGISTRY
 from scanweaver.targets import TARGETS
 from scanweaver.targets.fused import kernel_for
 from scanweaver.targets.fused_gpu_matrix_state import local_bytes
-from scanweaver.tools.ptxas import parse
+from scanweaver.tools.ptxas import cubin_report
 
 OP = FUSED.get("matrix_state")
 NVCC = shutil.which("nvcc")
@@ -226,15 +225,13 @@ def test_bad_algorithm_and_chunk_are_refused():
         kernel_for("opencl", "matrix_state").plan(call, {"batch": 1, "T": 1, "H": 1, "Hq": 1, "nseq": 1})
 
 
-def nvcc(tmp_path, source: str, name: str) -> dict:
-    """ptxas's report of ``source`` compiled for sm_90 (``nvcc -cubin -Xptxas -v``)."""
-    cu = tmp_path / f"{name}.cu"
-    cu.write_text(source)
-    proc = subprocess.run([NVCC, "-cubin", "-arch=sm_90", "-Xptxas", "-v", "-o", str(tmp_path / f"{name}.cubin"),
-                           str(cu)], capture_output=True, text=True, timeout=300)
+def nvcc(source: str) -> dict:
+    """ptxas's report of ``source`` compiled for sm_90 (``nvcc -cubin -Xptxas -v``), which compiles without a
+    warning."""
+    proc, report = cubin_report(source, nvcc=NVCC)
     assert proc.returncode == 0, proc.stderr
     assert "warning" not in proc.stderr.lower(), proc.stderr
-    return parse(proc.stderr)
+    return report
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH (CUDA toolkit not installed)")
@@ -242,7 +239,7 @@ def nvcc(tmp_path, source: str, name: str) -> dict:
                                                                   (256, 512, "key", "bonus", "float32", True),
                                                                   (256, 512, "scalar", "after", "float64", False),
                                                                   (64, 64, "none", "bonus", "float32", False)])
-def test_cuda_chunked_kernels_compile_for_sm90_without_spills(tmp_path, K, V, decay, readout, dtype, reverse):
+def test_cuda_chunked_kernels_compile_for_sm90_without_spills(K, V, decay, readout, dtype, reverse):
     """The defaults at a model's batch (8 sequences of 2048 steps, 16 heads) with the chunked forward: every
     kernel compiles without a warning, spills nothing, keeps no stack frame, and its shared memory is within
     :func:`local_bytes`."""
@@ -251,7 +248,7 @@ def test_cuda_chunked_kernels_compile_for_sm90_without_spills(tmp_path, K, V, de
     kernel = kernel_for("cuda", "matrix_state")
     cfg = OP.resolve("gpu", {"algorithm": "chunked"}, kernel.defaults(f, sizes), "test")
     call = OP.call("forward", f, cfg)
-    report = nvcc(tmp_path, kernel.render(TARGETS.get("cuda")(), call), "chunked")
+    report = nvcc(kernel.render(TARGETS.get("cuda")(), call))
     want = ("chunk_prefix", "chunk_local", "chunk_carry", "chunk_output")[decay == "none":]
     assert set(report) == {f"sw_matrix_state_{w}" for w in want}
     assert [x.kernel for x in kernel.plan(call, sizes).launches] == [f"sw_matrix_state_{w}" for w in want]

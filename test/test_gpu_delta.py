@@ -6,7 +6,6 @@ K = V = 128 with the default configuration (columns tiled over work-items, K spl
 from __future__ import annotations
 
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -19,7 +18,7 @@ from scanweaver.fused.delta_rule import DeltaRuleFeatures, forward_reference
 from scanweaver.runtime import REGISTRY, get_backend
 from scanweaver.targets import TARGETS
 from scanweaver.targets.fused import kernel_for
-from scanweaver.tools.ptxas import parse
+from scanweaver.tools.ptxas import cubin_report
 
 OP = FUSED.get("delta_rule")
 
@@ -99,17 +98,14 @@ NVCC = shutil.which("nvcc")
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH (CUDA toolkit not installed)")
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_cuda_forward_compiles_for_sm90_without_spills_at_k_v_128(tmp_path, family, dtype):
+def test_cuda_forward_compiles_for_sm90_without_spills_at_k_v_128(family, dtype):
     gate, form = FAMILIES[family]
     f = DeltaRuleFeatures(dtype, 128, 128, True, True, False, gate, form, family != "rwkv7")
     sizes = {"batch": 1, "T": 4096, "H": 16, "Hq": 16, "nseq": 1}
     cfg = OP.resolve("gpu", {}, kernel_for("cuda", OP.name).defaults(f, sizes), "test")
     assert cfg["key_split"] == 8 and cfg["workgroup_size"] * cfg["key_split"] <= 1024
-    source = kernel_for("cuda", OP.name).render(TARGETS.get("cuda")(), OP.call("forward", f, cfg))
-    cu = tmp_path / "k.cu"
-    cu.write_text(source)
-    proc = subprocess.run([NVCC, "-cubin", "-arch=sm_90", "-Xptxas", "-v", "-o", str(tmp_path / "k.cubin"), str(cu)],
-                          capture_output=True, text=True, timeout=300)
+    proc, reports = cubin_report(kernel_for("cuda", OP.name).render(TARGETS.get("cuda")(), OP.call("forward", f, cfg)),
+                                 nvcc=NVCC)
     assert proc.returncode == 0 and "warning" not in proc.stderr.lower(), proc.stderr
-    report = parse(proc.stderr)["sw_delta_rule_forward"]
+    report = reports["sw_delta_rule_forward"]
     assert report["spill_stores"] == 0 and report["spill_loads"] == 0 and report["stack"] == 0, report

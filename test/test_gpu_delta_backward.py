@@ -8,7 +8,6 @@ default configuration.
 from __future__ import annotations
 
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -21,7 +20,7 @@ from scanweaver.fused.delta_rule import DeltaRuleFeatures, backward_reference
 from scanweaver.runtime import REGISTRY, get_backend
 from scanweaver.targets import TARGETS
 from scanweaver.targets.fused import kernel_for
-from scanweaver.tools.ptxas import parse
+from scanweaver.tools.ptxas import cubin_report
 
 OP = FUSED.get("delta_rule")
 #: Gradient name -> the differentiable input it belongs to.
@@ -158,7 +157,7 @@ NVCC = shutil.which("nvcc")
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH (CUDA toolkit not installed)")
 @pytest.mark.parametrize("family", ["deltanet", "gated", "kda"])
-def test_cuda_backward_compiles_for_sm90_without_spills_at_k_v_128(tmp_path, family):
+def test_cuda_backward_compiles_for_sm90_without_spills_at_k_v_128(family):
     """ptxas (CUDA 13) reported: values 47 to 80 registers, keys 108 to 128 (512 work-items: 8 x 16 columns
     per row, 1024 spilled), qk 56 to 64, deltas as the forward; float64 (not compiled here, 256 work-items in
     keys) 254 to 255 registers in keys, no spills."""
@@ -166,13 +165,9 @@ def test_cuda_backward_compiles_for_sm90_without_spills_at_k_v_128(tmp_path, fam
     f = DeltaRuleFeatures("float32", 128, 128, True, True, True, gate, form, family != "deltanet")
     sizes = {"batch": 1, "T": 4096, "H": 16, "Hq": 4, "nseq": 1}
     cfg = OP.resolve("gpu", {}, kernel_for("cuda", OP.name).defaults(f, sizes), "test")
-    source = kernel_for("cuda", OP.name).render(TARGETS.get("cuda")(), OP.call("backward", f, cfg))
-    cu = tmp_path / "k.cu"
-    cu.write_text(source)
-    proc = subprocess.run([NVCC, "-cubin", "-arch=sm_90", "-Xptxas", "-v", "-o", str(tmp_path / "k.cubin"), str(cu)],
-                          capture_output=True, text=True, timeout=300)
+    proc, reports = cubin_report(kernel_for("cuda", OP.name).render(TARGETS.get("cuda")(), OP.call("backward", f, cfg)),
+                                 nvcc=NVCC)
     assert proc.returncode == 0 and "warning" not in proc.stderr.lower(), proc.stderr
-    reports = parse(proc.stderr)
     for kernel in ("deltas", "values", "keys", "qk"):
         report = reports[f"sw_delta_rule_bwd_{kernel}"]
         assert report["spill_stores"] == 0 and report["spill_loads"] == 0 and report["stack"] == 0, (kernel, report)

@@ -62,15 +62,9 @@ MACROS = r"""
     if (SW_GATE == 2) sd[e] = @EXP@(g[SW_HK(t_) + i_]); \
   } \
 } while (0)
-/* sums over the SW_CS work-items of row i (local memory; every work-item gets the same sum) */
+/* sums over the SW_CS work-items of row i (SW_SUM2_OVER of the forward's prelude) */
 #if SW_CS > 1
-#define SW_RSUM2(x, y) do { \
-  red[lid] = (x); red[SW_RITEMS + lid] = (y); \
-  SW_BARRIER(); \
-  (x) = (SW_T)0; (y) = (SW_T)0; \
-  for (int c_ = 0; c_ < SW_CS; ++c_) { (x) += red[c_ * SW_K + i]; (y) += red[SW_RITEMS + c_ * SW_K + i]; } \
-  SW_BARRIER(); \
-} while (0)
+#define SW_RSUM2(x, y) SW_SUM2_OVER(x, y, SW_CS, SW_RITEMS, SW_K, i)
 #else
 #define SW_RSUM2(x, y) ((void)0)
 #endif
@@ -100,12 +94,7 @@ SW_KERNEL_DR void sw_delta_rule_bwd_values(@PARAMS@, SW_GLOBAL SW_T* restrict ws
   SW_LOCAL SW_T sb[SW_TT];
   SW_LOCAL SW_T sn[2 * SW_TT];
   SW_LOCAL SW_T red[2 * SW_ITEMS];
-  const int lid = SW_LID, c = lid % SW_WG, r = lid / SW_WG;
-  const sw_index grp = SW_GROUP, vt = grp % SW_NVT, seq = grp / SW_NVT / H, h = grp / SW_NVT % H;
-  const sw_index j = vt * SW_WG + c;
-  const int live = j < SW_V;
-  SW_SEGMENT(seq);
-  const sw_index st = (seq * H + h) * SW_K * SW_V + j; /* element (i, j) of G at st + i * SW_V */
+  SW_COLUMN_ITEM(); /* element (i, j) of G at st + i * SW_V */
   SW_GLOBAL SW_T* wdu = ws + SW_BTHV;
   SW_T G[SW_KR];
 #pragma unroll

@@ -65,17 +65,29 @@ PRELUDE = r"""
 #define SW_VO(t) (((bi * T + (t)) * H + h) * SW_V)
 #define SW_BT(t) ((bi * T + (t)) * H + h)
 #define SW_TILE_LEN(s0) ((int)(len - (s0) < SW_TT ? len - (s0) : SW_TT))
+/* a column work-item: lane c of key slice r; column j of value tile vt of (seq, h); state element (i, j) at
+ * st + i * SW_V */
+#define SW_COLUMN_ITEM() \
+  const int lid = SW_LID, c = lid % SW_WG, r = lid / SW_WG; \
+  const sw_index grp = SW_GROUP, vt = grp % SW_NVT, seq = grp / SW_NVT / H, h = grp / SW_NVT % H; \
+  const sw_index j = vt * SW_WG + c; \
+  const int live = j < SW_V; \
+  SW_SEGMENT(seq); \
+  const sw_index st = (seq * H + h) * SW_K * SW_V + j
 /* the decay of row i at staged step tt */
 #define SW_DK(tt, i) (SW_GATE == 2 ? sd[(tt) * SW_K + (i)] : SW_GATE == 1 ? sd[tt] : (SW_T)1)
-/* sums over the SW_R work-items of a column (local memory; every work-item gets the same sum) */
-#if SW_R > 1
-#define SW_SUM2(x, y) do { \
-  red[lid] = (x); red[SW_ITEMS + lid] = (y); \
+/* x and y summed over the n work-items r_ * stride + j (r_ < n) of a workgroup of `items` (local memory red of
+ * 2 * items; every work-item gets the sums) */
+#define SW_SUM2_OVER(x, y, n, items, stride, j) do { \
+  red[lid] = (x); red[(items) + lid] = (y); \
   SW_BARRIER(); \
   (x) = (SW_T)0; (y) = (SW_T)0; \
-  for (int r_ = 0; r_ < SW_R; ++r_) { (x) += red[r_ * SW_WG + c]; (y) += red[SW_ITEMS + r_ * SW_WG + c]; } \
+  for (int r_ = 0; r_ < (n); ++r_) { (x) += red[r_ * (stride) + (j)]; (y) += red[(items) + r_ * (stride) + (j)]; } \
   SW_BARRIER(); \
 } while (0)
+/* sums over the SW_R work-items of column c */
+#if SW_R > 1
+#define SW_SUM2(x, y) SW_SUM2_OVER(x, y, SW_R, SW_ITEMS, SW_WG, c)
 #else
 #define SW_SUM2(x, y) ((void)0)
 #endif
@@ -137,12 +149,7 @@ SW_KERNEL_DR void @NAME@(@PARAMS@@EXTRA@) {
   SW_LOCAL SW_T sb[SW_TT + 1];
   SW_LOCAL SW_T sn[2 * (SW_TT + 1)];
   SW_LOCAL SW_T red[2 * SW_ITEMS];
-  const int lid = SW_LID, c = lid % SW_WG, r = lid / SW_WG;
-  const sw_index grp = SW_GROUP, vt = grp % SW_NVT, seq = grp / SW_NVT / H, h = grp / SW_NVT % H;
-  const sw_index j = vt * SW_WG + c;
-  const int live = j < SW_V;
-  SW_SEGMENT(seq);
-  const sw_index st = (seq * H + h) * SW_K * SW_V + j; /* state element (i, j) at st + i * SW_V */
+  SW_COLUMN_ITEM();
   SW_T s[SW_KR];
 #pragma unroll
   for (int ii = 0; ii < SW_KR; ++ii) {

@@ -91,18 +91,24 @@ def _cuda_schedules() -> tuple[str, ...]:
     return REGISTRY["cuda"].schedules
 
 
+def cubin_report(source: str, arch: str = "sm_90", nvcc: str = "nvcc") -> tuple[subprocess.CompletedProcess, dict]:
+    """CUDA C ``source`` compiled to a cubin for ``arch`` with ptxas's verbose report (``nvcc -cubin -Xptxas -v``):
+    the finished process (its ``stderr`` the compiler's text) and :func:`parse` of it."""
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "k.cu"
+        src.write_text(source)
+        proc = subprocess.run([nvcc, "-cubin", f"-arch={arch}", "-Xptxas", "-v", "-o", str(Path(tmp) / "k.cubin"),
+                               str(src)], capture_output=True, text=True, timeout=300)
+    return proc, parse(proc.stderr)
+
+
 def compile_report(schedule: str, config: dict, dtype: str, arch: str = "sm_90", nvcc: str = "nvcc") -> dict:
     """ptxas's report for the selective scan's kernels of one configuration (``{kernel: resources}``)."""
     from ..api import SELECTIVE
     from ..targets.gpu import emit_source
 
     stages = SELECTIVE.lower(backend="numpy", schedule=schedule, dtype=dtype, **config)
-    with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp) / "k.cu"
-        src.write_text(emit_source(stages, "cuda"))
-        proc = subprocess.run([nvcc, "-cubin", f"-arch={arch}", "-Xptxas", "-v", "-o", str(Path(tmp) / "k.cubin"),
-                               str(src)], capture_output=True, text=True, timeout=300)
-    kernels = parse(proc.stderr)
+    proc, kernels = cubin_report(emit_source(stages, "cuda"), arch, nvcc)
     if proc.returncode and not any("error" in k for k in kernels.values()):
         kernels["*"] = {"error": proc.stderr.strip()[-500:]}
     return kernels
@@ -146,19 +152,14 @@ def matrix_report(entry: dict, arch: str = "sm_90", nvcc: str = "nvcc") -> dict:
 
     op, kernel = FUSED.get("matrix_state"), kernel_for("cuda", "matrix_state")
     kernels: dict[str, dict] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for name, part, cfg in (("forward", "forward", entry["config"]), ("backward", "backward", entry["config"]),
-                                ("chunked", "forward", {**entry["config"], "algorithm": "chunked"}),
-                                ("chunked_backward", "backward", {**entry["config"], "algorithm": "chunked"})):
-            src = Path(tmp) / f"{name}.cu"
-            src.write_text(kernel.render(TARGETS.get("cuda")(), op.call(part, entry["features"], cfg)))
-            proc = subprocess.run([nvcc, "-cubin", f"-arch={arch}", "-Xptxas", "-v", "-o",
-                                   str(Path(tmp) / f"{name}.cubin"), str(src)], capture_output=True, text=True,
-                                  timeout=300)
-            found = parse(proc.stderr)
-            if proc.returncode and not any("error" in k for k in found.values()):
-                found[f"*{name}"] = {"error": proc.stderr.strip()[-500:]}
-            kernels.update(found)
+    for name, part, cfg in (("forward", "forward", entry["config"]), ("backward", "backward", entry["config"]),
+                            ("chunked", "forward", {**entry["config"], "algorithm": "chunked"}),
+                            ("chunked_backward", "backward", {**entry["config"], "algorithm": "chunked"})):
+        proc, found = cubin_report(kernel.render(TARGETS.get("cuda")(), op.call(part, entry["features"], cfg)), arch,
+                                   nvcc)
+        if proc.returncode and not any("error" in k for k in found.values()):
+            found[f"*{name}"] = {"error": proc.stderr.strip()[-500:]}
+        kernels.update(found)
     return kernels
 
 
