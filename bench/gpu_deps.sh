@@ -16,7 +16,7 @@ python3 -m pip download -q --no-deps --only-binary=:all: -d .deps/wheels \
 for w in .deps/wheels/*.whl; do python3 -m zipfile -e "$w" .deps/site; done
 # scanweaver's own pure-Python requirements that a GPU machine may lack (platformdirs: the cache and tuned-store
 # locations), in .deps/needed: the session puts it on the path only where its Python cannot import them
-rm -rf .deps/needed && mkdir -p .deps/needed .deps/wheels_needed
+rm -rf .deps/needed .deps/wheels_needed && mkdir -p .deps/needed .deps/wheels_needed
 python3 -m pip download -q --no-deps --only-binary=:all: -d .deps/wheels_needed "platformdirs>=3"
 for w in .deps/wheels_needed/*.whl; do python3 -m zipfile -e "$w" .deps/needed; done
 # the sdist (its setup.py runs for metadata only: no CUDA build, no build isolation)

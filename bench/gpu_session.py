@@ -197,7 +197,7 @@ def run_step(s: Session, step: Step, reserve: float, wanted: set[str]) -> bool:
     elif command is None:
         row.update(status="skipped", note=step.note)
     elif limit < min(step.budget, s.min_step) or (step.optional and limit < step.budget):
-        row.update(status="skipped", note=f"{s.left():.0f} s left, {reserve:.0f} s kept for later steps")
+        row.update(status="skipped", note=f"only {s.left():.0f} s left (its budget: {step.budget} s)")
     if "status" in row:
         s.say(f"== {step.name}: skipped ({row['note']})")
         s.write_summary()

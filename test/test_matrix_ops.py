@@ -273,6 +273,6 @@ def test_every_decode_step_checks_its_scale_like_the_whole_sequence_call(bad):
              "gated_delta_rule_step": lambda sc: scanweaver.gated_delta_rule_step(S, q, q / 3, v, g, beta, scale=sc),
              "rwkv7_step": lambda sc: scanweaver.rwkv7_step(S, q, -np.abs(q), q / 3, v, q / 3, q / 3, scale=sc)}
     for name, call in calls.items():
-        with pytest.raises(ScanInputError, match=r"scale must be (a real number or None|finite)"):
+        with pytest.raises(ScanInputError, match=rf"^{name}: scale must be (a real number or None|finite)"):
             call(bad)
         assert np.isfinite(np.asarray(call(0.5)[0], np.float64)).all(), name

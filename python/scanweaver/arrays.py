@@ -353,15 +353,6 @@ def device_module(values) -> Any:
     return None
 
 
-def host_arrays(values) -> tuple[list, Any]:
-    """``values`` with every device array copied to a NumPy array, and the device module the results should go
-    back to (``None``: they were host arrays).  For calls that run on a backend that takes host arrays only."""
-    xp = device_module(values)
-    if xp is None:
-        return list(values), None
-    return [xp.asnumpy(v) if v is not None and isinstance(v, xp.ndarray) else v for v in values], xp
-
-
 def module_array(api: str, name: str, value: object, xp=None):
     """``value`` checked as an array of array module ``xp``: :func:`as_array` for NumPy (``None``); for a
     device module, one of its own float arrays, kept where it is (nothing is copied to the host).

@@ -206,7 +206,7 @@ DELTAS_OUT = "if (r == 0 && live) ws[SW_VO(t) + j] = vj - p;"
 
 
 def render(r, call) -> str:
-    """Kernel source of ``call`` (forward: one kernel; backward: deltas, values and keys)."""
+    """Kernel source of ``call`` (forward: one kernel; backward: deltas, values, keys and qk)."""
     f: DeltaRuleFeatures = call.features
     _check_dtype(call)
     cfg = call.params

@@ -141,6 +141,7 @@ def _delta_step(api, state, q, k, v, beta, decay, *, scale, l2norm, state_v_firs
     """The delta form's step, reading the state once for both dots: with ``D`` the decay,
     ``u = beta (v - (D k)^T S)``, ``o = scale ((D q)^T S + (q . k) u)``, ``S' = D S + k u^T``."""
     N, H, HV, K, V = _dims(api, state, q, "q", state_v_first)
+    scale = scale_of(api, scale, K)  # checked first, named by the step
     _shape(api, "k", k, (N, H, K), "(N, H, K)")
     _shape(api, "v", v, (N, HV, V), "(N, HV, V)")
     _shape(api, "beta", beta, (N, HV), "(N, HV)")
@@ -160,7 +161,7 @@ def _delta_step(api, state, q, k, v, beta, decay, *, scale, l2norm, state_v_firs
     d = None if decay is None else xp.exp(decay) if key_decay else xp.exp(decay)[..., None]
     Sk, Sq = _dots(xp, [k, q] if d is None else [d * k, d * q], S)
     u = beta[..., None] * (v - Sk)
-    o = (Sq + (q * k).sum(-1, keepdims=True) * u) * scale_of(api, scale, K)
+    o = (Sq + (q * k).sum(-1, keepdims=True) * u) * scale
     S = (S if d is None else d[..., None] * S) + k[..., :, None] * u[..., None, :]
     S = _cast(S, state.dtype)
     return _cast(o, out_dtype), (xp.swapaxes(S, -1, -2) if state_v_first else S)
@@ -237,6 +238,7 @@ def rwkv7_step(state, r, w, k, v, a, b, *, scale=1.0):
     """
     api = "rwkv7_step"
     N, H, HV, K, V = _dims(api, state, r, "r")
+    scale = scale_of(api, scale, K)  # checked first, named by the step
     _shape(api, "k", k, (N, H, K), "(N, H, K)")
     for name, x in (("w", w), ("a", a), ("b", b)):
         _shape(api, name, x, (N, HV, K), "(N, HV, K)")
@@ -248,7 +250,6 @@ def rwkv7_step(state, r, w, k, v, a, b, *, scale=1.0):
     r, k = _heads(xp, r, HV), _heads(xp, k, HV)
     d = xp.exp(w)
     p, Sr = _dots(xp, [a, d * r], S)  # a^T S and (D r)^T S: o = r^T S' = (D r)^T S + (r . b) p + (r . k) v
-    o = (Sr + (r * b).sum(-1, keepdims=True) * p + (r * k).sum(-1, keepdims=True) * vv) * \
-        scale_of(api, scale, K)
+    o = (Sr + (r * b).sum(-1, keepdims=True) * p + (r * k).sum(-1, keepdims=True) * vv) * scale
     S = d[..., None] * S + b[..., :, None] * p[..., None, :] + k[..., :, None] * vv[..., None, :]
     return _cast(o, v.dtype), _cast(S, state.dtype)
