@@ -12,23 +12,29 @@ margin):
    ``.deps/needed`` (scanweaver's own requirements) where this Python lacks them;
 2. ``tests``: the CUDA tests (device arrays and call plans, Mamba-1 and the matrix-state operations on CUDA
    tensors with host copies refused, launch limits);
-3. ``families``: every CUDA kernel family against its float64 host reference, forward and backward
+3. ``kernels``: the GPU kernels' tests (the matrix state's chunked forward and backward, the delta rule's forward
+   and backward: every decay kind, lengths around the chunk, packed sequences, groups) on ``cuda`` instead of
+   PoCL (``SCANWEAVER_TEST_GPU_BACKEND=cuda``);
+4. ``families``: every CUDA kernel family against its float64 host reference, forward and backward
    (``bench/gpu_families.py``: the vector scan, Mamba-1, the matrix states, the delta family where present);
-4. ``gpu_check``: every vector-scan schedule against the host oracle, then the default path against the
+5. ``chunked``: the matrix state's chunked form beside its recurrence (GLA, simple GLA, Mamba-2), checked, then
+   timed forward and forward + backward (``bench/gpu_chunked.py``);
+6. ``gpu_check``: every vector-scan schedule against the host oracle, then the default path against the
    roofline (``bench/gpu_check.py``);
-5. ``scoreboard``: the vector scan beside the GPU peers (accelerated-scan, ``torch.compile``'d
+7. ``scoreboard``: the vector scan beside the GPU peers (accelerated-scan, ``torch.compile``'d
    associative_scan, JAX; ``scanweaver bench --suite gpu``);
-6. ``models``: Mamba-1, Mamba-2, GLA and the gated delta rule beside mamba-ssm's and
+8. ``models``: Mamba-1, Mamba-2, GLA and the gated delta rule beside mamba-ssm's and
    flash-linear-attention's Triton kernels (``bench/gpu_models.py``);
-7. ``defaults``: the tuning that writes this GPU's shipped defaults (``bench/gpu_defaults.py``:
+9. ``defaults``: the tuning that writes this GPU's shipped defaults (``bench/gpu_defaults.py``:
    ``<device>.json`` for ``python/scanweaver/tuning/devices/``);
-8. ``training`` (only with time left): the vector scan's forward + backward beside the peers.
+10. ``training`` (only with time left): the vector scan's forward + backward beside the peers.
 
 Each step's result is written when it finishes: ``summary.json`` (every step's status, seconds, exit code
 and files) after every step, and each step's own files as it goes, so a cut call still reports what
-finished.  Everything lands in ``$OUT`` (or ``--out``), at most eight files: ``session.log``,
-``summary.json``, ``families.json``, ``gpu_check.json``, ``gpu.json``, ``gpu_models.json``,
-``<device>.json``, ``gpu_training.json``.  Exit status 1 when a correctness check failed (a test, a family,
+finished.  Everything lands in ``$OUT`` (or ``--out``), at most eight files (what a GPU call brings back):
+``session.log``, ``summary.json``, ``families.json``, ``gpu_chunked.json``, ``gpu_check.json``, ``gpu.json``,
+``gpu_models.json``, ``<device>.json``, ``gpu_training.json``; a step whose file would be a ninth is skipped,
+saying so.  Exit status 1 when a correctness check failed (a test, a family,
 gpu_check, our scoreboard or model entries), else 0: time limits and skips are reported, not failures.
 
 ``--dry-run`` (or ``SCANWEAVER_GPU_DRY_RUN=1``) runs the same steps on the CPU with PoCL standing in for
@@ -74,6 +80,12 @@ for n in ("cupy-cuda13x", "cupy-cuda12x", "torch", "jax", "triton", "numpy", "fl
 #: What the dry run's ``tests`` step runs: a CUDA file (it skips without a GPU; the stand-in device tests run
 #: in the suite itself).
 DRY_TESTS = ("test/test_cuda_device_arrays.py",)
+#: The GPU kernels' test files the ``kernels`` step runs on ``cuda`` (PoCL runs them in the suite); their
+#: sm_90 compile checks ran where the suite ran and are left out.
+KERNEL_TESTS = ("test/test_chunked_gpu.py", "test/test_chunked_gpu_backward.py", "test/test_gpu_delta.py",
+                "test/test_gpu_delta_backward.py")
+#: Files a GPU call brings back from its output directory.
+MAX_FILES = 8
 
 
 @dataclass
@@ -92,14 +104,20 @@ class Step:
     copies: tuple[str, ...] = ()
     optional: bool = False
     note: str = ""
+    env: dict = field(default_factory=dict)
 
 
 STEPS = (
     Step("tests", 60, [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", *CUDA_TESTS,
                        "-k", "not the_record_is_current"],
          [PY, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *DRY_TESTS]),
+    Step("kernels", 150, [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", *KERNEL_TESTS, "-k", "not sm90"],
+         None, env={"SCANWEAVER_TEST_GPU_BACKEND": "cuda"}, note="the suite runs the GPU kernels' tests on PoCL"),
     Step("families", 70, [PY, "bench/gpu_families.py", "--out", "{out}/families.json", "--budget", "{budget_less_10}"],
          [PY, "bench/gpu_families.py", "--dry-run", "--out", "{out}/families.json"], files=("families.json",)),
+    Step("chunked", 120, [PY, "bench/gpu_chunked.py", "--out", "{out}/gpu_chunked.json", "--budget",
+                          "{budget_less_30}"],
+         [PY, "bench/gpu_chunked.py", "--dry-run", "--out", "{out}/gpu_chunked.json"], files=("gpu_chunked.json",)),
     Step("gpu_check", 70, [PY, "bench/gpu_check.py", "--json", "--budget", "{budget_less_15}", "--out",
                            "{out}/gpu_check.json"],
          [PY, "bench/gpu_check.py", "--json", "--allow-no-gpu", "--out", "{out}/gpu_check.json"],
@@ -196,6 +214,10 @@ def run_step(s: Session, step: Step, reserve: float, wanted: set[str]) -> bool:
         row.update(status="skipped", note="not asked for (--steps)")
     elif command is None:
         row.update(status="skipped", note=step.note)
+    elif len(have := {p.name for p in s.out.iterdir() if p.is_file()}
+             | set(step.files) | {Path(c).name for c in step.copies}) > MAX_FILES:
+        row.update(status="skipped", note=f"its files would make {len(have)}, past the {MAX_FILES} a GPU call brings "
+                                          "back")
     elif limit < min(step.budget, s.min_step) or (step.optional and limit < step.budget):
         row.update(status="skipped", note=f"only {s.left():.0f} s left (its budget: {step.budget} s)")
     if "status" in row:
@@ -207,7 +229,8 @@ def run_step(s: Session, step: Step, reserve: float, wanted: set[str]) -> bool:
     argv = [functools.reduce(lambda text, kv: text.replace(*kv), subs.items(), a) for a in command]
     s.say(f"== {step.name} (up to {limit} s): {' '.join(argv)}")
     t0 = time.time()
-    proc = subprocess.Popen(argv, cwd=ROOT, env=s.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    proc = subprocess.Popen(argv, cwd=ROOT, env={**s.env, **step.env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True,
                             start_new_session=True)
     killed = threading.Event()
 

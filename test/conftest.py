@@ -1,4 +1,4 @@
-"""Shared fixtures: an isolated per-test-session cache directory and random operands."""
+"""Shared fixtures: an isolated per-test-session cache directory, random operands, the backends."""
 
 from __future__ import annotations
 
@@ -56,3 +56,24 @@ def cpu():
     if not be.availability().ok:
         pytest.skip(f"cpu backend unavailable: {be.availability().reason}")
     return be
+
+
+#: The backend the GPU kernels' tests run on: ``opencl`` (PoCL here, the same kernel text as CUDA); a GPU machine
+#: sets ``SCANWEAVER_TEST_GPU_BACKEND=cuda`` to run the same tests on the device (``bench/gpu_session.py``).
+GPU_TEST_BACKEND = os.environ.get("SCANWEAVER_TEST_GPU_BACKEND", "opencl")
+
+
+def gpu_backend():
+    """The GPU kernels' test backend (:data:`GPU_TEST_BACKEND`), or a skip naming why it cannot run here."""
+    from scanweaver.runtime import REGISTRY, get_backend
+
+    cls = REGISTRY.get(GPU_TEST_BACKEND)
+    if not cls.availability().ok:
+        pytest.skip(f"backend {GPU_TEST_BACKEND!r} unavailable: {cls.availability().reason}")
+    return get_backend(GPU_TEST_BACKEND)
+
+
+@pytest.fixture(scope="session")
+def gpu():
+    """:func:`gpu_backend` as a fixture."""
+    return gpu_backend()

@@ -19,7 +19,6 @@ import scanweaver
 from scanweaver import ScanInputError
 from scanweaver.fused import REGISTRY as FUSED
 from scanweaver.fused.matrix_state import MatrixStateFeatures
-from scanweaver.runtime import REGISTRY
 from scanweaver.targets import TARGETS
 from scanweaver.targets.fused import kernel_for
 from scanweaver.targets.fused_gpu_matrix_state import local_bytes
@@ -28,16 +27,6 @@ from scanweaver.tools.ptxas import cubin_report
 OP = FUSED.get("matrix_state")
 NVCC = shutil.which("nvcc")
 KINDS = ("decay", "growth", "mixed", "reset", "tiny_huge")
-
-
-@pytest.fixture(scope="module")
-def opencl():
-    """The ``opencl`` backend, or a skip saying why it cannot run here."""
-    if not REGISTRY.get("opencl").availability().ok:
-        pytest.skip(f"backend 'opencl' unavailable: {REGISTRY.get('opencl').availability().reason}")
-    from scanweaver.runtime import get_backend
-
-    return get_backend("opencl")
 
 
 def log_decays(rng, kind: str, shape) -> np.ndarray:
@@ -136,28 +125,28 @@ CASES = [
 
 @pytest.mark.parametrize("decay, readout, kind, dtype, reverse, packed, Hq", CASES,
                          ids=[f"{c[0]}-{c[1]}-{c[2]}-{c[3]}" for c in CASES])
-def test_chunked_forward_matches_the_loop(opencl, decay, readout, kind, dtype, reverse, packed, Hq):
+def test_chunked_forward_matches_the_loop(gpu, decay, readout, kind, dtype, reverse, packed, Hq):
     """Chunks of 4 over 13 steps (and over packed sequences of 4, 0, 5 and 4 steps: shorter than, equal to and
     longer than a chunk), several value tiles, odd K and V."""
     rng = np.random.default_rng(CASES.index((decay, readout, kind, dtype, reverse, packed, Hq)))
     cu = np.array([0, 4, 4, 9, 13], np.int64) if packed else None
     f, sizes, a = case(rng, decay, readout, dtype, kind=kind, reverse=reverse, seqlens=cu, Hq=Hq)
-    check(opencl, f, sizes, a, {"float32": 3e-5, "float64": 1e-12}[dtype], chunk=4, workgroup_size=8, time_tile=3)
+    check(gpu, f, sizes, a, {"float32": 3e-5, "float64": 1e-12}[dtype], chunk=4, workgroup_size=8, time_tile=3)
 
 
 @pytest.mark.parametrize("T", [1, 63, 64, 65, 130])
-def test_lengths_around_the_default_chunk(opencl, T):
+def test_lengths_around_the_default_chunk(gpu, T):
     """The default chunk (64) and workgroups: T = 1, one step short of, at and past one chunk, and two chunks and
     a bit; float32 against the loop and against the GPU recurrence on the same data."""
     rng = np.random.default_rng(T)
     f, sizes, a = case(rng, "key", "after", "float32", T=T, K=16, V=24, Hq=2, kind="mixed")
-    o, h = check(opencl, f, sizes, a, 3e-5)
-    ro, rh = run(opencl, f, sizes, a, algorithm="recurrent")
+    o, h = check(gpu, f, sizes, a, 3e-5)
+    ro, rh = run(gpu, f, sizes, a, algorithm="recurrent")
     close(o, ro.astype(np.float64), 3e-5, "chunked vs recurrent o")
     close(h, rh.astype(np.float64), 3e-5, "chunked vs recurrent final state")
 
 
-def test_growth_overflows_only_where_the_recurrence_does(opencl):
+def test_growth_overflows_only_where_the_recurrence_does(gpu):
     """Log decays of +50 per step in float32 (e^50 = 5e21, finite) over 3 steps, the first key 1e-25 small: its
     weight to the chunk's end, e^100 = 3e43, overflows float32, but the recurrence multiplies its tiny term by
     e^50 twice and stays finite (about 1e21), and so does the chunked form, which forms k_j e^{G_last - G_j}
@@ -170,14 +159,14 @@ def test_growth_overflows_only_where_the_recurrence_does(opencl):
         want, want_h = loop(a["q"], a["k"], a["v"], a["g"], decay, readout, a["u"])
         assert 1e18 < np.abs(want_h).max() < 1e30
         assert np.exp(100.0) > np.finfo(np.float32).max, "the first key's factor alone overflows float32"
-        o, h = run(opencl, f, sizes, a, algorithm="chunked", chunk=64)
+        o, h = run(gpu, f, sizes, a, algorithm="chunked", chunk=64)
         assert np.isfinite(o).all() and np.isfinite(h).all()
         for got, w, what in ((o, want, "o"), (h, want_h, "final state")):
             m = np.abs(w).max()
             close(got / m, w / m, 3e-5, f"{decay} {readout} {what} / its max")
 
 
-def test_public_calls_select_the_chunked_form_and_report_it(opencl):
+def test_public_calls_select_the_chunked_form_and_report_it(gpu):
     """``algorithm="chunked"`` and ``chunk_size=`` select the chunked forward on opencl as on cpu, and
     :data:`scanweaver.matrix.last` says which algorithm ran."""
     rng = np.random.default_rng(11)
@@ -186,17 +175,17 @@ def test_public_calls_select_the_chunked_form_and_report_it(opencl):
     v = rng.normal(size=(B, T, H, V)).astype(np.float32)
     g = log_decays(rng, "reset", (B, T, H, K)).astype(np.float32)
     want = loop(q, k, v, g, "key")[0]
-    o, _ = scanweaver.linear_attention(q, k, v, g=g, scale=1.0, backend="opencl", algorithm="chunked", chunk=16)
+    o, _ = scanweaver.linear_attention(q, k, v, g=g, scale=1.0, backend=gpu.name, algorithm="chunked", chunk=16)
     close(o, want, 3e-5, "algorithm=chunked")
     info = scanweaver.matrix.last
-    assert (info.backend, info.algorithm, info.config["chunk"], info.source) == ("opencl", "chunked", 16, "explicit")
-    o, _ = scanweaver.linear_attention(q, k, v, g=g, scale=1.0, backend="opencl", chunk_size=32)
+    assert (info.backend, info.algorithm, info.config["chunk"], info.source) == (gpu.name, "chunked", 16, "explicit")
+    o, _ = scanweaver.linear_attention(q, k, v, g=g, scale=1.0, backend=gpu.name, chunk_size=32)
     close(o, want, 3e-5, "chunk_size=32")
     info = scanweaver.matrix.last
     assert (info.algorithm, info.config["chunk"], info.source) == ("chunked", 32, "hint")
-    scanweaver.linear_attention(q, k, v, g=g, scale=1.0, backend="opencl")
+    scanweaver.linear_attention(q, k, v, g=g, scale=1.0, backend=gpu.name)
     assert scanweaver.matrix.last.algorithm == "recurrent", "the GPU default stays the recurrence"
-    scanweaver.linear_attention(q, k, v, g=g, scale=1.0, backend="opencl", chunk_size=256)
+    scanweaver.linear_attention(q, k, v, g=g, scale=1.0, backend=gpu.name, chunk_size=256)
     assert scanweaver.matrix.last.algorithm == "recurrent", "a chunk over 64 is a hint the GPU kernels drop"
 
 

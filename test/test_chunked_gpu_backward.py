@@ -19,7 +19,6 @@ import pytest
 import scanweaver
 from scanweaver.fused import REGISTRY as FUSED
 from scanweaver.fused.matrix_state import MatrixStateFeatures
-from scanweaver.runtime import REGISTRY
 from scanweaver.targets import TARGETS
 from scanweaver.targets.fused import kernel_for
 from scanweaver.targets.fused_gpu_matrix_state import local_bytes
@@ -28,16 +27,6 @@ from test_chunked_gpu import close, log_decays, nvcc
 OP = FUSED.get("matrix_state")
 NVCC = shutil.which("nvcc")
 GRADS = ("dq", "dk", "dv", "dg", "du", "dh0")
-
-
-@pytest.fixture(scope="module")
-def opencl():
-    """The ``opencl`` backend, or a skip saying why it cannot run here."""
-    if not REGISTRY.get("opencl").availability().ok:
-        pytest.skip(f"backend 'opencl' unavailable: {REGISTRY.get('opencl').availability().reason}")
-    from scanweaver.runtime import get_backend
-
-    return get_backend("opencl")
 
 
 def adjoint_loop(a, decay, readout="after", cu=None, reverse=False):
@@ -149,27 +138,27 @@ CASES = [
 
 @pytest.mark.parametrize("decay, readout, kind, dtype, reverse, packed, Hq, recurrent", CASES,
                          ids=[f"{c[0]}-{c[1]}-{c[2]}-{c[3]}" for c in CASES])
-def test_chunked_backward_matches_the_adjoint_loop(opencl, decay, readout, kind, dtype, reverse, packed, Hq,
+def test_chunked_backward_matches_the_adjoint_loop(gpu, decay, readout, kind, dtype, reverse, packed, Hq,
                                                    recurrent):
     """Chunks of 4 over 13 steps (and over packed sequences of 3, 0, 6 and 4 steps), several value and key tiles,
     odd K and V."""
     rng = np.random.default_rng(100 + CASES.index((decay, readout, kind, dtype, reverse, packed, Hq, recurrent)))
     cu = np.array([0, 3, 3, 9, 13], np.int64) if packed else None
     f, sizes, a = problem(rng, decay, readout, dtype, kind=kind, reverse=reverse, cu=cu, Hq=Hq)
-    check(opencl, f, sizes, a, {"float32": 3e-5, "float64": 1e-12}[dtype], recurrent, chunk=4, workgroup_size=8,
+    check(gpu, f, sizes, a, {"float32": 3e-5, "float64": 1e-12}[dtype], recurrent, chunk=4, workgroup_size=8,
           time_tile=3, state_per_item=4)
 
 
 @pytest.mark.parametrize("T", [1, 65, 130])
-def test_lengths_around_the_default_chunk(opencl, T):
+def test_lengths_around_the_default_chunk(gpu, T):
     """The default chunk (64) and workgroups: T = 1, one step past one chunk, two chunks and a bit (float32)."""
     rng = np.random.default_rng(T)
     f, sizes, a = problem(rng, "key", "bonus", "float32", T=T, K=16, V=24, H=4, Hq=2, kind="mixed")
-    check(opencl, f, sizes, a, 3e-5, T == 130)
+    check(gpu, f, sizes, a, 3e-5, T == 130)
 
 
-def test_public_calls_run_the_chunked_backward_and_report_it(opencl):
-    """``algorithm="chunked"`` and ``chunk_size=`` select the chunked backward on opencl, and
+def test_public_calls_run_the_chunked_backward_and_report_it(gpu):
+    """``algorithm="chunked"`` and ``chunk_size=`` select the chunked backward on gpu, and
     :data:`scanweaver.matrix.last` says so; the default stays the recurrence (asked of an empty sequence, which
     resolves the configuration and runs no kernel)."""
     from scanweaver import matrix
@@ -181,16 +170,16 @@ def test_public_calls_run_the_chunked_backward_and_report_it(opencl):
     ops = matrix.operands("test", a["q"], a["k"], a["v"], a["g"], decay="scalar")
     for kwargs, source, chunk in (({"algorithm": "chunked", "chunk": 16}, "explicit", 16),
                                   ({"chunk_size": 16}, "hint", 16)):
-        got = matrix.backward(ops, a["do"], backend="opencl", **kwargs)
+        got = matrix.backward(ops, a["do"], backend=gpu.name, **kwargs)
         info = scanweaver.matrix.last
         assert (info.backend, info.part, info.algorithm, info.config["chunk"], info.source) == \
-            ("opencl", "backward", "chunked", chunk, source)
+            (gpu.name, "backward", "chunked", chunk, source)
         for n in ("dq", "dk", "dv", "dg"):
             close(got[n], want[n], 3e-5, f"{n} ({source})")
     empty = matrix.operands("test", a["q"][:, :0], a["k"][:, :0], a["v"][:, :0], a["g"][:, :0], decay="scalar")
-    matrix.backward(empty, a["do"][:, :0], backend="opencl")
+    matrix.backward(empty, a["do"][:, :0], backend=gpu.name)
     info = scanweaver.matrix.last
-    assert (info.backend, info.part, info.algorithm) == ("opencl", "backward", "recurrent"), info
+    assert (info.backend, info.part, info.algorithm) == (gpu.name, "backward", "recurrent"), info
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH (CUDA toolkit not installed)")

@@ -9,25 +9,18 @@ import shutil
 
 import numpy as np
 import pytest
+from conftest import GPU_TEST_BACKEND, gpu_backend
 from delta_family import FAMILIES, inputs_of, loop, problem
 
 import scanweaver
 from scanweaver.errors import ScanInputError
 from scanweaver.fused import REGISTRY as FUSED
 from scanweaver.fused.delta_rule import DeltaRuleFeatures, forward_reference
-from scanweaver.runtime import REGISTRY, get_backend
 from scanweaver.targets import TARGETS
 from scanweaver.targets.fused import kernel_for
 from scanweaver.tools.ptxas import cubin_report
 
 OP = FUSED.get("delta_rule")
-
-
-def opencl():
-    cls = REGISTRY.get("opencl")
-    if not cls.availability().ok:
-        pytest.skip(f"backend 'opencl' unavailable: {cls.availability().reason}")
-    return get_backend("opencl")
 
 
 #: (family, dtype, problem() keywords, config): K split over 1 to 4 work-items (rows past K on the last one),
@@ -49,7 +42,7 @@ CASES = [("deltanet", "float64", {"T": 13, "K": 5, "V": 19}, {"workgroup_size": 
 @pytest.mark.parametrize("family,dtype,kw,config", CASES,
                          ids=[f"{c[0]}-{c[1]}{'-l2norm' * c[2].get('l2norm', False)}" for c in CASES])
 def test_opencl_forward_matches_the_loop_and_the_definition(family, dtype, kw, config):
-    be = opencl()
+    be = gpu_backend()
     rng = np.random.default_rng(len(family) + len(kw))
     f, a, sizes = problem(rng, family, dtype=dtype, **kw)
     if "g" in a and a["g"].shape[1] > 3:
@@ -65,7 +58,7 @@ def test_opencl_forward_matches_the_loop_and_the_definition(family, dtype, kw, c
 
 
 def test_gpu_kernels_name_what_they_do_not_run():
-    be = opencl()
+    be = gpu_backend()
     rng = np.random.default_rng(0)
     f, a, sizes = problem(rng, "rwkv7", T=5, K=4, V=4, dhlast=True)
     grads = {n: np.empty(s) for n, s in OP.shapes("backward", f, sizes).items() if n.startswith("d") and n != "do"}
@@ -80,14 +73,14 @@ def test_gpu_kernels_name_what_they_do_not_run():
 
 
 def test_half_operands_on_the_gpu_kernels_are_refused_naming_them_and_the_way_out():
-    opencl()
+    gpu_backend()
     rng = np.random.default_rng(1)
     q, k = rng.normal(size=(2, 1, 5, 2, 4)).astype(np.float16)
     v = rng.normal(size=(1, 5, 2, 3)).astype(np.float16)
     beta = rng.uniform(0, 1, (1, 5, 2)).astype(np.float16)
     with pytest.raises(ScanInputError, match=r"^delta_rule: .*float32 or float64; the operands \(q, k, v and the "
                                              r"gates\) are float16: convert them to float32, or use backend='cpu'"):
-        scanweaver.delta_rule(q, k, v, beta, backend="opencl")
+        scanweaver.delta_rule(q, k, v, beta, backend=GPU_TEST_BACKEND)
     o = scanweaver.delta_rule(q, k, v, beta)[0]  # auto passes over the GPU kernels
     assert o.dtype == np.float16 and np.isfinite(o.astype(np.float32)).all()
 

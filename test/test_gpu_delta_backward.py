@@ -11,13 +11,13 @@ import shutil
 
 import numpy as np
 import pytest
+from conftest import GPU_TEST_BACKEND, gpu_backend
 
 import scanweaver
 from delta_family import FAMILIES, PUBLIC, call_public, inputs_of, problem, torch_loop
 
 from scanweaver.fused import REGISTRY as FUSED
 from scanweaver.fused.delta_rule import DeltaRuleFeatures, backward_reference
-from scanweaver.runtime import REGISTRY, get_backend
 from scanweaver.targets import TARGETS
 from scanweaver.targets.fused import kernel_for
 from scanweaver.tools.ptxas import cubin_report
@@ -25,13 +25,6 @@ from scanweaver.tools.ptxas import cubin_report
 OP = FUSED.get("delta_rule")
 #: Gradient name -> the differentiable input it belongs to.
 INPUTS = {"dq": "q", "dk": "k", "dv": "v", "dg": "g", "dbeta": "beta", "dh0": "h0"}
-
-
-def opencl():
-    cls = REGISTRY.get("opencl")
-    if not cls.availability().ok:
-        pytest.skip(f"backend 'opencl' unavailable: {cls.availability().reason}")
-    return get_backend("opencl")
 
 
 def gpu_backward(be, f, a, sizes, do, config):
@@ -91,7 +84,7 @@ CASES = [("deltanet", {"seqlens": [5, 0, 9, 1], "Hq": 1, "H": 2, "K": 5, "V": 19
 
 @pytest.mark.parametrize("family,kw,config", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
 def test_opencl_float64_gradients_match_the_definition_and_autograd(family, kw, config):
-    be = opencl()
+    be = gpu_backend()
     rng = np.random.default_rng(len(family) + len(kw))
     f, a, sizes = problem(rng, family, dhlast=True, **kw)
     extreme_gates(a)
@@ -108,7 +101,7 @@ def test_opencl_float64_gradients_match_the_definition_and_autograd(family, kw, 
 
 @pytest.mark.parametrize("family", ["gated", "kda"])
 def test_opencl_float32_gradients(family):
-    be = opencl()
+    be = gpu_backend()
     rng = np.random.default_rng(7)
     f, a, sizes = problem(rng, family, T=23, batch=1, Hq=1, H=2, K=16, V=24, l2norm=True, dhlast=True,
                           dtype="float32")
@@ -126,7 +119,7 @@ def test_opencl_float32_gradients(family):
 def test_public_gradients_run_the_opencl_backward(op):
     """The PyTorch entry points with ``backend="opencl"`` run both parts there (no fallback): every gradient equals
     autograd of the loop, with a scale, the L2 norm and q/k heads shared by two value heads."""
-    opencl()
+    gpu_backend()
     torch = pytest.importorskip("torch")
     swt = pytest.importorskip("scanweaver.torch")
     rng = np.random.default_rng(5)
@@ -135,10 +128,10 @@ def test_public_gradients_run_the_opencl_backward(op):
     leaves = {n: {m: torch.tensor(x, requires_grad=True) for m, x in a.items()} for n in ("want", "got")}
     o, h = torch_loop(PUBLIC[op], leaves["want"], 0.8, True)
     ((o * torch.tensor(w_o)).sum() + (h * torch.tensor(w_h)).sum()).backward()
-    o, h = call_public(swt.__dict__[op], op, leaves["got"], 0.8, True, backend="opencl")
+    o, h = call_public(swt.__dict__[op], op, leaves["got"], 0.8, True, backend=GPU_TEST_BACKEND)
     ((o * torch.tensor(w_o)).sum() + (h * torch.tensor(w_h)).sum()).backward()
     ran = scanweaver.matrix.last
-    assert (ran.part, ran.backend, ran.fallback) == ("backward", "opencl", ""), ran
+    assert (ran.part, ran.backend, ran.fallback) == ("backward", GPU_TEST_BACKEND, ""), ran
     for n, leaf in leaves["got"].items():
         np.testing.assert_allclose(leaf.grad.numpy(), leaves["want"][n].grad.numpy(), rtol=0, atol=1e-11, err_msg=n)
 

@@ -37,10 +37,11 @@ def test_dry_run_of_the_whole_session(tmp_path):
     proc, summary = session(tmp_path)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     steps = {r["name"]: r for r in summary["steps"]}
-    assert list(steps) == ["setup", "tests", "families", "gpu_check", "scoreboard", "models", "defaults", "training"]
-    for name in ("setup", "tests", "families", "gpu_check", "scoreboard", "defaults"):
+    assert list(steps) == ["setup", "tests", "kernels", "families", "chunked", "gpu_check", "scoreboard", "models",
+                           "defaults", "training"]
+    for name in ("setup", "tests", "families", "chunked", "gpu_check", "scoreboard", "defaults"):
         assert steps[name]["status"] == "ok", (name, steps[name])
-    assert steps["models"]["status"] == steps["training"]["status"] == "skipped"
+    assert steps["kernels"]["status"] == steps["models"]["status"] == steps["training"]["status"] == "skipped"
     assert all(r.get("limit_s", 0) <= summary["deadline_s"] for r in summary["steps"])
     assert summary["elapsed_s"] < summary["deadline_s"] and summary["correctness_failures"] == []
     families = json.loads((tmp_path / "families.json").read_text())
@@ -48,6 +49,11 @@ def test_dry_run_of_the_whole_session(tmp_path):
     for row in families["families"]:
         assert row["status"] == "ok" and max(row["errors"].values()) <= families["tolerance"], row
         assert {"y", "dx", "ddt", "dz"} <= set(row["errors"]), "the output and every gradient are checked"
+    chunked = json.loads((tmp_path / "gpu_chunked.json").read_text())
+    assert {(r["model"], r["algorithm"]) for r in chunked if r["kind"] == "check"} == {
+        (m, a) for m in ("gla", "simple_gla", "mamba2") for a in ("recurrent", "chunked")}
+    assert all(r["status"] == "ok" for r in chunked), [r for r in chunked if r["status"] != "ok"]
+    assert all(r["chunked_train_ms"] > 0 for r in chunked if r["kind"] == "time")
     device = json.loads((tmp_path / summary["device_file"]).read_text())
     assert device["format"] == "scanweaver-device-configs" and device["backend"] == "opencl" and device["entries"]
     assert json.loads((tmp_path / "gpu_check.json").read_text())["status"] == "no_gpu"
