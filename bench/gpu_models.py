@@ -7,7 +7,7 @@ part of ``scanweaver bench --suite gpu``.
 
 Usage (on the GPU, with ``.deps/site`` from ``bench/gpu_deps.sh`` on PYTHONPATH)::
 
-    python bench/gpu_models.py [--out DIR] [--budget SECONDS] [--quick]
+    python bench/gpu_models.py [--out DIR] [--budget SECONDS] [--quick] [--only gated_delta,gla]
 
 Writes ``gpu_models.json`` and ``gpu_models.md`` under ``--out``.  Exit codes: 0 ran (entries may be
 skipped); 1 one of our entries failed its check or raised.
@@ -30,6 +30,8 @@ def main(argv=None) -> int:
     ap.add_argument("--budget", type=float, default=240.0, help="entries not started by then are skipped")
     ap.add_argument("--quick", action="store_true", help="small timed shapes")
     ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--only", default="", help="comma-separated models (mamba1, mamba2, gla, gated_delta): only "
+                                               "their entries run")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
 
@@ -38,7 +40,8 @@ def main(argv=None) -> int:
         (args.out / "gpu_models.json").write_text(json.dumps([asdict(r) for r in results], indent=2, default=str))
 
     results = models.run(quick=args.quick, repeats=args.repeats, budget_s=args.budget, on_result=write,
-                         log=lambda line: print(line, file=sys.stderr, flush=True))
+                         log=lambda line: print(line, file=sys.stderr, flush=True),
+                         only=tuple(m for m in args.only.split(",") if m))
     print(models.markdown(results))
     return 1 if models.failed_ours(results) else 0
 

@@ -169,7 +169,7 @@ def test_repeated_calls_launch_the_plan_on_the_callers_stream(rng, cp):
                 np.testing.assert_allclose(out.get(), ey, **TOL)
     plans = [p for p in SELECTIVE._plans.values() if isinstance(p, DevicePlan)]
     assert len(plans) == 6 and all(p.stream is None for p in plans)
-    with pytest.raises(scanweaver.ScanInputError, match="out overlaps a"):
+    with pytest.raises(scanweaver.ScanInputError, match="out overlaps operand a"):
         scanweaver.selective_scan(*dev, schedule="hybrid", out=dev[0])
 
 
@@ -187,5 +187,8 @@ def test_repeated_torch_calls_use_the_plan_on_torchs_stream(rng):
             assert isinstance(y, torch.Tensor) and y.is_cuda
             stream.synchronize()
             np.testing.assert_allclose(y.cpu().numpy(), loop_reference(**ops)[0], **TOL)
-    plans = [p for p in SELECTIVE._plans.values() if isinstance(p, DevicePlan)]
-    assert len(plans) == 1 and plans[0].stream is not None
+    plans = [(k, p) for k, p in SELECTIVE._plans.items() if isinstance(p, DevicePlan)]
+    # the tensors reach the plan as CuPy views with PyTorch's stream made CuPy's current one: the plan is keyed
+    # by that stream and launches on CuPy's current stream (no stream of its own)
+    assert len(plans) == 1 and plans[0][1].stream is None
+    assert int(stream.cuda_stream) in plans[0][0], "the plan is keyed by PyTorch's current stream"

@@ -168,6 +168,7 @@ def test_mixed_or_foreign_values_have_no_key(rng):
     assert _views({**ops, "a": Refuses()})[0] is None
 
 
+@pytest.mark.skipif(not OCL.ok, reason=f"opencl backend unavailable for the replay: {OCL.reason}")
 def test_checks_of_a_repeated_call(rng):
     be = Replay()
     host = make_operands(rng, (2, 256), np.float32)

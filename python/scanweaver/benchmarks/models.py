@@ -259,13 +259,17 @@ def run_entry(entry: ModelEntry, quick: bool = False, repeats: int = 10) -> Mode
 
 def run(quick: bool = False, repeats: int = 10, log: Callable[[str], None] | None = None,
         budget_s: float = float("inf"),
-        on_result: Callable[[list[ModelResult]], None] | None = None) -> list[ModelResult]:
+        on_result: Callable[[list[ModelResult]], None] | None = None,
+        only: tuple[str, ...] = ()) -> list[ModelResult]:
     """Every entry of :data:`ENTRIES`, in order; entries not started within ``budget_s`` seconds are skipped
     with that reason (a Triton peer may compile and autotune for a minute).  ``on_result`` gets the results
-    so far after each entry (to write them before a time limit cuts the run)."""
+    so far after each entry (to write them before a time limit cuts the run); ``only`` keeps the entries of
+    those models (all when empty)."""
     out = []
     start = time.perf_counter()
     for entry in ENTRIES:
+        if only and entry.model not in only:
+            continue
         spent = time.perf_counter() - start
         if spent >= budget_s:
             shape = SHAPES[entry.model][2 if quick else 1]
