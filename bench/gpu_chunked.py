@@ -6,9 +6,11 @@ through ``scanweaver.torch`` on float32 CUDA tensors: each algorithm
 and every gradient, against the float64 host reference of
 :mod:`scanweaver.benchmarks.model_refs` on a shape past several chunks (with
 every copy of a CUDA tensor to the host refused); then forward and forward +
-backward are timed (median of ``--repeats``, synchronised) on each timed shape.
-``recurrent / chunked`` per shape is what the GPU's choice between the two is
-set from (:meth:`scanweaver.fused.matrix_state.MatrixState.algorithm`).
+backward are timed (median of ``--repeats``, synchronised) on each timed shape,
+for each algorithm and for the default (no ``algorithm`` given; the backward
+is forward + backward less the forward).  ``recurrent / chunked`` per shape and
+part is what the GPU's rule is set from (``MatrixState.chunked_from``);
+``default_train_speedup`` checks it.
 
 ``--dry-run`` runs the same flow on CPU tensors with ``backend="opencl"`` (PoCL
 standing in for the GPU) on tiny shapes.
@@ -41,13 +43,15 @@ SHAPES = {
     "mamba2": ((2, 200, 4, 64, 64), ((2, 2048, 24, 64, 128), (1, 8192, 24, 64, 128)), (1, 19, 2, 3, 5)),
 }
 ALGORITHMS = ("recurrent", "chunked")
+#: What each timed shape runs: both algorithms, then the default (the rule of ``MatrixState.chunked_from``).
+TIMED = (*ALGORITHMS, "default")
 
 
 def entry(model: str, backend: str, algorithm: str):
-    """``call(inputs) -> y`` of ours for ``model`` with ``algorithm``."""
+    """``call(inputs) -> y`` of ours for ``model`` with ``algorithm`` (``default``: none given)."""
     import scanweaver.torch as swt
 
-    kw = {"backend": backend, "algorithm": algorithm}
+    kw = {"backend": backend, **({} if algorithm == "default" else {"algorithm": algorithm})}
     if model == "gla":
         return lambda i: swt.linear_attention(i["q"], i["k"], i["v"], g=i["g"], **kw)[0]
     if model == "simple_gla":
@@ -130,11 +134,15 @@ def main(argv=None) -> int:
             try:
                 ins = {k: v.requires_grad_(True) for k, v in
                        model_refs.inputs(model, tuple(shape), torch.float32, device).items()}
-                for algorithm in ALGORITHMS:
+                for algorithm in TIMED:
                     row[f"{algorithm}_forward_ms"], row[f"{algorithm}_train_ms"] = timings(
                         entry(model, backend, algorithm), ins, args.repeats, sync)
+                    row[f"{algorithm}_backward_ms"] = row[f"{algorithm}_train_ms"] - row[f"{algorithm}_forward_ms"]
+                    row[f"{algorithm}_ran"] = scanweaver.matrix.last.algorithm  # the backward's
                 row["forward_speedup"] = row["recurrent_forward_ms"] / row["chunked_forward_ms"]
                 row["train_speedup"] = row["recurrent_train_ms"] / row["chunked_train_ms"]
+                row["backward_speedup"] = row["recurrent_backward_ms"] / row["chunked_backward_ms"]
+                row["default_train_speedup"] = row["recurrent_train_ms"] / row["default_train_ms"]
                 row["status"] = "ok"
             except Exception as exc:  # a shape that does not run is reported, not hidden
                 row.update(status="error", reason=f"{type(exc).__name__}: {exc}")

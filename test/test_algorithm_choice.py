@@ -21,7 +21,7 @@ from scanweaver.tuning import store
 OP = FUSED.get("matrix_state")
 K = V = 64
 #: The fewest steps per sequence from which the rule runs the backward chunked at this K * V.
-STEPS = min(s for s, n in OP.chunked_from["backward"] if n <= K * V)
+STEPS = min(s for s, n in OP.chunked_from["c"]["backward"] if n <= K * V)
 SHORT, LONG = 7, STEPS + 37  # below the rule's steps; past them, not a multiple of any chunk
 
 pytestmark = pytest.mark.skipif(not BACKENDS["cpu"].availability().ok,
@@ -116,9 +116,15 @@ def test_the_rule_needs_the_state_size_and_counts_steps_per_packed_sequence():
     assert OP.algorithm("c", "forward", big, one) == "recurrent"
     assert OP.algorithm("c", "backward", small, one) == "recurrent"  # K * V below every pair's size
     assert OP.algorithm("c", "backward", big, {**one, "nseq": 8}) == "recurrent"  # eight packed sequences of T/8
-    # both GPU parts keep their default: the rule was measured on cpu
+    # the GPU kernels keep their default but where CUDA was measured: the backward chunked from 2048 steps there
     assert OP.algorithm("gpu", "backward", big, one) == "recurrent"
+    assert OP.algorithm("gpu", "backward", big, one, target="opencl") == "recurrent"
     assert OP.algorithm("gpu", "forward", big, {**one, "T": 1 << 20}) == "recurrent"
+    gpu_steps = min(s for s, n in OP.chunked_from["cuda"]["backward"] if n <= K * V)
+    assert OP.algorithm("gpu", "backward", big, {**one, "T": gpu_steps}, target="cuda") == "chunked"
+    assert OP.algorithm("gpu", "backward", big, {**one, "T": gpu_steps - 1}, target="cuda") == "recurrent"
+    assert OP.algorithm("gpu", "backward", small, {**one, "T": gpu_steps}, target="cuda") == "recurrent"
+    assert OP.algorithm("gpu", "forward", big, {**one, "T": 1 << 20}, target="cuda") == "recurrent"
     # ScanWeaver.jl has both algorithms, forward and backward; its default stays recurrent (the rule was measured on C)
     assert OP.algorithm("julia", "backward", big, one) == "recurrent"
     assert OP.algorithm("julia", "forward", big, {**one, "T": 1 << 20}) == "recurrent"
@@ -165,7 +171,7 @@ def test_the_forward_runs_chunked_by_default_in_mamba2s_form_only(isolated_store
     with the float64 loop's answer; the same shape with a q/k per head, or with a decay per key, stays recurrent."""
     from scanweaver.fused.matrix_state import MatrixStateFeatures
 
-    steps, size = next((e[0], e[1]) for e in OP.chunked_from["forward"] if e[2:] == ("one_qk_group_head_decay",))
+    steps, size = next((e[0], e[1]) for e in OP.chunked_from["c"]["forward"] if e[2:] == ("one_qk_group_head_decay",))
     Kb, Vb, H, T = 128, 64, 4, steps + 19
     assert Kb * Vb >= size
     head, key = MatrixStateFeatures("float64", Kb, Vb, "scalar"), MatrixStateFeatures("float64", Kb, Vb, "key")

@@ -182,7 +182,8 @@ def resolve(be: Backend, op: str, part: str, features: Any, sizes: dict[str, int
         return dict(hit[0]), hit[1]
     fused = FUSED.get(op)
     family = family_of(be.target)
-    defaults, hinted = fused.defaults(family, part, features, sizes, be.fused_defaults(op, features, sizes), hints)
+    defaults, hinted = fused.defaults(family, part, features, sizes, be.fused_defaults(op, features, sizes), hints,
+                                      be.target)
     source = "explicit" if tunables else "hint" if hinted else "default"
     if not tunables and fused.tunables_for(family):
         lanes, L = fused.problem(features, sizes)

@@ -91,7 +91,7 @@ class FusedOp(ABC):
             keyword arguments of the public entry point and Kernel Tuner search-space keys.
         implementations: target name -> the parts that target renders, e.g.
             ``{"numpy": PARTS, "c": PARTS, "opencl": ("forward",)}``.
-        chunked_from: the algorithm rule of :meth:`algorithm` (part -> thresholds).
+        chunked_from: the algorithm rule of :meth:`algorithm` (where measured -> part -> thresholds).
     """
 
     name: ClassVar[str]
@@ -99,15 +99,13 @@ class FusedOp(ABC):
     parts: ClassVar[tuple[str, ...]] = PARTS
     tunables: ClassVar[dict[str, tuple[Tunable, ...]]] = {}
     implementations: ClassVar[dict[str, tuple[str, ...]]] = {}
-    #: Part -> ``((steps, state), ...)``: the chunked form is the default of ``part`` (where the kernels have
-    #: one, an ``algorithm`` tunable with a ``chunked`` value) when some entry holds: at least ``steps`` steps per
+    #: Where it was measured (a target, ``c`` or ``cuda``, or a target family) -> part -> ``((steps, state),
+    #: ...)``: the chunked form is the default of ``part`` on those kernels (where they have one, an
+    #: ``algorithm`` tunable with a ``chunked`` value) when some entry holds: at least ``steps`` steps per
     #: sequence and ``K * V >= state``, and, for an entry ``(steps, state, condition)``, the named shape
-    #: condition of :meth:`condition`; parts not named keep the tunable's declared default.  Operations set
-    #: their own from measurements.
-    chunked_from: ClassVar[dict[str, tuple[tuple[Any, ...], ...]]] = {}
-    #: The target families whose kernels :attr:`chunked_from` was measured on; the others keep the ``algorithm``
-    #: tunable's declared default.
-    chunked_measured_on: ClassVar[tuple[str, ...]] = ("c",)
+    #: condition of :meth:`condition`.  Kernels and parts not named keep the tunable's declared default (a rule
+    #: measured on CUDA says nothing of OpenCL on a CPU).  Operations set their own from measurements.
+    chunked_from: ClassVar[dict[str, dict[str, tuple[tuple[Any, ...], ...]]]] = {}
     #: Family -> the parts whose kernels have the chunked form, where only some do: the family's other parts run
     #: the recurrence whatever ``algorithm`` says, and their config says so (:meth:`settle`).
     chunked_parts: ClassVar[dict[str, tuple[str, ...]]] = {}
@@ -226,15 +224,17 @@ class FusedOp(ABC):
             return config
         return {**config, "algorithm": next(t.default for t in self.tunables_for(family) if t.name == "algorithm")}
 
-    def algorithm(self, family: str, part: str, features: Any, sizes: dict[str, int]) -> str | None:
-        """The default algorithm of ``part``: ``chunked`` where :attr:`chunked_from` says so for this shape
-        (steps per sequence and the state's ``K * V`` at least one entry of its thresholds) and ``family`` is
-        among :attr:`chunked_measured_on`, else the
-        ``algorithm`` tunable's declared default; ``None`` where ``family``'s kernels have no chunked form."""
+    def algorithm(self, family: str, part: str, features: Any, sizes: dict[str, int],
+                  target: str | None = None) -> str | None:
+        """The default algorithm of ``part`` on ``family``'s kernels (``target``'s, where given): ``chunked``
+        where :attr:`chunked_from` says so for this shape (steps per sequence and the state's ``K * V`` at least
+        one entry of the thresholds measured on ``target``, or else on ``family``), else the ``algorithm``
+        tunable's declared default; ``None`` where ``family``'s kernels have no chunked form."""
         if not self.chooses(family):
             return None
         steps, state = self.steps(sizes), getattr(features, "K", 1) * getattr(features, "V", 1)
-        rules = self.chunked_from.get(part, ()) if family in self.chunked_measured_on else ()
+        measured = self.chunked_from.get(target or family) or self.chunked_from.get(family) or {}
+        rules = measured.get(part, ())
         if self.chooses(family, part, features) and any(steps >= e[0] and state >= e[1] and
                                               all(self.condition(c, features, sizes) for c in e[2:]) for e in rules):
             return "chunked"
@@ -247,13 +247,14 @@ class FusedOp(ABC):
                              "does not define")
 
     def defaults(self, family: str, part: str, features: Any, sizes: dict[str, int], backend: dict[str, object],
-                 hints: dict[str, object] | None = None) -> tuple[dict[str, object], bool]:
+                 hints: dict[str, object] | None = None,
+                 target: str | None = None) -> tuple[dict[str, object], bool]:
         """The defaults of a call before the tuned store and the caller's tunables: ``backend`` (the backend's
-        defaults by shape), with the algorithm of :meth:`algorithm`, then ``hints`` (``{"chunk": n}``, from
-        fla's and mamba-ssm's ``chunk_size``): where ``family``'s kernels have a ``chunk`` tunable whose rule
-        takes ``n``, it becomes ``chunk``, and where they have a chunked form, ``algorithm`` is ``chunked``;
-        a hint they cannot take (or given to a part without the chunked form) is dropped.  Returns
-        ``(defaults, whether a hint was taken)``.
+        defaults by shape), with the algorithm of :meth:`algorithm` (for ``target``'s kernels), then ``hints``
+        (``{"chunk": n}``, from fla's and mamba-ssm's ``chunk_size``): where ``family``'s kernels have a
+        ``chunk`` tunable whose rule takes ``n``, it becomes ``chunk``, and where they have a chunked form,
+        ``algorithm`` is ``chunked``; a hint they cannot take (or given to a part without the chunked form) is
+        dropped.  Returns ``(defaults, whether a hint was taken)``.
 
         Example:
             >>> from scanweaver.fused import REGISTRY
@@ -264,7 +265,7 @@ class FusedOp(ABC):
             ({'algorithm': 'chunked', 'chunk': 32}, True)
         """
         cfg = dict(backend)
-        alg = self.algorithm(family, part, features, sizes)
+        alg = self.algorithm(family, part, features, sizes, target)
         if alg is not None:
             cfg["algorithm"] = alg
         chunk = (hints or {}).get("chunk")

@@ -193,7 +193,7 @@ class DeltaRule(FusedOp):
     #: from 1024 steps per sequence with K * V >= 4096, where forward + backward with it ran 1.46-1.56x faster at
     #: K = V = 128 and 1.02-1.17x at 64 (DeltaNet, Gated DeltaNet, KDA at T = 1024 and 4096); the forward stays
     #: recurrent (the chunked one ran at 0.8-1.0x).  RWKV-7's backward has no chunked form (:meth:`chunked_of`).
-    chunked_from = {"backward": ((1024, 4096),)}
+    chunked_from = {"c": {"backward": ((1024, 4096),)}}
 
     def chunked_of(self, family: str, features: DeltaRuleFeatures | None = None) -> tuple[str, ...] | None:
         """:attr:`chunked_parts`, the forward only for the ``dplr`` form on the C kernels."""

@@ -265,7 +265,7 @@ def tune_fused(op: str = "mamba1", *, backend: str = "cpu", shape=(2, 768, 16, 2
                                  progress=progress, iterations=iterations,
                                  answer=target.fused_answer(answer.astype(dtype)))
     base, _ = FUSED.get(op).defaults(family, "forward", problem.features, problem.sizes,
-                                     be.fused_defaults(op, problem.features, problem.sizes))
+                                     be.fused_defaults(op, problem.features, problem.sizes), target=be.target)
     default_cfg = FUSED.get(op).resolve(family, {}, base, "tune")
     default_cfg = {k: v for k, v in default_cfg.items() if k not in fixed}
     default = space.join(space.schedules[0], default_cfg) if space.contains(space.join(space.schedules[0],
