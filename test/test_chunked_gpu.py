@@ -146,6 +146,22 @@ def test_lengths_around_the_default_chunk(gpu, T):
     close(h, rh.astype(np.float64), 3e-5, "chunked vs recurrent final state")
 
 
+@pytest.mark.parametrize("dtype, readout", [("float32", "after"), ("float64", "bonus")])
+def test_plain_and_other_key_tiles_in_one_chunk(gpu, dtype, readout):
+    """A decay per key over three key tiles of the output kernel (K = 40: 16, 16, 8), chunks of 16: GLA's
+    decays on the first tile (plain: its scores are products of q o e^{Gq} and k o e^{-Gk}), a reset in the
+    middle of a chunk on the second, growth on the third; then every key plain but one whose total decay in a
+    chunk passes the product form's range in float32 (not in float64); against the loop."""
+    rng = np.random.default_rng(17)
+    f, sizes, a = case(rng, "key", readout, dtype, T=50, H=2, K=40, V=24)
+    g = np.log(rng.uniform(0.9, 0.999, a["g"].shape))
+    g[..., 16:32][:, 21] = -np.inf
+    g[..., 32:] = rng.uniform(0.0, 0.05, g[..., 32:].shape)
+    for gates in (g, np.where(np.arange(40) == 3, -6.0, np.log(rng.uniform(0.9, 0.999, g.shape)))):
+        a["g"] = gates.astype(dtype)
+        check(gpu, f, sizes, a, {"float32": 3e-5, "float64": 1e-12}[dtype], chunk=16)
+
+
 def test_growth_overflows_only_where_the_recurrence_does(gpu):
     """Log decays of +50 per step in float32 (e^50 = 5e21, finite) over 3 steps, the first key 1e-25 small: its
     weight to the chunk's end, e^100 = 3e43, overflows float32, but the recurrence multiplies its tiny term by

@@ -37,7 +37,13 @@ restarts at 0, factors across it are 0 (by the counts, never by
 exponentiating ``-inf - -inf``), and no huge term swamps later tiny ones.
 Every factor is the exponential of one difference of two sums computed in
 ``SW_ACC``, entry by entry (never a product ``e^{G_i} e^{-G_j}`` of two
-factors), so positive log decays grow as the recurrence grows them; the
+factors), so positive log decays grow as the recurrence grows them, but in a
+*plain* key tile of the output kernel's scores (a decay per key; none of the
+tile's keys has a reset, a growth or a NaN in the chunk, and none decays by
+more than ``SW_PLAIN_RANGE``, 60 in float32 and 600 in float64, as the C
+kernels' ``SW_RANGE``), where both ``e^{Gq}`` and ``e^{-Gk}`` are normal
+numbers and a score is a plain sum of ``(q o e^{Gq}) (k o e^{-Gk})``: one
+exponential per key and step instead of one per key and score; the
 products ``x e^{d}`` are formed in ``SW_ACC`` and a zero ``x`` (or a zero
 start state) contributes 0 even where ``e^{d}`` overflows.  A chunk differs
 from the recurrence in overflow only where a weight ``k_j e^{G_i - G_j}``,
@@ -97,7 +103,9 @@ def _output_bytes(f: MatrixStateFeatures, C: int, kt: int) -> int:
     item = ITEMSIZE[f.dtype]
     kdt = kt if f.decay == "key" else 1
     decays = (C + 1) * kdt * ACC_BYTES + -(-(C + 1) * kdt * 4 // 8) * 8 if f.decay != "none" else 0
-    return 3 * C * kt * item + decays + C * C * item
+    # q, q o e^{Gq}, k, and k o e^{-Gk} for a plain tile of a decay per key (one element otherwise); the plain flag
+    tiles = 3 * C * kt * item + (C * kt * item if f.decay == "key" else 8) + 8
+    return tiles + decays + C * C * item
 
 
 def chunk_layout(f: MatrixStateFeatures, config: dict) -> ChunkLayout:
@@ -311,11 +319,20 @@ OUTPUT = r"""
 /* the staged prefix row of position p (row 0: the chunk's start) on the q side and on the k side */
 #define SW_QROW(p) (SW_BONUS ? (p) : (p) + 1)
 #define SW_KROW(p) ((p) + 1)
+/* Widest total log decay of a plain key tile: e^{+-SW_PLAIN_RANGE} are normal numbers of SW_T (as the C kernels'
+ * SW_RANGE) */
+#if SW_DOUBLE
+#define SW_PLAIN_RANGE 600.0
+#else
+#define SW_PLAIN_RANGE 60.0
+#endif
 
 SW_KERNEL_WG3 void sw_matrix_state_chunk_output(@PARAMS@) {
   SW_LOCAL SW_T sq[SW_C * SW_KT];
   SW_LOCAL SW_T sqf[SW_C * SW_KT];
   SW_LOCAL SW_T sk[SW_C * SW_KT];
+  SW_LOCAL SW_T skf[SW_DECAY == 2 ? SW_C * SW_KT : 1];
+  SW_LOCAL int splain;
   SW_LOCAL SW_ACC sg[SW_GLEN];
   SW_LOCAL int sn[SW_GLEN];
   SW_LOCAL SW_T sa[SW_C * SW_C];
@@ -344,11 +361,27 @@ SW_KERNEL_WG3 void sw_matrix_state_chunk_output(@PARAMS@) {
         sg[x] = ok ? SW_PG(sl, p, d) : (SW_ACC)0;
         sn[x] = ok ? SW_PN(sl, p, d) : 0;
       }
+#if SW_DECAY == 2
+    if (lid == 0) splain = 1;
+#endif
     SW_BARRIER();
     for (int x = lid; x < SW_C * SW_KT; x += SW_WG3) {
       const int row = SW_QROW(x / SW_KT) * SW_KDT + (SW_DECAY == 2 ? x % SW_KT : 0);
       sqf[x] = !SW_DECAY ? sq[x] : sn[row] == 0 ? SW_SCALE(sq[x], sg[row]) : (SW_T)0;
     }
+#if SW_DECAY == 2
+    /* a plain tile (no reset, no growth, no NaN and a total decay within SW_PLAIN_RANGE for each of its keys):
+     * its scores are sums of (q o e^{Gq}) (k o e^{-Gk}), two factors that are normal numbers, without an
+     * exponential per score */
+    for (int x = lid; x < n * SW_KT; x += SW_WG3) {
+      const int r = (x / SW_KT + 1) * SW_KT + x % SW_KT;
+      if (sn[r] != 0 || !(sg[r] <= sg[r - SW_KT]) || sg[r] < -SW_PLAIN_RANGE) splain = 0;
+    }
+    SW_BARRIER();
+    if (splain)
+      for (int x = lid; x < SW_C * SW_KT; x += SW_WG3)
+        skf[x] = SW_SCALE(sk[x], -sg[SW_KROW(x / SW_KT) * SW_KT + x % SW_KT]);
+#endif
     SW_BARRIER();
     /* the start state's part of the outputs (a zero state element adds 0, whatever its factor) */
     if (live)
@@ -367,6 +400,8 @@ SW_KERNEL_WG3 void sw_matrix_state_chunk_output(@PARAMS@) {
         if (SW_BONUS && pj == pi) {
           for (int kk = 0; kk < SW_KT && k0 + kk < SW_K; ++kk)
             a[m] += sq[pi * SW_KT + kk] * u[h * SW_K + k0 + kk] * sk[pj * SW_KT + kk];
+        } else if (SW_DECAY == 2 && splain) {
+          for (int kk = 0; kk < SW_KT; ++kk) a[m] += sqf[pi * SW_KT + kk] * skf[pj * SW_KT + kk];
         } else if (SW_DECAY == 2) {
 #pragma unroll 1
           for (int kk = 0; kk < SW_KT; ++kk) {
