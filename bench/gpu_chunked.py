@@ -10,7 +10,10 @@ backward are timed (median of ``--repeats``, synchronised) on each timed shape,
 for each algorithm and for the default (no ``algorithm`` given; the backward
 is forward + backward less the forward).  ``recurrent / chunked`` per shape and
 part is what the GPU's rule is set from (``MatrixState.chunked_from``);
-``default_train_speedup`` checks it.
+``default_train_speedup`` checks it.  On the first timed shape of each model,
+each kernel's device time in one forward and one backward of each algorithm
+(``kernels``: name -> ms summed over its launches, from the backend's
+``kernel_log``) says where the time goes.
 
 ``--dry-run`` runs the same flow on CPU tensors with ``backend="opencl"`` (PoCL
 standing in for the GPU) on tiny shapes.
@@ -82,6 +85,28 @@ def timings(call, ins: dict, repeats: int, sync) -> tuple[float, float]:
             time_ms(lambda: torch.autograd.grad(call(ins), list(ins.values()), w, allow_unused=True), repeats, sync))
 
 
+def kernel_times(be, call, ins: dict, sync) -> dict[str, dict[str, float]]:
+    """Each kernel's device ms (summed over its launches) in one forward and in one backward of ``call``."""
+    import torch
+
+    out = {}
+    try:
+        be.kernel_log = []
+        y = call(ins)
+        sync()
+        out["forward"], be.kernel_log = be.kernel_log, []
+        torch.autograd.grad(y, list(ins.values()), torch.ones_like(y), allow_unused=True)
+        sync()
+        out["backward"] = be.kernel_log
+    finally:
+        be.kernel_log = None
+    summed: dict[str, dict[str, float]] = {}
+    for part, log in out.items():
+        for name, ms in log:
+            summed.setdefault(part, {})[name] = summed.get(part, {}).get(name, 0.0) + ms
+    return summed
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=Path("gpu_chunked.json"))
@@ -93,6 +118,7 @@ def main(argv=None) -> int:
 
     import scanweaver
     from scanweaver.benchmarks import model_refs, models
+    from scanweaver.runtime import get_backend
 
     if not args.dry_run and models.cuda_reason() is not None:
         print(models.cuda_reason(), file=sys.stderr)
@@ -143,6 +169,9 @@ def main(argv=None) -> int:
                 row["train_speedup"] = row["recurrent_train_ms"] / row["chunked_train_ms"]
                 row["backward_speedup"] = row["recurrent_backward_ms"] / row["chunked_backward_ms"]
                 row["default_train_speedup"] = row["recurrent_train_ms"] / row["default_train_ms"]
+                if shape == (dry_shape if args.dry_run else timed[0]):
+                    row["kernels"] = {alg: kernel_times(get_backend(backend), entry(model, backend, alg), ins, sync)
+                                      for alg in ALGORITHMS}
                 row["status"] = "ok"
             except Exception as exc:  # a shape that does not run is reported, not hidden
                 row.update(status="error", reason=f"{type(exc).__name__}: {exc}")

@@ -54,6 +54,13 @@ def test_dry_run_of_the_whole_session(tmp_path):
         (m, a) for m in ("gla", "simple_gla", "mamba2") for a in ("recurrent", "chunked")}
     assert all(r["status"] == "ok" for r in chunked), [r for r in chunked if r["status"] != "ok"]
     assert all(r["chunked_train_ms"] > 0 for r in chunked if r["kind"] == "time")
+    # where the time goes, from the backend's kernel log: each part's kernels with their device times
+    kernels = next(r for r in chunked if r["kind"] == "time" and r["model"] == "gla")["kernels"]
+    assert set(kernels["chunked"]["forward"]) == {"sw_matrix_state_chunk_prefix", "sw_matrix_state_chunk_local",
+                                                  "sw_matrix_state_chunk_carry", "sw_matrix_state_chunk_output"}
+    assert set(kernels["recurrent"]["forward"]) == {"sw_matrix_state_forward"}
+    assert "sw_matrix_state_chunk_adjoint_carry" in kernels["chunked"]["backward"]
+    assert all(ms > 0 for alg in kernels.values() for part in alg.values() for ms in part.values())
     device = json.loads((tmp_path / summary["device_file"]).read_text())
     assert device["format"] == "scanweaver-device-configs" and device["backend"] == "opencl" and device["entries"]
     assert json.loads((tmp_path / "gpu_check.json").read_text())["status"] == "no_gpu"

@@ -12,9 +12,11 @@ from CuPy's memory pool, nothing waits for them, and ``y`` comes back in the
 caller's array type (PyTorch tensors for PyTorch tensors, else CuPy arrays),
 or is written into a device ``out=``.  CUDA events are recorded only when
 :attr:`CUDABackend.timing` is set; :attr:`CUDABackend.last_ms` is then the
-device time of the last scan.  Compiled kernels are cached per device and
-source; before its first launch each one's resources (registers, shared
-memory, the driver's largest block) are checked against the launch
+device time of the last scan; where :attr:`~.gpu_base.GPUBackend.kernel_log` is a
+list, every launch appends each kernel's name and device time to it (events
+between the kernels).  Compiled kernels are cached per device and source;
+before its first launch each one's resources (registers, shared memory, the
+driver's largest block) are checked against the launch
 (:mod:`scanweaver.targets.launch_limits`), so a configuration that cannot
 launch is refused with the reason instead of ``CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES``.
 
@@ -207,17 +209,22 @@ class CUDABackend(GPUBackend):
         import cupy
 
         kernels = [self.planned_kernel(source, step, stages) for step in plan.launches]
-        start = end = None
-        if self.timing:
-            start, end = cupy.cuda.Event(), cupy.cuda.Event()
-            start.record()
-        for step, kernel in zip(plan.launches, kernels, strict=True):
+        log = self.kernel_log
+        marks = [cupy.cuda.Event() for _ in range(len(kernels) + 1)] if self.timing or log is not None else []
+        if marks:
+            marks[0].record()
+        for i, (step, kernel) in enumerate(zip(plan.launches, kernels, strict=True)):
             kernel((step.groups,), (step.block,), tuple(args))  # on the current stream
-        if end is None:
+            if log is not None:
+                marks[i + 1].record()
+        if not marks:
             return None
-        end.record()
-        end.synchronize()
-        return cupy.cuda.get_elapsed_time(start, end)
+        marks[-1].record()
+        marks[-1].synchronize()
+        if log is not None:
+            log.extend((step.kernel, cupy.cuda.get_elapsed_time(marks[i], marks[i + 1]))
+                       for i, step in enumerate(plan.launches))
+        return cupy.cuda.get_elapsed_time(marks[0], marks[-1]) if self.timing else None
 
     # ---- planned calls (scanweaver.runtime.device_plan) ------------------------------------------------
 

@@ -57,10 +57,15 @@ class GPUBackend(Backend):
 
     Class attributes:
         multi_block: the schedule chosen for few lanes of long L.
+
+    Attributes:
+        kernel_log: ``None``, or a list to which every launch appends ``(kernel name, device ms)`` per kernel
+            (each launch then waits for its kernels; ``bench/gpu_chunked.py`` reads where the time goes).
     """
 
     multi_block: ClassVar[str] = "reduce_then_scan"
     kinds = ("diagonal", "dense")
+    kernel_log: list[tuple[str, float]] | None = None
 
     def default_schedule_for(self, kind: str, lanes: int, L: int, tunables: Mapping[str, object] | None = None) -> str:
         """Dense transitions run one work-item per lane (``sequential``)."""
