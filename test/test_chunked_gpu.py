@@ -162,6 +162,21 @@ def test_plain_and_other_key_tiles_in_one_chunk(gpu, dtype, readout):
         check(gpu, f, sizes, a, {"float32": 3e-5, "float64": 1e-12}[dtype], chunk=16)
 
 
+@pytest.mark.parametrize("dtype, readout", [("float32", "after"), ("float64", "bonus")])
+def test_plain_and_other_chunks_of_a_decay_per_head(gpu, dtype, readout):
+    """A decay per head, chunks of 16: plain chunks (their scores q . k times e^{Gq_i} e^{-Gk_j}), a chunk with a
+    reset, one that grows, and one whose total decay passes the product form's range in float32 (not in
+    float64); against the loop."""
+    rng = np.random.default_rng(19)
+    f, sizes, a = case(rng, "scalar", readout, dtype, T=70, H=2, K=24, V=12)
+    g = np.log(rng.uniform(0.9, 0.999, a["g"].shape))
+    g[:, 21, 1] = -np.inf
+    g[:, 32:48, 0] = rng.uniform(0.0, 0.05, g[:, 32:48, 0].shape)
+    g[:, 48:64, 1] = -6.0
+    a["g"] = g.astype(dtype)
+    check(gpu, f, sizes, a, {"float32": 3e-5, "float64": 1e-12}[dtype], chunk=16)
+
+
 def test_growth_overflows_only_where_the_recurrence_does(gpu):
     """Log decays of +50 per step in float32 (e^50 = 5e21, finite) over 3 steps, the first key 1e-25 small: its
     weight to the chunk's end, e^100 = 3e43, overflows float32, but the recurrence multiplies its tiny term by

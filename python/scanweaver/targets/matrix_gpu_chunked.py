@@ -41,9 +41,10 @@ factors), so positive log decays grow as the recurrence grows them, but in a
 *plain* key tile of the output kernel's scores (a decay per key; none of the
 tile's keys has a reset, a growth or a NaN in the chunk, and none decays by
 more than ``SW_PLAIN_RANGE``, 60 in float32 and 600 in float64, as the C
-kernels' ``SW_RANGE``), where both ``e^{Gq}`` and ``e^{-Gk}`` are normal
-numbers and a score is a plain sum of ``(q o e^{Gq}) (k o e^{-Gk})``: one
-exponential per key and step instead of one per key and score; the
+kernels' ``SW_RANGE``) or a plain chunk of a decay per head, where both
+``e^{Gq}`` and ``e^{-Gk}`` are normal numbers and a score is a plain sum of
+``(q o e^{Gq}) (k o e^{-Gk})`` (per head: ``q . k`` times ``e^{Gq_i}
+e^{-Gk_j}``): one exponential per key and step instead of one per score; the
 products ``x e^{d}`` are formed in ``SW_ACC`` and a zero ``x`` (or a zero
 start state) contributes 0 even where ``e^{d}`` overflows.  A chunk differs
 from the recurrence in overflow only where a weight ``k_j e^{G_i - G_j}``,
@@ -103,8 +104,10 @@ def _output_bytes(f: MatrixStateFeatures, C: int, kt: int) -> int:
     item = ITEMSIZE[f.dtype]
     kdt = kt if f.decay == "key" else 1
     decays = (C + 1) * kdt * ACC_BYTES + -(-(C + 1) * kdt * 4 // 8) * 8 if f.decay != "none" else 0
-    # q, q o e^{Gq}, k, and k o e^{-Gk} for a plain tile of a decay per key (one element otherwise); the plain flag
-    tiles = 3 * C * kt * item + (C * kt * item if f.decay == "key" else 8) + 8
+    # q, q o e^{Gq}, k; k o e^{-Gk} for a plain tile of a decay per key, e^{G} and e^{-G} of a plain chunk of a decay
+    # per head (one element without a decay); the plain flag
+    plain = {"key": C * kt * item, "scalar": 2 * (C + 1) * item}.get(f.decay, 8)
+    tiles = 3 * C * kt * item + plain + 8
     return tiles + decays + C * C * item
 
 
@@ -331,7 +334,7 @@ SW_KERNEL_WG3 void sw_matrix_state_chunk_output(@PARAMS@) {
   SW_LOCAL SW_T sq[SW_C * SW_KT];
   SW_LOCAL SW_T sqf[SW_C * SW_KT];
   SW_LOCAL SW_T sk[SW_C * SW_KT];
-  SW_LOCAL SW_T skf[SW_DECAY == 2 ? SW_C * SW_KT : 1];
+  SW_LOCAL SW_T skf[SW_DECAY == 2 ? SW_C * SW_KT : SW_DECAY == 1 ? 2 * (SW_C + 1) : 1];
   SW_LOCAL int splain;
   SW_LOCAL SW_ACC sg[SW_GLEN];
   SW_LOCAL int sn[SW_GLEN];
@@ -361,26 +364,32 @@ SW_KERNEL_WG3 void sw_matrix_state_chunk_output(@PARAMS@) {
         sg[x] = ok ? SW_PG(sl, p, d) : (SW_ACC)0;
         sn[x] = ok ? SW_PN(sl, p, d) : 0;
       }
-#if SW_DECAY == 2
-    if (lid == 0) splain = 1;
+#if SW_DECAY
+    if (lid == 0 && (SW_DECAY == 2 || k0 == 0)) splain = 1;
 #endif
     SW_BARRIER();
     for (int x = lid; x < SW_C * SW_KT; x += SW_WG3) {
       const int row = SW_QROW(x / SW_KT) * SW_KDT + (SW_DECAY == 2 ? x % SW_KT : 0);
       sqf[x] = !SW_DECAY ? sq[x] : sn[row] == 0 ? SW_SCALE(sq[x], sg[row]) : (SW_T)0;
     }
-#if SW_DECAY == 2
-    /* a plain tile (no reset, no growth, no NaN and a total decay within SW_PLAIN_RANGE for each of its keys):
-     * its scores are sums of (q o e^{Gq}) (k o e^{-Gk}), two factors that are normal numbers, without an
-     * exponential per score */
-    for (int x = lid; x < n * SW_KT; x += SW_WG3) {
-      const int r = (x / SW_KT + 1) * SW_KT + x % SW_KT;
-      if (sn[r] != 0 || !(sg[r] <= sg[r - SW_KT]) || sg[r] < -SW_PLAIN_RANGE) splain = 0;
-    }
+#if SW_DECAY
+    /* a plain tile of keys, or a plain chunk of a decay per head (no reset, no growth, no NaN and a total decay
+     * within SW_PLAIN_RANGE): e^{Gq} and e^{-Gk} are normal numbers, and a score is a sum of (q o e^{Gq}) (k o
+     * e^{-Gk}) (per key), or q . k times e^{Gq_i} e^{-Gk_j} (per head), without an exponential per score */
+    if (SW_DECAY == 2 || k0 == 0)
+      for (int x = lid; x < n * SW_KDT; x += SW_WG3) {
+        const int r = (x / SW_KDT + 1) * SW_KDT + x % SW_KDT;
+        if (sn[r] != 0 || !(sg[r] <= sg[r - SW_KDT]) || sg[r] < -SW_PLAIN_RANGE) splain = 0;
+      }
     SW_BARRIER();
-    if (splain)
+    if (splain && SW_DECAY == 2)
       for (int x = lid; x < SW_C * SW_KT; x += SW_WG3)
-        skf[x] = SW_SCALE(sk[x], -sg[SW_KROW(x / SW_KT) * SW_KT + x % SW_KT]);
+        skf[x] = SW_SCALE(sk[x], -sg[SW_KROW(x / SW_KT) * SW_KDT + x % SW_KT]);
+    if (splain && SW_DECAY == 1 && k0 == 0)
+      for (int x = lid; x <= SW_C; x += SW_WG3) {
+        skf[x] = (SW_T)exp(sg[x]);
+        skf[SW_C + 1 + x] = (SW_T)exp(-sg[x]);
+      }
 #endif
     SW_BARRIER();
     /* the start state's part of the outputs (a zero state element adds 0, whatever its factor) */
@@ -419,7 +428,8 @@ SW_KERNEL_WG3 void sw_matrix_state_chunk_output(@PARAMS@) {
   for (int m = 0; m < SW_NA; ++m) {
     const int x = lid + SW_WG3 * m, pi = x / SW_C, pj = x % SW_C;
     if (SW_DECAY == 1 && x < SW_C * SW_C && pi < n && pj <= pi && !(SW_BONUS && pj == pi))
-      a[m] = sn[SW_QROW(pi)] == sn[SW_KROW(pj)] ? SW_SCALE(a[m], sg[SW_QROW(pi)] - sg[SW_KROW(pj)]) : (SW_T)0;
+      a[m] = splain ? a[m] * skf[SW_QROW(pi)] * skf[SW_C + 1 + SW_KROW(pj)]
+           : sn[SW_QROW(pi)] == sn[SW_KROW(pj)] ? SW_SCALE(a[m], sg[SW_QROW(pi)] - sg[SW_KROW(pj)]) : (SW_T)0;
   }
   SW_BARRIER();
 #pragma unroll
