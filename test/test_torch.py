@@ -186,6 +186,18 @@ def test_bfloat16_and_errors():
         swt.apply(gated, a, b)
 
 
+def test_a_second_derivative_is_refused_by_name():
+    """A gradient taken with create_graph=True differentiates once; differentiating it again raises ScanWeaver's
+    message (second derivatives are not supported), not PyTorch's about a missing autograd formula."""
+    q = torch.randn(1, 3, 1, 2, dtype=torch.float64, requires_grad=True)
+    g, beta = -torch.rand(1, 3, 1, dtype=torch.float64), torch.rand(1, 3, 1, dtype=torch.float64)
+    o, _ = swt.gated_delta_rule(q, q, q, g, beta)
+    (dq,) = torch.autograd.grad(o.square().sum(), q, create_graph=True)
+    assert dq.shape == q.shape
+    with pytest.raises(scanweaver.ScanWeaverError, match="second derivatives are not supported.*gated_delta_rule"):
+        dq.sum().backward()
+
+
 def test_small_model_trains_like_the_reference_loop():
     """A linear-RNN layer with a linear head, trained by Adam on a synthetic task: our op and the
     plain loop reach the same loss (the gradients are usable, not only equal on one input)."""

@@ -43,7 +43,7 @@ from .core.recurrence import Recurrence
 from .calls.declare import CALL_ARRAYS, OPERATIONS, Operation, make_entry
 from .calls.pairs import PAIRS, options_text, parse_options
 from .ops.scan.grad import scan_options
-from .errors import ScanInputError
+from .errors import ScanInputError, ScanWeaverError
 
 _DTYPES = {torch.float16: np.float16, torch.float32: np.float32, torch.float64: np.float64,
            torch.complex64: np.complex64, torch.complex128: np.complex128, torch.bool: np.bool_,
@@ -155,6 +155,22 @@ def _autograd(ctx, grads):
 
 
 torch.library.register_autograd("scanweaver::forward", _autograd, setup_context=_setup_context)
+
+
+def _setup_second(ctx, inputs, output):
+    ctx.name = inputs[0]
+
+
+def _no_second_derivative(ctx, grads):
+    """The backward's own derivative: none. A gradient taken with ``create_graph=True`` and differentiated again
+    reaches here; this says so, instead of PyTorch's message about a missing autograd formula."""
+    raise ScanWeaverError(f"scanweaver.torch: second derivatives are not supported: the gradient of {ctx.name} "
+                          "(scanweaver::backward) has no derivative of its own, so a gradient taken with "
+                          "create_graph=True cannot be differentiated again (double backward, Hessian-vector "
+                          "products, gradient penalties through this operation)")
+
+
+torch.library.register_autograd("scanweaver::backward", _no_second_derivative, setup_context=_setup_second)
 
 
 def call(name: str, inputs: list, options: dict | str) -> list[torch.Tensor]:
