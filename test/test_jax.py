@@ -162,3 +162,13 @@ def test_a_second_derivative_is_refused_by_name():
     assert grad(a).shape == a.shape
     with pytest.raises(scanweaver.ScanWeaverError, match="second derivatives are not supported"):
         jax.grad(lambda a: jnp.sum(grad(a)))(a)
+
+
+def test_a_traced_scale_is_refused_as_one_known_when_the_call_is_made():
+    q = jnp.ones((1, 3, 1, 2), jnp.float32)
+    g, beta = -jnp.ones((1, 3, 1), jnp.float32), jnp.ones((1, 3, 1), jnp.float32)
+    with pytest.raises(scanweaver.ScanInputError, match=r"^gated_delta_rule: scale must be a real number or None, "
+                                                        r"known when the call is made \(not traced"):
+        jax.jit(lambda q, s: swj.gated_delta_rule(q, q, q, g, beta, scale=s)[0])(q, 0.5)
+    got = jax.jit(lambda q: swj.gated_delta_rule(q, q, q, g, beta, scale=0.5)[0])(q)  # a Python number is fine
+    assert got.shape == q.shape

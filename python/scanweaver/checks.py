@@ -108,7 +108,10 @@ def real_option(api: str, name: str, value: object, need: str = "a real number o
     try:
         number = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
-        raise ScanInputError(f"{api}: {name} must be {need}, got {type(value).__name__}") from None
+        # a traced value (jax.jit's tracer): its number is not known when the call is made
+        known = ", known when the call is made (not traced: a Python number, or a static argument of jax.jit)" \
+            if "Tracer" in type(value).__name__ else ""
+        raise ScanInputError(f"{api}: {name} must be {need}{known}, got {type(value).__name__}") from None
     if not np.isfinite(number):
         raise ScanInputError(f"{api}: {name} must be finite, got {number}")
     return number
