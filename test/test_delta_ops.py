@@ -217,6 +217,14 @@ def test_fla_flags_without_a_meaning_here_are_refused_by_name():
         scanweaver.gated_delta_rule(*args, allow_neg_eigval=True)
     with pytest.raises(ScanInputError, match="transpose_state_layout is fla's deprecated name of state_v_first"):
         scanweaver.gated_delta_rule(*args, transpose_state_layout=True)
+    # fla's fused_recurrent_gated_delta_rule by keyword: gk and gv taken as None, refused otherwise, naming KDA
+    np.testing.assert_array_equal(scanweaver.gated_delta_rule(*args, gk=None, gv=None)[0],
+                                  scanweaver.gated_delta_rule(*args)[0])
+    with pytest.raises(ScanInputError, match=r"gk \(a decay of fla's fused_recurrent_gated_delta_rule\) must be None; "
+                                             r".*scanweaver\.kda"):
+        scanweaver.gated_delta_rule(*args, gk=np.zeros(a["q"].shape))
+    with pytest.raises(ScanInputError, match="gv .* must be None"):
+        scanweaver.gated_delta_rule(*args, gv=np.zeros(a["v"].shape))
     kd = (a["q"], a["k"], a["v"], np.repeat(a["g"][..., None], 4, -1), a["beta"])
     for flag in ("return_intermediate_states", "use_graph"):
         with pytest.raises(ScanInputError, match=f"kda: {flag}=True is not supported"):
