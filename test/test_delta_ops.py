@@ -254,8 +254,11 @@ def test_bad_operands_name_the_argument():
         scanweaver.kda(q, k, v, g, beta, None, np.zeros((2, 4, 5, 4)))
     with pytest.raises(ScanInputError, match="cu_seqlens packs sequences along T of one batch row"):
         scanweaver.kda(q, k, v, g, beta, cu_seqlens=[0, 9])
-    with pytest.raises(ScanInputError, match="cu_seqlens_cpu must hold the offsets of cu_seqlens"):
+    with pytest.raises(ScanInputError, match=r"cu_seqlens_cpu must hold the offsets of cu_seqlens .*; they differ: "
+                                             r"cu_seqlens\[1\] = 4, cu_seqlens_cpu\[1\] = 5"):
         scanweaver.kda(q[:1], k[:1], v[:1], g[:1], beta[:1], cu_seqlens=[0, 4, 9], cu_seqlens_cpu=[0, 5, 9])
+    with pytest.raises(ScanInputError, match=r"they differ: 3 and 2 offsets"):
+        scanweaver.kda(q[:1], k[:1], v[:1], g[:1], beta[:1], cu_seqlens=[0, 4, 9], cu_seqlens_cpu=[0, 4])
     with pytest.raises(ScanInputError, match="rwkv7: w has shape"):
         scanweaver.rwkv7(q, g[..., 0], k, v, g, g)
     with pytest.raises(ScanInputError, match="gated_delta_rule_step: g has shape"):

@@ -85,8 +85,10 @@ def offsets_option(api: str, cu_seqlens: object, cu_seqlens_cpu: object = None) 
     cpu = seqlens_option(api, cu_seqlens_cpu, "cu_seqlens_cpu")
     if cu is not None and cpu is not None and cu != cpu:
         i = next((i for i, (a, b) in enumerate(zip(cu, cpu, strict=False)) if a != b), min(len(cu), len(cpu)))
+        at = (f"cu_seqlens[{i}] = {cu[i]}, cu_seqlens_cpu[{i}] = {cpu[i]}" if i < min(len(cu), len(cpu))
+              else f"{len(cu)} and {len(cpu)} offsets")
         raise ScanInputError(f"{api}: cu_seqlens_cpu must hold the offsets of cu_seqlens (a copy on the host); "
-                             f"they differ at index {i} ({len(cu)} and {len(cpu)} offsets)")
+                             f"they differ: {at}")
     return cu if cu is not None else cpu
 
 
