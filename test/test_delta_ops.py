@@ -145,6 +145,16 @@ def test_decode_steps_chain_to_the_full_call(op):
     np.testing.assert_allclose(S, h, rtol=1e-10, atol=1e-12)
 
 
+def test_a_step_with_a_wrong_state_says_where_the_sizes_come_from():
+    """A state of the wrong V shows as v's mismatch: the message says the sizes come from the state."""
+    rng = np.random.default_rng(3)
+    q, k = rng.normal(size=(2, 1, 2, 3))
+    v, g, beta = rng.normal(size=(1, 2, 2)), -rng.uniform(0, 1, (1, 2)), rng.uniform(0, 1, (1, 2))
+    with pytest.raises(ScanInputError, match=r"v has shape \(1, 2, 2\); it needs \(N, HV, V\) = \(1, 2, 1\) "
+                                             r"\(N, HV, K, V from the state, H from q/r\)"):
+        scanweaver.gated_delta_rule_step(np.zeros((1, 2, 3, 1)), q, k, v, g, beta)
+
+
 def test_steps_on_tensors_are_differentiable_and_keep_dtypes():
     torch = pytest.importorskip("torch")
     S = torch.randn(2, 4, 3, 5, requires_grad=True)

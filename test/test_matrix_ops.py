@@ -276,3 +276,17 @@ def test_every_decode_step_checks_its_scale_like_the_whole_sequence_call(bad):
         with pytest.raises(ScanInputError, match=rf"^{name}: scale must be (a real number or None|finite)"):
             call(bad)
         assert np.isfinite(np.asarray(call(0.5)[0], np.float64)).all(), name
+
+
+def test_a_decode_step_with_a_wrong_state_says_where_the_sizes_come_from():
+    """A state of the wrong V (or N) shows as the next operand's mismatch: the message names the state as the source."""
+    rng = np.random.default_rng(4)
+    q, v, S = rng.normal(size=(1, 2, 3)), rng.normal(size=(1, 2, 2)), np.zeros((1, 2, 3, 1))
+    need = r"\(batch, H, V\) = \(1, 2, 1\) \(batch, H, K, V from the state, Hq from q\)"
+    with pytest.raises(ScanInputError, match=r"^linear_attention_step: v has shape \(1, 2, 2\); it needs " + need):
+        scanweaver.linear_attention_step(S, q, q, v)
+    with pytest.raises(ScanInputError, match=r"^rwkv6_step: v .* \(batch, H, K, V from the state\)"):
+        scanweaver.rwkv6_step(S, q, q, v, -np.abs(q), q[0])
+    with pytest.raises(ScanInputError, match=r"^mamba2_step: x has shape \(1, 2, 2\); it needs \(batch, H, P\) = "
+                                             r"\(1, 2, 3\) \(batch, H, P, N from the state, G from B\)"):
+        scanweaver.mamba2_step(S, v, np.ones((1, 2)), -np.ones(2), np.ones((1, 1, 4)), np.ones((1, 1, 4)))
