@@ -131,7 +131,7 @@ def test_the_matrix_kernels_clamp_threads_to_four_per_processor():
 
 
 OPENCL_SCRIPT = r"""
-import json, os
+import json, os, signal
 import numpy as np
 import scanweaver
 from scanweaver.errors import BackendUnavailable
@@ -141,6 +141,7 @@ b = np.ones((2, 8), np.float32)
 want = scanweaver.selective_scan(a, b, b, backend="opencl")  # OpenCL (PoCL's threads) started in the parent
 pid = os.fork()
 if pid == 0:
+    signal.alarm(60)  # a hanging child ends instead of outliving the test
     try:
         scanweaver.selective_scan(a, b, b, backend="opencl")
         os._exit(3)  # the device threads are gone in the child: a call must not run, let alone hang
