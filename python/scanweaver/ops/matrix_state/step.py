@@ -20,6 +20,7 @@ from ...arrays import device_module
 from ...calls.declare import operation
 from ...checks import scale_of
 from ...errors import ScanInputError
+from .mamba2 import limit_of
 
 _LIBS = {"torch": "torch", "jax": "jax.numpy", "jaxlib": "jax.numpy"}
 
@@ -160,7 +161,7 @@ def mamba2_step(state, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softp
                  "z": (z, (b, H, P), "(batch, H, P)"), "dt_bias": (dt_bias, (H,), "(H,)")},
            "batch, H, P, N from the state, G from B")
     xp = _xp((state, x, dt, A, B, C, D, z, dt_bias))
-    lo, hi = (float(v) for v in dt_limit)
+    lo, hi = limit_of(dt_limit, api)
     if dt_bias is not None:
         dt = dt + dt_bias
     if dt_softplus:
