@@ -198,6 +198,16 @@ def test_a_second_derivative_is_refused_by_name():
         dq.sum().backward()
 
 
+def test_torch_func_transforms_are_refused_by_name():
+    """torch.func.grad and vmap met PyTorch's message about an autograd.Function the caller never wrote."""
+    q = torch.randn(1, 3, 1, 2, dtype=torch.float64)
+    g, beta = -torch.rand(1, 3, 1, dtype=torch.float64), torch.rand(1, 3, 1, dtype=torch.float64)
+    with pytest.raises(scanweaver.ScanInputError, match="gated_delta_rule does not run under torch.func transforms"):
+        torch.func.grad(lambda q: swt.gated_delta_rule(q, q, q, g, beta)[0].sum())(q)
+    with pytest.raises(scanweaver.ScanInputError, match="does not run under torch.func transforms"):
+        torch.func.vmap(lambda a: swt.selective_scan(a, a, a))(torch.rand(2, 1, 4, dtype=torch.float64))
+
+
 def test_small_model_trains_like_the_reference_loop():
     """A linear-RNN layer with a linear head, trained by Adam on a synthetic task: our op and the
     plain loop reach the same loss (the gradients are usable, not only equal on one input)."""

@@ -173,6 +173,18 @@ def _no_second_derivative(ctx, grads):
 torch.library.register_autograd("scanweaver::backward", _no_second_derivative, setup_context=_setup_second)
 
 
+def _refuse_transforms(name: str, inputs: list) -> None:
+    """Raises :class:`ScanInputError` for tensors of a ``torch.func`` transform (grad, vmap, jacrev, jvp, ...):
+    the custom ops have an autograd formula and no batching or forward-mode rule, and PyTorch's own refusal
+    speaks of an ``autograd.Function`` the caller never wrote."""
+    wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None)
+    if wrapped is not None and any(t is not None and wrapped(t) for t in inputs):
+        raise ScanInputError(f"scanweaver.torch: {name} does not run under torch.func transforms (grad, vmap, "
+                             "jacrev, jvp, ...); differentiate with torch.autograd (loss.backward() or "
+                             "torch.autograd.grad), and loop or batch along an axis the operation takes instead "
+                             "of vmap")
+
+
 def call(name: str, inputs: list, options: dict | str) -> list[torch.Tensor]:
     """Runs kernel pair ``name`` on tensors (``None`` for absent optional inputs); returns its outputs.
 
@@ -182,6 +194,8 @@ def call(name: str, inputs: list, options: dict | str) -> list[torch.Tensor]:
         options: a dict of Python literals for the pair's kernels (or its ``repr``).
     """
     n = PAIRS.get(name).n_outputs
+    if not torch.compiler.is_compiling():
+        _refuse_transforms(name, inputs)
     present = [t is not None for t in inputs]
     text = options if isinstance(options, str) else repr(options)
     return _forward(name, [t for t in inputs if t is not None], present, text)[:n]
