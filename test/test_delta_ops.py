@@ -145,6 +145,16 @@ def test_decode_steps_chain_to_the_full_call(op):
     np.testing.assert_allclose(S, h, rtol=1e-10, atol=1e-12)
 
 
+def test_a_step_with_a_wrong_state_says_where_the_sizes_come_from():
+    """A state of the wrong V shows as v's mismatch: the message says the sizes come from the state."""
+    rng = np.random.default_rng(3)
+    q, k = rng.normal(size=(2, 1, 2, 3))
+    v, g, beta = rng.normal(size=(1, 2, 2)), -rng.uniform(0, 1, (1, 2)), rng.uniform(0, 1, (1, 2))
+    with pytest.raises(ScanInputError, match=r"v has shape \(1, 2, 2\); it needs \(N, HV, V\) = \(1, 2, 1\) "
+                                             r"\(N, HV, K, V from the state, H from q/r\)"):
+        scanweaver.gated_delta_rule_step(np.zeros((1, 2, 3, 1)), q, k, v, g, beta)
+
+
 def test_steps_on_tensors_are_differentiable_and_keep_dtypes():
     torch = pytest.importorskip("torch")
     S = torch.randn(2, 4, 3, 5, requires_grad=True)
@@ -217,6 +227,14 @@ def test_fla_flags_without_a_meaning_here_are_refused_by_name():
         scanweaver.gated_delta_rule(*args, allow_neg_eigval=True)
     with pytest.raises(ScanInputError, match="transpose_state_layout is fla's deprecated name of state_v_first"):
         scanweaver.gated_delta_rule(*args, transpose_state_layout=True)
+    # fla's fused_recurrent_gated_delta_rule by keyword: gk and gv taken as None, refused otherwise, naming KDA
+    np.testing.assert_array_equal(scanweaver.gated_delta_rule(*args, gk=None, gv=None)[0],
+                                  scanweaver.gated_delta_rule(*args)[0])
+    with pytest.raises(ScanInputError, match=r"gk \(a decay of fla's fused_recurrent_gated_delta_rule\) must be None; "
+                                             r".*scanweaver\.kda"):
+        scanweaver.gated_delta_rule(*args, gk=np.zeros(a["q"].shape))
+    with pytest.raises(ScanInputError, match="gv .* must be None"):
+        scanweaver.gated_delta_rule(*args, gv=np.zeros(a["v"].shape))
     kd = (a["q"], a["k"], a["v"], np.repeat(a["g"][..., None], 4, -1), a["beta"])
     for flag in ("return_intermediate_states", "use_graph"):
         with pytest.raises(ScanInputError, match=f"kda: {flag}=True is not supported"):
@@ -246,8 +264,11 @@ def test_bad_operands_name_the_argument():
         scanweaver.kda(q, k, v, g, beta, None, np.zeros((2, 4, 5, 4)))
     with pytest.raises(ScanInputError, match="cu_seqlens packs sequences along T of one batch row"):
         scanweaver.kda(q, k, v, g, beta, cu_seqlens=[0, 9])
-    with pytest.raises(ScanInputError, match="cu_seqlens_cpu must hold the offsets of cu_seqlens"):
+    with pytest.raises(ScanInputError, match=r"cu_seqlens_cpu must hold the offsets of cu_seqlens .*; they differ: "
+                                             r"cu_seqlens\[1\] = 4, cu_seqlens_cpu\[1\] = 5"):
         scanweaver.kda(q[:1], k[:1], v[:1], g[:1], beta[:1], cu_seqlens=[0, 4, 9], cu_seqlens_cpu=[0, 5, 9])
+    with pytest.raises(ScanInputError, match=r"they differ: 3 and 2 offsets"):
+        scanweaver.kda(q[:1], k[:1], v[:1], g[:1], beta[:1], cu_seqlens=[0, 4, 9], cu_seqlens_cpu=[0, 4])
     with pytest.raises(ScanInputError, match="rwkv7: w has shape"):
         scanweaver.rwkv7(q, g[..., 0], k, v, g, g)
     with pytest.raises(ScanInputError, match="gated_delta_rule_step: g has shape"):

@@ -168,5 +168,7 @@ def test_an_integer_operand_is_told_the_dtypes_its_operation_takes(rng):
                                              r"operation takes complex operands\): convert it with "
                                              r"q\.astype\(np\.float32\)"):
         scanweaver.gated_delta_rule(q, k, v, g, beta)
+    with pytest.raises(ScanInputError, match=r"convert it with np\.asarray\(q, np\.float32\)"):  # no astype on a list
+        scanweaver.gated_delta_rule(q.tolist(), k, v, g, beta)
     with pytest.raises(ScanInputError, match="q has dtype complex128; it needs a real floating-point dtype"):
         scanweaver.gated_delta_rule(q + 0.5j, k, v, g, beta)

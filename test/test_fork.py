@@ -128,3 +128,46 @@ def test_the_matrix_kernels_clamp_threads_to_four_per_processor():
     assert proc.returncode == 0, proc.stderr[-2000:]
     started = json.loads(proc.stdout.strip().splitlines()[-1])["started"]
     assert started <= 4, f"threads=1024 on one processor started {started} OS threads (at most 4 per processor)"
+
+
+OPENCL_SCRIPT = r"""
+import json, os, signal
+import numpy as np
+import scanweaver
+from scanweaver.errors import BackendUnavailable
+
+a = np.full((2, 8), 0.5, np.float32)
+b = np.ones((2, 8), np.float32)
+want = scanweaver.selective_scan(a, b, b, backend="opencl")  # OpenCL (PoCL's threads) started in the parent
+pid = os.fork()
+if pid == 0:
+    signal.alarm(60)  # a hanging child ends instead of outliving the test
+    try:
+        scanweaver.selective_scan(a, b, b, backend="opencl")
+        os._exit(3)  # the device threads are gone in the child: a call must not run, let alone hang
+    except BackendUnavailable as exc:
+        if "forked" not in str(exc) or "spawn" not in str(exc):
+            os._exit(4)
+    got = scanweaver.selective_scan(a, b, b, backend="auto")  # auto passes OpenCL over
+    os._exit(0 if np.allclose(got, want) else 5)
+_, status = os.waitpid(pid, 0)
+print(json.dumps({"status": os.waitstatus_to_exitcode(status)}))
+"""
+
+
+def test_a_child_forked_after_opencl_started_refuses_it_instead_of_hanging():
+    """OpenCL does not survive fork (PoCL's first transfer in the child waited forever): the child refuses the
+    backend, naming fork and the way out, and ``auto`` runs elsewhere."""
+    from scanweaver.runtime import get_backend
+    from scanweaver.errors import BackendUnavailable
+
+    try:
+        get_backend("opencl")
+    except BackendUnavailable as exc:
+        pytest.skip(str(exc))
+    try:
+        proc = subprocess.run([sys.executable, "-c", OPENCL_SCRIPT], capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the child forked after OpenCL started hung in its first OpenCL call")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"status": 0}, proc.stderr[-2000:]

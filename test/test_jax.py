@@ -133,3 +133,42 @@ def test_plain_api_takes_jax_arrays_under_jit():
     torch = pytest.importorskip("torch", reason="mixing needs PyTorch installed")
     with pytest.raises(scanweaver.ScanInputError, match="mix PyTorch tensors and JAX arrays"):
         scanweaver.selective_scan(a, torch.ones(2, 3, 25), x)
+
+
+def test_vmap_of_the_named_operations_runs_them_per_element():
+    """The named operations check their inputs' dimensions, so a vmapped call hands them one element at a time
+    (before, the callback got the batch axis too and the call was refused for a 5-D q the caller never passed)."""
+    rng = np.random.default_rng(11)
+    E, B, T, H, K = 3, 1, 5, 2, 3
+    q = jnp.asarray(rng.standard_normal((E, B, T, H, K)), jnp.float32)
+    g = jnp.asarray(-rng.uniform(0.1, 1, (B, T, H)), jnp.float32)  # shared: not batched
+    beta = jnp.asarray(rng.uniform(0, 1, (E, B, T, H)), jnp.float32)
+
+    def loss(q, beta):
+        o, S = swj.gated_delta_rule(q, q, q, g, beta, output_final_state=True, use_qk_l2norm_in_kernel=True)
+        return jnp.sum(o ** 2) + jnp.sum(S)
+
+    got = jax.jit(jax.vmap(jax.value_and_grad(loss, (0, 1))))(q, beta)
+    want = [jax.value_and_grad(loss, (0, 1))(q[i], beta[i]) for i in range(E)]
+    _close(got, jax.tree.map(lambda *xs: jnp.stack(xs), *want), 1e-5)
+    o = jax.vmap(lambda q: swj.linear_attention(q, q, q, g_head=g)[0])(q)
+    _close(o, jnp.stack([swj.linear_attention(q[i], q[i], q[i], g_head=g)[0] for i in range(E)]))
+
+
+def test_a_second_derivative_is_refused_by_name():
+    """jax.grad of jax.grad raises ScanWeaver's message, not JAX's about callbacks and JVP."""
+    a, b, x, c = _ops((2, 9), seed=12)
+    grad = jax.grad(lambda a: jnp.sum(swj.selective_scan(a, b, x, c) ** 2))
+    assert grad(a).shape == a.shape
+    with pytest.raises(scanweaver.ScanWeaverError, match="second derivatives are not supported"):
+        jax.grad(lambda a: jnp.sum(grad(a)))(a)
+
+
+def test_a_traced_scale_is_refused_as_one_known_when_the_call_is_made():
+    q = jnp.ones((1, 3, 1, 2), jnp.float32)
+    g, beta = -jnp.ones((1, 3, 1), jnp.float32), jnp.ones((1, 3, 1), jnp.float32)
+    with pytest.raises(scanweaver.ScanInputError, match=r"^gated_delta_rule: scale must be a real number or None, "
+                                                        r"known when the call is made \(not traced"):
+        jax.jit(lambda q, s: swj.gated_delta_rule(q, q, q, g, beta, scale=s)[0])(q, 0.5)
+    got = jax.jit(lambda q: swj.gated_delta_rule(q, q, q, g, beta, scale=0.5)[0])(q)  # a Python number is fine
+    assert got.shape == q.shape

@@ -276,3 +276,34 @@ def test_every_decode_step_checks_its_scale_like_the_whole_sequence_call(bad):
         with pytest.raises(ScanInputError, match=rf"^{name}: scale must be (a real number or None|finite)"):
             call(bad)
         assert np.isfinite(np.asarray(call(0.5)[0], np.float64)).all(), name
+
+
+def test_a_decode_step_with_a_wrong_state_says_where_the_sizes_come_from():
+    """A state of the wrong V (or N) shows as the next operand's mismatch: the message names the state as the source."""
+    rng = np.random.default_rng(4)
+    q, v, S = rng.normal(size=(1, 2, 3)), rng.normal(size=(1, 2, 2)), np.zeros((1, 2, 3, 1))
+    need = r"\(batch, H, V\) = \(1, 2, 1\) \(batch, H, K, V from the state, Hq from q\)"
+    with pytest.raises(ScanInputError, match=r"^linear_attention_step: v has shape \(1, 2, 2\); it needs " + need):
+        scanweaver.linear_attention_step(S, q, q, v)
+    with pytest.raises(ScanInputError, match=r"^rwkv6_step: v .* \(batch, H, K, V from the state\)"):
+        scanweaver.rwkv6_step(S, q, q, v, -np.abs(q), q[0])
+    with pytest.raises(ScanInputError, match=r"^mamba2_step: x has shape \(1, 2, 2\); it needs \(batch, H, P\) = "
+                                             r"\(1, 2, 3\) \(batch, H, P, N from the state, G from B\)"):
+        scanweaver.mamba2_step(S, v, np.ones((1, 2)), -np.ones(2), np.ones((1, 1, 4)), np.ones((1, 1, 4)))
+
+
+def test_mamba2_step_holds_dt_limit_to_the_scans_rule():
+    """The decode step read dt_limit unchecked: (2, 1) ran (the scan refuses it), a triple raised an unpacking error."""
+    S, x, dt = np.zeros((1, 2, 2, 3)), np.ones((1, 2, 2)), np.ones((1, 2))
+    A, B = -np.ones(2), np.ones((1, 1, 3))
+    for bad, message in (((2.0, 1.0), r"dt_limit = \(2\.0, 1\.0\) needs min <= max"),
+                         ((0.0, 1.0, 2.0), r"dt_limit must be a pair \(min, max\) of numbers"),
+                         ((math.nan, 1.0), r"dt_limit = \(nan, 1\.0\) needs numbers, not NaN")):
+        with pytest.raises(ScanInputError, match=r"^mamba2_step: " + message):
+            scanweaver.mamba2_step(S, x, dt, A, B, B, dt_limit=bad)
+        with pytest.raises(ScanInputError, match=r"^mamba2_scan: " + message):
+            scanweaver.mamba2_scan(x[:, None], dt[:, None], A, B[:, None], B[:, None], dt_limit=bad)
+    y, _ = scanweaver.mamba2_step(S, x, dt, A, B, B, dt_limit=(0.0, 0.5))
+    want, _ = scanweaver.mamba2_scan(x[:, None], dt[:, None], A, B[:, None], B[:, None], dt_limit=(0.0, 0.5),
+                                     return_final_states=True)
+    np.testing.assert_allclose(y, want[:, 0], rtol=1e-12)

@@ -186,6 +186,28 @@ def test_bfloat16_and_errors():
         swt.apply(gated, a, b)
 
 
+def test_a_second_derivative_is_refused_by_name():
+    """A gradient taken with create_graph=True differentiates once; differentiating it again raises ScanWeaver's
+    message (second derivatives are not supported), not PyTorch's about a missing autograd formula."""
+    q = torch.randn(1, 3, 1, 2, dtype=torch.float64, requires_grad=True)
+    g, beta = -torch.rand(1, 3, 1, dtype=torch.float64), torch.rand(1, 3, 1, dtype=torch.float64)
+    o, _ = swt.gated_delta_rule(q, q, q, g, beta)
+    (dq,) = torch.autograd.grad(o.square().sum(), q, create_graph=True)
+    assert dq.shape == q.shape
+    with pytest.raises(scanweaver.ScanWeaverError, match="second derivatives are not supported.*gated_delta_rule"):
+        dq.sum().backward()
+
+
+def test_torch_func_transforms_are_refused_by_name():
+    """torch.func.grad and vmap met PyTorch's message about an autograd.Function the caller never wrote."""
+    q = torch.randn(1, 3, 1, 2, dtype=torch.float64)
+    g, beta = -torch.rand(1, 3, 1, dtype=torch.float64), torch.rand(1, 3, 1, dtype=torch.float64)
+    with pytest.raises(scanweaver.ScanInputError, match="gated_delta_rule does not run under torch.func transforms"):
+        torch.func.grad(lambda q: swt.gated_delta_rule(q, q, q, g, beta)[0].sum())(q)
+    with pytest.raises(scanweaver.ScanInputError, match="does not run under torch.func transforms"):
+        torch.func.vmap(lambda a: swt.selective_scan(a, a, a))(torch.rand(2, 1, 4, dtype=torch.float64))
+
+
 def test_small_model_trains_like_the_reference_loop():
     """A linear-RNN layer with a linear head, trained by Adam on a synthetic task: our op and the
     plain loop reach the same loss (the gradients are usable, not only equal on one input)."""

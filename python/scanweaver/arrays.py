@@ -140,10 +140,10 @@ def as_array(api: str, name: str, value: object) -> np.ndarray:
         native = arr.dtype.newbyteorder("=")
         # non-native byte order (e.g. big-endian data read from a file) converted once
         return arr if arr.dtype.byteorder in ("=", "|") or native == arr.dtype else arr.astype(native)
-    raise ScanInputError(
-        f"{api}: {name} has dtype {arr.dtype}; supported dtypes are {ACCEPTED}: convert it with "
-        f"{name}.astype(np.float32)"
-    )
+    # the conversion in the caller's library: NumPy's and JAX's astype, PyTorch's float(), else NumPy's asarray
+    how = (f"{name}.astype(np.float32)" if hasattr(value, "astype") else f"{name}.float()"
+           if callable(getattr(value, "float", None)) else f"np.asarray({name}, np.float32)")
+    raise ScanInputError(f"{api}: {name} has dtype {arr.dtype}; supported dtypes are {ACCEPTED}: convert it with {how}")
 
 
 def memory_span(value: object) -> tuple[int, int] | None:

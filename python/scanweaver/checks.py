@@ -85,8 +85,10 @@ def offsets_option(api: str, cu_seqlens: object, cu_seqlens_cpu: object = None) 
     cpu = seqlens_option(api, cu_seqlens_cpu, "cu_seqlens_cpu")
     if cu is not None and cpu is not None and cu != cpu:
         i = next((i for i, (a, b) in enumerate(zip(cu, cpu, strict=False)) if a != b), min(len(cu), len(cpu)))
+        at = (f"cu_seqlens[{i}] = {cu[i]}, cu_seqlens_cpu[{i}] = {cpu[i]}" if i < min(len(cu), len(cpu))
+              else f"{len(cu)} and {len(cpu)} offsets")
         raise ScanInputError(f"{api}: cu_seqlens_cpu must hold the offsets of cu_seqlens (a copy on the host); "
-                             f"they differ at index {i} ({len(cu)} and {len(cpu)} offsets)")
+                             f"they differ: {at}")
     return cu if cu is not None else cpu
 
 
@@ -108,7 +110,10 @@ def real_option(api: str, name: str, value: object, need: str = "a real number o
     try:
         number = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
-        raise ScanInputError(f"{api}: {name} must be {need}, got {type(value).__name__}") from None
+        # a traced value (jax.jit's tracer): its number is not known when the call is made
+        known = ", known when the call is made (not traced: a Python number, or a static argument of jax.jit)" \
+            if "Tracer" in type(value).__name__ else ""
+        raise ScanInputError(f"{api}: {name} must be {need}{known}, got {type(value).__name__}") from None
     if not np.isfinite(number):
         raise ScanInputError(f"{api}: {name} must be finite, got {number}")
     return number

@@ -6,7 +6,9 @@ compiled kernels through ``jax.pure_callback``: they work under ``jax.jit``,
 ``jax.grad`` (and ``jax.vjp``) and ``jax.vmap`` (the callback receives the
 batch as a leading axis, which the scans treat as more lanes).  Every
 :class:`~scanweaver.calls.pairs.KernelPair` gets the same treatment
-(:func:`call`).
+(:func:`call`); under ``jax.vmap`` the named operations, whose kernels take
+no batch axis (:attr:`~scanweaver.calls.pairs.KernelPair.batches`), run once
+per batch element.
 
 Copies: the callback hands the kernels host NumPy arrays (no copy on the
 CPU device) and JAX copies each result into its own buffer once; on a GPU
@@ -53,6 +55,7 @@ def _op(name: str, present: tuple[bool, ...], options: str):
     """The ``custom_vjp`` function of pair ``name`` for one pattern of present inputs and options."""
     pair, opts = PAIRS.get(name), parse_options(options)
     n = pair.n_outputs
+    vmap_method = "broadcast_all" if pair.batches else "sequential"  # see KernelPair.batches
 
     def result_specs(args):
         specs = _full([(tuple(a.shape), np.dtype(a.dtype)) for a in args], present)
@@ -70,7 +73,12 @@ def _op(name: str, present: tuple[bool, ...], options: str):
                 raise
             return tuple(np.asarray(r, dtype=s.dtype) for r, s in zip(results, specs, strict=True))
 
-        return jax.pure_callback(host, tuple(specs), *args, vmap_method="broadcast_all")
+        @jax.custom_jvp
+        def run(*values):
+            return jax.pure_callback(host, tuple(specs), *values, vmap_method=vmap_method)
+
+        run.defjvp(functools.partial(_no_second_derivative, name))  # reached by a second derivative only
+        return run(*args)
 
     @jax.custom_vjp
     def op(*args):
@@ -93,12 +101,25 @@ def _op(name: str, present: tuple[bool, ...], options: str):
             grads = pair.backward(_full(ins, present), res, cts, full_needs, opts)
             return tuple(np.asarray(g, dtype=s.dtype) for g, s in zip(grads, specs, strict=True))
 
-        grads = iter(jax.pure_callback(host, tuple(specs), *args, *residuals, *cotangents,
-                                       vmap_method="broadcast_all"))
+        @jax.custom_jvp
+        def backward(*values):
+            return jax.pure_callback(host, tuple(specs), *values, vmap_method=vmap_method)
+
+        backward.defjvp(functools.partial(_no_second_derivative, name))
+        grads = iter(backward(*args, *residuals, *cotangents))
         return tuple(next(grads) if need else None for need in needs)
 
     op.defvjp(op_fwd, op_bwd)
     return op
+
+
+def _no_second_derivative(name: str, primals, tangents):
+    """The backward's own derivative: none. Differentiating a gradient again (``jax.grad`` of ``jax.grad``,
+    ``jax.hessian``, ``jax.jvp`` of a gradient) reaches here; this says so, instead of JAX's message about
+    callbacks."""
+    raise ScanWeaverError(f"scanweaver.jax: second derivatives are not supported: the gradient of {name} has no "
+                          "derivative of its own, so it cannot be differentiated again (jax.grad of jax.grad, "
+                          "jax.hessian, forward mode through a gradient)")
 
 
 def call(name: str, inputs: list, options: dict) -> list:

@@ -43,7 +43,7 @@ from .core.recurrence import Recurrence
 from .calls.declare import CALL_ARRAYS, OPERATIONS, Operation, make_entry
 from .calls.pairs import PAIRS, options_text, parse_options
 from .ops.scan.grad import scan_options
-from .errors import ScanInputError
+from .errors import ScanInputError, ScanWeaverError
 
 _DTYPES = {torch.float16: np.float16, torch.float32: np.float32, torch.float64: np.float64,
            torch.complex64: np.complex64, torch.complex128: np.complex128, torch.bool: np.bool_,
@@ -157,6 +157,34 @@ def _autograd(ctx, grads):
 torch.library.register_autograd("scanweaver::forward", _autograd, setup_context=_setup_context)
 
 
+def _setup_second(ctx, inputs, output):
+    ctx.name = inputs[0]
+
+
+def _no_second_derivative(ctx, grads):
+    """The backward's own derivative: none. A gradient taken with ``create_graph=True`` and differentiated again
+    reaches here; this says so, instead of PyTorch's message about a missing autograd formula."""
+    raise ScanWeaverError(f"scanweaver.torch: second derivatives are not supported: the gradient of {ctx.name} "
+                          "(scanweaver::backward) has no derivative of its own, so a gradient taken with "
+                          "create_graph=True cannot be differentiated again (double backward, Hessian-vector "
+                          "products, gradient penalties through this operation)")
+
+
+torch.library.register_autograd("scanweaver::backward", _no_second_derivative, setup_context=_setup_second)
+
+
+def _refuse_transforms(name: str, inputs: list) -> None:
+    """Raises :class:`ScanInputError` for tensors of a ``torch.func`` transform (grad, vmap, jacrev, jvp, ...):
+    the custom ops have an autograd formula and no batching or forward-mode rule, and PyTorch's own refusal
+    speaks of an ``autograd.Function`` the caller never wrote."""
+    wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None)
+    if wrapped is not None and any(t is not None and wrapped(t) for t in inputs):
+        raise ScanInputError(f"scanweaver.torch: {name} does not run under torch.func transforms (grad, vmap, "
+                             "jacrev, jvp, ...); differentiate with torch.autograd (loss.backward() or "
+                             "torch.autograd.grad), and loop or batch along an axis the operation takes instead "
+                             "of vmap")
+
+
 def call(name: str, inputs: list, options: dict | str) -> list[torch.Tensor]:
     """Runs kernel pair ``name`` on tensors (``None`` for absent optional inputs); returns its outputs.
 
@@ -166,6 +194,8 @@ def call(name: str, inputs: list, options: dict | str) -> list[torch.Tensor]:
         options: a dict of Python literals for the pair's kernels (or its ``repr``).
     """
     n = PAIRS.get(name).n_outputs
+    if not torch.compiler.is_compiling():
+        _refuse_transforms(name, inputs)
     present = [t is not None for t in inputs]
     text = options if isinstance(options, str) else repr(options)
     return _forward(name, [t for t in inputs if t is not None], present, text)[:n]

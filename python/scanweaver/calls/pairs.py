@@ -56,6 +56,10 @@ class KernelPair:
         follows: the input whose dtype the first output takes where that dtype is a storage one (float16,
             bfloat16): v for attention, u or x for Mamba; a front end that widens bfloat16 before the kernels
             (PyTorch's) narrows that output back by it.
+        batches: True when ``forward`` and ``backward`` take one more leading axis on every input as more
+            independent lanes (the scans'); ``jax.vmap`` then hands them the whole batch in one callback.
+            Otherwise (the default: the named operations check their inputs' dimensions) a vmapped call runs
+            them once per batch element.
     """
 
     name: str
@@ -64,6 +68,7 @@ class KernelPair:
     shapes: Callable
     n_outputs: int
     follows: int = 0
+    batches: bool = False
 
 
 #: Every kernel pair, by name: each operation's package under :mod:`scanweaver.ops` registers its own.

@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import numpy as np
@@ -31,11 +32,42 @@ from .gpu_base import GPUBackend
 
 ENV_DEVICE = "SCANWEAVER_OPENCL_DEVICE"
 
+#: True once this process asked OpenCL for its platforms: the ICD loader has loaded the platform's runtime
+#: (PoCL starts its device threads then), so a child forked from here cannot use OpenCL.
+_started = False
+#: Set in a child forked after OpenCL started in its parent: why OpenCL cannot run there.
+_forked: str | None = None
+
+
+def _after_fork_in_child() -> None:
+    """OpenCL does not survive ``fork``: the child inherits the runtime's state but not its threads, and its
+    first transfer waits forever for them (PoCL; a new context in the child does too).  So the child refuses
+    the backend with one clear error: ``auto`` passes it over, ``backend="opencl"`` raises."""
+    global _forked
+    if _started:
+        _forked = (f"opencl: process {os.getpid()} was forked after OpenCL started in its parent, and OpenCL "
+                   "does not survive fork (its next transfer would wait forever); start worker processes with "
+                   "the 'spawn' or 'forkserver' method (multiprocessing.set_start_method('spawn')), or use "
+                   "another backend in forked workers")
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def refuse_if_forked() -> None:
+    """Raises :class:`BackendUnavailable` in a process forked after OpenCL started in its parent."""
+    if _forked is not None:
+        raise BackendUnavailable(_forked)
+
 
 def select_device():
     """The ``(platform, device)`` to use; raises :class:`BackendUnavailable` saying why none fits."""
+    global _started
+    refuse_if_forked()
     import pyopencl as cl
 
+    _started = True
     try:
         platforms = cl.get_platforms()
     except cl.Error as exc:
@@ -110,12 +142,20 @@ class OpenCLBackend(GPUBackend):
         note = "; " + APPLE_NOTE if p.name.strip() == "Apple" else ""
         return Availability(True, device=f"{d.name.strip()} ({p.name.strip()}, OpenCL{note})")
 
+    @classmethod
+    def availability(cls) -> Availability:
+        """:meth:`probe`, cached for the process; unavailable in a child forked after OpenCL started."""
+        if _forked is not None:
+            return Availability(False, _forked)
+        return super().availability()
+
     def details(self) -> dict[str, object]:
         return limits(*select_device())
 
     @property
     def queue(self):
-        """The profiling command queue (created on first use)."""
+        """The profiling command queue (created on first use; refused in a child forked after OpenCL started)."""
+        refuse_if_forked()
         if self._queue is None:
             import pyopencl as cl
 

@@ -55,8 +55,14 @@ from .operands import FAMILIES, accumulation, storage_dtype
 
 #: fla's keyword arguments (its ``**kwargs``) each operation takes beside the kernels' tunables.
 FLA_KEYWORDS = {"delta_rule": ("chunk_size",), "gated_delta_rule": ("chunk_size", "use_gate_in_kernel", "A_log",
-                                                                     "dt_bias"),
+                                                                     "dt_bias", "gk", "gv"),
                 "kda": ("chunk_size", "A_log", "dt_bias"), "rwkv7": ()}
+#: fla's ``fused_recurrent_gated_delta_rule`` decays beside g, taken when None (its callers pass them by keyword).
+_OTHER_DECAYS = {
+    "gk": "a log decay per key dimension is KDA's gate: call scanweaver.kda(q, k, v, gk, beta, ...) (with a g too, "
+          "pass gk + g[..., None] as KDA's g)",
+    "gv": "a decay of the state along its value dimension has no kernel here",
+}
 #: fla's removed ``head_first`` (its own message).
 HEAD_FIRST = "head_first has been removed. Inputs must be in `[B, T, H, ...]` format."
 _GATE = ("computes the gate -exp(A_log) * softplus(g + dt_bias) inside fla's kernel; compute g so in PyTorch or "
@@ -151,6 +157,10 @@ def options(family: str, args: dict) -> dict:
     for name in ("A_log", "dt_bias"):
         if extra.get(name) is not None:
             raise ScanInputError(f"{family}: {name} is read only by fla's use_gate_in_kernel, which {_GATE}")
+    for name, why in _OTHER_DECAYS.items():
+        if extra.get(name) is not None:
+            raise ScanInputError(f"{family}: {name} (a decay of fla's fused_recurrent_gated_delta_rule) must be None; "
+                                 f"{why}")
     _refuse(family, args, {
         "cp_context": (None, "context parallelism splits a sequence over devices in fla; ScanWeaver runs whole "
                              "sequences (pass cu_seqlens for packed ones)"),

@@ -47,12 +47,14 @@ def _xp(values):
 
 
 def _shape(api: str, name: str, arr, need: tuple, what: str) -> None:
-    """Raises unless ``arr`` has shape ``need`` (``what`` names the layout)."""
+    """Raises unless ``arr`` has shape ``need`` (``what`` names the layout; its sizes come from the state and q,
+    which the message says, since a wrong state shows as the next operand's mismatch)."""
     if arr is None:
         raise ScanInputError(f"{api}: {name} is required, shaped {what} = {tuple(need)}")
     shape = tuple(getattr(arr, "shape", np.shape(arr)))
     if shape != tuple(need):
-        raise ScanInputError(f"{api}: {name} has shape {shape}; it needs {what} = {tuple(need)}")
+        raise ScanInputError(f"{api}: {name} has shape {shape}; it needs {what} = {tuple(need)} (N, HV, K, V from "
+                             "the state, H from q/r)")
 
 
 def _dims(api: str, state, q, qname: str, state_v_first: bool = False) -> tuple[int, int, int, int, int]:

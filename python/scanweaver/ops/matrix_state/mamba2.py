@@ -39,14 +39,17 @@ INPUTS = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states")
 SOFTPLUS_THRESHOLD = 20.0
 
 
-def limit_of(dt_limit) -> tuple[float, float]:
-    """``dt_limit`` as two floats (options carry them as text: ``inf`` is no Python literal)."""
+def limit_of(dt_limit, api: str = API) -> tuple[float, float]:
+    """``dt_limit`` as two floats (options carry them as text: ``inf`` is no Python literal), checked: the one rule
+    of :func:`scanweaver.mamba2_scan` and its decode step."""
     try:
         lo, hi = (float(v) for v in dt_limit)
     except (TypeError, ValueError):
-        raise ScanInputError(f"{API}: dt_limit must be a pair (min, max) of numbers, got {dt_limit!r}") from None
-    if math.isnan(lo) or math.isnan(hi) or lo > hi:
-        raise ScanInputError(f"{API}: dt_limit = ({lo}, {hi}) needs min <= max")
+        raise ScanInputError(f"{api}: dt_limit must be a pair (min, max) of numbers, got {dt_limit!r}") from None
+    if math.isnan(lo) or math.isnan(hi):
+        raise ScanInputError(f"{api}: dt_limit = ({lo}, {hi}) needs numbers, not NaN (inf for no upper bound)")
+    if lo > hi:
+        raise ScanInputError(f"{api}: dt_limit = ({lo}, {hi}) needs min <= max")
     return lo, hi
 
 

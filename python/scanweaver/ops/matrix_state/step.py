@@ -20,6 +20,7 @@ from ...arrays import device_module
 from ...calls.declare import operation
 from ...checks import scale_of
 from ...errors import ScanInputError
+from .mamba2 import limit_of
 
 _LIBS = {"torch": "torch", "jax": "jax.numpy", "jaxlib": "jax.numpy"}
 
@@ -33,14 +34,15 @@ def _xp(values):
     return device_module(values) or np
 
 
-def _check(api: str, values: dict[str, tuple]) -> None:
-    """Raises for any named array whose shape differs from the one it needs (``None`` entries skip)."""
+def _check(api: str, values: dict[str, tuple], sizes: str) -> None:
+    """Raises for any named array whose shape differs from the one it needs (``None`` entries skip); ``sizes``
+    says where the needed sizes come from (a wrong state shows as the next operand's mismatch)."""
     for name, (arr, need, what) in values.items():
         if arr is None:
             continue
         shape = tuple(getattr(arr, "shape", np.shape(arr)))
         if shape != tuple(need):
-            raise ScanInputError(f"{api}: {name} has shape {shape}; it needs {what} = {tuple(need)}")
+            raise ScanInputError(f"{api}: {name} has shape {shape}; it needs {what} = {tuple(need)} ({sizes})")
 
 
 def _shape(api: str, name: str, arr, ndim: int, what: str) -> tuple:
@@ -87,7 +89,8 @@ def linear_attention_step(state, q, k, v, *, g=None, g_head=None, decay=None, sc
         raise ScanInputError(f"{api}: q has {Hq} heads; they must divide the state's H = {H}")
     _check(api, {"q": (q, (b, Hq, K), "(batch, Hq, K)"), "k": (k, (b, Hq, K), "(batch, Hq, K)"),
                  "v": (v, (b, H, V), "(batch, H, V)"), "g": (g, (b, H, K), "(batch, H, K)"),
-                 "g_head": (g_head, (b, H), "(batch, H)"), "decay": (decay, (H,), "(H,)")})
+                 "g_head": (g_head, (b, H), "(batch, H)"), "decay": (decay, (H,), "(H,)")},
+           "batch, H, K, V from the state, Hq from q")
     if sum(x is not None for x in (g, g_head, decay)) > 1:
         raise ScanInputError(f"{api}: give at most one of g, g_head and decay")
     xp = _xp((state, q, k, v, g, g_head, decay))
@@ -124,7 +127,7 @@ def rwkv6_step(state, r, k, v, w, u, *, scale=None):
             raise ScanInputError(f"{api}: {name} is required")
     _check(api, {"r": (r, (b, H, K), "(batch, H, K)"), "k": (k, (b, H, K), "(batch, H, K)"),
                  "v": (v, (b, H, V), "(batch, H, V)"), "w": (w, (b, H, K), "(batch, H, K)"),
-                 "u": (u, (H, K), "(H, K)")})
+                 "u": (u, (H, K), "(H, K)")}, "batch, H, K, V from the state")
     xp = _xp((state, r, k, v, w, u))
     s = scale_of(api, scale, K)
     kv = k[..., :, None] * v[..., None, :]
@@ -155,9 +158,10 @@ def mamba2_step(state, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softp
         raise ScanInputError(f"{api}: D has shape {dshape}; it needs (H,) = ({H},) or (H, P) = {(H, P)}")
     _check(api, {"x": (x, (b, H, P), "(batch, H, P)"), "dt": (dt, (b, H), "(batch, H)"), "A": (A, (H,), "(H,)"),
                  "B": (B, (b, G, N), "(batch, G, N)"), "C": (C, (b, G, N), "(batch, G, N)"),
-                 "z": (z, (b, H, P), "(batch, H, P)"), "dt_bias": (dt_bias, (H,), "(H,)")})
+                 "z": (z, (b, H, P), "(batch, H, P)"), "dt_bias": (dt_bias, (H,), "(H,)")},
+           "batch, H, P, N from the state, G from B")
     xp = _xp((state, x, dt, A, B, C, D, z, dt_bias))
-    lo, hi = (float(v) for v in dt_limit)
+    lo, hi = limit_of(dt_limit, api)
     if dt_bias is not None:
         dt = dt + dt_bias
     if dt_softplus:

@@ -130,7 +130,7 @@ def _saved_shape(shape: tuple, k: int) -> tuple:
     return tuple(shape) if k == 1 else (*shape, k)
 
 
-PAIRS.register()(KernelPair("scan", _scan_forward, _scan_backward, _scan_shapes, n_outputs=2))
+PAIRS.register()(KernelPair("scan", _scan_forward, _scan_backward, _scan_shapes, n_outputs=2, batches=True))
 
 
 def scan_options(rec: Recurrence, *, reverse: bool = False, cu_seqlens=None, backend: str = "auto",
