@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import re
 
 import numpy as np
@@ -172,3 +173,34 @@ def test_an_integer_operand_is_told_the_dtypes_its_operation_takes(rng):
         scanweaver.gated_delta_rule(q.tolist(), k, v, g, beta)
     with pytest.raises(ScanInputError, match="q has dtype complex128; it needs a real floating-point dtype"):
         scanweaver.gated_delta_rule(q + 0.5j, k, v, g, beta)
+
+
+@pytest.mark.parametrize("library", ["torch", "jax"])
+def test_an_integer_operand_is_told_its_own_libraries_conversion(rng, library):
+    """Tensors are checked as NumPy views, and JAX arrays by the JAX front end: the hint is the caller's library's,
+    from the operation's own entry point and from the NumPy one alike."""
+    pytest.importorskip(library)
+    front = importlib.import_module(f"scanweaver.{library}")
+    if library == "torch":
+        import torch
+
+        convert, how = torch.from_numpy, r"q\.to\(torch\.float32\)"
+    else:
+        import jax.numpy as jnp
+
+        convert, how = jnp.asarray, r"q\.astype\(jnp\.float32\)"
+    q = convert(np.ones((1, 4, 1, 3), np.int32))
+    k, v = (convert(rng.standard_normal(s).astype(np.float32)) for s in ((1, 4, 1, 3), (1, 4, 1, 2)))
+    g, beta = (convert(x.astype(np.float32)) for x in (-rng.uniform(0.1, 1, (1, 4, 1)), rng.uniform(0, 1, (1, 4, 1))))
+    message = r"^gated_delta_rule: q has dtype int32; supported dtypes are float16, bfloat16, float32 and float64 " \
+        r"\(complex64 and complex128 where the operation takes complex operands\): convert it with " + how + r"(\n|$)"
+    for call in (front.gated_delta_rule, scanweaver.gated_delta_rule):
+        with pytest.raises(ScanInputError, match=message):
+            call(q, k, v, g, beta)
+    a = convert(np.ones((2, 5), np.int64))  # JAX makes it int32 (without x64)
+    with pytest.raises(ScanInputError, match=r"a has dtype int(32|64); .*: convert it with a\." + how[3:]):
+        front.selective_scan(a, convert(np.ones((2, 5), np.float32)), convert(np.ones((2, 5), np.float32)))
+    if library == "torch":  # the decode step runs the fused kernel on NumPy views of the tensors
+        with pytest.raises(ScanInputError, match=r"q has dtype int32; .*: convert it with " + how):
+            scanweaver.gated_delta_rule_step(convert(np.zeros((1, 1, 3, 2), np.float32)), q[:, 0], k[:, 0], v[:, 0],
+                                             g[:, 0], beta[:, 0])

@@ -18,6 +18,9 @@ Mixed operands promote as NumPy does after widening the half types, so
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from contextvars import ContextVar
 from typing import Any
 
 import numpy as np
@@ -140,10 +143,64 @@ def as_array(api: str, name: str, value: object) -> np.ndarray:
         native = arr.dtype.newbyteorder("=")
         # non-native byte order (e.g. big-endian data read from a file) converted once
         return arr if arr.dtype.byteorder in ("=", "|") or native == arr.dtype else arr.astype(native)
-    # the conversion in the caller's library: NumPy's and JAX's astype, PyTorch's float(), else NumPy's asarray
-    how = (f"{name}.astype(np.float32)" if hasattr(value, "astype") else f"{name}.float()"
-           if callable(getattr(value, "float", None)) else f"np.asarray({name}, np.float32)")
-    raise ScanInputError(f"{api}: {name} has dtype {arr.dtype}; supported dtypes are {ACCEPTED}: convert it with {how}")
+    raise dtype_refusal(api, name, value, arr.dtype)
+
+
+#: How each array library converts an array ``{name}`` to float32 (the hint of :func:`dtype_refusal`).
+CONVERSIONS = {"numpy": "{name}.astype(np.float32)", "torch": "{name}.to(torch.float32)",
+               "jax": "{name}.astype(jnp.float32)", "cupy": "{name}.astype(cp.float32)"}
+#: Top-level modules of array types -> their library's name in :data:`CONVERSIONS`.
+_LIBRARIES = {"numpy": "numpy", "torch": "torch", "jax": "jax", "jaxlib": "jax", "cupy": "cupy"}
+#: The library the operands of the running call came from, set by a front end that hands them on as views of
+#: another library's arrays (:func:`operands_from`); None: each array's own.
+_ORIGIN: ContextVar[str | None] = ContextVar("scanweaver_operand_library", default=None)
+
+
+@contextlib.contextmanager
+def operands_from(library: str) -> Iterator[None]:
+    """Within the block, the operands are the caller's arrays of ``library`` (a key of :data:`CONVERSIONS`) seen
+    through another library's views (PyTorch's CPU tensors as NumPy arrays): refusals suggest ``library``'s
+    conversion, not the views'.
+
+    Example:
+        >>> with operands_from("torch"):
+        ...     conversion("q", np.ones(2, np.int64))
+        'q.to(torch.float32)'
+    """
+    token = _ORIGIN.set(library)
+    try:
+        yield
+    finally:
+        _ORIGIN.reset(token)
+
+
+def conversion(name: str, value: object) -> str:
+    """How the caller converts ``value`` (argument ``name``) to float32, written in its own array library:
+    that of :func:`operands_from` when set, else that of ``value``'s type; ``np.asarray`` for anything else
+    (lists, which have no ``astype``).
+
+    Example:
+        >>> conversion("q", np.ones(2, np.int64)), conversion("q", [1, 2])
+        ('q.astype(np.float32)', 'np.asarray(q, np.float32)')
+    """
+    library = _ORIGIN.get() or _LIBRARIES.get(type(value).__module__.partition(".")[0])
+    if library is None and hasattr(value, "astype"):  # NumPy's subclasses, Dask's arrays: NumPy's dtypes
+        library = "numpy"
+    how = CONVERSIONS.get(library or "", "np.asarray({name}, np.float32)")
+    return how.format(name=name)
+
+
+def dtype_refusal(api: str, name: str, value: object, dtype: object = None) -> ScanInputError:
+    """The error for operand ``name`` whose dtype (``dtype``, else ``value.dtype``) no scan takes: it names the
+    argument, its dtype, the dtypes taken and the conversion in the caller's library (:func:`conversion`).
+
+    Example:
+        >>> str(dtype_refusal("demo", "x", np.ones(2, np.int32))).split(";")[0]
+        'demo: x has dtype int32'
+    """
+    got = str(getattr(value, "dtype", None) if dtype is None else dtype).removeprefix("torch.")
+    return ScanInputError(f"{api}: {name} has dtype {got}; supported dtypes are {ACCEPTED}: convert it with "
+                          f"{conversion(name, value)}")
 
 
 def memory_span(value: object) -> tuple[int, int] | None:
@@ -366,7 +423,7 @@ def module_array(api: str, name: str, value: object, xp=None):
         raise ScanInputError(f"{api}: {name} is a {type(value).__name__}; with device operands every array must be "
                              "on the same device")
     if not is_floating(value.dtype):
-        raise ScanInputError(f"{api}: {name} has dtype {value.dtype}; it needs a float dtype")
+        raise dtype_refusal(api, name, value)
     return value
 
 

@@ -36,7 +36,7 @@ import functools
 import jax
 import numpy as np
 
-from .arrays import is_floating
+from .arrays import dtype_refusal, is_floating
 from .calls import route
 from .core.recurrence import Recurrence
 from .calls.declare import CALL_ARRAYS, OPERATIONS, Operation, make_entry
@@ -153,10 +153,11 @@ _failures: list[ScanWeaverError] = []
 
 
 def _check_floating(api: str, values: dict) -> None:
-    """Raises :class:`ScanInputError` naming the first array that is not of a floating or complex dtype."""
+    """Raises :class:`ScanInputError` naming the first array that is not of a floating or complex dtype (the
+    message of :func:`~scanweaver.arrays.dtype_refusal`, with JAX's conversion)."""
     for name, v in values.items():
         if v is not None and hasattr(v, "dtype") and not is_floating(v.dtype):
-            raise ScanInputError(f"scanweaver.jax.{api}: {name} has dtype {v.dtype}; it needs a floating dtype")
+            raise dtype_refusal(api, name, v)
 
 
 def apply(rec: Recurrence, *operands, h0=None, reset=None, reverse: bool = False, return_state: bool = False,

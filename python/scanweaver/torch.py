@@ -38,6 +38,7 @@ import sys
 import numpy as np
 import torch
 
+from .arrays import operands_from
 from .calls import route
 from .core.recurrence import Recurrence
 from .calls.declare import CALL_ARRAYS, OPERATIONS, Operation, make_entry
@@ -105,7 +106,7 @@ def _full(tensors: list, present: list[bool]) -> list:
 @torch.library.custom_op("scanweaver::forward", mutates_args=())
 def _forward(name: str, inputs: list[torch.Tensor], present: list[bool], options: str) -> list[torch.Tensor]:
     pair, opts = PAIRS.get(name), parse_options(options)
-    with _stream(inputs):
+    with _stream(inputs), operands_from("torch"):  # the checks see views: their hints speak of tensors
         results = pair.forward([to_array(t) for t in _full(inputs, present)], opts)
     return [from_array(r) for r in results]
 
@@ -122,7 +123,7 @@ def _forward_fake(name, inputs, present, options):
 def _backward(name: str, inputs: list[torch.Tensor], present: list[bool], residuals: list[torch.Tensor],
               cotangents: list[torch.Tensor], given: list[bool], needs: list[bool], options: str) -> list[torch.Tensor]:
     pair, opts = PAIRS.get(name), parse_options(options)
-    with _stream([*inputs, *cotangents]):
+    with _stream([*inputs, *cotangents]), operands_from("torch"):
         grads = pair.backward([to_array(t) for t in _full(inputs, present)], [to_array(t) for t in residuals],
                               [to_array(t) for t in _full(cotangents, given)], list(needs), opts)
     return [from_array(g) for g in grads]
@@ -258,7 +259,7 @@ def apply(rec: Recurrence, *operands, h0=None, reset=None, reverse: bool = False
     _check_tensors(rec.name, {**dict(zip(rec.inputs, operands, strict=True)), "h0": h0, "reset": reset, "out": out})
     tensors = [*operands, h0, reset]
     if not _needs_grad(tensors) and _on_device([*tensors, out]):
-        with _stream(tensors):
+        with _stream(tensors), operands_from("torch"):
             result = rec(*(to_array(t) for t in operands), h0=to_array(h0), reset=to_array(reset), reverse=reverse,
                          return_state=return_state, cu_seqlens=cu_seqlens, backend=backend, schedule=schedule,
                          config=config, out=to_array(out), **tunables)

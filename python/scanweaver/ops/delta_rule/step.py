@@ -27,7 +27,7 @@ import importlib
 
 import numpy as np
 
-from ...arrays import device_module
+from ...arrays import device_module, operands_from
 from ...calls.declare import operation
 from ...checks import scale_of
 from ...errors import ScanInputError
@@ -118,8 +118,9 @@ def _kernel_takes(xp, arrays) -> bool:
 
 
 def _run_fused(xp, api: str, state, xs: list, options: dict):
-    o, h = _fused(api, state.detach() if xp is not np else state,
-                  [x.detach() if xp is not np else x for x in xs], options)
+    with operands_from(xp.__name__):  # NumPy views of tensors: refusals speak of the caller's tensors
+        o, h = _fused(api, state.detach() if xp is not np else state,
+                      [x.detach() if xp is not np else x for x in xs], options)
     return (o, h) if xp is np else (xp.from_numpy(np.ascontiguousarray(o)), xp.from_numpy(h))
 
 
