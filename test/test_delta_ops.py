@@ -271,6 +271,20 @@ def test_bad_operands_name_the_argument():
         scanweaver.kda(q[:1], k[:1], v[:1], g[:1], beta[:1], cu_seqlens=[0, 4, 9], cu_seqlens_cpu=[0, 4])
     with pytest.raises(ScanInputError, match="rwkv7: w has shape"):
         scanweaver.rwkv7(q, g[..., 0], k, v, g, g)
+    # v with more heads than r/k, every per-value-head operand with r/k's: v is named, not w
+    r, w = q[:, :, :1], g[:, :, :1]
+    with pytest.raises(ScanInputError, match=r"^rwkv7: v has 4 heads and r/k 1 \(shapes \(2, 9, 4, 5\), "
+                                             r"\(2, 9, 1, 4\)\), and w, a and b have the heads of r/k; "
+                                             r"pass v with the heads of r/k \(H = 1\), or for grouped value heads "
+                                             r".* w, a and b \(B, T, HV, K\) = \(2, 9, 4, 4\)"):
+        scanweaver.rwkv7(r, w, r, v, w, w)
+    with pytest.raises(ScanInputError, match=r"^gated_delta_rule: v has 4 heads and q/k 1 .* g and beta have the "
+                                             r"heads of q/k; .* g and beta \(B, T, HV\) = \(2, 9, 4\)"):
+        scanweaver.gated_delta_rule(r, r, v, w[..., 0], w[..., 0])
+    with pytest.raises(ScanInputError, match=r"^rwkv7: w has shape \(2, 9, 1, 4\); it needs \(B, T, HV, K\)"):
+        scanweaver.rwkv7(r, w, r, v, g, g)  # a and b per value head: w is the one that disagrees
+    o, _ = scanweaver.rwkv7(r, g, r, v, g, g)  # grouped value heads: w, a, b per value head
+    assert o.shape == v.shape
     with pytest.raises(ScanInputError, match="gated_delta_rule_step: g has shape"):
         scanweaver.gated_delta_rule_step(np.zeros((2, 4, 4, 5)), q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0])
     with pytest.raises(ScanInputError, match="scale must be finite"):

@@ -179,7 +179,8 @@ def rwkv7(r, w, k, v, a, b, scale=1.0, initial_state=None, output_final_state: b
         S_t = Diag(exp(w_t)) S_{t-1} + b_t (a_t^T S_{t-1}) + k_t v_t^T,    o_t = scale * S_t^T r_t
 
     Args:
-        r, w, k, a, b: ``(B, T, H, K)`` (RWKV-7 takes ``a = -kappa``, ``b = kappa * iclr``).  v: ``(B, T, H, V)``.
+        r, k: ``(B, T, H, K)``.  w, a, b: ``(B, T, HV, K)`` (RWKV-7 takes ``a = -kappa``, ``b = kappa * iclr``).
+        v: ``(B, T, HV, V)``: HV = H as in RWKV-7, or a multiple of H (grouped value heads, as :func:`delta_rule`).
         scale: the output scale, 1.0 by default (None: ``K**-0.5``).
         initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu, backend: as for :func:`delta_rule`.
         safe_gate, disable_recompute, lower_bound: steer fla's kernels; no effect here.

@@ -57,6 +57,32 @@ def array(api: str, name: str, value, ndim: int, need: str, xp=None) -> np.ndarr
     return arr
 
 
+def _check_value_heads(api: str, nm: dict[str, str], per_head: dict, qshape: tuple, vshape: tuple,
+                       gate: str) -> None:
+    """Raises when v has more heads than q/k and every operand taken per value head (g, beta; a, b) has q/k's
+    heads: v is then the one that disagrees (a grouped v needs those operands per value head), and the message
+    names it, with both ways to agree."""
+    B, T, H, K = qshape
+    HV = vshape[2]
+    given = {n: x for n, x in per_head.items() if x is not None}
+    if HV == H or not given:
+        return
+    shapes = {n: tuple(getattr(x, "shape", np.shape(x))) for n, x in given.items()}
+    if not all(s[:3] == (B, T, H) for s in shapes.values()):
+        return
+    def listing(names: list[str]) -> str:
+        return " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
+
+    wide = [n for n in given if n in ("a", "b") or (n == "g" and gate == "key")]
+    groups = [(wide, "(B, T, HV, K)", (B, T, HV, K)), ([n for n in given if n not in wide], "(B, T, HV)", (B, T, HV))]
+    needs = " and ".join(f"{listing([nm[n] for n in ns])} {layout} = {shape}" for ns, layout, shape in groups if ns)
+    qk = f"{nm['q']}/{nm['k']}"
+    raise ScanInputError(f"{api}: {nm['v']} has {HV} heads and {qk} {H} (shapes {tuple(vshape)}, {tuple(qshape)}), "
+                         f"and {listing([nm[n] for n in given])} {'have' if len(given) > 1 else 'has'} the heads of "
+                         f"{qk}; pass {nm['v']} with the heads of {qk} (H = {H}), or for grouped value heads (HV a "
+                         f"multiple of H: value head i reads {qk} head i // (HV // H)) {needs}")
+
+
 def check_shape(api: str, name: str, arr: np.ndarray, shape: tuple, need: str) -> None:
     """Raises when ``arr`` is not of ``shape`` (``need`` names the layout, e.g. ``(B, T, HV)``)."""
     if tuple(arr.shape) != tuple(shape):
@@ -179,6 +205,9 @@ def operands(api: str, family: str, q, k, v, *, g=None, beta=None, a=None, b=Non
     if H < 1 or HV % H or K < 1 or V < 1:
         raise ScanInputError(f"{api}: {nm['v']} has {HV} heads and {nm['q']}/{nm['k']} {H} (shapes {v.shape}, "
                              f"{q.shape}); HV must be a multiple of H (grouped value heads), and K, V at least 1")
+    per_head = {"g": g} if gate != "none" else {}
+    per_head.update({"beta": beta} if form == "delta" else {"a": a, "b": b})
+    _check_value_heads(api, nm, per_head, q.shape, v.shape, gate)
     cu = None if cu_seqlens is None else check_seqlens(api, cu_seqlens, T, B, nm["cu_seqlens"])
     nseq = B if cu is None else len(cu) - 1
     data = {"q": q, "k": k, "v": v}
