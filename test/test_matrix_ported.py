@@ -261,6 +261,16 @@ def test_scale_is_named(api, scale):
     (lambda s, x: scanweaver.mamba2_state_update(np.broadcast_to(s[:1], (2, 2, 3, 4)), x, np.ones((2, 2)),
                                                  -np.ones(2), np.ones((2, 1, 4)), np.ones((2, 1, 4))),
      "got a read-only ndarray"),
+    # a 3-D state (Mamba-1's form) with Mamba-2's x: state is named, with both layouts and their sizes
+    (lambda s, x: scanweaver.mamba2_state_update(s[:2, 0], x, np.ones((2, 2)), -np.ones(2), np.ones((2, 1, 4)),
+                                                 np.ones((2, 1, 4))),
+     r"^mamba2_state_update: state has shape \(2, 3, 4\); it needs \(nb, H, P, N\) = \(2, 2, 3, 4\) \(Mamba-2's, "
+     r"with heads; sizes from x \(2, 2, 3\) and B \(2, 1, 4\)\), or \(nb, P, N\) without heads \(Mamba-1's step, "
+     r"which takes x as \(batch, P\), not \(2, 2, 3\)\)"),
+    (lambda s, x: scanweaver.mamba2_state_update(np.zeros((2, 2, 3)), x, np.ones((2, 2)), -np.ones((2, 3, 4)), None,
+                                                 None), r"^mamba2_state_update: state has shape \(2, 2, 3\); it needs "
+                                                        r"\(nb, H, P, N\) = \(2, 2, 3, 4\) .*sizes from x \(2, 2, 3\) "
+                                                        r"and A \(2, 3, 4\)"),
     (lambda s, x: scanweaver.mamba2_scan(np.ones((1, 4, 2, 3)), np.ones((1, 4, 2)), -np.ones(2), np.ones((1, 4, 1, 5)),
                                          np.ones((1, 4, 1, 5)), seq_idx=np.zeros((2, 4), int)),
      r"seq_idx has shape \(2, 4\); it needs \(batch, L\) = \(1, 4\)"),

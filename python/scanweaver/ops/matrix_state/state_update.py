@@ -115,6 +115,8 @@ def mamba2_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_
                              "place; pass a state that needs no gradient (a cache), or use mamba2_step, which "
                              "returns the new state")
     heads = len(_shape(state)) == 4
+    if not heads:
+        _check_unheaded(_shape(state), x, A, B)
     S = state if heads else state[:, None]
     nb, H, P, N = _shape(S)
     x = _check_x("x", x, H, P, heads)
@@ -153,6 +155,30 @@ def mamba2_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_
         out = out * z / (1 + xp.exp(-z))
     out = out.astype(x.dtype, copy=False) if xp is np else out.to(x.dtype)
     return out if heads else out[:, 0]
+
+
+def _sizes(*sizes) -> str:
+    return f"({', '.join(str(n) for n in sizes)})"
+
+
+def _check_unheaded(shape: tuple, x, A, B) -> None:
+    """A 3-D ``state`` is Mamba-1's ``(nb, P, N)``, taken with ``x (batch, P)``; with a 3-D ``x`` (Mamba-2's
+    ``(batch, H, P)``) it fits neither layout: raises naming ``state``, with both layouts and the sizes ``x``
+    and ``B`` (else ``A``) give."""
+    xs = _shape(x) if x is not None else ()
+    if len(xs) != 3:
+        return  # x (batch, P) fits a 3-D state, or x is wrong itself: checked against the state next
+    H, P = xs[1:]
+    N: object = "N"
+    source = f"x {xs}"
+    for name, arr in (("B", B), ("A", A)):
+        given = _shape(arr) if arr is not None else ()
+        if (name == "B" and len(given) in (2, 3)) or (name == "A" and len(given) == 3):
+            N, source = given[-1], f"{source} and {name} {given}"
+            break
+    raise ScanInputError(f"{API}: state has shape {shape}; it needs (nb, H, P, N) = {_sizes(shape[0], H, P, N)} "
+                         f"(Mamba-2's, with heads; sizes from {source}), or (nb, P, N) without heads (Mamba-1's "
+                         f"step, which takes x as (batch, P), not {xs})")
 
 
 def _check_x(name: str, x, H: int, P: int, heads: bool, untiled: bool = False):
