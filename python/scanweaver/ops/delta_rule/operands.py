@@ -11,7 +11,8 @@ the heads of q and k, ``HV`` those of v and of the state (``HV`` a multiple of
 Dtypes: float32 and float64 are stored and accumulated as given; float16 and
 bfloat16 operands (all of one of them) are stored as such and accumulated in
 float32, with float32 states; any other mixture computes in the widest float
-type (float64 for integers).  ``o`` comes back in v's dtype.
+type (integer operands are refused before, naming their conversion).  ``o``
+comes back in v's dtype.
 
 Example:
     >>> import numpy as np
@@ -96,7 +97,7 @@ def _stored(dtype: np.dtype) -> bool:
 
 def storage_dtype(dtypes) -> np.dtype:
     """The dtype the operands are stored in: their common dtype when it is one of :data:`STORED`, else the widest
-    float type (float64 for integers)."""
+    float type of the (floating) operands."""
     dtypes = [np.dtype(d) for d in dtypes]
     if all(d == dtypes[0] for d in dtypes) and _stored(dtypes[0]):
         return dtypes[0]
