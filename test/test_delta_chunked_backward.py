@@ -272,3 +272,16 @@ def test_a_non_finite_input_reaches_no_other_step_of_dq_dk(cpu, family, name):
             fin = np.isfinite(rec[n])
             np.testing.assert_array_equal(np.isfinite(got[n]), fin, err_msg=f"{n}, {name}[{t}] = NaN")
             np.testing.assert_allclose(got[n][fin], rec[n][fin], rtol=1e-10, atol=1e-10, err_msg=n)
+
+
+@pytest.mark.parametrize("family,K,V", [("kda", 1, 130), ("gated", 17, 3)])
+def test_odd_state_sizes_against_the_recurrent_form(cpu, family, K, V):
+    """State sizes that fill no vector (K = 1, V = 130; K = 17, V = 3), packed sequences of 15, 0, 17 and 1 steps at
+    chunks of 16 with tiny, huge and -inf log decays: the chunked gradients equal the recurrent ones."""
+    rng = np.random.default_rng(K + V)
+    f, a, sizes = problem(rng, family, seqlens=[15, 0, 17, 1], H=2, Hq=1, K=K, V=V, l2norm=True, dhlast=True)
+    mixed_gates(rng, a, 33)
+    do = rng.normal(size=a["v"].shape)
+    rec = backward(cpu, f, a, sizes, do, algorithm="recurrent")
+    got = backward(cpu, f, a, sizes, do, algorithm="chunked", chunk=16)
+    close(got, rec, 1e-11, "vs recurrent")
