@@ -258,3 +258,35 @@ def test_the_chunk_rule_names_the_lengths_allowed(bad):
 @pytest.mark.parametrize("chunk", [1, 13, 100, 1024])
 def test_any_chunk_length_up_to_the_limit_is_accepted(chunk):
     assert OP.resolve("c", {"algorithm": "chunked", "chunk": chunk}, {}, "test")["chunk"] == chunk
+
+
+def same_non_finite(got, want, what):
+    """Non-finite exactly where ``want`` is, and equal to it elsewhere."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    fin = np.isfinite(want)
+    np.testing.assert_array_equal(np.isfinite(got), fin, err_msg=f"{what}: non-finite elsewhere than the recurrence")
+    assert fin.any(), what
+    close(got[fin], want[fin], 1e-12, what)
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf])
+@pytest.mark.parametrize("name", ["q", "k", "v"])
+def test_a_non_finite_input_reaches_no_earlier_step(cpu, name, value):
+    """A NaN or inf in one step's q, k or v, inside a chunk and inside a register block of its rows: the chunked
+    outputs and gradients are non-finite exactly where the recurrent ones are, so the steps before it stay finite
+    (a triangular product that read the later rows of its block multiplied their NaN or inf by a masked 0)."""
+    rng = np.random.default_rng(12)
+    f = MatrixStateFeatures("float64", 4, 3, "key", "after", has_h0=True, has_dhlast=True)
+    a, sizes = operands(rng, f, 1, 40, 1, 1, kinds=("decay",))
+    for t in (3, 20):  # inside the first chunk of 16, and inside the second
+        b = {n: x.copy() for n, x in a.items()}
+        b[name][0, t, 0, 1] = value
+        rec = fused(cpu, f, b, sizes, algorithm="recurrent")
+        got = fused(cpu, f, b, sizes, algorithm="chunked", chunk=16)
+        for n in ("o", "hlast"):
+            same_non_finite(got[n], rec[n], f"{n}, {name}[{t}] = {value}")
+        args = {**b, "do": rng.normal(size=b["v"].shape), "dhlast": rng.normal(size=b["h0"].shape)}
+        rec = fused(cpu, f, args, sizes, "backward", algorithm="recurrent")
+        got = fused(cpu, f, args, sizes, "backward", algorithm="chunked", chunk=16)
+        for n in ("dq", "dk", "dv"):
+            same_non_finite(got[n], rec[n], f"{n}, {name}[{t}] = {value}")

@@ -8,6 +8,8 @@ odd chunks and two threads.  float32 at T = 4096: against the recurrent backward
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -100,3 +102,21 @@ def test_one_long_lane_on_two_threads_against_finite_differences(cpu, decay, rea
         analytic = float((np.where(np.isfinite(x), grads[grad], 0) * direction).sum())
         assert abs(analytic - numeric) <= 1e-6 * max(1.0, abs(numeric)), \
             f"{grad}: analytic {analytic:.10g}, finite differences {numeric:.10g}"
+
+
+@pytest.mark.parametrize("name,K,V", [("key-bonus-packed-reverse", 1, 130), ("head-after-reverse", 17, 3)])
+def test_odd_state_sizes_against_the_recurrent_form(cpu, name, K, V):
+    """State sizes that fill no vector (K = 1, V = 130; K = 17, V = 3): the chunked forward and every gradient equal
+    the recurrent ones, on log decays of every kind, with lengths around the chunk of 16 (packed with an empty one)."""
+    base, seqlens, H, Hq = CASES[name]
+    f = dataclasses.replace(base, K=K, V=V)
+    rng = np.random.default_rng(K * V)
+    a, sizes = operands(rng, f, 1 if seqlens else 2, 33, H, Hq, seqlens=seqlens and [15, 0, 17, 1])
+    ref = fused(cpu, f, a, sizes, algorithm="recurrent")
+    got = fused(cpu, f, a, sizes, algorithm="chunked", chunk=16)
+    args = {**a, "do": rng.normal(size=ref["o"].shape), "dhlast": rng.normal(size=ref["hlast"].shape)}
+    ref.update(fused(cpu, f, args, sizes, "backward", algorithm="recurrent"))
+    got.update(fused(cpu, f, args, sizes, "backward", algorithm="chunked", chunk=16))
+    for n, r in ref.items():
+        scale = max(1.0, float(np.abs(r).max()))
+        assert np.abs(got[n] - r).max() <= 1e-11 * scale, f"{n}: chunked and recurrent differ"

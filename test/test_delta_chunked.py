@@ -164,3 +164,24 @@ def test_the_backward_under_the_chunked_algorithm_is_the_chunked_one(cpu):
     np.testing.assert_allclose(grads["dv"], want["dv"], rtol=1e-10, atol=1e-10)
     kernels.forward(ops, backend="cpu", algorithm="chunked", chunk=4)
     assert runner.last["delta_rule"].algorithm == "chunked"
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf])
+@pytest.mark.parametrize("name", ["k", "v", "beta"])
+@pytest.mark.parametrize("family", ["gated", "kda"])
+def test_a_non_finite_input_reaches_no_earlier_step(cpu, family, name, value):
+    """A NaN or inf in one step's k, v or beta, inside a chunk and inside a register block of its rows: the chunked
+    output is non-finite exactly where the recurrent one is (a triangular product that read the later rows of its
+    block multiplied their NaN or inf by a masked 0, so the steps before it turned NaN too)."""
+    rng = np.random.default_rng(13)
+    f, a, sizes = problem(rng, family, batch=1, T=40, H=1, Hq=1, K=4, V=3)
+    for t in (3, 20):  # inside the first chunk of 16, and inside the second
+        b = {n: x.copy() for n, x in a.items()}
+        b[name][(0, t, 0, 1)[:b[name].ndim]] = value
+        rec = run(cpu, f, b, sizes, algorithm="recurrent")
+        got = run(cpu, f, b, sizes, chunk=16)
+        for x, want, what in zip(got, rec, ("o", "hlast"), strict=True):
+            fin = np.isfinite(want)
+            np.testing.assert_array_equal(np.isfinite(x), fin, err_msg=f"{what}, {name}[{t}] = {value}")
+            assert fin.any() or what == "hlast"
+            np.testing.assert_allclose(x[fin], want[fin], rtol=1e-10, atol=1e-10)

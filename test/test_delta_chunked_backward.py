@@ -251,3 +251,37 @@ def test_the_default_backward_follows_the_measured_rule():
         assert (ran.part, ran.algorithm, ran.source) == ("backward", alg or "chunked", "explicit" if alg else "default")
         grads[alg] = {n: x.grad.numpy() for n, x in t.items()}
     close(grads[None], grads["recurrent"], 1e-9, "default chunked vs recurrent")
+
+
+@pytest.mark.parametrize("name", ["q", "k"])
+@pytest.mark.parametrize("family", ["gated", "kda"])
+def test_a_non_finite_input_reaches_no_other_step_of_dq_dk(cpu, family, name):
+    """A NaN in one step's q or k, inside a chunk and inside a register block of its rows: the chunked dq, dk, dv and
+    dbeta are non-finite exactly where the recurrent ones are (a triangular product that read the rows of its block
+    on the wrong side of the diagonal multiplied their NaN by a masked 0).  dg is left out: the chunked one is a
+    running sum from the lane's end, so a NaN term reaches every earlier step."""
+    rng = np.random.default_rng(14)
+    f, a, sizes = problem(rng, family, batch=1, T=40, H=1, Hq=1, K=4, V=3, dhlast=True)
+    do = rng.normal(size=a["v"].shape)
+    for t in (3, 20):
+        b = {n: x.copy() for n, x in a.items()}
+        b[name][0, t, 0, 1] = np.nan
+        rec = backward(cpu, f, b, sizes, do, algorithm="recurrent")
+        got = backward(cpu, f, b, sizes, do, algorithm="chunked", chunk=16)
+        for n in ("dq", "dk", "dv", "dbeta"):
+            fin = np.isfinite(rec[n])
+            np.testing.assert_array_equal(np.isfinite(got[n]), fin, err_msg=f"{n}, {name}[{t}] = NaN")
+            np.testing.assert_allclose(got[n][fin], rec[n][fin], rtol=1e-10, atol=1e-10, err_msg=n)
+
+
+@pytest.mark.parametrize("family,K,V", [("kda", 1, 130), ("gated", 17, 3)])
+def test_odd_state_sizes_against_the_recurrent_form(cpu, family, K, V):
+    """State sizes that fill no vector (K = 1, V = 130; K = 17, V = 3), packed sequences of 15, 0, 17 and 1 steps at
+    chunks of 16 with tiny, huge and -inf log decays: the chunked gradients equal the recurrent ones."""
+    rng = np.random.default_rng(K + V)
+    f, a, sizes = problem(rng, family, seqlens=[15, 0, 17, 1], H=2, Hq=1, K=K, V=V, l2norm=True, dhlast=True)
+    mixed_gates(rng, a, 33)
+    do = rng.normal(size=a["v"].shape)
+    rec = backward(cpu, f, a, sizes, do, algorithm="recurrent")
+    got = backward(cpu, f, a, sizes, do, algorithm="chunked", chunk=16)
+    close(got, rec, 1e-11, "vs recurrent")

@@ -9,8 +9,11 @@ unrolled with named accumulators (an array of them is spilled to the stack at
 each call's ends by GCC), one per shape of a block.  The triangular products
 (``sw_ck_trmm``, ``sw_ck_trmm_t``, ``sw_ck_lower_prod``) run in blocks of one
 register block's height, so nearly every masked entry of a chunk's
-``C x C`` matrices is skipped; ``sw_ck_transpose`` moves tiles through
-``W x W`` register transposes.
+``C x C`` matrices is skipped; the two that multiply a masked matrix take
+each block's diagonal block row by row, so no entry above the diagonal is read
+(0 times a NaN or inf in a later step's row would be NaN in an earlier
+step's); ``sw_ck_transpose`` moves tiles through ``W x W`` register
+transposes.
 
 Example:
     >>> from scanweaver.targets.chunk_products import micro_kernel
@@ -92,21 +95,28 @@ static void sw_gemm(int M, int N, int kd, const SW_T* A, long rs, long cs, const
 
 #define SW_RUP(n) (((n) + SW_W - 1) / SW_W * SW_W)
 
-/* C (+)= L B for L lower triangular (n x n, rows ldl apart): each block of SW_MR rows (one register block high) reads
- * the rows of B up to its last, so nearly every masked entry is skipped. */
+/* C (+)= L B for L lower triangular (n x n, rows ldl apart): each block of SW_MR rows (one register block high) takes
+ * the rows of B before it in one product and its own diagonal block row by row, so nearly every masked entry is
+ * skipped and row i never reads a row of B past i (a NaN or inf there stays out of the earlier rows, as in the
+ * recurrence, where 0 times it would be NaN). */
 static void sw_ck_trmm(int n, int N, const SW_T* L, long ldl, const SW_T* B, long ldb, SW_T* C, long ldc, int acc) {{
   for (int i0 = 0; i0 < n; i0 += SW_MR) {{
     const int i1 = SW_MIN(n, i0 + SW_MR);
-    sw_gemm(i1 - i0, N, i1, L + (long)i0 * ldl, ldl, 1, B, ldb, C + (long)i0 * ldc, ldc, acc);
+    sw_gemm(i1 - i0, N, i0, L + (long)i0 * ldl, ldl, 1, B, ldb, C + (long)i0 * ldc, ldc, acc);
+    for (int i = i0; i < i1; ++i)
+      sw_gemm(1, N, i - i0 + 1, L + (long)i * ldl + i0, ldl, 1, B + (long)i0 * ldb, ldb, C + (long)i * ldc, ldc, 1);
   }}
 }}
 
-/* C (+)= L^T B for L lower triangular: each block of SW_MR rows of C reads the rows of B from its first. */
+/* C (+)= L^T B for L lower triangular: each block of SW_MR rows of C takes the rows of B after it in one product and
+ * its own diagonal block row by row, so row j never reads a row of B before j. */
 static void sw_ck_trmm_t(int n, int N, const SW_T* L, long ldl, const SW_T* B, long ldb, SW_T* C, long ldc, int acc) {{
   for (int j0 = 0; j0 < n; j0 += SW_MR) {{
     const int j1 = SW_MIN(n, j0 + SW_MR);
-    sw_gemm(j1 - j0, N, n - j0, L + (long)j0 * ldl + j0, 1, ldl, B + (long)j0 * ldb, ldb, C + (long)j0 * ldc, ldc,
+    sw_gemm(j1 - j0, N, n - j1, L + (long)j1 * ldl + j0, 1, ldl, B + (long)j1 * ldb, ldb, C + (long)j0 * ldc, ldc,
             acc);
+    for (int j = j0; j < j1; ++j)
+      sw_gemm(1, N, j1 - j, L + (long)j * ldl + j, 1, ldl, B + (long)j * ldb, ldb, C + (long)j * ldc, ldc, 1);
   }}
 }}
 
