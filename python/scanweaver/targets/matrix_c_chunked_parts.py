@@ -96,34 +96,41 @@ static int sw_ck_forward_split(const sw_ms* m, SW_T* o, SW_T* hlast, long lanes,
 """
 
 BACKWARD_PARTS = r"""
-/* The adjoint of the state through chunks [c0, c1) of lane x in reverse: dS from the adjoint at c1's end to the one
- * at c0's start, with the outputs' adjoints flowing in (a part's local adjoint from a zero dS); the chunks' summed
- * log decays added to gs when given. */
-static void sw_ck_lane_adjoint(const sw_ms* m, const sw_lane* x, long c0, long c1, sw_ck_tiles* c, SW_T* dS,
+/* The adjoints of the states of heads [h0, h1) of one q/k group of sequence row through chunks [c0, c1) in reverse:
+ * each head's dS (SW_STATE apart) from the adjoint at c1's end to the one at c0's start, with the outputs' adjoints
+ * flowing in (a part's local adjoints from zero); a chunk's rows of q are loaded once for all of them; each head's
+ * summed log decays added to its row of gs (SW_GW apart) when given. */
+static void sw_ck_unit_adjoint(const sw_ms* m, long row, long h0, long h1, long c0, long c1, sw_ck_tiles* c, SW_T* dS,
                                const SW_T* dout, double* gs) {
-  const long len = x->stop - x->start;
+  const sw_lane x0 = sw_lane_at(m, row, h0);
+  const long len = x0.stop - x0.start;
   for (long ci = c1 - 1; ci >= c0; --ci) {
     const long s0 = ci * SW_C;
-    const int n = (int)SW_MIN((long)SW_C, len - s0);
-    sw_ck_load(m, x, s0, n, c, dout, 1, -SW_C, ci > c0 ? SW_C : 0);
-    sw_ck_prefix(&c->d, c->G, n);
-    if (gs) sw_ck_sum_decays(c, gs);
-    if (!c->d.grow) {
-      sw_ck_last(c);
-      sw_ck_qs(c);
-      sw_ck_decay_state(c, dS);
-      sw_gemm(SW_K, SW_VP, n, c->Qs, 1, SW_KP, c->DO, SW_VP, dS, SW_VP, 1);
-      continue;
-    }
-    for (int i = n - 1; i >= 0; --i) {  /* the recurrence: G = q do^T + d G (after), d G + q do^T (bonus) */
-      sw_ck_step_decay(c, i, c->s.tmp);
-      const SW_T *qi = c->Q + (long)i * SW_KP, *oi = c->DO + (long)i * SW_VP;
-      for (int k = 0; k < SW_K; ++k) {
-        const SW_T dk = c->s.tmp[SW_KEYDECAY ? k : 0], qq = qi[k];
-        SW_T* row = dS + (long)k * SW_VP;
-        for (int j = 0; j < SW_VP; j += SW_W) {
-          const sw_v o = sw_vload(oi + j), g = sw_vload(row + j);
-          sw_vstore(row + j, SW_BONUS ? dk * g + qq * o : dk * (g + qq * o));
+    const int n = (int)SW_MIN((long)SW_C, len - s0), nn = ci > c0 ? SW_C : 0;
+    sw_ck_load_qk(m, &x0, s0, n, c, 1, -SW_C, nn);
+    for (long h = h0; h < h1; ++h) {
+      const sw_lane x = sw_lane_at(m, row, h);
+      SW_T* S = dS + (h - h0) * SW_STATE;
+      sw_ck_load_head(m, &x, s0, n, c, dout, -SW_C, nn);
+      sw_ck_prefix(&c->d, c->G, n);
+      if (gs) sw_ck_sum_decays(c, gs + (h - h0) * SW_GW);
+      if (!c->d.grow) {
+        sw_ck_last(c);
+        sw_ck_qs(c);
+        sw_ck_decay_state(c, S);
+        sw_gemm(SW_K, SW_VP, n, c->Qs, 1, SW_KP, c->DO, SW_VP, S, SW_VP, 1);
+        continue;
+      }
+      for (int i = n - 1; i >= 0; --i) {  /* the recurrence: G = q do^T + d G (after), d G + q do^T (bonus) */
+        sw_ck_step_decay(c, i, c->s.tmp);
+        const SW_T *qi = c->Q + (long)i * SW_KP, *oi = c->DO + (long)i * SW_VP;
+        for (int k = 0; k < SW_K; ++k) {
+          const SW_T dk = c->s.tmp[SW_KEYDECAY ? k : 0], qq = qi[k];
+          SW_T* r = S + (long)k * SW_VP;
+          for (int j = 0; j < SW_VP; j += SW_W) {
+            const sw_v o = sw_vload(oi + j), g = sw_vload(r + j);
+            sw_vstore(r + j, SW_BONUS ? dk * g + qq * o : dk * (g + qq * o));
+          }
         }
       }
     }
@@ -177,11 +184,9 @@ static int sw_ck_backward_split(const sw_ms* m, sw_bgrads* gr, long units, long 
       }
       if (p + 1 < P)
         sw_ck_unit_forward(m, row, h0, h0 + grp, a, b, &ws.c, E + w * grp * SW_STATE, NULL, gs + w * grp * SW_GW);
-      for (long j = 0; p > 0 && j < grp; ++j) {
-        const sw_lane x = sw_lane_at(m, row, h0 + j);
-        double* g = p + 1 == P ? gs + (w * grp + j) * SW_GW : NULL;  /* the last part's decays: no state needed */
-        sw_ck_lane_adjoint(m, &x, a, b, &ws.c, F + (w * grp + j) * SW_STATE, gr->dout, g);
-      }
+      if (p > 0)  /* the last part's summed decays here: its end state is not needed */
+        sw_ck_unit_adjoint(m, row, h0, h0 + grp, a, b, &ws.c, F + w * grp * SW_STATE, gr->dout,
+                           p + 1 == P ? gs + w * grp * SW_GW : NULL);
     }
 #pragma omp for schedule(static)
     for (long it = 0; it < lanes; ++it) {  /* the carries: states forward, adjoints in reverse */
