@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from scanweaver.fused.matrix_state import MatrixStateFeatures
-from test_chunked import fused, loop_of, operands
+from test_chunked import close, fused, loop_of, operands
 
 CASES = {
     "key-after-groups": (MatrixStateFeatures("float64", 5, 7, "key", "after", has_h0=True, has_dhlast=True), None, 4,
@@ -34,16 +34,8 @@ def objective(f, a, do, dh) -> float:
     return float((o * do).sum() + (h * dh).sum())
 
 
-@pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_every_gradient_against_finite_differences_of_the_loop(cpu, name, threads):
-    f, seqlens, H, Hq = CASES[name]
-    rng = np.random.default_rng(sum(map(ord, name)) + threads)
-    a, sizes = operands(rng, f, 1 if seqlens else 2, 23, H, Hq, seqlens=seqlens)
-    o, h = loop_of(f, a)
-    do, dh = rng.normal(size=o.shape), rng.normal(size=h.shape)
-    grads = fused(cpu, f, {**a, "do": do, "dhlast": dh}, sizes, "backward", algorithm="chunked", chunk=7,
-                  threads=threads)
+def assert_finite_differences(rng, f, a, grads, do, dh) -> None:
+    """Every gradient along a random direction against central differences of the loop's objective."""
     eps = 1e-6
     for name_in, grad in (("q", "dq"), ("k", "dk"), ("v", "dv"), ("g", "dg"), ("u", "du"), ("h0", "dh0")):
         if name_in not in a:
@@ -58,6 +50,19 @@ def test_every_gradient_against_finite_differences_of_the_loop(cpu, name, thread
         assert np.isfinite(grads[grad]).all(), f"{grad} has non-finite entries"
         assert abs(analytic - numeric) <= 1e-6 * max(1.0, abs(numeric)), \
             f"{grad}: analytic {analytic:.10g}, finite differences {numeric:.10g}"
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_every_gradient_against_finite_differences_of_the_loop(cpu, name, threads):
+    f, seqlens, H, Hq = CASES[name]
+    rng = np.random.default_rng(sum(map(ord, name)) + threads)
+    a, sizes = operands(rng, f, 1 if seqlens else 2, 23, H, Hq, seqlens=seqlens)
+    o, h = loop_of(f, a)
+    do, dh = rng.normal(size=o.shape), rng.normal(size=h.shape)
+    grads = fused(cpu, f, {**a, "do": do, "dhlast": dh}, sizes, "backward", algorithm="chunked", chunk=7,
+                  threads=threads)
+    assert_finite_differences(rng, f, a, grads, do, dh)
 
 
 @pytest.mark.parametrize("decay,readout,Hq", [("key", "after", 4), ("scalar", "after", 1), ("key", "bonus", 4)])
@@ -89,19 +94,7 @@ def test_one_long_lane_on_two_threads_against_finite_differences(cpu, decay, rea
     o, h = loop_of(f, a)
     do, dh = rng.normal(size=o.shape), rng.normal(size=h.shape)
     grads = fused(cpu, f, {**a, "do": do, "dhlast": dh}, sizes, "backward", algorithm="chunked", chunk=7, threads=2)
-    eps = 1e-6
-    for name_in, grad in (("q", "dq"), ("k", "dk"), ("v", "dv"), ("g", "dg"), ("u", "du"), ("h0", "dh0")):
-        if name_in not in a:
-            continue
-        x = a[name_in]
-        direction = rng.normal(size=x.shape) * np.isfinite(x)
-        plus, minus = dict(a), dict(a)
-        with np.errstate(invalid="ignore"):
-            plus[name_in], minus[name_in] = x + eps * direction, x - eps * direction
-        numeric = (objective(f, plus, do, dh) - objective(f, minus, do, dh)) / (2 * eps)
-        analytic = float((np.where(np.isfinite(x), grads[grad], 0) * direction).sum())
-        assert abs(analytic - numeric) <= 1e-6 * max(1.0, abs(numeric)), \
-            f"{grad}: analytic {analytic:.10g}, finite differences {numeric:.10g}"
+    assert_finite_differences(rng, f, a, grads, do, dh)
 
 
 @pytest.mark.parametrize("name,K,V", [("key-bonus-packed-reverse", 1, 130), ("head-after-reverse", 17, 3)])
@@ -120,3 +113,38 @@ def test_odd_state_sizes_against_the_recurrent_form(cpu, name, K, V):
     for n, r in ref.items():
         scale = max(1.0, float(np.abs(r).max()))
         assert np.abs(got[n] - r).max() <= 1e-11 * scale, f"{n}: chunked and recurrent differ"
+
+
+#: (decay, readout, reverse, Hq, sequence lengths, threads): every case has fewer (sequence, q/k group) units than
+#: threads, so the backward cuts each group's chunks into parts, a part running the group's 4 heads in turn.
+GROUP_SPLITS = {
+    "key-after-one-group": ("key", "after", False, 1, None, 2),
+    "head-after-one-group-reverse-three-parts": ("scalar", "after", True, 1, None, 3),
+    "none-after-one-group": ("none", "after", False, 1, None, 2),
+    "key-bonus-one-group-packed-reverse": ("key", "bonus", True, 1, [23, 0, 40], 6),
+    "head-bonus-two-groups": ("scalar", "bonus", False, 2, None, 4),
+    "head-after-two-groups-packed": ("scalar", "after", False, 2, [61], 4),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GROUP_SPLITS))
+def test_groups_of_heads_split_over_threads(cpu, name):
+    """Fewer q/k groups than threads (Mamba-2's 4 heads of one group of B and C): the backward runs parts of each
+    group's chunks from chunk-parallel carries, every part's heads in turn on its own rows of dq and dk.  Against
+    finite differences of the loop, and against one thread (no parts) to float64 rounding."""
+    decay, readout, reverse, Hq, seqlens, threads = GROUP_SPLITS[name]
+    rng = np.random.default_rng(sum(map(ord, name)))
+    f = MatrixStateFeatures("float64", 5, 6, decay, readout, reverse, has_h0=True, has_seqlens=seqlens is not None,
+                            has_dhlast=True)
+    a, sizes = operands(rng, f, 1, sum(seqlens) if seqlens else 61, 4, Hq,
+                        kinds=("decay", "growth", "reset", "decay"), seqlens=seqlens)
+    o, h = loop_of(f, a)
+    do, dh = rng.normal(size=o.shape), rng.normal(size=h.shape)
+    args = {**a, "do": do, "dhlast": dh}
+    grads = fused(cpu, f, args, sizes, "backward", algorithm="chunked", chunk=7, threads=threads)
+    assert_finite_differences(rng, f, a, grads, do, dh)
+    one = fused(cpu, f, args, sizes, "backward", algorithm="chunked", chunk=7, threads=1)
+    again = fused(cpu, f, args, sizes, "backward", algorithm="chunked", chunk=7, threads=threads)
+    for n, want in one.items():
+        close(grads[n], want, 1e-11, f"{n} on {threads} threads against one")
+        assert np.array_equal(grads[n], again[n]), f"{n} differs between two calls on {threads} threads"

@@ -23,7 +23,10 @@ added in order at the end (deterministic for a given ``threads``).
 The gradients' arrays (``GRADS``) and the runner (``RUN``: threads, group slices, du) are shared with the chunked
 backward (:mod:`.matrix_c_chunked_backward`), which brings its own workspace
 and per-head function (``sw_bws``) when the unit is built with
-``algorithm="chunked"``.
+``algorithm="chunked"``, and its own split (``sw_bws_split``): there, fewer
+(sequence, group) items than threads cut each item's chunks into parts
+instead of its heads (:mod:`.matrix_c_chunked_parts`), and the slices above
+are left to the recurrent form.
 
 Entry point (ABI order of :meth:`~scanweaver.fused.matrix_state.MatrixState.params`; ``do`` is ``dout``
 in C, where ``do`` is a keyword)::
@@ -35,13 +38,11 @@ in C, where ``do`` is a keyword)::
 from __future__ import annotations
 
 GRADS = r"""
-/* The gradients' arrays, and the runner's scratch for group slices and du. */
+/* The gradients' arrays, and the runner's scratch for du. */
 typedef struct {
   const SW_T *dout, *dhlast;
   SW_T *dq, *dk, *dv, *dg, *du, *dh0;
-  SW_T* slices;  /* (P - 1) scratch copies of dq and dk, batch * T * Hq * K each */
   SW_T* du_part; /* (nseq, H, K) */
-  long P;
 } sw_bgrads;
 """
 
@@ -193,24 +194,19 @@ static void sw_bwd_head(const sw_ms* m, const sw_bgrads* gr, long row, long b, l
 """
 
 RUN = r"""
-static int sw_backward_run(const sw_ms* m, sw_bgrads* gr) {
+/* The units (sequence, q/k group), the group's heads cut into P slices when groups are fewer than the threads: each
+ * slice but the first sums its dq and dk into its own scratch copy (batch * T * Hq * K each), added in order. */
+static int sw_backward_slices(const sw_ms* m, sw_bgrads* gr) {
   const long grp = m->H / m->Hq, base = m->nseq * m->Hq;
   const int nth = sw_threads();
   const long P = SW_MIN(grp, SW_MIN((long)nth, (nth + base - 1) / base));
   const size_t qsize = (size_t)(m->batch * m->T * m->Hq * SW_K);
   void* raw_s = NULL;
-  gr->P = P;
-  gr->slices = P > 1 ? (SW_T*)sw_alloc(sizeof(SW_T) * qsize * 2 * (size_t)(P - 1), &raw_s) : NULL;
-  gr->du_part = SW_BONUS && gr->du ? (SW_T*)calloc((size_t)(m->nseq * m->H * SW_K), sizeof(SW_T)) : NULL;
-  if ((P > 1 && !gr->slices) || (SW_BONUS && gr->du && !gr->du_part)) {
-    free(raw_s);
-    free(gr->du_part);
-    return SW_ENOMEM;
-  }
+  SW_T* slices = P > 1 ? (SW_T*)sw_alloc(sizeof(SW_T) * qsize * 2 * (size_t)(P - 1), &raw_s) : NULL;
+  if (P > 1 && !slices) return SW_ENOMEM;
   int status = SW_OK;
   const int nt = (int)SW_MIN((long)nth, base * P);
   (void)nt;
-  if (!sw_bws_split(m, gr, &status))
 #pragma omp parallel num_threads(nt)
   {
     sw_bws ws;
@@ -225,7 +221,7 @@ static int sw_backward_run(const sw_ms* m, sw_bgrads* gr) {
       const long p = it % P, hq = (it / P) % m->Hq, row = it / P / m->Hq;
       long b, start, stop;
       sw_seq(m, row, &b, &start, &stop);
-      SW_T* qd = p == 0 ? gr->dq : gr->slices + qsize * 2 * (size_t)(p - 1);
+      SW_T* qd = p == 0 ? gr->dq : slices + qsize * 2 * (size_t)(p - 1);
       SW_T* kd = p == 0 ? gr->dk : qd + qsize;
       for (long t = start; t < stop; ++t) {
         memset(qd + SW_QK(m, b, t, hq), 0, sizeof(SW_T) * SW_K);
@@ -240,20 +236,29 @@ static int sw_backward_run(const sw_ms* m, sw_bgrads* gr) {
 #pragma omp for schedule(static)
     for (long i = 0; i < (P > 1 ? (long)(qsize / SW_K) : 0); ++i)
       for (long p = 1; p < P; ++p) {
-        const SW_T* sq = gr->slices + qsize * 2 * (size_t)(p - 1);
+        const SW_T* sq = slices + qsize * 2 * (size_t)(p - 1);
         for (int k = 0; k < SW_K; ++k) {
           gr->dq[i * SW_K + k] += sq[i * SW_K + k];
           gr->dk[i * SW_K + k] += sq[qsize + i * SW_K + k];
         }
       }
   }
+  free(raw_s);
+  return status;
+}
+
+/* The backward: parts of groups' chunks (sw_bws_split) when it takes them, else slices of groups' heads; then du. */
+static int sw_backward_run(const sw_ms* m, sw_bgrads* gr) {
+  gr->du_part = SW_BONUS && gr->du ? (SW_T*)calloc((size_t)(m->nseq * m->H * SW_K), sizeof(SW_T)) : NULL;
+  if (SW_BONUS && gr->du && !gr->du_part) return SW_ENOMEM;
+  int status = SW_OK;
+  if (!sw_bws_split(m, gr, &status)) status = sw_backward_slices(m, gr);
   if (gr->du) {
     for (long i = 0; i < m->H * SW_K; ++i) gr->du[i] = 0;
     if (gr->du_part)
       for (long row = 0; row < m->nseq; ++row)
         for (long i = 0; i < m->H * SW_K; ++i) gr->du[i] += gr->du_part[row * m->H * SW_K + i];
   }
-  free(raw_s);
   free(gr->du_part);
   return status;
 }
@@ -266,7 +271,7 @@ int sw_matrix_state_backward(const SW_T* q, const SW_T* k, const SW_T* v, const 
   if (batch <= 0 || H <= 0 || nseq <= 0) return SW_OK;
   const int bad = sw_check(&m);
   if (bad) return bad;
-  sw_bgrads gr = {dout, dhlast, dq, dk, dv, SW_DECAY ? dg : NULL, SW_BONUS ? du : NULL, dh0, NULL, NULL, 0};
+  sw_bgrads gr = {dout, dhlast, dq, dk, dv, SW_DECAY ? dg : NULL, SW_BONUS ? du : NULL, dh0, NULL};
   return sw_backward_run(&m, &gr);
 }
 """

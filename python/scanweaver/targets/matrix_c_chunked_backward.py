@@ -25,8 +25,11 @@ per step:
 A chunk with a positive (or NaN) log decay runs the recurrent backward over its
 steps (a forward sweep for dq and a, a reverse sweep for dk, dv, b and dS),
 as its forward runs the recurrence.  The runner (threads, group slices, du)
-is :mod:`.matrix_c_backward`'s ``RUN``; this module gives it its workspace and
-per-head function.
+is :mod:`.matrix_c_backward`'s ``RUN``; this module gives it its workspace,
+per-head function and units of a q/k group's heads (``Q K^T`` and the products
+with P shared over a range of chunks), and, with fewer (sequence, group) items
+than threads, the split of each item's chunks into parts
+(:mod:`.matrix_c_chunked_parts`).
 """
 
 from __future__ import annotations
@@ -203,16 +206,11 @@ typedef struct {
   SW_T *Sb, *S, *dS;
   SW_T *QKall, *Psum;  /* a decay per head with groups: Q K^T of every chunk of the unit, and P summed over its heads */
   double *r, *du;
-  long nsb, use;
+  long nsb, use, qk0; /* qk0: the chunk of QKall's first tile */
 } sw_bws;
 
-static int sw_bws_alloc(sw_bws* w, const sw_ms* m) {
-  long nc = 0;
-  for (long i = 0; i < m->nseq; ++i) {
-    long b, start, stop;
-    sw_seq(m, i, &b, &start, &stop);
-    nc = SW_MAX(nc, (stop - start + SW_C - 1) / SW_C);
-  }
+/* The workspace for ranges of at most nc chunks (the scratch is zeroed, so it is sized to what a thread runs). */
+static int sw_ck_bws_alloc(sw_bws* w, const sw_ms* m, long nc) {
   const long fit = SW_CK_STATE_BUDGET / (long)(sizeof(SW_T) * SW_STATE);
   long root = 1;
   while (root * root < nc) ++root;
@@ -221,7 +219,7 @@ static int sw_bws_alloc(sw_bws* w, const sw_ms* m) {
   if (!w->r) return SW_ENOMEM;
   w->QKall = w->Psum = NULL;
   w->raw_sh = NULL;
-  w->use = 0;
+  w->use = w->qk0 = 0;
   if (!SW_KEYDECAY && m->H > m->Hq) {
     w->QKall = (SW_T*)sw_alloc(sizeof(SW_T) * 2 * (size_t)(nc * SW_C * SW_CP), &w->raw_sh);
     if (!w->QKall) {
@@ -241,41 +239,55 @@ static int sw_bws_alloc(sw_bws* w, const sw_ms* m) {
   return SW_OK;
 }
 
+/* The chunks of the longest sequence. */
+static long sw_ck_longest(const sw_ms* m) {
+  long nc = 0;
+  for (long i = 0; i < m->nseq; ++i) {
+    long b, start, stop;
+    sw_seq(m, i, &b, &start, &stop);
+    nc = SW_MAX(nc, (stop - start + SW_C - 1) / SW_C);
+  }
+  return nc;
+}
+
+static int sw_bws_alloc(sw_bws* w, const sw_ms* m) { return sw_ck_bws_alloc(w, m, sw_ck_longest(m)); }
+
 static void sw_bws_free(sw_bws* w) {
   free(w->raw);
   free(w->raw_r);
   free(w->raw_sh);
 }
 
-/* A unit of heads [h0, h1) sharing q and k rows: with a decay per head and more than one head, Q K^T of every chunk
- * once, and the sum of P over the heads zeroed. */
-static void sw_bws_unit_begin(const sw_ms* m, long row, long h0, long h1, sw_bws* w) {
+/* A unit of heads [h0, h1) sharing q and k rows over chunks [c0, c1): with a decay per head and more than one head,
+ * Q K^T of each chunk once, and the sum of P over the heads zeroed. */
+static void sw_ck_unit_begin(const sw_ms* m, long row, long h0, long h1, long c0, long c1, sw_bws* w) {
   w->use = w->QKall && h1 - h0 > 1;
+  w->qk0 = c0;
   if (!w->use) return;
   const sw_lane x = sw_lane_at(m, row, h0);
-  const long nc = SW_NCHUNKS(&x), len = x.stop - x.start;
+  const long len = x.stop - x.start;
   sw_ck_tiles* c = &w->c;
-  for (long ci = 0; ci < nc; ++ci) {
+  for (long ci = c0; ci < c1; ++ci) {
     const int n = (int)SW_MIN((long)SW_C, len - ci * SW_C);
-    sw_ck_load_qk(m, &x, ci * SW_C, n, c, 1, SW_C, SW_CK_NEXT(&x, ci, nc));
+    SW_T* qk = w->QKall + (ci - c0) * SW_C * SW_CP;
+    sw_ck_load_qk(m, &x, ci * SW_C, n, c, 1, SW_C, SW_CK_NEXT(&x, ci, c1));
     sw_ck_transpose(c->K, SW_KP, n, SW_K, c->s.yt, SW_CP, SW_RUP(n));
-    sw_ck_lower_prod(n, SW_K, c->Q, SW_KP, c->s.yt, SW_CP, w->QKall + ci * SW_C * SW_CP);
-    memset(w->Psum + ci * SW_C * SW_CP, 0, sizeof(SW_T) * SW_C * SW_CP);
+    sw_ck_lower_prod(n, SW_K, c->Q, SW_KP, c->s.yt, SW_CP, qk);
+    memset(w->Psum + (ci - c0) * SW_C * SW_CP, 0, sizeof(SW_T) * SW_C * SW_CP);
   }
 }
 
-/* The unit's shared products: dq += P K and dk += P^T Q per chunk, P summed over its heads. */
-static void sw_bws_unit_end(const sw_ms* m, long row, long h0, long h1, SW_T* qd, SW_T* kd, sw_bws* w) {
-  (void)h1;
+/* The unit's shared products over chunks [c0, c1): dq += P K and dk += P^T Q per chunk, P summed over its heads. */
+static void sw_ck_unit_end(const sw_ms* m, long row, long h0, long c0, long c1, SW_T* qd, SW_T* kd, sw_bws* w) {
   if (!w->use) return;
   const sw_lane x = sw_lane_at(m, row, h0);
-  const long nc = SW_NCHUNKS(&x), len = x.stop - x.start;
+  const long len = x.stop - x.start;
   sw_ck_tiles* c = &w->c;
-  for (long ci = 0; ci < nc; ++ci) {
+  for (long ci = c0; ci < c1; ++ci) {
     const long s0 = ci * SW_C;
     const int n = (int)SW_MIN((long)SW_C, len - s0);
-    sw_ck_load_qk(m, &x, s0, n, c, 1, SW_C, SW_CK_NEXT(&x, ci, nc));
-    const SW_T* P = w->Psum + ci * SW_C * SW_CP;
+    sw_ck_load_qk(m, &x, s0, n, c, 1, SW_C, SW_CK_NEXT(&x, ci, c1));
+    const SW_T* P = w->Psum + (ci - c0) * SW_C * SW_CP;
     sw_ck_trmm(n, SW_KP, P, SW_CP, c->K, SW_KP, c->dQ, SW_KP, 0);
     sw_ck_trmm_t(n, SW_KP, P, SW_CP, c->Q, SW_KP, c->dK, SW_KP, 0);
     for (int i = 0; i < n; ++i) {
@@ -288,6 +300,18 @@ static void sw_bws_unit_end(const sw_ms* m, long row, long h0, long h1, SW_T* qd
     }
   }
   w->use = 0;
+}
+
+/* The runner's unit: the heads [h0, h1) of one q/k group over all the sequence's chunks. */
+static void sw_bws_unit_begin(const sw_ms* m, long row, long h0, long h1, sw_bws* w) {
+  const sw_lane x = sw_lane_at(m, row, h0);
+  sw_ck_unit_begin(m, row, h0, h1, 0, SW_NCHUNKS(&x), w);
+}
+
+static void sw_bws_unit_end(const sw_ms* m, long row, long h0, long h1, SW_T* qd, SW_T* kd, sw_bws* w) {
+  const sw_lane x = sw_lane_at(m, row, h0);
+  (void)h1;
+  sw_ck_unit_end(m, row, h0, 0, SW_NCHUNKS(&x), qd, kd, w);
 }
 
 /* dst[k] += src[k] for k < SW_K (a row of the caller's dq or dk, and of a tile). */
@@ -361,8 +385,8 @@ static void sw_ck_bwd_range(const sw_ms* m, const sw_bgrads* gr, const sw_lane* 
       const long s0 = ci * SW_C;
       const int n = (int)SW_MIN((long)SW_C, len - s0);
       sw_ck_load(m, x, s0, n, c, gr->dout, 1, -SW_C, ci > c0 ? SW_C : 0);
-      c->QKsh = w->use ? w->QKall + ci * SW_C * SW_CP : NULL;
-      c->Psh = w->use ? w->Psum + ci * SW_C * SW_CP : NULL;
+      c->QKsh = w->use ? w->QKall + (ci - w->qk0) * SW_C * SW_CP : NULL;
+      c->Psh = w->use ? w->Psum + (ci - w->qk0) * SW_C * SW_CP : NULL;
       sw_ck_backward(m, x, c, n, every > 1 ? seg + (ci - s0c) * SW_STATE : w->Sb + (ci - c0) * SW_STATE, w->dS, du);
       for (int i = n - 1; i >= 0; --i) {
         const long t = SW_AT(x->start, x->stop, s0 + i);
