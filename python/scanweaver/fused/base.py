@@ -233,7 +233,7 @@ class FusedOp(ABC):
         if not self.chooses(family):
             return None
         steps, state = self.steps(sizes), getattr(features, "K", 1) * getattr(features, "V", 1)
-        measured = self.chunked_from.get(target or family) or self.chunked_from.get(family) or {}
+        measured = (target and self.chunked_from.get(target)) or self.chunked_from.get(family) or {}
         rules = measured.get(part, ())
         if self.chooses(family, part, features) and any(steps >= e[0] and state >= e[1] and
                                               all(self.condition(c, features, sizes) for c in e[2:]) for e in rules):

@@ -231,7 +231,7 @@ class OpenCLBackend(GPUBackend):
             events.append(cl.enqueue_nd_range_kernel(self.queue, kernel, (step.groups * step.block,),
                                                      (step.block,)))
         events[-1].wait()
+        times = [(e.profile.end - e.profile.start) * 1e-6 for e in events]
         if self.kernel_log is not None:
-            self.kernel_log.extend((step.kernel, (e.profile.end - e.profile.start) * 1e-6)
-                                   for step, e in zip(plan.launches, events, strict=True))
-        return sum(e.profile.end - e.profile.start for e in events) * 1e-6
+            self.kernel_log.extend(zip((step.kernel for step in plan.launches), times, strict=True))
+        return sum(times)
