@@ -12,8 +12,11 @@ is forward + backward less the forward).  ``recurrent / chunked`` per shape and
 part is what the GPU's rule is set from (``MatrixState.chunked_from``);
 ``default_train_speedup`` checks it.  On the first timed shape of each model,
 each kernel's device time in one forward and one backward of each algorithm
-(``kernels``: name -> ms summed over its launches, from the backend's
-``kernel_log``) says where the time goes.
+and of the default (``kernels``: name -> ms summed over its launches, from the
+backend's ``kernel_log``) says where the device's time goes, and a
+``torch.profiler`` trace of one forward and one training step of each
+(``profile``: wall and device-busy milliseconds, the operations of most host
+and most device time) says how much of a call's time is the host's.
 
 ``--dry-run`` runs the same flow on CPU tensors with ``backend="opencl"`` (PoCL
 standing in for the GPU) on tiny shapes.
@@ -107,6 +110,38 @@ def kernel_times(be, call, ins: dict, sync) -> dict[str, dict[str, float]]:
     return summed
 
 
+def profile(call, ins: dict, sync, rows: int = 12) -> dict:
+    """Where one forward and one forward + backward of ``call`` spend their time, by ``torch.profiler``: wall
+    milliseconds of each (synchronised, with the profiler on), the device's busy milliseconds (every kernel and
+    copy, ScanWeaver's and PyTorch's), and the ``rows`` operations of most host time and of most device time."""
+    import torch
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    w = torch.randn_like(call(ins))
+    parts = {"forward": lambda: call(ins),
+             "train": lambda: torch.autograd.grad(call(ins), list(ins.values()), w, allow_unused=True)}
+    out = {}
+    for part, fn in parts.items():
+        fn()
+        sync()
+        with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            wall = (time.perf_counter() - t0) * 1e3
+        events = prof.key_averages()
+        device = [e for e in events if getattr(e, "self_device_time_total", 0) > 0]
+        out[part] = {
+            "wall_ms": wall,
+            "device_busy_ms": sum(e.self_device_time_total for e in device) / 1e3,
+            "host": [(e.key, e.count, round(e.cpu_time_total / 1e3, 4), round(e.self_cpu_time_total / 1e3, 4))
+                     for e in sorted(events, key=lambda e: -e.self_cpu_time_total)[:rows]],
+            "device": [(e.key, e.count, round(e.self_device_time_total / 1e3, 4))
+                       for e in sorted(device, key=lambda e: -e.self_device_time_total)[:rows]]}
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=Path("gpu_chunked.json"))
@@ -171,7 +206,9 @@ def main(argv=None) -> int:
                 row["default_train_speedup"] = row["recurrent_train_ms"] / row["default_train_ms"]
                 if shape == (dry_shape if args.dry_run else timed[0]):
                     row["kernels"] = {alg: kernel_times(get_backend(backend), entry(model, backend, alg), ins, sync)
-                                      for alg in ALGORITHMS}
+                                      for alg in TIMED}
+                    if not args.dry_run:
+                        row["profile"] = {alg: profile(entry(model, backend, alg), ins, sync) for alg in TIMED}
                 row["status"] = "ok"
             except Exception as exc:  # a shape that does not run is reported, not hidden
                 row.update(status="error", reason=f"{type(exc).__name__}: {exc}")

@@ -301,9 +301,10 @@ def render(r, call) -> str:
                 + (VALUES + DECAY).replace("sw_matrix_state_bwd_", "sw_matrix_state_chunk_bwd_"))
     extra = ""
     if chunk:
-        # one resident workgroup: ptxas may then give the scores' exponentials more than REGISTERS (else it settles
-        # at 128 and spills at K = 256)
-        bounds3 = r.launch_bounds_blocks.format(n="SW_WG3", blocks=1) if r.launch_bounds_blocks \
+        # two resident workgroups of the output kernel in float32 (at most 128 registers: its 256 work-items' 132
+        # left one per SM); one in float64, where its scores' exponentials need more (ptxas would spill at 128)
+        blocks3 = 2 if f.dtype != "float64" else 1
+        bounds3 = r.launch_bounds_blocks.format(n="SW_WG3", blocks=blocks3) if r.launch_bounds_blocks \
             else r.launch_bounds.format(n="SW_WG3")
         extra = chunked.defines(f, cfg) + f"\n#define SW_KERNEL_WG3 {r.kernel_prefix} {bounds3}"
     exp = r.math_fn("exp", f.dtype)

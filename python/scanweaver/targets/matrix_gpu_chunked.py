@@ -101,13 +101,13 @@ class ChunkLayout:
 
 
 def _output_bytes(f: MatrixStateFeatures, C: int, kt: int) -> int:
-    item = ITEMSIZE[f.dtype]
-    kdt = kt if f.decay == "key" else 1
+    item, ktp = ITEMSIZE[f.dtype], kt + 1 - kt % 2  # rows padded to an odd stride (SW_KTP)
+    kdt = ktp if f.decay == "key" else 1
     decays = (C + 1) * kdt * ACC_BYTES + -(-(C + 1) * kdt * 4 // 8) * 8 if f.decay != "none" else 0
     # q, q o e^{Gq}, k; k o e^{-Gk} for a plain tile of a decay per key, e^{G} and e^{-G} of a plain chunk of a decay
     # per head (one element without a decay); the plain flag
-    plain = {"key": C * kt * item, "scalar": 2 * (C + 1) * item}.get(f.decay, 8)
-    tiles = 3 * C * kt * item + plain + 8
+    plain = {"key": C * ktp * item, "scalar": 2 * (C + 1) * item}.get(f.decay, 8)
+    tiles = 3 * C * ktp * item + plain + 8
     return tiles + decays + C * C * item
 
 
@@ -318,7 +318,11 @@ OUTPUT = r"""
 #define SW_NVT3 ((SW_V + SW_CT3 - 1) / SW_CT3)
 /* staged decay values per position: a key tile's, or the head's one */
 #define SW_KDT (SW_DECAY == 2 ? SW_KT : 1)
-#define SW_GLEN (SW_DECAY ? (SW_C + 1) * SW_KDT : 1)
+/* the row strides of the staged key tiles and decay rows in local memory: odd, so that the work-items of a warp
+ * reading one column of consecutive rows (the scores' k side) hit distinct banks */
+#define SW_KTP (SW_KT + 1 - SW_KT % 2)
+#define SW_KDTP (SW_DECAY == 2 ? SW_KTP : 1)
+#define SW_GLEN (SW_DECAY ? (SW_C + 1) * SW_KDTP : 1)
 /* the staged prefix row of position p (row 0: the chunk's start) on the q side and on the k side */
 #define SW_QROW(p) (SW_BONUS ? (p) : (p) + 1)
 #define SW_KROW(p) ((p) + 1)
@@ -331,10 +335,10 @@ OUTPUT = r"""
 #endif
 
 SW_KERNEL_WG3 void sw_matrix_state_chunk_output(@PARAMS@) {
-  SW_LOCAL SW_T sq[SW_C * SW_KT];
-  SW_LOCAL SW_T sqf[SW_C * SW_KT];
-  SW_LOCAL SW_T sk[SW_C * SW_KT];
-  SW_LOCAL SW_T skf[SW_DECAY == 2 ? SW_C * SW_KT : SW_DECAY == 1 ? 2 * (SW_C + 1) : 1];
+  SW_LOCAL SW_T sq[SW_C * SW_KTP];
+  SW_LOCAL SW_T sqf[SW_C * SW_KTP];
+  SW_LOCAL SW_T sk[SW_C * SW_KTP];
+  SW_LOCAL SW_T skf[SW_DECAY == 2 ? SW_C * SW_KTP : SW_DECAY == 1 ? 2 * (SW_C + 1) : 1];
   SW_LOCAL int splain;
   SW_LOCAL SW_ACC sg[SW_GLEN];
   SW_LOCAL int sn[SW_GLEN];
@@ -352,15 +356,15 @@ SW_KERNEL_WG3 void sw_matrix_state_chunk_output(@PARAMS@) {
   for (int k0 = 0; k0 < SW_K; k0 += SW_KT) {
     SW_BARRIER();
     for (int x = lid; x < SW_C * SW_KT; x += SW_WG3) {
-      const int p = x / SW_KT, i = k0 + x % SW_KT, ok = p < n && i < SW_K;
+      const int p = x / SW_KT, i = k0 + x % SW_KT, ok = p < n && i < SW_K, at = p * SW_KTP + x % SW_KT;
       const sw_index t = SW_STEP(cs + (ok ? p : 0));
-      sq[x] = ok ? q[SW_QK(t) + i] : (SW_T)0;
-      sk[x] = ok ? k[SW_QK(t) + i] : (SW_T)0;
+      sq[at] = ok ? q[SW_QK(t) + i] : (SW_T)0;
+      sk[at] = ok ? k[SW_QK(t) + i] : (SW_T)0;
     }
     if (SW_DECAY && (SW_DECAY == 2 || k0 == 0))
       for (int x = lid; x < SW_GLEN; x += SW_WG3) {
-        const int p = x / SW_KDT - 1, d = SW_DECAY == 2 ? k0 + x % SW_KDT : 0;
-        const int ok = p >= 0 && p < n && d < SW_KD;
+        const int p = x / SW_KDTP - 1, d = SW_DECAY == 2 ? k0 + x % SW_KDTP : 0;
+        const int ok = p >= 0 && p < n && d < SW_KD && (SW_DECAY != 2 || x % SW_KDTP < SW_KT);
         sg[x] = ok ? SW_PG(sl, p, d) : (SW_ACC)0;
         sn[x] = ok ? SW_PN(sl, p, d) : 0;
       }
@@ -369,8 +373,9 @@ SW_KERNEL_WG3 void sw_matrix_state_chunk_output(@PARAMS@) {
 #endif
     SW_BARRIER();
     for (int x = lid; x < SW_C * SW_KT; x += SW_WG3) {
-      const int row = SW_QROW(x / SW_KT) * SW_KDT + (SW_DECAY == 2 ? x % SW_KT : 0);
-      sqf[x] = !SW_DECAY ? sq[x] : sn[row] == 0 ? SW_SCALE(sq[x], sg[row]) : (SW_T)0;
+      const int row = SW_QROW(x / SW_KT) * SW_KDTP + (SW_DECAY == 2 ? x % SW_KT : 0);
+      const int at = x / SW_KT * SW_KTP + x % SW_KT;
+      sqf[at] = !SW_DECAY ? sq[at] : sn[row] == 0 ? SW_SCALE(sq[at], sg[row]) : (SW_T)0;
     }
 #if SW_DECAY
     /* a plain tile of keys, or a plain chunk of a decay per head (no reset, no growth, no NaN and a total decay
@@ -378,13 +383,15 @@ SW_KERNEL_WG3 void sw_matrix_state_chunk_output(@PARAMS@) {
      * e^{-Gk}) (per key), or q . k times e^{Gq_i} e^{-Gk_j} (per head), without an exponential per score */
     if (SW_DECAY == 2 || k0 == 0)
       for (int x = lid; x < n * SW_KDT; x += SW_WG3) {
-        const int r = (x / SW_KDT + 1) * SW_KDT + x % SW_KDT;
-        if (sn[r] != 0 || !(sg[r] <= sg[r - SW_KDT]) || sg[r] < -SW_PLAIN_RANGE) splain = 0;
+        const int r = (x / SW_KDT + 1) * SW_KDTP + x % SW_KDT;
+        if (sn[r] != 0 || !(sg[r] <= sg[r - SW_KDTP]) || sg[r] < -SW_PLAIN_RANGE) splain = 0;
       }
     SW_BARRIER();
     if (splain && SW_DECAY == 2)
-      for (int x = lid; x < SW_C * SW_KT; x += SW_WG3)
-        skf[x] = SW_SCALE(sk[x], -sg[SW_KROW(x / SW_KT) * SW_KDT + x % SW_KT]);
+      for (int x = lid; x < SW_C * SW_KT; x += SW_WG3) {
+        const int at = x / SW_KT * SW_KTP + x % SW_KT;
+        skf[at] = SW_SCALE(sk[at], -sg[SW_KROW(x / SW_KT) * SW_KDTP + x % SW_KT]);
+      }
     if (splain && SW_DECAY == 1 && k0 == 0)
       for (int x = lid; x <= SW_C; x += SW_WG3) {
         skf[x] = (SW_T)exp(sg[x]);
@@ -399,7 +406,7 @@ SW_KERNEL_WG3 void sw_matrix_state_chunk_output(@PARAMS@) {
         if (s == (SW_T)0) continue;
 #pragma unroll
         for (int m = 0; m < SW_NO; ++m)
-          if (ig + SW_NG3 * m < SW_C) out[m] += sqf[(ig + SW_NG3 * m) * SW_KT + kk] * s;
+          if (ig + SW_NG3 * m < SW_C) out[m] += sqf[(ig + SW_NG3 * m) * SW_KTP + kk] * s;
       }
     /* the scores of this key tile */
 #pragma unroll
@@ -408,17 +415,17 @@ SW_KERNEL_WG3 void sw_matrix_state_chunk_output(@PARAMS@) {
       if (x < SW_C * SW_C && pi < n && pj <= pi) {
         if (SW_BONUS && pj == pi) {
           for (int kk = 0; kk < SW_KT && k0 + kk < SW_K; ++kk)
-            a[m] += sq[pi * SW_KT + kk] * u[h * SW_K + k0 + kk] * sk[pj * SW_KT + kk];
+            a[m] += sq[pi * SW_KTP + kk] * u[h * SW_K + k0 + kk] * sk[pj * SW_KTP + kk];
         } else if (SW_DECAY == 2 && splain) {
-          for (int kk = 0; kk < SW_KT; ++kk) a[m] += sqf[pi * SW_KT + kk] * skf[pj * SW_KT + kk];
+          for (int kk = 0; kk < SW_KT; ++kk) a[m] += sqf[pi * SW_KTP + kk] * skf[pj * SW_KTP + kk];
         } else if (SW_DECAY == 2) {
 #pragma unroll 1
           for (int kk = 0; kk < SW_KT; ++kk) {
-            const int rq = SW_QROW(pi) * SW_KT + kk, rk = SW_KROW(pj) * SW_KT + kk;
-            if (sn[rq] == sn[rk]) a[m] += SW_SCALE(sq[pi * SW_KT + kk] * sk[pj * SW_KT + kk], sg[rq] - sg[rk]);
+            const int rq = SW_QROW(pi) * SW_KTP + kk, rk = SW_KROW(pj) * SW_KTP + kk;
+            if (sn[rq] == sn[rk]) a[m] += SW_SCALE(sq[pi * SW_KTP + kk] * sk[pj * SW_KTP + kk], sg[rq] - sg[rk]);
           }
         } else {
-          for (int kk = 0; kk < SW_KT; ++kk) a[m] += sq[pi * SW_KT + kk] * sk[pj * SW_KT + kk];
+          for (int kk = 0; kk < SW_KT; ++kk) a[m] += sq[pi * SW_KTP + kk] * sk[pj * SW_KTP + kk];
         }
       }
     }
