@@ -116,7 +116,7 @@ def test_the_rule_needs_the_state_size_and_counts_steps_per_packed_sequence():
     assert OP.algorithm("c", "forward", big, one) == "recurrent"
     assert OP.algorithm("c", "backward", small, one) == "recurrent"  # K * V below every pair's size
     assert OP.algorithm("c", "backward", big, {**one, "nseq": 8}) == "recurrent"  # eight packed sequences of T/8
-    # the GPU kernels keep their default but where CUDA was measured: the backward chunked from 2048 steps there
+    # the GPU kernels keep their default but where CUDA was measured: the backward chunked from 8192 steps there
     assert OP.algorithm("gpu", "backward", big, one) == "recurrent"
     assert OP.algorithm("gpu", "backward", big, one, target="opencl") == "recurrent"
     assert OP.algorithm("gpu", "forward", big, {**one, "T": 1 << 20}) == "recurrent"

@@ -222,13 +222,14 @@ def test_public_calls_select_the_chunked_form_and_report_it(gpu):
 
 def test_both_gpu_parts_take_the_chunked_form_and_keep_the_recurrent_default():
     """Both GPU parts have the chunked form (explicitly or by the hint); the rule measured on CUDA (an H200,
-    ``bench/results/gpu_chunked_h200.json``) runs the backward chunked from 2048 steps there and keeps the forward
-    recurrent; OpenCL, not measured, keeps the recurrence."""
+    ``bench/results/gpu_chunked_h200_train.json``) runs the backward chunked from 8192 steps there and keeps the
+    forward recurrent; OpenCL, not measured, keeps the recurrence."""
     f = MatrixStateFeatures("float32", 64, 64, "key")
-    sizes = {"batch": 1, "T": 4096, "H": 1, "Hq": 1, "nseq": 1}
+    sizes = {"batch": 1, "T": 8192, "H": 1, "Hq": 1, "nseq": 1}
     assert OP.algorithm("c", "backward", f, sizes) == "chunked"
     assert OP.algorithm("gpu", "backward", f, sizes, target="opencl") == "recurrent"
     assert OP.algorithm("gpu", "backward", f, sizes, target="cuda") == "chunked"
+    assert OP.algorithm("gpu", "backward", f, {**sizes, "T": 4096}, target="cuda") == "recurrent"
     for part in ("forward", "backward"):
         assert OP.defaults("gpu", part, f, sizes, {}, {"chunk": 32}) == ({"algorithm": "chunked", "chunk": 32}, True)
         assert OP.settle("gpu", part, {"algorithm": "chunked"}) == {"algorithm": "chunked"}

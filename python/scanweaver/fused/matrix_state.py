@@ -103,7 +103,7 @@ GPU_MAX_CHUNK = 64
 #: :mod:`scanweaver.targets.matrix_gpu_chunked_backward`).
 MATRIX_GPU_TUNABLES = (
     Tunable("algorithm", "recurrent", ALGORITHMS, "the fused recurrence (the default, but for the backward on "
-            "CUDA from 2048 steps: MatrixState.chunked_from, measured on an H200) or the chunked form (the "
+            "CUDA from 8192 steps: MatrixState.chunked_from, measured on an H200) or the chunked form (the "
             "forward's matmuls; the backward recomputes the states per chunk)",
             lambda v: None if v in ALGORITHMS else f"it must be one of {', '.join(ALGORITHMS)}"),
     Tunable("chunk", 64, (16, 32, 64), f"time steps per chunk of the chunked form (any length from 1 to "
@@ -214,13 +214,14 @@ class MatrixState(FusedOp):
     #: value per head (Mamba-2's form: its products with q and k are computed once per group; chunked faster at
     #: the 4 such shapes of the table, 1.01-1.18x, and 1.08-1.68x at bench/linear_rnn.py's two Mamba-2 shapes),
     #: else recurrent (the chunked one lost by up to 2x on GLA and RWKV-6).  On CUDA (an H200,
-    #: bench/results/gpu_chunked_h200.json): the chunked backward from 2048 steps with K * V >= 4096 (faster at
-    #: the 6 such shapes, GLA, simple GLA and Mamba-2: the recurrent one took 1.08-1.86x its time; at 512 steps
-    #: 0.96x), the forward recurrent (the chunked one ran at 0.17-0.57x).  docs/matrix-state.md#algorithms has
-    #: the figures.
+    #: bench/results/gpu_chunked_h200_train.json, the training step timed as one call): the chunked backward
+    #: from 8192 steps with K * V >= 4096 (a recurrent forward and a chunked backward took 1.07-1.51x less time
+    #: than the recurrent pair at the 3 such shapes, GLA, simple GLA and Mamba-2; at 2048 steps 0.88-1.03x,
+    #: though the chunked backward alone, by subtraction, was faster there), the forward recurrent (the chunked
+    #: one ran at 0.43-0.70x).  docs/matrix-state.md#algorithms has the figures.
     chunked_from = {"c": {"backward": ((1024, 4096), (256, 8192)),
                           "forward": ((1024, 8192, "one_qk_group_head_decay"),)},
-                    "cuda": {"backward": ((2048, 4096),)}}
+                    "cuda": {"backward": ((8192, 4096),)}}
     #: The GPU kernels have the chunked form of both parts (:mod:`scanweaver.targets.matrix_gpu_chunked`,
     #: :mod:`scanweaver.targets.matrix_gpu_chunked_backward`).
     chunked_parts = {"gpu": ("forward", "backward")}
