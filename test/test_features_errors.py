@@ -201,6 +201,36 @@ def test_an_integer_operand_is_told_its_own_libraries_conversion(rng, library):
     with pytest.raises(ScanInputError, match=r"a has dtype int(32|64); .*: convert it with a\." + how[3:]):
         front.selective_scan(a, convert(np.ones((2, 5), np.float32)), convert(np.ones((2, 5), np.float32)))
     if library == "torch":  # the decode step runs the fused kernel on NumPy views of the tensors
-        with pytest.raises(ScanInputError, match=r"q has dtype int32; .*: convert it with " + how):
+        with pytest.raises(ScanInputError, match=r"^gated_delta_rule_step: q has dtype int32; .*: convert it with "
+                                                 + how):
             scanweaver.gated_delta_rule_step(convert(np.zeros((1, 1, 3, 2), np.float32)), q[:, 0], k[:, 0], v[:, 0],
                                              g[:, 0], beta[:, 0])
+
+
+def test_a_tensor_dtype_numpy_has_no_view_for_is_named_with_its_conversion(rng):
+    """int8 and float8 tensors (no NumPy view) get the operation's own refusal, naming the argument, not a
+    generic one from the adapter."""
+    torch = pytest.importorskip("torch")
+    import scanweaver.torch as swt
+
+    q, k, v = (torch.from_numpy(rng.standard_normal((1, 4, 1, 3)).astype(np.float32)) for _ in range(3))
+    for dtype in (torch.int8, torch.float8_e4m3fn):
+        name = str(dtype).removeprefix("torch.")
+        with pytest.raises(ScanInputError, match=rf"^linear_attention: k has dtype {name}; supported dtypes .*: "
+                                                 r"convert it with k\.to\(torch\.float32\)$"):
+            swt.linear_attention(q, k.to(dtype), v)
+        with pytest.raises(ScanInputError, match=rf"^linear_attention: g has dtype {name};"):
+            swt.linear_attention(q, k, v, g=(-k.abs()).to(dtype))
+
+
+def test_a_decode_step_names_itself_in_the_kernels_refusals(rng):
+    """The decode steps run the whole operation's fused kernel; its refusals name the step that was called."""
+    S = np.zeros((1, 1, 3, 2), np.float32)
+    q = rng.standard_normal((1, 1, 3)).astype(np.float32)
+    v, beta = rng.standard_normal((1, 1, 2)).astype(np.float32), np.ones((1, 1), np.float32)
+    with pytest.raises(ScanInputError, match=r"^gated_delta_rule_step: q has dtype int32;"):
+        scanweaver.gated_delta_rule_step(S, q.astype(np.int32), q, v, -np.ones((1, 1), np.float32), beta)
+    with pytest.raises(ScanInputError, match=r"^kda_step: g has dtype int32;"):
+        scanweaver.kda_step(S, q, q, v, np.full((1, 1, 3), -1, np.int32), beta)
+    with pytest.raises(ScanInputError, match=r"^delta_rule_step: k has dtype int64;"):
+        scanweaver.delta_rule_step(S, q, q.astype(np.int64), v, beta)

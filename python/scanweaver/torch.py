@@ -38,7 +38,7 @@ import sys
 import numpy as np
 import torch
 
-from .arrays import operands_from
+from .arrays import dtype_refusal, operands_from
 from .calls import route
 from .core.recurrence import Recurrence
 from .calls.declare import CALL_ARRAYS, OPERATIONS, Operation, make_entry
@@ -50,6 +50,8 @@ _DTYPES = {torch.float16: np.float16, torch.float32: np.float32, torch.float64: 
            torch.complex64: np.complex64, torch.complex128: np.complex128, torch.bool: np.bool_,
            torch.uint8: np.uint8, torch.int32: np.int32, torch.int64: np.int64}
 _TORCH = {np.dtype(v): k for k, v in _DTYPES.items()}
+#: Arguments holding indices or masks, not operands (their dtype checks are the operations' own).
+_INDICES = ("reset", "state_batch_indices", "cu_seqlens")
 
 
 def to_array(t: torch.Tensor | None):
@@ -203,11 +205,15 @@ def call(name: str, inputs: list, options: dict | str) -> list[torch.Tensor]:
 
 
 def _check_tensors(api: str, values: dict) -> None:
-    """Raises :class:`ScanInputError` naming the first argument that is neither a tensor nor ``None``."""
+    """Raises :class:`ScanInputError` naming the first argument that is neither a tensor nor ``None``, or a
+    tensor of operands of a dtype NumPy has no view for (int8, float8, ...: no scan takes them; index and mask
+    arguments keep their own checks)."""
     for name, t in values.items():
         if t is not None and not isinstance(t, torch.Tensor):
             raise ScanInputError(f"scanweaver.torch.{api}: {name} must be a torch.Tensor or None; got "
                                  f"{type(t).__name__}")
+        if t is not None and t.dtype not in _DTYPES and t.dtype != torch.bfloat16 and name not in _INDICES:
+            raise dtype_refusal(api, name, t)
 
 
 def _needs_grad(tensors) -> bool:

@@ -69,7 +69,8 @@ def _swap(x, xp=np):
 
 def prepare(family: str, inputs: list, options: dict, xp=None) -> DeltaOperands:
     """The checked operands of one call of ``family`` (a key of :data:`INPUTS`); with ``xp`` (a device array
-    module) on its arrays, on the device."""
+    module) on its arrays, on the device.  Errors name ``options["api"]`` (a decode step's name), else
+    ``family``."""
     mod = np if xp is None else xp
     named = dict(zip(INPUTS[family], inputs, strict=True))
     h0 = named.pop("initial_state")
@@ -81,7 +82,7 @@ def prepare(family: str, inputs: list, options: dict, xp=None) -> DeltaOperands:
     if family == "rwkv7":
         named = {"q": named["r"], "g": named["w"], **{n: named[n] for n in ("k", "v", "a", "b")}}
         names.update(q="r", g="w")
-    return operands(family, family, named.pop("q"), named.pop("k"), named.pop("v"), h0=h0,
+    return operands(options.get("api", family), family, named.pop("q"), named.pop("k"), named.pop("v"), h0=h0,
                     cu_seqlens=options.get("cu_seqlens"), l2norm=bool(options.get("l2norm")),
                     state_v_first=bool(options.get("state_v_first")), names=names, xp=xp, **named)
 
@@ -91,7 +92,8 @@ def family_forward(family: str, inputs: list, options: dict, xp=None) -> list:
     or ``(N, HV, V, K)`` with ``state_v_first``); with ``xp``, on its arrays."""
     ops = prepare(family, inputs, options, xp)
     mod = ops.xp
-    o, h = forward(ops, backend=options.get("backend", "auto"), api=family, chunk_size=options.get("chunk_size"),
+    o, h = forward(ops, backend=options.get("backend", "auto"), api=options.get("api", family),
+                   chunk_size=options.get("chunk_size"),
                    **options.get("tunables", {}))
     s = ops.state_dtype.type(scale_of(family, options.get("scale", DEFAULT_SCALE.get(family)), ops.q.shape[3]))
     if o.dtype == ops.state_dtype:

@@ -101,7 +101,7 @@ def _fused(api: str, state, xs: list, options: dict):
     from .families import family_forward
 
     o, h = family_forward(api.removesuffix("_step"), [np.asarray(x)[:, None] for x in xs] + [np.asarray(state)],
-                          options)
+                          {**options, "api": api})
     return o[:, 0], _cast(h, np.asarray(state).dtype)
 
 
