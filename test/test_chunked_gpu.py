@@ -22,6 +22,7 @@ from scanweaver.fused.matrix_state import MatrixStateFeatures
 from scanweaver.targets import TARGETS
 from scanweaver.targets.fused import kernel_for
 from scanweaver.targets.fused_gpu_matrix_state import local_bytes
+from scanweaver.targets.matrix_gpu_chunked import chunk_layout
 from scanweaver.tools.ptxas import cubin_report
 
 OP = FUSED.get("matrix_state")
@@ -174,6 +175,22 @@ def test_plain_and_other_chunks_of_a_decay_per_head(gpu, dtype, readout):
     g[:, 32:48, 0] = rng.uniform(0.0, 0.05, g[:, 32:48, 0].shape)
     g[:, 48:64, 1] = -6.0
     a["g"] = g.astype(dtype)
+    check(gpu, f, sizes, a, {"float32": 3e-5, "float64": 1e-12}[dtype], chunk=16)
+
+
+@pytest.mark.parametrize("decay, readout, kind, dtype", [("key", "after", "mixed", "float32"),
+                                                         ("key", "bonus", "reset", "float64"),
+                                                         ("scalar", "after", "decay", "float32"),
+                                                         ("none", "bonus", "decay", "float32")])
+def test_the_scores_serve_every_tile_of_value_columns(gpu, decay, readout, kind, dtype):
+    """The output kernel forms a chunk's scores once and then walks the tiles of value columns (V = 70: three
+    tiles of 32, the last partial), each over the key tiles of the start state's part (K = 40: 16, 16, 8), in
+    alternate directions: every tile's outputs against the loop, with an initial state, packed sequences and
+    chunks of 16."""
+    rng = np.random.default_rng(23)
+    cu = np.array([0, 17, 17, 50], np.int64)
+    f, sizes, a = case(rng, decay, readout, dtype, T=50, H=2, K=40, V=70, kind=kind, seqlens=cu)
+    assert chunk_layout(f, {"chunk": 16}).ct3 == 32 and chunk_layout(f, {"chunk": 16}).kt == 16
     check(gpu, f, sizes, a, {"float32": 3e-5, "float64": 1e-12}[dtype], chunk=16)
 
 

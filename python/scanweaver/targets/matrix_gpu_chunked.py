@@ -23,9 +23,10 @@ Four kernels (three without a decay), each a plain loop nest on local memory:
 3. ``sw_matrix_state_chunk_carry``: per (sequence, head, state element), the
    chunks in order: it replaces each chunk's E by its start state and writes
    the final state into ``hlast``;
-4. ``sw_matrix_state_chunk_output``: per (chunk, head, tile of ``CT3``
-   columns), A (C x C, in local memory) from the keys in tiles of ``KT``,
-   then the outputs.
+4. ``sw_matrix_state_chunk_output``: per (chunk, head), A (C x C, in local
+   memory) from the keys in tiles of ``KT``, once; then, a tile of ``CT3``
+   value columns at a time, the start state's part (the key tiles again, in
+   alternate directions so that the tile staged last is reused) and A's.
 
 The chunked backward (:mod:`.matrix_gpu_chunked_backward`) runs kernels 1-3
 (:data:`STATES`; its carry writes no final state) for the chunks' start
@@ -150,7 +151,7 @@ def plan_launches(f: MatrixStateFeatures, config: dict, sizes: dict, wg: int, ct
         launches.append(("sw_matrix_state_chunk_prefix", n * H * -(-kd // wg), wg))
     launches += [("sw_matrix_state_chunk_local", n * H * -(-f.V // ct), wg),
                  ("sw_matrix_state_chunk_carry", sizes["nseq"] * H * -(-(f.K * f.V) // wg), wg),
-                 ("sw_matrix_state_chunk_output", n * H * -(-f.V // lay.ct3), lay.wg3)]
+                 ("sw_matrix_state_chunk_output", n * H, lay.wg3)]
     ws = n * H * f.K * f.V + (3 * n * H * C * kd if f.decay != "none" else 0)
     return launches, max(ws, 1)
 
@@ -334,6 +335,30 @@ OUTPUT = r"""
 #define SW_PLAIN_RANGE 60.0
 #endif
 
+/* Stages key tile k0 of q (and of k, with_k) into sq (sk), and its decay rows into sg, sn (every tile for a decay
+ * per key, the first for one per head) */
+#define SW_STAGE_TILE(k0, with_k) \
+  for (int x = lid; x < SW_C * SW_KT; x += SW_WG3) { \
+    const int p = x / SW_KT, i = (k0) + x % SW_KT, ok = p < n && i < SW_K, at = p * SW_KTP + x % SW_KT; \
+    const sw_index t = SW_STEP(cs + (ok ? p : 0)); \
+    sq[at] = ok ? q[SW_QK(t) + i] : (SW_T)0; \
+    if (with_k) sk[at] = ok ? k[SW_QK(t) + i] : (SW_T)0; \
+  } \
+  if (SW_DECAY && (SW_DECAY == 2 || (k0) == 0)) \
+    for (int x = lid; x < SW_GLEN; x += SW_WG3) { \
+      const int p = x / SW_KDTP - 1, d = SW_DECAY == 2 ? (k0) + x % SW_KDTP : 0; \
+      const int ok = p >= 0 && p < n && d < SW_KD && (SW_DECAY != 2 || x % SW_KDTP < SW_KT); \
+      sg[x] = ok ? SW_PG(sl, p, d) : (SW_ACC)0; \
+      sn[x] = ok ? SW_PN(sl, p, d) : 0; \
+    }
+/* q o e^{Gq} of the staged tile into sqf (after a barrier past SW_STAGE_TILE) */
+#define SW_SCALE_Q() \
+  for (int x = lid; x < SW_C * SW_KT; x += SW_WG3) { \
+    const int row = SW_QROW(x / SW_KT) * SW_KDTP + (SW_DECAY == 2 ? x % SW_KT : 0); \
+    const int at = x / SW_KT * SW_KTP + x % SW_KT; \
+    sqf[at] = !SW_DECAY ? sq[at] : sn[row] == 0 ? SW_SCALE(sq[at], sg[row]) : (SW_T)0; \
+  }
+
 SW_KERNEL_WG3 void sw_matrix_state_chunk_output(@PARAMS@) {
   SW_LOCAL SW_T sq[SW_C * SW_KTP];
   SW_LOCAL SW_T sqf[SW_C * SW_KTP];
@@ -344,39 +369,20 @@ SW_KERNEL_WG3 void sw_matrix_state_chunk_output(@PARAMS@) {
   SW_LOCAL int sn[SW_GLEN];
   SW_LOCAL SW_T sa[SW_C * SW_C];
   const int lid = SW_LID, c = lid % SW_CT3, ig = lid / SW_CT3;
-  const sw_index grp = SW_GROUP, vt = grp % SW_NVT3, h = grp / SW_NVT3 % H, sl = grp / SW_NVT3 / H;
-  const sw_index j = vt * SW_CT3 + c;
-  const int live = j < SW_V;
+  const sw_index grp = SW_GROUP, h = grp % H, sl = grp / H;
   SW_SLOT(sl);
-  SW_T out[SW_NO], a[SW_NA];
-#pragma unroll
-  for (int m = 0; m < SW_NO; ++m) out[m] = (SW_T)0;
+  SW_T a[SW_NA];
 #pragma unroll
   for (int m = 0; m < SW_NA; ++m) a[m] = (SW_T)0;
+  /* the scores, once for every tile of value columns */
   for (int k0 = 0; k0 < SW_K; k0 += SW_KT) {
     SW_BARRIER();
-    for (int x = lid; x < SW_C * SW_KT; x += SW_WG3) {
-      const int p = x / SW_KT, i = k0 + x % SW_KT, ok = p < n && i < SW_K, at = p * SW_KTP + x % SW_KT;
-      const sw_index t = SW_STEP(cs + (ok ? p : 0));
-      sq[at] = ok ? q[SW_QK(t) + i] : (SW_T)0;
-      sk[at] = ok ? k[SW_QK(t) + i] : (SW_T)0;
-    }
-    if (SW_DECAY && (SW_DECAY == 2 || k0 == 0))
-      for (int x = lid; x < SW_GLEN; x += SW_WG3) {
-        const int p = x / SW_KDTP - 1, d = SW_DECAY == 2 ? k0 + x % SW_KDTP : 0;
-        const int ok = p >= 0 && p < n && d < SW_KD && (SW_DECAY != 2 || x % SW_KDTP < SW_KT);
-        sg[x] = ok ? SW_PG(sl, p, d) : (SW_ACC)0;
-        sn[x] = ok ? SW_PN(sl, p, d) : 0;
-      }
+    SW_STAGE_TILE(k0, 1);
 #if SW_DECAY
     if (lid == 0 && (SW_DECAY == 2 || k0 == 0)) splain = 1;
 #endif
     SW_BARRIER();
-    for (int x = lid; x < SW_C * SW_KT; x += SW_WG3) {
-      const int row = SW_QROW(x / SW_KT) * SW_KDTP + (SW_DECAY == 2 ? x % SW_KT : 0);
-      const int at = x / SW_KT * SW_KTP + x % SW_KT;
-      sqf[at] = !SW_DECAY ? sq[at] : sn[row] == 0 ? SW_SCALE(sq[at], sg[row]) : (SW_T)0;
-    }
+    SW_SCALE_Q();
 #if SW_DECAY
     /* a plain tile of keys, or a plain chunk of a decay per head (no reset, no growth, no NaN and a total decay
      * within SW_PLAIN_RANGE): e^{Gq} and e^{-Gk} are normal numbers, and a score is a sum of (q o e^{Gq}) (k o
@@ -399,16 +405,6 @@ SW_KERNEL_WG3 void sw_matrix_state_chunk_output(@PARAMS@) {
       }
 #endif
     SW_BARRIER();
-    /* the start state's part of the outputs (a zero state element adds 0, whatever its factor) */
-    if (live)
-      for (int kk = 0; kk < SW_KT && k0 + kk < SW_K; ++kk) {
-        const SW_T s = ws[SW_EIDX(sl, k0 + kk, j)];
-        if (s == (SW_T)0) continue;
-#pragma unroll
-        for (int m = 0; m < SW_NO; ++m)
-          if (ig + SW_NG3 * m < SW_C) out[m] += sqf[(ig + SW_NG3 * m) * SW_KTP + kk] * s;
-      }
-    /* the scores of this key tile */
 #pragma unroll
     for (int m = 0; m < SW_NA; ++m) {
       const int x = lid + SW_WG3 * m, pi = x / SW_C, pj = x % SW_C;
@@ -438,21 +434,50 @@ SW_KERNEL_WG3 void sw_matrix_state_chunk_output(@PARAMS@) {
       a[m] = splain ? a[m] * skf[SW_QROW(pi)] * skf[SW_C + 1 + SW_KROW(pj)]
            : sn[SW_QROW(pi)] == sn[SW_KROW(pj)] ? SW_SCALE(a[m], sg[SW_QROW(pi)] - sg[SW_KROW(pj)]) : (SW_T)0;
   }
-  SW_BARRIER();
 #pragma unroll
   for (int m = 0; m < SW_NA; ++m) {
     const int x = lid + SW_WG3 * m;
     if (x < SW_C * SW_C) sa[x] = (x / SW_C < n && x % SW_C <= x / SW_C) ? a[m] : (SW_T)0;
   }
   SW_BARRIER();
-  if (live) {
+  /* the outputs, a tile of CT3 value columns at a time: the start state's part over the key tiles (walked in
+   * alternate directions, so that the tile staged last is not staged again), then the scores' */
+  int staged = (SW_K - 1) / SW_KT * SW_KT;
+  for (int vt = 0; vt < SW_NVT3; ++vt) {
+    const sw_index j = vt * SW_CT3 + c;
+    const int live = j < SW_V;
+    SW_T out[SW_NO];
 #pragma unroll
-    for (int m = 0; m < SW_NO; ++m) {
-      const int pi = ig + SW_NG3 * m;
-      if (pi < n) {
-        SW_T acc = out[m];
-        for (int pj = 0; pj <= pi; ++pj) acc += sa[pi * SW_C + pj] * v[SW_VO(SW_STEP(cs + pj)) + j];
-        o[SW_VO(SW_STEP(cs + pi)) + j] = acc;
+    for (int m = 0; m < SW_NO; ++m) out[m] = (SW_T)0;
+    for (int t0 = 0; t0 < SW_K; t0 += SW_KT) {
+      const int k0 = vt % 2 == 0 ? (SW_K - 1) / SW_KT * SW_KT - t0 : t0;
+      if (k0 != staged) {
+        SW_BARRIER();
+        SW_STAGE_TILE(k0, 0);
+        SW_BARRIER();
+        SW_SCALE_Q();
+        SW_BARRIER();
+        staged = k0;
+      }
+      /* a zero state element adds 0, whatever its factor */
+      if (live)
+        for (int kk = 0; kk < SW_KT && k0 + kk < SW_K; ++kk) {
+          const SW_T s = ws[SW_EIDX(sl, k0 + kk, j)];
+          if (s == (SW_T)0) continue;
+#pragma unroll
+          for (int m = 0; m < SW_NO; ++m)
+            if (ig + SW_NG3 * m < SW_C) out[m] += sqf[(ig + SW_NG3 * m) * SW_KTP + kk] * s;
+        }
+    }
+    if (live) {
+#pragma unroll
+      for (int m = 0; m < SW_NO; ++m) {
+        const int pi = ig + SW_NG3 * m;
+        if (pi < n) {
+          SW_T acc = out[m];
+          for (int pj = 0; pj <= pi; ++pj) acc += sa[pi * SW_C + pj] * v[SW_VO(SW_STEP(cs + pj)) + j];
+          o[SW_VO(SW_STEP(cs + pi)) + j] = acc;
+        }
       }
     }
   }
