@@ -56,7 +56,8 @@ every kernel is checked against (the backward against finite differences in
 the tests).  The C kernels have the tunable ``algorithm``: ``recurrent``, or
 ``chunked``, the WY (UT transform) form on chunks of ``chunk`` steps: the
 forward of both forms, and the backward of the ``delta`` form (RWKV-7's
-backward stays recurrent; :meth:`DeltaRule.chunked_of`).
+backward stays recurrent; :meth:`DeltaRule.chunked_of`); the GPU kernels the
+forward of the ``delta`` form (:mod:`scanweaver.targets.delta_gpu_chunked`).
 
 Example:
     >>> import numpy as np
@@ -80,7 +81,8 @@ import numpy as np
 from ..errors import ScanInputError
 from ..schedules.base import Tunable, non_negative, power_of_two
 from .base import PARTS, FusedOp, Param, register
-from .matrix_state import GPU_TUNABLES, JULIA_TUNABLES, MAX_CHUNK, _between, _heads, _segments, check_offsets
+from .matrix_state import (GPU_MAX_CHUNK, GPU_TUNABLES, JULIA_TUNABLES, MAX_CHUNK, _between, _heads, _segments,
+                           check_offsets)
 
 GATES = ("none", "scalar", "key")
 FORMS = ("delta", "dplr")
@@ -162,10 +164,16 @@ C_TUNABLES = (
             lambda v: non_negative(v) or _between(v, 0, 1024)),
 )
 
-#: The GPU (OpenCL, CUDA) kernels' tunables: the matrix-state kernels' and the split of K over work-items.
+#: The GPU (OpenCL, CUDA) kernels' tunables: the matrix-state kernels', the split of K over work-items, and the
+#: algorithm of the forward of the ``delta`` form (the chunked WY form: :mod:`scanweaver.targets.delta_gpu_chunked`).
 GPU_DELTA_TUNABLES = (*GPU_TUNABLES, Tunable(
     "key_split", 4, (1, 2, 4, 8), "work-items per state column, each keeping K / key_split of its rows in "
-    "registers (a workgroup sum joins their dots)", lambda v: power_of_two(v) or _between(v, 1, 64)))
+    "registers (a workgroup sum joins their dots)", lambda v: power_of_two(v) or _between(v, 1, 64)),
+    Tunable("algorithm", "recurrent", ALGORITHMS, "the fused recurrence (the default) or the chunked WY form of the "
+            "forward (DeltaNet, Gated DeltaNet, KDA; not timed on a GPU yet); the backward and RWKV-7 run the "
+            "recurrence", lambda v: None if v in ALGORITHMS else f"it must be one of {', '.join(ALGORITHMS)}"),
+    Tunable("chunk", 32, (16, 32, 64), f"time steps per chunk of the chunked form (any length from 1 to "
+            f"{GPU_MAX_CHUNK}; results do not depend on it)", lambda v: _between(v, 1, GPU_MAX_CHUNK)))
 
 #: Inputs, optional inputs, sizes (H: heads of v/o and of the state; Hq: heads of q/k).
 _IN = ("q", "k", "v")
@@ -187,8 +195,9 @@ class DeltaRule(FusedOp):
     implementations = {"numpy": PARTS, "c": PARTS, "opencl": PARTS, "cuda": PARTS, "julia": PARTS}
     #: The C kernels have the chunked (WY) form of both parts for the ``delta`` form and of the forward only for
     #: ``dplr`` (RWKV-7: its backward is the recurrent sweep from checkpoints whatever ``algorithm`` says, and
-    #: ``scanweaver.matrix.last`` says so; :meth:`chunked_of`).
-    chunked_parts = {"c": PARTS}
+    #: ``scanweaver.matrix.last`` says so; :meth:`chunked_of`); the GPU kernels the forward of the ``delta`` form
+    #: (RWKV-7's forward and every backward run the recurrence there).
+    chunked_parts = {"c": PARTS, "gpu": ("forward",)}
     #: The algorithm rule (bench/results/delta_chunked.json, float32, 2 threads, quiet cores): the chunked backward
     #: from 1024 steps per sequence with K * V >= 4096, where forward + backward with it ran 1.46-1.56x faster at
     #: K = V = 128 and 1.02-1.17x at 64 (DeltaNet, Gated DeltaNet, KDA at T = 1024 and 4096); the forward stays
@@ -196,9 +205,12 @@ class DeltaRule(FusedOp):
     chunked_from = {"c": {"backward": ((1024, 4096),)}}
 
     def chunked_of(self, family: str, features: DeltaRuleFeatures | None = None) -> tuple[str, ...] | None:
-        """:attr:`chunked_parts`, the forward only for the ``dplr`` form on the C kernels."""
+        """:attr:`chunked_parts`: on the C kernels the forward only for the ``dplr`` form; on the GPU kernels the
+        forward of the ``delta`` form only."""
         if family == "c" and features is not None and features.form == "dplr":
             return ("forward",)
+        if family == "gpu" and features is not None and features.form == "dplr":
+            return ()
         return super().chunked_of(family, features)
 
     def work(self, features: DeltaRuleFeatures, sizes: dict[str, int]) -> int:

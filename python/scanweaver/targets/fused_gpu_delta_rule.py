@@ -13,6 +13,9 @@ q, the update columns, the projections, the decays and beta of ``time_tile``
 steps (and the next one) are staged in local memory, normalised there when
 ``l2norm`` is on.
 
+With ``algorithm="chunked"`` the forward of the ``delta`` form is the chunked WY
+form of :mod:`.delta_gpu_chunked` instead (two kernels and a scratch ``ws``).
+
 The backward (:mod:`.delta_gpu_backward`) is the ``delta`` form's (DeltaNet,
 Gated DeltaNet, KDA; every gate, ``l2norm``, q/k heads shared by value heads);
 its *deltas* kernel is this forward sweep writing ``r_t = v_t - p_t`` to the
@@ -22,12 +25,14 @@ backend.
 Kernels (ABI of :meth:`~scanweaver.fused.delta_rule.DeltaRule.params`; ``do`` spelled ``do_``)::
 
     sw_delta_rule_forward(q, k, v, g, beta, a, b, h0, cu_seqlens, o, hlast, batch, T, H, Hq, nseq)
+    sw_delta_chunk_prep / sw_delta_chunk_state(the forward's parameters, ws)                   (chunked)
 """
 
 from __future__ import annotations
 
 from ..errors import ScanInputError
 from ..fused.delta_rule import GATES, DeltaRuleFeatures
+from . import delta_gpu_chunked as chunked
 from .delta_gpu_backward import BACKWARD, MACROS
 from .fused import KERNELS, FusedKernel
 from .fused_gpu_mamba1 import params
@@ -215,7 +220,14 @@ def render(r, call) -> str:
         for name in ("workgroup_size", "time_tile", "key_split"))
     kernels = [f"#define SW_KERNEL_ROWS {r.kernel_prefix} {r.launch_bounds.format(n='SW_RITEMS')}".rstrip(),
                f"#define SW_KERNEL_DR {r.kernel_prefix} {r.launch_bounds.format(n='SW_ITEMS')}".rstrip()]
-    if call.part == "forward":
+    if call.part == "forward" and is_chunked(call):
+        body = chunked.CHUNKED
+        # two resident workgroups (up to 128 registers each): with the plain bound ptxas settled at 64 and spilled
+        kernels += [chunked.defines(f, cfg)] + [
+            f"#define SW_KERNEL_{x} {r.kernel_prefix} " + (r.launch_bounds_blocks.format(n=f"SW_WG{x}", blocks=2)
+                                                          if r.launch_bounds_blocks else
+                                                          r.launch_bounds.format(n=f"SW_WG{x}")) for x in "PS"]
+    elif call.part == "forward":
         body = COLUMNS.replace("@NAME@", "sw_delta_rule_forward").replace("@EXTRA@", "")
         body = body.replace("@OUT@", FORWARD_OUT).replace("@END@", FORWARD_END)
     else:
@@ -233,6 +245,11 @@ def render(r, call) -> str:
              r.preamble_for(f.state_dtype), f"#define SW_T {r.ctype(f.state_dtype)}", "\n".join(defines), tunables,
              "\n".join(r.gpu_macros()), *kernels, text]
     return "\n".join(p for p in parts if p) + "\n"
+
+
+def is_chunked(call) -> bool:
+    """True when ``call`` runs the chunked WY forward (:mod:`.delta_gpu_chunked`)."""
+    return call.part == "forward" and call.params.get("algorithm") == "chunked"
 
 
 def _check_dtype(call) -> None:
@@ -292,6 +309,17 @@ def plan(call, sizes: dict):
                              "lower time_tile")
     heads = sizes["nseq"] * sizes["H"]
     columns = heads * -(-f.V // wg)
+    if is_chunked(call):
+        if f.form != "delta":
+            raise ScanInputError(f"delta_rule forward: the GPU kernels' chunked form is the delta form's (DeltaNet, "
+                                 f"Gated DeltaNet, KDA); got form {f.form} (RWKV-7): use algorithm='recurrent'")
+        need = chunked.local_bytes(f, call.params)
+        if need > SM90.shared_per_block:
+            raise ScanInputError(f"delta_rule forward: chunk={call.params['chunk']} with K={f.K}, V={f.V} in "
+                                 f"{f.dtype} needs {need} bytes of local memory per workgroup, over "
+                                 f"{SM90.shared_per_block}; lower chunk")
+        return Plan(tuple(Launch(*x) for x in chunked.plan_launches(f, call.params, sizes)),
+                    ws=chunked.scratch(f, call.params, sizes))
     if call.part == "forward":
         return Plan((Launch("sw_delta_rule_forward", columns, wg * split),))
     if f.K > MAX_ITEMS:
