@@ -1,6 +1,8 @@
 """The matrix-state scans' chunked form beside their recurrence on the GPU: correctness, then which is faster.
 
-For GLA (per-key decay), simple GLA (per-head decay) and Mamba-2 (one q/k group),
+For GLA (per-key decay), simple GLA (per-head decay), Mamba-2 (one q/k group) and
+Gated DeltaNet (the delta rule: its chunked WY forward; its GPU backward is the
+recurrent one under either algorithm),
 through ``scanweaver.torch`` on float32 CUDA tensors: each algorithm
 (``algorithm="recurrent"``, ``algorithm="chunked"``) is first checked, output
 and every gradient, against the float64 host reference of
@@ -47,7 +49,10 @@ SHAPES = {
             (1, 19, 2, 5, 6)),
     "simple_gla": ((2, 200, 4, 64, 64), ((4, 2048, 16, 64, 64), (1, 8192, 8, 128, 128)), (1, 19, 2, 5, 6)),
     "mamba2": ((2, 200, 4, 64, 64), ((2, 2048, 24, 64, 128), (1, 8192, 24, 64, 128)), (1, 19, 2, 3, 5)),
+    "gated_delta": ((2, 200, 4, 64, 64), ((4, 2048, 16, 128, 128), (1, 8192, 8, 128, 128)), (1, 19, 2, 5, 6)),
 }
+#: The backward's algorithm where it is not the one asked for: the delta rule's GPU backward is recurrent.
+BACKWARD_RAN = {"gated_delta": "recurrent"}
 ALGORITHMS = ("recurrent", "chunked")
 #: What each timed shape runs: both algorithms, then the default (the rule of ``MatrixState.chunked_from``).
 TIMED = (*ALGORITHMS, "default")
@@ -62,6 +67,8 @@ def entry(model: str, backend: str, algorithm: str):
         return lambda i: swt.linear_attention(i["q"], i["k"], i["v"], g=i["g"], **kw)[0]
     if model == "simple_gla":
         return lambda i: swt.linear_attention(i["q"], i["k"], i["v"], g_head=i["g"], **kw)[0]
+    if model == "gated_delta":
+        return lambda i: swt.gated_delta_rule(i["q"], i["k"], i["v"], i["g"], i["beta"], **kw)[0]
     return lambda i: swt.mamba2_scan(i["x"], i["dt"], i["A"], i["B"], i["C"], D=i["D"], dt_bias=i["dt_bias"],
                                      dt_softplus=True, **kw)
 
@@ -174,16 +181,23 @@ def main(argv=None) -> int:
             try:
                 with no_host_copies(not args.dry_run):
                     row["errors"] = models.check(entry(model, backend, algorithm), model, tuple(row["shape"]), device)
-                    row["ran"] = scanweaver.matrix.last.algorithm
+                    row["ran"] = scanweaver.matrix.last.algorithm  # the backward's
+                    with torch.no_grad():
+                        entry(model, backend, algorithm)(model_refs.inputs(model, tuple(row["shape"]), torch.float32,
+                                                                           device))
+                    row["ran_forward"] = scanweaver.matrix.last.algorithm
                 bad = {k: v for k, v in row["errors"].items() if not v <= TOLERANCE}
-                row["status"] = "failed" if bad or row["ran"] != algorithm or len(row["errors"]) < 2 else "ok"
+                ran = BACKWARD_RAN.get(model, algorithm)
+                row["status"] = "failed" if bad or row["ran"] != ran or row["ran_forward"] != algorithm or \
+                    len(row["errors"]) < 2 else "ok"
             except Exception as exc:  # reported as a failure, with where it came from
                 row.update(status="failed", reason=f"{type(exc).__name__}: {exc}",
                            trace=traceback.format_exc(limit=4)[-1500:])
             failed |= row["status"] != "ok"
             rows.append(row)
             print(f"{model:10s} {algorithm:9s} check {row['shape']}: {row['status']} "
-                  f"{max(row.get('errors', {'-': float('nan')}).values()):.2e} (ran {row.get('ran')})", flush=True)
+                  f"{max(row.get('errors', {'-': float('nan')}).values()):.2e} (ran {row.get('ran_forward')} forward, "
+                  f"{row.get('ran')} backward)", flush=True)
             write()
         for shape in ((dry_shape,) if args.dry_run else timed):
             row = {"model": model, "kind": "time", "shape": list(shape), "status": "skipped"}
