@@ -51,7 +51,8 @@ def test_dry_run_of_the_whole_session(tmp_path):
         assert {"y", "dx", "ddt", "dz"} <= set(row["errors"]), "the output and every gradient are checked"
     chunked = json.loads((tmp_path / "gpu_chunked.json").read_text())
     assert {(r["model"], r["algorithm"]) for r in chunked if r["kind"] == "check"} == {
-        (m, a) for m in ("gla", "simple_gla", "mamba2") for a in ("recurrent", "chunked")}
+        (m, a) for m in ("gla", "simple_gla", "mamba2", "gated_delta") for a in ("recurrent", "chunked")}
+    assert all(r["ran_forward"] == r["algorithm"] for r in chunked if r["kind"] == "check")
     assert all(r["status"] == "ok" for r in chunked), [r for r in chunked if r["status"] != "ok"]
     assert all(r["chunked_train_ms"] > 0 for r in chunked if r["kind"] == "time")
     # where the time goes, from the backend's kernel log: each part's kernels with their device times
@@ -59,6 +60,8 @@ def test_dry_run_of_the_whole_session(tmp_path):
     assert set(kernels["chunked"]["forward"]) == {"sw_matrix_state_chunk_prefix", "sw_matrix_state_chunk_local",
                                                   "sw_matrix_state_chunk_carry", "sw_matrix_state_chunk_output"}
     assert set(kernels["recurrent"]["forward"]) == {"sw_matrix_state_forward"}
+    delta = next(r for r in chunked if r["kind"] == "time" and r["model"] == "gated_delta")["kernels"]
+    assert set(delta["chunked"]["forward"]) == {"sw_delta_chunk_prep", "sw_delta_chunk_state"}
     assert "sw_matrix_state_chunk_adjoint_carry" in kernels["chunked"]["backward"]
     assert all(ms > 0 for alg in kernels.values() for part in alg.values() for ms in part.values())
     device = json.loads((tmp_path / summary["device_file"]).read_text())
