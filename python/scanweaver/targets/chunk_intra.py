@@ -104,9 +104,9 @@ static void sw_ck_intra_key_adjoint(const sw_ck_dec* d, const SW_T* X, const SW_
                                     SW_T* dX, SW_T* dY, sw_ck_scratch* s) {
   const int n = d->n;
   if (d->plain) {
-    sw_ck_trmm(n, SW_KP, dA, SW_CP, s->yr, SW_KP, s->t1, SW_KP, 0);
+    sw_ck_trmm(n, SW_KP, dA, SW_CP, s->yr, SW_KP, s->t1, SW_KP, 0, strict);
     sw_ck_fma_rows(dX, d->Eq, s->t1, n);
-    sw_ck_trmm_t(n, SW_KP, dA, SW_CP, s->xr, SW_KP, s->t1, SW_KP, 0);
+    sw_ck_trmm_t(n, SW_KP, dA, SW_CP, s->xr, SW_KP, s->t1, SW_KP, 0, strict);
     sw_ck_fma_rows(dY, d->Ei, s->t1, n);
     return;
   }

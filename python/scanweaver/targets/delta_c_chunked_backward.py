@@ -33,12 +33,26 @@ and the row of the projection (``u = beta (v - S'^T k)``, dKy); dk is their
 sum.  The decay gradient comes from the identity of the gauge ``S_t ->
 Lambda_t^{-1} S_t`` (per key, or one value): q and the projection's k scale by
 ``Lambda_t``, the update's k by ``Lambda_t^{-1}``, so ``dg_t = sum_{s >= t}
-(q_s o dq_s + k_s o dKy_s - k_s o dKx_s) + rows(dhlast o hlast)`` (summed
-over the keys for a decay per head), a running sum in double from the lane's
-end, as the diagonal family's chunked backward does.  At a reset (a log decay
-below ``SW_RESET_BELOW``: its decay is 0 in the storage type) the sum is 0
-exactly, as the recurrence's ``rows(S'_t o Gs)`` with ``S'_t = 0``; the
-running sum restarts there.
+l_s + rows(dhlast o hlast)`` with ``l_s = q_s o dq_s + k_s o dKy_s - k_s o
+dKx_s`` (summed over the keys for a decay per head), a running sum in double
+from the lane's end, as the diagonal family's chunked backward does.  At a
+reset (a log decay below ``SW_RESET_BELOW``: its decay is 0 in the storage
+type) the sum is 0 exactly, as the recurrence's ``rows(S'_t o Gs)`` with
+``S'_t = 0``; the running sum restarts there.
+
+The recurrence's ``dg_t = rows(S_{t-1} o dS_{t-1})`` is non-finite only where
+that state or its adjoint is, but one non-finite ``l_s`` would make the running
+sum so at every earlier step (``sw_wyb_dg``).  The same value at a chunk's
+first row is ``b0 = rows(S_0 o dS_0)`` (its start state and the adjoint the
+chunk's backward leaves), and at row i ``f_i = b0 - sum_{j < i} l_j`` (up to
+the chunk's first reset).  A row whose running sum is not finite takes
+``f_i`` where that is, and the sum carried to the previous chunk restarts from
+``b0`` where it is not finite: a non-finite term stays in its chunk's later
+rows and the steps the recurrence has it in (for a NaN in one step's v,
+exactly the recurrence's pattern).  What can stay wider: the rows of that
+chunk between a reset and the non-finite term (``f`` stops at the chunk's
+first reset: going on would need the state at the reset, which is not kept).
+An all-finite lane reads the running sum only.
 
 A lane with a positive (or NaN) log decay, whose forward runs those chunks
 by the recurrence (``sw_wy_recurrent``), runs the recurrent backward of
@@ -62,13 +76,14 @@ WY_BACKWARD = r"""
 #define SW_WY_STATE_BUDGET (64L << 20)
 
 /* A thread's workspace: chunk tiles, nsb chunk-boundary states, the state and its adjoint, the residuals X, W (the
- * adjoint of U), dKy, a product before its factors, Kg (rows of SW_VP or SW_KP), dbeta per row, the decay gradient's
- * running sum. */
+ * adjoint of U), dKy, a product before its factors, Kg (rows of SW_VP or SW_KP), dbeta per row; in double, SW_GW
+ * values each: the decay gradient's running sum r, its value at the chunk's start from the state (b0), and per row
+ * the chunk's terms l and the sums from the start f. */
 typedef struct {
   sw_ck_tiles c;
   void *raw, *raw_x;
   SW_T *Sb, *S, *dS, *X, *W, *dKy, *t1, *Kg, *db;
-  double* r;
+  double *r, *b0, *l, *f;
   long nsb;
 } sw_wyb;
 
@@ -78,11 +93,13 @@ static int sw_wyb_alloc(sw_wyb* y, const sw_dr* m) {
   while (root * root < nc) ++root;
   y->nsb = nc <= fit ? nc : SW_MAX(fit, 2 * root + 1);
   const size_t cv = (size_t)SW_C * SW_VP, ck = (size_t)SW_C * SW_KP;
-  char* p = (char*)sw_alloc(sizeof(SW_T) * (2 * cv + 3 * ck + SW_CP) + sizeof(double) * SW_GW + 64, &y->raw_x);
+  const size_t dgw = (size_t)(2 * SW_C + 2) * SW_GW;
+  char* p = (char*)sw_alloc(sizeof(SW_T) * (2 * cv + 3 * ck + SW_CP) + sizeof(double) * dgw + 64, &y->raw_x);
   if (!p) return SW_ENOMEM;
   y->X = (SW_T*)p, y->W = y->X + cv, y->dKy = y->W + cv, y->t1 = y->dKy + ck, y->Kg = y->t1 + ck;
   y->db = y->Kg + ck;
   y->r = (double*)(((uintptr_t)(y->db + SW_CP) + 7) & ~(uintptr_t)7);
+  y->b0 = y->r + SW_GW, y->l = y->b0 + SW_GW, y->f = y->l + (long)SW_C * SW_GW;
   if (sw_ck_alloc(&y->c, &y->raw, y->nsb + 2, &y->Sb) != SW_OK) {
     free(y->raw_x);
     return SW_ENOMEM;
@@ -132,7 +149,7 @@ static void sw_wyb_chunk(sw_ck_tiles* c, sw_wyb* y, int n, const SW_T* S0, SW_T*
   const SW_T* Qg = reuse ? c->s.xr : c->Qs;
   sw_ck_kd(c, reuse);
   /* dU = A^T dO + Kd dS into W; dKx's state part e^{G_last - G} o (U dS^T) */
-  sw_ck_trmm_t(n, SW_VP, c->A, SW_CP, c->DO, SW_VP, y->W, SW_VP, 0);
+  sw_ck_trmm_t(n, SW_VP, c->A, SW_CP, c->DO, SW_VP, y->W, SW_VP, 0, 0);
   sw_gemm(n, SW_VP, SW_K, c->Kd, SW_KP, 1, dS, SW_VP, y->W, SW_VP, 1);
   sw_ck_transpose(dS, SW_VP, SW_K, SW_V, c->St, SW_KP, SW_KP);
   sw_gemm(n, SW_KP, SW_V, U, SW_VP, 1, c->St, SW_KP, y->t1, SW_KP, 0);
@@ -164,8 +181,8 @@ static void sw_wyb_chunk(sw_ck_tiles* c, sw_wyb* y, int n, const SW_T* S0, SW_T*
   sw_ck_intra_key_adjoint(d, c->Q, c->K, 0, c->A, c->dQ, c->dK, &c->s);
 #else
   sw_ck_weights(d, c->A, c->A, 0, &c->s);
-  sw_ck_trmm(n, SW_KP, c->A, SW_CP, c->K, SW_KP, c->dQ, SW_KP, 1);
-  sw_ck_trmm_t(n, SW_KP, c->A, SW_CP, c->Q, SW_KP, c->dK, SW_KP, 1);
+  sw_ck_trmm(n, SW_KP, c->A, SW_CP, c->K, SW_KP, c->dQ, SW_KP, 1, 0);
+  sw_ck_trmm_t(n, SW_KP, c->A, SW_CP, c->Q, SW_KP, c->dK, SW_KP, 1, 0);
 #endif
   /* dS_0 = e^{G_last} o dS + Qg^T dO + Kg^T NB */
   sw_ck_decay_state(c, dS);
@@ -179,8 +196,8 @@ static void sw_wyb_chunk(sw_ck_tiles* c, sw_wyb* y, int n, const SW_T* S0, SW_T*
   sw_ck_intra_key_adjoint(d, c->K, c->K, 1, c->A, y->dKy, c->dK, &c->s);
 #else
   sw_ck_weights(d, c->A, c->A, 1, &c->s);
-  sw_ck_trmm(n, SW_KP, c->A, SW_CP, c->K, SW_KP, y->dKy, SW_KP, 1);
-  sw_ck_trmm_t(n, SW_KP, c->A, SW_CP, c->K, SW_KP, c->dK, SW_KP, 1);
+  sw_ck_trmm(n, SW_KP, c->A, SW_CP, c->K, SW_KP, y->dKy, SW_KP, 1, 1);
+  sw_ck_trmm_t(n, SW_KP, c->A, SW_CP, c->K, SW_KP, c->dK, SW_KP, 1, 1);
 #endif
 }
 
@@ -199,8 +216,8 @@ static int sw_wyb_grows(const sw_dr* m, long b, long start, long stop, long h) {
   return 0;
 }
 
-/* Row i of the chunk starting at t0: dq and dk added into the thread's sums, dv and dbeta written, and dg from the
- * running sum r (in double, from the lane's end) of q o dq + k o dKy - k o dKx. */
+/* Row i of the chunk starting at t0: dq and dk added into the thread's sums, dv and dbeta written, and the row's
+ * term of the decay gradient, q o dq + k o dKy - k o dKx (in double), into y->l. */
 static void sw_wyb_row(const sw_dr* m, const sw_bg* gr, sw_bw* w, sw_wyb* y, long b, long start, long t0, int i,
                        long h) {
   const sw_ck_tiles* c = &y->c;
@@ -208,20 +225,66 @@ static void sw_wyb_row(const sw_dr* m, const sw_bg* gr, sw_bw* w, sw_wyb* y, lon
   const SW_T *qi = c->Q + (long)i * SW_KP, *ki = c->K + (long)i * SW_KP, *dqi = c->dQ + (long)i * SW_KP;
   const SW_T *dxi = c->dK + (long)i * SW_KP, *dyi = y->dKy + (long)i * SW_KP;
   SW_T *dq = w->dqh + ti * SW_KP, *dk = w->dkh + ti * SW_KP;
+  double* l = y->l + (long)i * SW_GW;
+  l[0] = 0;
   for (int k = 0; k < SW_K; ++k) {
     dq[k] += dqi[k];
     dk[k] += dxi[k] + dyi[k];
-    y->r[SW_KEYDECAY ? k : 0] += (double)(qi[k] * dqi[k] + ki[k] * dyi[k]) - (double)(ki[k] * dxi[k]);
+    const double x = (double)(qi[k] * dqi[k] + ki[k] * dyi[k]) - (double)(ki[k] * dxi[k]);
+    if (SW_KEYDECAY) l[k] = x;
+    else l[0] += x;
   }
-  for (int k = 0; k < (SW_GATE == 2 ? SW_K : SW_GATE); ++k)  /* a reset: the sum is 0 there, exactly */
-    if (c->G[(long)i * SW_GW + k] < (SW_T)SW_RESET_BELOW) y->r[k] = 0;
   sw_store_row(gr->dv + SW_VO(m, b, t, h), c->dV + (long)i * SW_VP, SW_V);
   gr->dbeta[SW_BT(m, b, t, h)] = sw_out(y->db[i]);
+}
+
+/* 1 when x is neither infinite nor NaN. */
+SW_INLINE int sw_wyb_finite(double x) { return x - x == 0; }
+
+/* dg of the chunk's n rows (starting at t0; its terms in y->l) from two sums of the same value, and y->r from the
+ * chunk's end (the running sum) to its start.  The running sum r_i = r_{i+1} + l_i (0 at a reset) carries a
+ * non-finite term to every earlier step; the recurrence's dg_t = rows(S_{t-1} o dS_{t-1}) has it only where the
+ * state or its adjoint has.  So b0 = rows(S_0 o dS_0) (S0 the chunk's start state, y->dS its adjoint) is the value
+ * at the chunk's first row, f_i = b0 - sum_{j<i} l_j the sum from the start (up to the chunk's first reset: past one
+ * the state at the reset would be needed), and a row whose r_i is not finite takes f_i where that is; the sum
+ * carried to the previous chunk is b0 where r_0 is not finite.  An all-finite lane reads r only (results as
+ * before); a non-finite term reaches earlier steps of its own chunk only where f does not avoid it (past a reset,
+ * see the module's docstring). */
+static void sw_wyb_dg(const sw_dr* m, const sw_bg* gr, sw_wyb* y, long b, long t0, int n, long h, const SW_T* S0) {
+#if SW_GATE
+  sw_ck_tiles* c = &y->c;
+  const int ng = SW_GATE == 2 ? SW_K : 1;
+  for (int k = 0; k < ng; ++k) y->b0[k] = 0;
+  for (int k = 0; k < SW_K; ++k) {
+    double sum = 0;
+    for (int j = 0; j < SW_V; ++j) sum += (double)S0[(long)k * SW_VP + j] * y->dS[(long)k * SW_VP + j];
+    y->b0[SW_KEYDECAY ? k : 0] += sum;
+  }
+  for (int k = 0; k < ng; ++k) y->f[k] = y->b0[k];
+  for (int i = 0; i + 1 < n; ++i)
+    for (int k = 0; k < ng; ++k) {
+      const long e = (long)i * SW_GW + k;
+      y->f[e + SW_GW] = c->G[e] < (SW_T)SW_RESET_BELOW ? __builtin_nan("") : y->f[e] - y->l[e];
+    }
+  for (int i = n - 1; i >= 0; --i) {
+    const long t = t0 + i;
+    for (int k = 0; k < ng; ++k) {
+      const long e = (long)i * SW_GW + k;
+      y->r[k] += y->l[e];
+      if (c->G[e] < (SW_T)SW_RESET_BELOW) y->r[k] = 0;  /* a reset: the sum is 0 there, exactly */
+      const double r = y->r[k], f = y->f[e];
+      c->s.tmp[k] = (SW_T)(sw_wyb_finite(r) || !sw_wyb_finite(f) ? r : f);
+    }
 #if SW_GATE == 2
-  for (int k = 0; k < SW_K; ++k) c->s.tmp[k] = (SW_T)y->r[k];
-  sw_store_row(gr->dg + SW_HK(m, b, t, h), c->s.tmp, SW_K);
-#elif SW_GATE == 1
-  gr->dg[SW_BT(m, b, t, h)] = sw_out((SW_T)y->r[0]);
+    sw_store_row(gr->dg + SW_HK(m, b, t, h), c->s.tmp, SW_K);
+#else
+    gr->dg[SW_BT(m, b, t, h)] = sw_out(c->s.tmp[0]);
+#endif
+  }
+  for (int k = 0; k < ng; ++k)
+    if (!sw_wyb_finite(y->r[k]) && sw_wyb_finite(y->b0[k])) y->r[k] = y->b0[k];
+#else
+  (void)m, (void)gr, (void)y, (void)b, (void)t0, (void)n, (void)h, (void)S0;
 #endif
 }
 
@@ -273,8 +336,10 @@ static void sw_wyb_head(const sw_dr* m, const sw_bg* gr, sw_bw* w, sw_wyb* y, lo
       sw_wy_load(m, b, h, hq, t0, n, c);
       for (int i = 0; i < n; ++i)
         sw_load_row(c->DO + (long)i * SW_VP, gr->dout + SW_VO(m, b, t0 + i, h), SW_V, SW_VP);
-      sw_wyb_chunk(c, y, n, every > 1 ? seg + (ci - s0c) * SW_STATE : y->Sb + ci * SW_STATE, y->dS);
+      const SW_T* S0 = every > 1 ? seg + (ci - s0c) * SW_STATE : y->Sb + ci * SW_STATE;
+      sw_wyb_chunk(c, y, n, S0, y->dS);
       for (int i = n - 1; i >= 0; --i) sw_wyb_row(m, gr, w, y, b, start, t0, i, h);
+      sw_wyb_dg(m, gr, y, b, t0, n, h, S0);
     }
   }
   sw_state_out(m, gr->dh0, row, h, 0, SW_V, SW_VP, y->dS);
