@@ -309,6 +309,28 @@ def test_a_non_finite_input_leaves_every_gradient_no_wider_than_the_recurrence(c
         no_wider(got, rec, f"{name}[{t}] = {value}")
 
 
+@pytest.mark.parametrize("chunk", [16, 64])
+@pytest.mark.parametrize("family", ["gated", "kda"])
+def test_a_non_finite_input_among_resets_leaves_every_gradient_no_wider_than_the_recurrence(cpu, family, chunk):
+    """As above with resets inside the chunks (a tenth of the log decays -1e4, two -inf), the in-kernel L2
+    normalisation and K = 8: a row after a reset in the chunk of the non-finite term takes the sum from the state and
+    adjoint at the reset; and dq of the step before a NaN in the last step's k (a diagonal block of KDA's intra-chunk
+    adjoint that is not plain was one product, which read the later row through a masked 0)."""
+    rng = np.random.default_rng(chunk)
+    T = 2 * chunk + 2
+    f, a, sizes = problem(rng, family, batch=1, T=T, H=2, Hq=1, K=8, V=7, l2norm=True, dhlast=True)
+    mixed_gates(rng, a, T)
+    do = rng.normal(size=a["v"].shape)
+    for name in ("h0", "q", "k", "v", "beta"):
+        for t in ((0,) if name == "h0" else (*rng.integers(0, T, 4).tolist(), T - 1)):
+            b = {n: x.copy() for n, x in a.items()}
+            x = b[name]
+            x[(0, 1, 2, 3) if name == "h0" else (0, t, 0, 1)[:x.ndim]] = np.nan
+            rec = backward(cpu, f, b, sizes, do, algorithm="recurrent")
+            got = backward(cpu, f, b, sizes, do, algorithm="chunked", chunk=chunk)
+            no_wider(got, rec, f"{name}[{t}] = NaN")
+
+
 @pytest.mark.parametrize("family,K,V", [("kda", 1, 130), ("gated", 17, 3)])
 def test_odd_state_sizes_against_the_recurrent_form(cpu, family, K, V):
     """State sizes that fill no vector (K = 1, V = 130; K = 17, V = 3), packed sequences of 15, 0, 17 and 1 steps at
