@@ -148,3 +148,37 @@ def test_groups_of_heads_split_over_threads(cpu, name):
     for n, want in one.items():
         close(grads[n], want, 1e-11, f"{n} on {threads} threads against one")
         assert np.array_equal(grads[n], again[n]), f"{n} differs between two calls on {threads} threads"
+
+
+#: (decay, readout): RWKV-6 (a decay per key, the bonus readout), its per-head form, and a decay per key read after.
+NON_FINITE = {"rwkv6": ("key", "bonus"), "head-bonus": ("scalar", "bonus"), "key-after": ("key", "after")}
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf])
+@pytest.mark.parametrize("name", ["q", "k", "v", "h0", "u"])
+@pytest.mark.parametrize("case", sorted(NON_FINITE))
+def test_a_non_finite_input_leaves_every_gradient_no_wider_than_the_recurrence(cpu, case, name, value):
+    """A NaN or inf in one element of h0 or u, or of one step's q (RWKV-6's r), k or v, in the first, a middle and
+    the last of five chunks of 16: every chunked gradient is non-finite only where the recurrent one is, and equal
+    to it elsewhere.  With the bonus readout a non-finite q_t made the chunked dg_t so too, where the recurrence's
+    has no a_t = q_t o dq_t: dg_t was formed as (r + a_t - b_t) - a_t, and the state part of dk_t read q_t through
+    the masked diagonal of dA (0 times it)."""
+    decay, readout = NON_FINITE[case]
+    f = MatrixStateFeatures("float64", 5, 4, decay, readout, has_h0=True, has_dhlast=True)
+    rng = np.random.default_rng(77)
+    a, sizes = operands(rng, f, 1, 70, 2, 1, kinds=("decay",))
+    if name not in a:
+        pytest.skip(f"{case} has no {name}")
+    args = {**a, "do": rng.normal(size=a["v"].shape), "dhlast": rng.normal(size=a["h0"].shape)}
+    for t in ((0,) if name in ("h0", "u") else (3, 37, 66)):
+        b = {n: x.copy() for n, x in args.items()}
+        b[name][{"h0": (0, 1, 2, 3), "u": (1, 2)}.get(name, (0, t, 0, 1))] = value
+        rec = fused(cpu, f, b, sizes, "backward", algorithm="recurrent")
+        got = fused(cpu, f, b, sizes, "backward", algorithm="chunked", chunk=16, threads=1)
+        for n, want in rec.items():
+            fin = np.isfinite(want)
+            wider = fin & ~np.isfinite(got[n])
+            assert not wider.any(), f"{name}[{t}] = {value}: {n} non-finite at {np.argwhere(wider).tolist()[:4]}"
+            scale = float(np.abs(want[fin]).max()) if fin.any() else 0.0
+            np.testing.assert_allclose(got[n][fin], want[fin], rtol=1e-9, atol=1e-12 * scale,
+                                       err_msg=f"{name}[{t}] = {value}: {n}")

@@ -258,8 +258,7 @@ def test_the_default_backward_follows_the_measured_rule():
 def test_a_non_finite_input_reaches_no_other_step_of_dq_dk(cpu, family, name):
     """A NaN in one step's q or k, inside a chunk and inside a register block of its rows: the chunked dq, dk, dv and
     dbeta are non-finite exactly where the recurrent ones are (a triangular product that read the rows of its block
-    on the wrong side of the diagonal multiplied their NaN by a masked 0).  dg is left out: the chunked one is a
-    running sum from the lane's end, so a NaN term reaches every earlier step."""
+    on the wrong side of the diagonal multiplied their NaN by a masked 0).  dg: see the test below."""
     rng = np.random.default_rng(14)
     f, a, sizes = problem(rng, family, batch=1, T=40, H=1, Hq=1, K=4, V=3, dhlast=True)
     do = rng.normal(size=a["v"].shape)
@@ -272,6 +271,64 @@ def test_a_non_finite_input_reaches_no_other_step_of_dq_dk(cpu, family, name):
             fin = np.isfinite(rec[n])
             np.testing.assert_array_equal(np.isfinite(got[n]), fin, err_msg=f"{n}, {name}[{t}] = NaN")
             np.testing.assert_allclose(got[n][fin], rec[n][fin], rtol=1e-10, atol=1e-10, err_msg=n)
+
+
+def no_wider(got, rec, what):
+    """Each of ``got``'s gradients non-finite only where ``rec``'s is, and equal to it (float64 rounding) elsewhere."""
+    for n, want in rec.items():
+        fin = np.isfinite(want)
+        wider = fin & ~np.isfinite(got[n])
+        assert not wider.any(), f"{what}: {n} non-finite at {np.argwhere(wider).tolist()[:4]}, the recurrence's not"
+        scale = float(np.abs(want[fin]).max()) if fin.any() else 0.0
+        np.testing.assert_allclose(got[n][fin], want[fin], rtol=1e-9, atol=1e-12 * scale,
+                                   err_msg=f"{what}: {n}")
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf])
+@pytest.mark.parametrize("name", ["h0", "q", "k", "v", "beta", "g"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_non_finite_input_leaves_every_gradient_no_wider_than_the_recurrence(cpu, family, name, value):
+    """A NaN or inf in one element of h0, or of one step's q, k, v, beta or g (in the first, a middle and the last of
+    five chunks of 16, two value heads on one q/k head): every chunked gradient is non-finite only where the
+    recurrent one is, and equal to it elsewhere.  dg was one running sum from the lane's end, so a non-finite term
+    of one step reached every earlier step (a NaN in one step's v: all 70 steps of Gated DeltaNet's dg against the
+    recurrence's steps after it; in h0: KDA's dg at step 0 for the keys of the other rows); now each chunk's sum
+    starts again from rows(S o dS) at its end, and a row before the term in its chunk reads the sum from the
+    chunk's start."""
+    rng = np.random.default_rng(70)
+    f, a, sizes = problem(rng, family, batch=1, T=70, H=2, Hq=1, K=5, V=6, dhlast=True)
+    if name not in a:
+        pytest.skip(f"{family} has no {name}")
+    do = rng.normal(size=a["v"].shape)
+    for t in ((0,) if name == "h0" else (3, 37, 66)):
+        b = {n: x.copy() for n, x in a.items()}
+        x = b[name]
+        x[(0, 1, 2, 3) if name == "h0" else (0, t, 0, 1)[:x.ndim]] = value
+        rec = backward(cpu, f, b, sizes, do, algorithm="recurrent")
+        got = backward(cpu, f, b, sizes, do, algorithm="chunked", chunk=16)
+        no_wider(got, rec, f"{name}[{t}] = {value}")
+
+
+@pytest.mark.parametrize("chunk", [16, 64])
+@pytest.mark.parametrize("family", ["gated", "kda"])
+def test_a_non_finite_input_among_resets_leaves_every_gradient_no_wider_than_the_recurrence(cpu, family, chunk):
+    """As above with resets inside the chunks (a tenth of the log decays -1e4, two -inf), the in-kernel L2
+    normalisation and K = 8: a row after a reset in the chunk of the non-finite term takes the sum from the state and
+    adjoint at the reset; and dq of the step before a NaN in the last step's k (a diagonal block of KDA's intra-chunk
+    adjoint that is not plain was one product, which read the later row through a masked 0)."""
+    rng = np.random.default_rng(chunk)
+    T = 2 * chunk + 2
+    f, a, sizes = problem(rng, family, batch=1, T=T, H=2, Hq=1, K=8, V=7, l2norm=True, dhlast=True)
+    mixed_gates(rng, a, T)
+    do = rng.normal(size=a["v"].shape)
+    for name in ("h0", "q", "k", "v", "beta"):
+        for t in ((0,) if name == "h0" else (*rng.integers(0, T, 4).tolist(), T - 1)):
+            b = {n: x.copy() for n, x in a.items()}
+            x = b[name]
+            x[(0, 1, 2, 3) if name == "h0" else (0, t, 0, 1)[:x.ndim]] = np.nan
+            rec = backward(cpu, f, b, sizes, do, algorithm="recurrent")
+            got = backward(cpu, f, b, sizes, do, algorithm="chunked", chunk=chunk)
+            no_wider(got, rec, f"{name}[{t}] = NaN")
 
 
 @pytest.mark.parametrize("family,K,V", [("kda", 1, 130), ("gated", 17, 3)])

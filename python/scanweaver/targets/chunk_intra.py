@@ -9,7 +9,8 @@ a product of two factors with non-positive exponents (the reference
 ``Gq_{i0}``), the diagonal block a product when its own range is within
 ``SW_RANGE``, else entry by entry.  ``sw_ck_intra_key_adjoint`` adds
 ``dX_i += sum_j dA_ij Y_j o Gamma_ij`` and ``dY_j += sum_i dA_ij X_i o Gamma_ij``
-by the same blocks.  For a decay per head (or none), ``sw_ck_weights`` scales any
+by the same blocks (a diagonal block by triangular products, so no row reads a
+masked entry's later row: 0 times its NaN would be NaN).  For a decay per head (or none), ``sw_ck_weights`` scales any
 C x C matrix by the decay entry by entry (``X Y^T`` then the weights).
 
 Example:
@@ -104,18 +105,23 @@ static void sw_ck_intra_key_adjoint(const sw_ck_dec* d, const SW_T* X, const SW_
                                     SW_T* dX, SW_T* dY, sw_ck_scratch* s) {
   const int n = d->n;
   if (d->plain) {
-    sw_ck_trmm(n, SW_KP, dA, SW_CP, s->yr, SW_KP, s->t1, SW_KP, 0);
+    sw_ck_trmm(n, SW_KP, dA, SW_CP, s->yr, SW_KP, s->t1, SW_KP, 0, strict);
     sw_ck_fma_rows(dX, d->Eq, s->t1, n);
-    sw_ck_trmm_t(n, SW_KP, dA, SW_CP, s->xr, SW_KP, s->t1, SW_KP, 0);
+    sw_ck_trmm_t(n, SW_KP, dA, SW_CP, s->xr, SW_KP, s->t1, SW_KP, 0, strict);
     sw_ck_fma_rows(dY, d->Ei, s->t1, n);
     return;
   }
   for (int i0 = 0; i0 < n; i0 += SW_SUB) {
     const int i1 = SW_MIN(n, i0 + SW_SUB), J = sw_ck_block(d, X, Y, i0, s);
-    if (J > 0) {
-      sw_gemm(i1 - i0, SW_KP, J, dA + (long)i0 * SW_CP, SW_CP, 1, s->yr, SW_KP, s->t1, SW_KP, 0);
+    if (J > 0) {  /* the earlier rows by one product, a diagonal block that is a product by triangular ones */
+      const SW_T* dB = dA + (long)i0 * SW_CP + i0;
+      sw_gemm(i1 - i0, SW_KP, i0, dA + (long)i0 * SW_CP, SW_CP, 1, s->yr, SW_KP, s->t1, SW_KP, 0);
+      if (J > i0) sw_ck_trmm(i1 - i0, SW_KP, dB, SW_CP, s->yr + (long)i0 * SW_KP, SW_KP, s->t1, SW_KP, 1, strict);
       sw_ck_fma_rows(dX + (long)i0 * SW_KP, s->ea + (long)i0 * SW_KP, s->t1, i1 - i0);
-      sw_gemm(J, SW_KP, i1 - i0, dA + (long)i0 * SW_CP, 1, SW_CP, s->xr + (long)i0 * SW_KP, SW_KP, s->t1, SW_KP, 0);
+      sw_gemm(i0, SW_KP, i1 - i0, dA + (long)i0 * SW_CP, 1, SW_CP, s->xr + (long)i0 * SW_KP, SW_KP, s->t1, SW_KP, 0);
+      if (J > i0)
+        sw_ck_trmm_t(i1 - i0, SW_KP, dB, SW_CP, s->xr + (long)i0 * SW_KP, SW_KP, s->t1 + (long)i0 * SW_KP, SW_KP, 0,
+                     strict);
       sw_ck_fma_rows(dY, s->eb, s->t1, J);
     }
     if (J == i0)

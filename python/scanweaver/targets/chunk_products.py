@@ -12,8 +12,8 @@ register block's height, so nearly every masked entry of a chunk's
 ``C x C`` matrices is skipped; the two that multiply a masked matrix take
 each block's diagonal block row by row, so no entry above the diagonal is read
 (0 times a NaN or inf in a later step's row would be NaN in an earlier
-step's); ``sw_ck_transpose`` moves tiles through ``W x W`` register
-transposes.
+step's), nor, for a strictly lower matrix, the masked diagonal;
+``sw_ck_transpose`` moves tiles through ``W x W`` register transposes.
 
 Example:
     >>> from scanweaver.targets.chunk_products import micro_kernel
@@ -98,25 +98,29 @@ static void sw_gemm(int M, int N, int kd, const SW_T* A, long rs, long cs, const
 /* C (+)= L B for L lower triangular (n x n, rows ldl apart): each block of SW_MR rows (one register block high) takes
  * the rows of B before it in one product and its own diagonal block row by row, so nearly every masked entry is
  * skipped and row i never reads a row of B past i (a NaN or inf there stays out of the earlier rows, as in the
- * recurrence, where 0 times it would be NaN). */
-static void sw_ck_trmm(int n, int N, const SW_T* L, long ldl, const SW_T* B, long ldb, SW_T* C, long ldc, int acc) {{
+ * recurrence, where 0 times it would be NaN); with strict (L's diagonal masked) not row i either. */
+static void sw_ck_trmm(int n, int N, const SW_T* L, long ldl, const SW_T* B, long ldb, SW_T* C, long ldc, int acc,
+                       int strict) {{
   for (int i0 = 0; i0 < n; i0 += SW_MR) {{
     const int i1 = SW_MIN(n, i0 + SW_MR);
     sw_gemm(i1 - i0, N, i0, L + (long)i0 * ldl, ldl, 1, B, ldb, C + (long)i0 * ldc, ldc, acc);
     for (int i = i0; i < i1; ++i)
-      sw_gemm(1, N, i - i0 + 1, L + (long)i * ldl + i0, ldl, 1, B + (long)i0 * ldb, ldb, C + (long)i * ldc, ldc, 1);
+      sw_gemm(1, N, i - i0 + 1 - strict, L + (long)i * ldl + i0, ldl, 1, B + (long)i0 * ldb, ldb, C + (long)i * ldc,
+              ldc, 1);
   }}
 }}
 
 /* C (+)= L^T B for L lower triangular: each block of SW_MR rows of C takes the rows of B after it in one product and
- * its own diagonal block row by row, so row j never reads a row of B before j. */
-static void sw_ck_trmm_t(int n, int N, const SW_T* L, long ldl, const SW_T* B, long ldb, SW_T* C, long ldc, int acc) {{
+ * its own diagonal block row by row, so row j never reads a row of B before j (with strict, nor row j). */
+static void sw_ck_trmm_t(int n, int N, const SW_T* L, long ldl, const SW_T* B, long ldb, SW_T* C, long ldc, int acc,
+                         int strict) {{
   for (int j0 = 0; j0 < n; j0 += SW_MR) {{
     const int j1 = SW_MIN(n, j0 + SW_MR);
     sw_gemm(j1 - j0, N, n - j1, L + (long)j1 * ldl + j0, 1, ldl, B + (long)j1 * ldb, ldb, C + (long)j0 * ldc, ldc,
             acc);
     for (int j = j0; j < j1; ++j)
-      sw_gemm(1, N, j1 - j, L + (long)j * ldl + j, 1, ldl, B + (long)j * ldb, ldb, C + (long)j * ldc, ldc, 1);
+      sw_gemm(1, N, j1 - j - strict, L + (long)(j + strict) * ldl + j, 1, ldl, B + (long)(j + strict) * ldb, ldb,
+              C + (long)j * ldc, ldc, 1);
   }}
 }}
 

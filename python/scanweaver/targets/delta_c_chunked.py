@@ -167,7 +167,7 @@ static void sw_wy_chunk(sw_ck_tiles* c, int n, SW_T* S, int out) {
   if (out) {
     if (!reuse) sw_ck_qs(c);
     sw_gemm(n, SW_VP, SW_K, reuse ? c->s.xr : c->Qs, SW_KP, 1, S, SW_VP, c->O, SW_VP, 0);
-    sw_ck_trmm(n, SW_VP, c->A, SW_CP, c->dV, SW_VP, c->O, SW_VP, 1);
+    sw_ck_trmm(n, SW_VP, c->A, SW_CP, c->dV, SW_VP, c->O, SW_VP, 1, 0);
   }
   sw_ck_kd(c, reuse);
   sw_ck_decay_state(c, S);
@@ -224,16 +224,16 @@ static void sw_dplr_chunk(sw_ck_tiles* c, int n, SW_T* S) {
   sw_wy_intra(c, Ar, c->K, 1, c->A, 1);
   sw_ck_scale_q(c, Ar, c->Qs);
   sw_gemm(n, SW_VP, SW_K, c->Qs, SW_KP, 1, S, SW_VP, W, SW_VP, 0);
-  sw_ck_trmm(n, SW_VP, c->A, SW_CP, c->V, SW_VP, W, SW_VP, 1);
+  sw_ck_trmm(n, SW_VP, c->A, SW_CP, c->V, SW_VP, W, SW_VP, 1, 1);
   sw_wy_intra(c, Ar, Br, 1, c->dA, 1);
   sw_wy_solve(c->dA, NULL, W, n, NULL);
   sw_wy_shift(&c->d, 0);
   sw_ck_qs(c);
   sw_gemm(n, SW_VP, SW_K, c->Qs, SW_KP, 1, S, SW_VP, c->O, SW_VP, 0);
   sw_wy_intra(c, c->Q, Br, 0, c->dA, 1);
-  sw_ck_trmm(n, SW_VP, c->dA, SW_CP, W, SW_VP, c->O, SW_VP, 1);
+  sw_ck_trmm(n, SW_VP, c->dA, SW_CP, W, SW_VP, c->O, SW_VP, 1, 0);
   sw_wy_intra(c, c->Q, c->K, 0, c->A, 1);
-  sw_ck_trmm(n, SW_VP, c->A, SW_CP, c->V, SW_VP, c->O, SW_VP, 1);
+  sw_ck_trmm(n, SW_VP, c->A, SW_CP, c->V, SW_VP, c->O, SW_VP, 1, 0);
   sw_ck_decay_state(c, S);
   sw_ck_scale_k(c, Br, c->Kd, 0);
   sw_gemm(SW_K, SW_VP, n, c->Kd, 1, SW_KP, W, SW_VP, S, SW_VP, 1);

@@ -33,12 +33,26 @@ and the row of the projection (``u = beta (v - S'^T k)``, dKy); dk is their
 sum.  The decay gradient comes from the identity of the gauge ``S_t ->
 Lambda_t^{-1} S_t`` (per key, or one value): q and the projection's k scale by
 ``Lambda_t``, the update's k by ``Lambda_t^{-1}``, so ``dg_t = sum_{s >= t}
-(q_s o dq_s + k_s o dKy_s - k_s o dKx_s) + rows(dhlast o hlast)`` (summed
-over the keys for a decay per head), a running sum in double from the lane's
-end, as the diagonal family's chunked backward does.  At a reset (a log decay
-below ``SW_RESET_BELOW``: its decay is 0 in the storage type) the sum is 0
-exactly, as the recurrence's ``rows(S'_t o Gs)`` with ``S'_t = 0``; the
-running sum restarts there.
+l_s + rows(dhlast o hlast)`` with ``l_s = q_s o dq_s + k_s o dKy_s - k_s o
+dKx_s`` (summed over the keys for a decay per head), a running sum in double
+from the lane's end, as the diagonal family's chunked backward does.  At a
+reset (a log decay below ``SW_RESET_BELOW``: its decay is 0 in the storage
+type) the sum is 0 exactly, as the recurrence's ``rows(S'_t o Gs)`` with
+``S'_t = 0``; the running sum restarts there.
+
+The recurrence's ``dg_t = rows(S_{t-1} o dS_{t-1})`` is non-finite only where
+that state or its adjoint is, but one non-finite ``l_s`` would make the running
+sum so at every earlier step.  So where the running sum is not finite
+(``sw_wyb_dg``) a row takes the same value summed from the chunk's start,
+``f_i = f_{i-1} - l_{i-1}`` from ``f_0 = rows(S_0 o dS_0)`` (its start state
+and the adjoint the chunk's backward leaves), or, past a reset at row j, from
+``f_{j+1} = rows(S_j o dS_j)`` with ``S_j`` and ``dS_j`` run by the recurrence
+inside the chunk (``sw_wyb_after_reset``: only in a chunk with a non-finite
+sum, and only for a reset that a later row needs); and the sum carried to the
+previous chunk restarts from ``f_0``.  A non-finite term so stays out of the
+rows whose state and adjoint it does not reach, as in the recurrence.  An all-finite lane
+reads the running sum only (its results as before; the adjoint at each chunk's
+end is kept, one copy of the state per chunk, for ``sw_wyb_after_reset``).
 
 A lane with a positive (or NaN) log decay, whose forward runs those chunks
 by the recurrence (``sw_wy_recurrent``), runs the recurrent backward of
@@ -61,14 +75,16 @@ WY_BACKWARD = r"""
 /* Bytes of chunk-boundary states one thread keeps before it checkpoints (as the diagonal family's). */
 #define SW_WY_STATE_BUDGET (64L << 20)
 
-/* A thread's workspace: chunk tiles, nsb chunk-boundary states, the state and its adjoint, the residuals X, W (the
- * adjoint of U), dKy, a product before its factors, Kg (rows of SW_VP or SW_KP), dbeta per row, the decay gradient's
- * running sum. */
+/* A thread's workspace: chunk tiles, nsb chunk-boundary states, the state and its adjoint, the adjoint at the
+ * chunk's end (dSe), a state and an adjoint inside the chunk (Sr, dSr) with a row u and decays d, the residuals X, W
+ * (the adjoint of U), dKy, a product before its factors, Kg (rows of SW_VP or SW_KP), dbeta per row; in double,
+ * SW_GW values each: the decay gradient's running sum r, the sum from the chunk's start (b0, then f), the value after
+ * a reset from the state (bs), and per row the chunk's terms l and the running sums rr. */
 typedef struct {
   sw_ck_tiles c;
   void *raw, *raw_x;
-  SW_T *Sb, *S, *dS, *X, *W, *dKy, *t1, *Kg, *db;
-  double* r;
+  SW_T *Sb, *S, *dS, *dSe, *Sr, *dSr, *u, *d, *X, *W, *dKy, *t1, *Kg, *db;
+  double *r, *b0, *bs, *l, *rr;
   long nsb;
 } sw_wyb;
 
@@ -78,17 +94,21 @@ static int sw_wyb_alloc(sw_wyb* y, const sw_dr* m) {
   while (root * root < nc) ++root;
   y->nsb = nc <= fit ? nc : SW_MAX(fit, 2 * root + 1);
   const size_t cv = (size_t)SW_C * SW_VP, ck = (size_t)SW_C * SW_KP;
-  char* p = (char*)sw_alloc(sizeof(SW_T) * (2 * cv + 3 * ck + SW_CP) + sizeof(double) * SW_GW + 64, &y->raw_x);
+  const size_t dgw = (size_t)(2 * SW_C + 3) * SW_GW;
+  char* p = (char*)sw_alloc(sizeof(SW_T) * (2 * cv + 3 * ck + SW_CP) + sizeof(double) * dgw + 64, &y->raw_x);
   if (!p) return SW_ENOMEM;
   y->X = (SW_T*)p, y->W = y->X + cv, y->dKy = y->W + cv, y->t1 = y->dKy + ck, y->Kg = y->t1 + ck;
   y->db = y->Kg + ck;
   y->r = (double*)(((uintptr_t)(y->db + SW_CP) + 7) & ~(uintptr_t)7);
-  if (sw_ck_alloc(&y->c, &y->raw, y->nsb + 2, &y->Sb) != SW_OK) {
+  y->b0 = y->r + SW_GW, y->bs = y->b0 + SW_GW, y->l = y->bs + SW_GW, y->rr = y->l + (long)SW_C * SW_GW;
+  if (sw_ck_alloc(&y->c, &y->raw, y->nsb + 7, &y->Sb) != SW_OK) {
     free(y->raw_x);
     return SW_ENOMEM;
   }
   y->S = y->Sb + y->nsb * SW_STATE;
   y->dS = y->S + SW_STATE;
+  y->dSe = y->dS + SW_STATE, y->Sr = y->dSe + SW_STATE, y->dSr = y->Sr + SW_STATE;
+  y->u = y->dSr + SW_STATE, y->d = y->u + SW_STATE;
   return SW_OK;
 }
 
@@ -132,7 +152,7 @@ static void sw_wyb_chunk(sw_ck_tiles* c, sw_wyb* y, int n, const SW_T* S0, SW_T*
   const SW_T* Qg = reuse ? c->s.xr : c->Qs;
   sw_ck_kd(c, reuse);
   /* dU = A^T dO + Kd dS into W; dKx's state part e^{G_last - G} o (U dS^T) */
-  sw_ck_trmm_t(n, SW_VP, c->A, SW_CP, c->DO, SW_VP, y->W, SW_VP, 0);
+  sw_ck_trmm_t(n, SW_VP, c->A, SW_CP, c->DO, SW_VP, y->W, SW_VP, 0, 0);
   sw_gemm(n, SW_VP, SW_K, c->Kd, SW_KP, 1, dS, SW_VP, y->W, SW_VP, 1);
   sw_ck_transpose(dS, SW_VP, SW_K, SW_V, c->St, SW_KP, SW_KP);
   sw_gemm(n, SW_KP, SW_V, U, SW_VP, 1, c->St, SW_KP, y->t1, SW_KP, 0);
@@ -164,8 +184,8 @@ static void sw_wyb_chunk(sw_ck_tiles* c, sw_wyb* y, int n, const SW_T* S0, SW_T*
   sw_ck_intra_key_adjoint(d, c->Q, c->K, 0, c->A, c->dQ, c->dK, &c->s);
 #else
   sw_ck_weights(d, c->A, c->A, 0, &c->s);
-  sw_ck_trmm(n, SW_KP, c->A, SW_CP, c->K, SW_KP, c->dQ, SW_KP, 1);
-  sw_ck_trmm_t(n, SW_KP, c->A, SW_CP, c->Q, SW_KP, c->dK, SW_KP, 1);
+  sw_ck_trmm(n, SW_KP, c->A, SW_CP, c->K, SW_KP, c->dQ, SW_KP, 1, 0);
+  sw_ck_trmm_t(n, SW_KP, c->A, SW_CP, c->Q, SW_KP, c->dK, SW_KP, 1, 0);
 #endif
   /* dS_0 = e^{G_last} o dS + Qg^T dO + Kg^T NB */
   sw_ck_decay_state(c, dS);
@@ -179,8 +199,8 @@ static void sw_wyb_chunk(sw_ck_tiles* c, sw_wyb* y, int n, const SW_T* S0, SW_T*
   sw_ck_intra_key_adjoint(d, c->K, c->K, 1, c->A, y->dKy, c->dK, &c->s);
 #else
   sw_ck_weights(d, c->A, c->A, 1, &c->s);
-  sw_ck_trmm(n, SW_KP, c->A, SW_CP, c->K, SW_KP, y->dKy, SW_KP, 1);
-  sw_ck_trmm_t(n, SW_KP, c->A, SW_CP, c->K, SW_KP, c->dK, SW_KP, 1);
+  sw_ck_trmm(n, SW_KP, c->A, SW_CP, c->K, SW_KP, y->dKy, SW_KP, 1, 1);
+  sw_ck_trmm_t(n, SW_KP, c->A, SW_CP, c->K, SW_KP, c->dK, SW_KP, 1, 1);
 #endif
 }
 
@@ -199,8 +219,8 @@ static int sw_wyb_grows(const sw_dr* m, long b, long start, long stop, long h) {
   return 0;
 }
 
-/* Row i of the chunk starting at t0: dq and dk added into the thread's sums, dv and dbeta written, and dg from the
- * running sum r (in double, from the lane's end) of q o dq + k o dKy - k o dKx. */
+/* Row i of the chunk starting at t0: dq and dk added into the thread's sums, dv and dbeta written, and the row's
+ * term of the decay gradient, q o dq + k o dKy - k o dKx (in double), into y->l. */
 static void sw_wyb_row(const sw_dr* m, const sw_bg* gr, sw_bw* w, sw_wyb* y, long b, long start, long t0, int i,
                        long h) {
   const sw_ck_tiles* c = &y->c;
@@ -208,20 +228,130 @@ static void sw_wyb_row(const sw_dr* m, const sw_bg* gr, sw_bw* w, sw_wyb* y, lon
   const SW_T *qi = c->Q + (long)i * SW_KP, *ki = c->K + (long)i * SW_KP, *dqi = c->dQ + (long)i * SW_KP;
   const SW_T *dxi = c->dK + (long)i * SW_KP, *dyi = y->dKy + (long)i * SW_KP;
   SW_T *dq = w->dqh + ti * SW_KP, *dk = w->dkh + ti * SW_KP;
+  double* l = y->l + (long)i * SW_GW;
+  l[0] = 0;
   for (int k = 0; k < SW_K; ++k) {
     dq[k] += dqi[k];
     dk[k] += dxi[k] + dyi[k];
-    y->r[SW_KEYDECAY ? k : 0] += (double)(qi[k] * dqi[k] + ki[k] * dyi[k]) - (double)(ki[k] * dxi[k]);
+    const double x = (double)(qi[k] * dqi[k] + ki[k] * dyi[k]) - (double)(ki[k] * dxi[k]);
+    if (SW_KEYDECAY) l[k] = x;
+    else l[0] += x;
   }
-  for (int k = 0; k < (SW_GATE == 2 ? SW_K : SW_GATE); ++k)  /* a reset: the sum is 0 there, exactly */
-    if (c->G[(long)i * SW_GW + k] < (SW_T)SW_RESET_BELOW) y->r[k] = 0;
   sw_store_row(gr->dv + SW_VO(m, b, t, h), c->dV + (long)i * SW_VP, SW_V);
   gr->dbeta[SW_BT(m, b, t, h)] = sw_out(y->db[i]);
+}
+
+/* 1 when x is neither infinite nor NaN. */
+SW_INLINE int sw_wyb_finite(double x) { return x - x == 0; }
+
+/* rows(S_i o dS_i) into out (per key, or summed over the keys): the recurrence's dg_{i+1}, for the row after a reset
+ * at row i, where the sum from the chunk's start has no value.  S_i from S0 by the recurrence over rows 0..i, dS_i
+ * (the adjoint of S_i from the steps after i) from y->dSe by the reverse recurrence over rows n-1..i+1, one step
+ * at a time as the recurrent backward (a lane with a non-finite value only). */
+#if SW_GATE
+static void sw_wyb_after_reset(sw_wyb* y, int n, int i, const SW_T* S0, double* out) {
+  const sw_ck_tiles* c = &y->c;
+  SW_T *S = y->Sr, *G = y->dSr, *u = y->u, *d = y->d;
+  memcpy(S, S0, sizeof(SW_T) * SW_STATE);
+  for (int s = 0; s <= i; ++s) {  /* S' = D S, u = beta (v - S'^T k), S = S' + k u^T */
+    const SW_T *ks = c->K + (long)s * SW_KP, *vs = c->V + (long)s * SW_VP;
+    sw_ck_step_decay(c, s, d);
+    for (int j = 0; j < SW_V; ++j) u[j] = 0;
+    for (int k = 0; k < SW_K; ++k)
+      for (int j = 0; j < SW_V; ++j) {
+        SW_T* x = S + (long)k * SW_VP + j;
+        *x *= d[SW_KEYDECAY ? k : 0];
+        u[j] += *x * ks[k];
+      }
+    for (int j = 0; j < SW_V; ++j) u[j] = c->bt[s] * (vs[j] - u[j]);
+    for (int k = 0; k < SW_K; ++k)
+      for (int j = 0; j < SW_V; ++j) S[(long)k * SW_VP + j] += ks[k] * u[j];
+  }
+  memcpy(G, y->dSe, sizeof(SW_T) * SW_STATE);
+  for (int s = n - 1; s > i; --s) {  /* G += q do^T, du = G^T k, G = D (G - beta k du^T) */
+    const SW_T *qs = c->Q + (long)s * SW_KP, *ks = c->K + (long)s * SW_KP, *os = c->DO + (long)s * SW_VP;
+    sw_ck_step_decay(c, s, d);
+    for (int j = 0; j < SW_V; ++j) u[j] = 0;
+    for (int k = 0; k < SW_K; ++k)
+      for (int j = 0; j < SW_V; ++j) {
+        SW_T* x = G + (long)k * SW_VP + j;
+        *x += qs[k] * os[j];
+        u[j] += *x * ks[k];
+      }
+    for (int k = 0; k < SW_K; ++k)
+      for (int j = 0; j < SW_V; ++j) {
+        SW_T* x = G + (long)k * SW_VP + j;
+        *x = d[SW_KEYDECAY ? k : 0] * (*x - c->bt[s] * ks[k] * u[j]);
+      }
+  }
+  for (int k = 0; k < (SW_KEYDECAY ? SW_K : 1); ++k) out[k] = 0;
+  for (int k = 0; k < SW_K; ++k) {
+    double sum = 0;
+    for (int j = 0; j < SW_V; ++j) sum += (double)S[(long)k * SW_VP + j] * G[(long)k * SW_VP + j];
+    out[SW_KEYDECAY ? k : 0] += sum;
+  }
+}
+#endif
+
+/* dg of the chunk's n rows (starting at t0; its terms in y->l), and y->r from the chunk's end (the running sum) to
+ * its start.  The running sum r_i = r_{i+1} + l_i (0 at a reset) carries a non-finite term to every earlier step;
+ * the recurrence's dg_t = rows(S_{t-1} o dS_{t-1}) has it only where the state or its adjoint has.  The same value
+ * from the chunk's start: f_0 = b0 = rows(S_0 o dS_0) (S0 the chunk's start state, y->dS its adjoint now), f_i =
+ * f_{i-1} - l_{i-1}, and after a reset at row j (for its key) f_{j+1} = rows(S_j o dS_j) from the state
+ * (sw_wyb_after_reset, when a row needs it).  A row whose r_i is not finite takes f_i where that is, and the sum
+ * carried to the previous chunk is b0 where r_0 is not finite.  An all-finite lane reads r only (results as
+ * before). */
+static void sw_wyb_dg(const sw_dr* m, const sw_bg* gr, sw_wyb* y, long b, long t0, int n, long h, const SW_T* S0) {
+#if SW_GATE
+  sw_ck_tiles* c = &y->c;
+  const int ng = SW_GATE == 2 ? SW_K : 1;
+  int all = 1;
+  for (int i = n - 1; i >= 0; --i)
+    for (int k = 0; k < ng; ++k) {
+      const long e = (long)i * SW_GW + k;
+      y->r[k] += y->l[e];
+      if (c->G[e] < (SW_T)SW_RESET_BELOW) y->r[k] = 0;  /* a reset: the sum is 0 there, exactly */
+      y->rr[e] = y->r[k];
+      all &= sw_wyb_finite(y->r[k]);
+    }
+  if (!all) {
+    double* f = y->b0;
+    int from[SW_GW], at = -1;  /* from: the last reset (-1: f has its value); at: the reset y->bs is of */
+    for (int k = 0; k < ng; ++k) f[k] = 0, from[k] = -1;
+    for (int k = 0; k < SW_K; ++k) {
+      double sum = 0;
+      for (int j = 0; j < SW_V; ++j) sum += (double)S0[(long)k * SW_VP + j] * y->dS[(long)k * SW_VP + j];
+      f[SW_KEYDECAY ? k : 0] += sum;
+    }
+    for (int k = 0; k < ng; ++k)
+      if (!sw_wyb_finite(y->r[k]) && sw_wyb_finite(f[k])) y->r[k] = f[k];
+    for (int i = 0; i < n; ++i)
+      for (int k = 0; k < ng; ++k) {
+        const long e = (long)i * SW_GW + k;
+        if (!sw_wyb_finite(y->rr[e])) {
+          if (from[k] >= 0) {
+            if (at != from[k]) sw_wyb_after_reset(y, n, at = from[k], S0, y->bs);
+            f[k] = y->bs[k];
+            for (int j = from[k] + 1; j < i; ++j) f[k] -= y->l[(long)j * SW_GW + k];
+            from[k] = -1;
+          }
+          if (sw_wyb_finite(f[k])) y->rr[e] = f[k];
+        }
+        if (c->G[e] < (SW_T)SW_RESET_BELOW) from[k] = i;
+        else if (from[k] < 0) f[k] -= y->l[e];
+      }
+  }
+  for (int i = 0; i < n; ++i) {
+    const long t = t0 + i;
+    for (int k = 0; k < ng; ++k) c->s.tmp[k] = (SW_T)y->rr[(long)i * SW_GW + k];
 #if SW_GATE == 2
-  for (int k = 0; k < SW_K; ++k) c->s.tmp[k] = (SW_T)y->r[k];
-  sw_store_row(gr->dg + SW_HK(m, b, t, h), c->s.tmp, SW_K);
-#elif SW_GATE == 1
-  gr->dg[SW_BT(m, b, t, h)] = sw_out((SW_T)y->r[0]);
+    sw_store_row(gr->dg + SW_HK(m, b, t, h), c->s.tmp, SW_K);
+#else
+    gr->dg[SW_BT(m, b, t, h)] = sw_out(c->s.tmp[0]);
+#endif
+  }
+#else
+  (void)m, (void)gr, (void)y, (void)b, (void)t0, (void)n, (void)h, (void)S0;
 #endif
 }
 
@@ -273,8 +403,11 @@ static void sw_wyb_head(const sw_dr* m, const sw_bg* gr, sw_bw* w, sw_wyb* y, lo
       sw_wy_load(m, b, h, hq, t0, n, c);
       for (int i = 0; i < n; ++i)
         sw_load_row(c->DO + (long)i * SW_VP, gr->dout + SW_VO(m, b, t0 + i, h), SW_V, SW_VP);
-      sw_wyb_chunk(c, y, n, every > 1 ? seg + (ci - s0c) * SW_STATE : y->Sb + ci * SW_STATE, y->dS);
+      const SW_T* S0 = every > 1 ? seg + (ci - s0c) * SW_STATE : y->Sb + ci * SW_STATE;
+      if (SW_GATE) memcpy(y->dSe, y->dS, bytes);  /* for sw_wyb_after_reset */
+      sw_wyb_chunk(c, y, n, S0, y->dS);
       for (int i = n - 1; i >= 0; --i) sw_wyb_row(m, gr, w, y, b, start, t0, i, h);
+      sw_wyb_dg(m, gr, y, b, t0, n, h, S0);
     }
   }
   sw_state_out(m, gr->dh0, row, h, 0, SW_V, SW_VP, y->dS);

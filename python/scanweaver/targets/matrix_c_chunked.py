@@ -181,7 +181,7 @@ static void sw_ck_forward(const sw_ms* m, const sw_lane* x, sw_ck_tiles* c, int 
     reuse = sw_ck_intra(m, x, c);
     if (!reuse) sw_ck_qs(c);
     sw_gemm(n, SW_VP, SW_K, reuse ? c->s.xr : c->Qs, SW_KP, 1, S, SW_VP, O, ldo, 0);
-    sw_ck_trmm(n, SW_VP, c->A, SW_CP, c->V, SW_VP, O, ldo, 1);
+    sw_ck_trmm(n, SW_VP, c->A, SW_CP, c->V, SW_VP, O, ldo, 1, 0);
   }
   sw_ck_kd(c, reuse);
   sw_ck_decay_state(c, S);

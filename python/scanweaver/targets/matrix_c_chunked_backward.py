@@ -19,7 +19,8 @@ per step:
    and the decay gradient by the identity of the recurrent backward
    (:mod:`.matrix_c_backward`): ``dg_t = sum_{s >= t} (a_s - b_s) + c`` with
    ``a = q o dq``, ``b = k o dk`` (the state parts), ``c`` the rows of
-   ``dhlast o hlast``, and ``- a_t`` for RWKV-6's bonus readout; then the bonus
+   ``dhlast o hlast``, and for RWKV-6's bonus readout the sum over ``s > t`` of
+   ``a_s`` (``dg_t`` is the running sum before step t, less ``b_t``); then the bonus
    terms (``w_t = v_t . do_t``: dq += w u o k, dk += w u o q, du += w q o k).
 
 A chunk with a positive (or NaN) log decay runs the recurrent backward over its
@@ -97,7 +98,7 @@ static void sw_ck_product_backward(const sw_ms* m, const sw_lane* x, sw_ck_tiles
   sw_ck_transpose(c->V, SW_VP, n, SW_V, c->Vt, SW_CP, SW_RUP(n));
   sw_ck_lower_prod(n, SW_V, c->DO, SW_VP, c->Vt, SW_CP, c->dA);
   sw_ck_mask(c->dA, n, SW_BONUS);
-  sw_ck_trmm_t(n, SW_VP, c->A, SW_CP, c->DO, SW_VP, c->dV, SW_VP, 0);
+  sw_ck_trmm_t(n, SW_VP, c->A, SW_CP, c->DO, SW_VP, c->dV, SW_VP, 0, 0);
   sw_gemm(n, SW_VP, SW_K, c->Kd, SW_KP, 1, dS, SW_VP, c->dV, SW_VP, 1);
   sw_ck_transpose(S0, SW_VP, SW_K, SW_V, c->St, SW_KP, SW_KP);
   sw_gemm(n, SW_KP, SW_V, c->DO, SW_VP, 1, c->St, SW_KP, c->dQ, SW_KP, 0);
@@ -106,10 +107,10 @@ static void sw_ck_product_backward(const sw_ms* m, const sw_lane* x, sw_ck_tiles
   const int l = n - 1;
 #if SW_KEYDECAY
   if (d->plain) {
-    sw_ck_trmm(n, SW_KP, c->dA, SW_CP, c->s.yr, SW_KP, c->dQ, SW_KP, 1);
+    sw_ck_trmm(n, SW_KP, c->dA, SW_CP, c->s.yr, SW_KP, c->dQ, SW_KP, 1, SW_BONUS);
     sw_ck_scale_rows(c->dQ, d->Eq, SW_KP, c->dQ, n);
     sw_ck_scale_rows(c->dK, c->el, 0, c->dK, n);
-    sw_ck_trmm_t(n, SW_KP, c->dA, SW_CP, c->s.xr, SW_KP, c->dK, SW_KP, 1);
+    sw_ck_trmm_t(n, SW_KP, c->dA, SW_CP, c->s.xr, SW_KP, c->dK, SW_KP, 1, SW_BONUS);
     sw_ck_scale_rows(c->dK, d->Ei, SW_KP, c->dK, n);
   } else {
     for (int i = 0; i < n; ++i) {
@@ -146,8 +147,8 @@ static void sw_ck_product_backward(const sw_ms* m, const sw_lane* x, sw_ck_tiles
       c->ap[i] = ai;
     }
   } else {
-    sw_ck_trmm(n, SW_KP, c->dA, SW_CP, c->K, SW_KP, c->dQ, SW_KP, 1);
-    sw_ck_trmm_t(n, SW_KP, c->dA, SW_CP, c->Q, SW_KP, c->dK, SW_KP, 1);
+    sw_ck_trmm(n, SW_KP, c->dA, SW_CP, c->K, SW_KP, c->dQ, SW_KP, 1, SW_BONUS);
+    sw_ck_trmm_t(n, SW_KP, c->dA, SW_CP, c->Q, SW_KP, c->dK, SW_KP, 1, SW_BONUS);
   }
 #endif
   sw_ck_decay_state(c, dS);
@@ -288,8 +289,8 @@ static void sw_ck_unit_end(const sw_ms* m, long row, long h0, long c0, long c1, 
     const int n = (int)SW_MIN((long)SW_C, len - s0);
     sw_ck_load_qk(m, &x, s0, n, c, 1, SW_C, SW_CK_NEXT(&x, ci, c1));
     const SW_T* P = w->Psum + (ci - c0) * SW_C * SW_CP;
-    sw_ck_trmm(n, SW_KP, P, SW_CP, c->K, SW_KP, c->dQ, SW_KP, 0);
-    sw_ck_trmm_t(n, SW_KP, P, SW_CP, c->Q, SW_KP, c->dK, SW_KP, 0);
+    sw_ck_trmm(n, SW_KP, P, SW_CP, c->K, SW_KP, c->dQ, SW_KP, 0, SW_BONUS);
+    sw_ck_trmm_t(n, SW_KP, P, SW_CP, c->Q, SW_KP, c->dK, SW_KP, 0, SW_BONUS);
     for (int i = 0; i < n; ++i) {
       const long t = SW_AT(x.start, x.stop, s0 + i);
       SW_T *dqt = qd + SW_QK(m, x.b, t, x.hq), *dkt = kd + SW_QK(m, x.b, t, x.hq);
@@ -321,21 +322,24 @@ SW_INLINE void sw_ck_add_row(SW_T* restrict dst, const SW_T* restrict src) {
   for (; k < SW_K; ++k) dst[k] += src[k];
 }
 
-/* Row i of the chunk into dg: the running sum r (in double, from the sequence's end) takes a_i - b_i, and
- * dg_i = r (r - a_i for the bonus readout, whose q_i reads the state before step i's decay). */
+/* Row i of the chunk into dg from the running sum r (in double, from the sequence's end), which takes a_i - b_i:
+ * dg_i = r after it (before it, less b_i, for the bonus readout, whose q_i reads the state before step i's decay:
+ * r - b_i, not the same value as r + a_i - b_i - a_i, which would carry a non-finite a_i into dg_i where the
+ * recurrence's dg_i has no a_i). */
 SW_INLINE void sw_ck_dg_row(SW_T* restrict dg, const sw_ck_tiles* c, int i, double* restrict r) {
   const double *a = c->a + (long)i * SW_GW, *b = c->b + (long)i * SW_GW;
   int k = 0;
 #if SW_KEYDECAY
   for (; k + SW_W <= SW_K; k += SW_W) {
-    const sw_vd ak = sw_vdload(a + k), rk = sw_vdload(r + k) + (ak - sw_vdload(b + k));
-    memcpy(r + k, &rk, sizeof rk);
-    sw_vstore(dg + k, SW_TOV(SW_BONUS ? rk - ak : rk));
+    const sw_vd rk = sw_vdload(r + k), bk = sw_vdload(b + k), next = rk + (sw_vdload(a + k) - bk);
+    memcpy(r + k, &next, sizeof next);
+    sw_vstore(dg + k, SW_TOV(SW_BONUS ? rk - bk : next));
   }
 #endif
   for (; k < (SW_KEYDECAY ? SW_K : 1); ++k) {
+    const double before = r[k];
     r[k] += a[k] - b[k];
-    dg[k] = (SW_T)(SW_BONUS ? r[k] - a[k] : r[k]);
+    dg[k] = (SW_T)(SW_BONUS ? before - b[k] : r[k]);
   }
 }
 
