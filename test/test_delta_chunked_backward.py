@@ -237,7 +237,10 @@ def test_the_default_backward_follows_the_measured_rule():
     assert OP.algorithm("c", "backward", f, {**one, "batch": 1, "T": 4096, "nseq": 8}) == "recurrent"  # packed
     assert OP.algorithm("c", "backward", small, one) == "recurrent"
     assert OP.algorithm("c", "backward", dplr, one) == "recurrent"
-    assert OP.algorithm("gpu", "backward", f, one) is None and OP.algorithm("julia", "backward", f, one) is None
+    # the GPU kernels have the chunked form of the forward only (and no measured rule): recurrent; Julia's none
+    assert OP.algorithm("gpu", "backward", f, one) == OP.algorithm("gpu", "forward", f, one) == "recurrent"
+    assert OP.algorithm("gpu", "forward", f, one, target="cuda") == "recurrent"
+    assert OP.algorithm("julia", "backward", f, one) is None
     # a real training step at the rule's bound: the chunked backward runs and matches the recurrent one
     _, a, _ = problem(rng, "gated", batch=1, T=1024, H=2, Hq=1, K=64, V=64)
     grads = {}
