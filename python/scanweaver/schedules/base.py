@@ -89,6 +89,18 @@ def resolve_tunables(declared, given: dict, defaults: dict, api: str, what: str)
     return {n: table[n].check(v, api) for n, v in merged.items()}
 
 
+
+def tunables_key(given: dict) -> tuple:
+    """A call's tunables as part of a memo key: each value with its type, so that one :class:`Tunable.check`
+    refuses (``True``, ``3.0``) never finds the entry of one it accepted (``1``, ``3``), which compare and hash
+    equal to them.
+
+    Example:
+        >>> tunables_key({"threads": 1}) == tunables_key({"threads": True})
+        False
+    """
+    return tuple(sorted((k, type(v).__qualname__, v) for k, v in given.items()))
+
 #: The most OpenMP threads a ``threads`` tunable may ask for (the C kernels also clamp it to
 #: a small multiple of the processor count; a runtime that cannot create the threads ends the process).
 MAX_THREADS = 1024
