@@ -68,6 +68,9 @@ def test_values_narrow_a_space_and_bad_values_are_refused():
     assert sp.params["chunk"] == (512,) and sp.params["interleave"] == (4, 8)
     with pytest.raises(ScanInputError, match="interleave"):
         space_for("cpu", values={"interleave": (99,)})
+    with pytest.raises(ScanInputError, match="no valid value in chunk"):  # --values chunk=abc: a TypeError before
+        space_for("cpu", values={"chunk": ("abc",)})
+    assert space_for("cpu", values={"chunk": (512, "abc", True)}).params["chunk"] == (512,)
 
 
 def test_space_round_trips_through_json():

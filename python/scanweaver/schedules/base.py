@@ -63,6 +63,15 @@ class Tunable:
             raise ScanInputError(f"{api}: {self.name}={value!r} is invalid: {problem}")
         return value
 
+    def problem(self, value: object) -> str | None:
+        """Why :meth:`check` refuses ``value`` (its type, then :attr:`rule`), or ``None``: the filter of search-space
+        candidates, which a rule alone cannot be (``chunk=abc`` reached ``1 <= 'abc'``)."""
+        try:
+            self.check(value, "tunable")
+        except ScanInputError as exc:
+            return str(exc).removeprefix("tunable: ")
+        return None
+
 
 def resolve_tunables(declared, given: dict, defaults: dict, api: str, what: str) -> dict:
     """The one tunable validator: ``given`` over ``defaults`` over each declared tunable's own default, every

@@ -74,7 +74,7 @@ def build_fused_space(op: str, backend: str, family: str, limits: Limits,
 
 
 def _candidates(t: Tunable, lim: Limits, given: tuple | None) -> tuple:
-    vals = tuple(v for v in (given if given is not None else t.values) if not (t.rule and t.rule(v)))
+    vals = tuple(v for v in (given if given is not None else t.values) if not t.problem(v))
     if given is None and t.name in VALUE_FILTERS:
         vals = VALUE_FILTERS[t.name](vals, lim)
     if not vals:
