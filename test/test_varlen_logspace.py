@@ -84,6 +84,26 @@ def test_log_scan_minus_inf_is_a_zero_gate(rng):
     np.testing.assert_allclose(h[:, 4:], log_scan(la[:, 4:], x[:, 4:]), rtol=1e-12)
 
 
+
+@pytest.mark.parametrize("chunk", [2, 3, 64])
+def test_log_scan_non_finite_values_propagate_as_in_the_loop(rng, chunk):
+    """A NaN or inf x_t reached the earlier steps of its chunk (a weight of 0 times NaN), and growing gates
+    whose decay overflowed made a zero carry NaN (inf * 0): the loop keeps both finite."""
+    for case in ("nan x", "inf x", "nan gate", "growth"):
+        la, x = rng.uniform(-1.0, 0.0, (3, 40)), rng.standard_normal((3, 40))
+        if case == "growth":
+            la[:] = 30.0
+            x = rng.uniform(0.5, 1.0, (3, 40))  # one sign: the loop's overflow is inf, and so is the closed form's
+        else:
+            (x if case.endswith("x") else la)[1, 17] = np.inf if case == "inf x" else np.nan
+        with np.errstate(all="ignore"):
+            h = log_scan(la, x, chunk=chunk)
+            want, _ = loop_reference(np.exp(la), np.ones_like(x), x)
+        np.testing.assert_array_equal(np.isnan(h), np.isnan(want), err_msg=case)
+        np.testing.assert_array_equal(np.isinf(h), np.isinf(want), err_msg=case)
+        finite = np.isfinite(want)
+        np.testing.assert_allclose(h[finite], want[finite], rtol=1e-11, atol=1e-11, err_msg=case)
+
 def test_log_space_is_more_accurate_for_near_one_gates(rng):
     L = 20000
     la = (-np.exp(rng.uniform(np.log(1e-7), np.log(1e-5), (2, L)))).astype(np.float32)
