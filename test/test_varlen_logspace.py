@@ -75,6 +75,13 @@ def test_log_scan_matches_the_loop(rng, L, chunk):
         np.testing.assert_allclose(hl, eh, rtol=1e-11, atol=1e-11)
 
 
+
+def test_log_scan_chunk_longer_than_the_sequence_is_one_chunk(rng):
+    """chunk=10**9 allocated a (chunk, chunk) mask (a MemoryError of 888 PiB) for a sequence of 17 steps."""
+    la, x = rng.uniform(-1.0, 0.0, (3, 17)), rng.standard_normal((3, 17))
+    np.testing.assert_allclose(log_scan(la, x, chunk=10**9), log_scan(la, x, chunk=17), rtol=1e-15)
+    np.testing.assert_allclose(log_scan(la, x, chunk=2**64), log_scan(la, x), rtol=1e-12)
+
 def test_log_scan_minus_inf_is_a_zero_gate(rng):
     la = np.log(rng.uniform(0.2, 1.0, (2, 9)))
     la[:, 4] = -np.inf

@@ -132,6 +132,7 @@ def log_scan(log_a, x, *, h0=None, reset=None, reverse: bool = False, return_sta
     if reverse:
         la2, x2 = la2[:, ::-1], x2[:, ::-1]
     h = np.empty((lanes, L), dtype)
+    chunk = int(min(chunk, max(2, L)))  # one chunk covers the sequence: a longer one would only pad it
     step = max(1, BLOCK_ELEMENTS // max(1, L * chunk))
     with np.errstate(over="ignore", under="ignore", invalid="ignore"):
         for i in range(0, lanes, step):
