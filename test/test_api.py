@@ -119,6 +119,26 @@ def test_unknown_names_are_explained(rng):
         scanweaver.selective_scan(**ops, backend="numpy", schedule="chunked", chunk=2.5)
 
 
+
+def test_a_refused_tunable_is_refused_after_an_equal_accepted_one(rng):
+    """True == 1 and 3.0 == 3 with equal hashes: a call's memo (a plan, a lowering, a fused kernel's resolved
+    configuration) must not let the refused value through once the accepted one has run."""
+    ops = make_operands(rng, (2, 16))
+    q, k, v = rng.standard_normal((3, 1, 5, 2, 3))
+    u, delta, B, C = (rng.standard_normal(s) for s in ((1, 4, 16), (1, 4, 16), (1, 3, 16), (1, 3, 16)))
+    A = -rng.uniform(0.5, 1.0, (4, 3))
+    calls = [(lambda **t: scanweaver.selective_scan(**ops, backend="numpy", schedule="chunked", **t), "chunk", 4),
+             (lambda **t: scanweaver.selective_scan(**ops, backend="cpu", **t), "threads", 1),
+             (lambda **t: scanweaver.mamba_selective_scan(u, delta, A, B, C, backend="cpu", **t), "threads", 1),
+             (lambda **t: scanweaver.linear_attention(q, k, v, backend="cpu", **t), "chunk", 1)]
+    for call, name, good in calls:
+        for bad in (True, float(good)):
+            with pytest.raises(ScanInputError, match=f"{name} must be an int"):
+                call(**{name: bad})
+            call(**{name: good})
+            with pytest.raises(ScanInputError, match=f"{name} must be an int"):
+                call(**{name: bad})
+
 def test_last_call_is_observable(rng):
     from scanweaver.api import SELECTIVE
 

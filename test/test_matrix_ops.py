@@ -307,3 +307,27 @@ def test_mamba2_step_holds_dt_limit_to_the_scans_rule():
     want, _ = scanweaver.mamba2_scan(x[:, None], dt[:, None], A, B[:, None], B[:, None], dt_limit=(0.0, 0.5),
                                      return_final_states=True)
     np.testing.assert_allclose(y, want[:, 0], rtol=1e-12)
+
+
+def test_decode_steps_take_integer_operands_in_float64_and_refuse_complex_ones():
+    """mamba2_state_update returned its output in x's dtype even for an integer x (int64 output: the step's values
+    truncated); the steps computed complex operands silently, which every scan refuses."""
+    rng = np.random.default_rng(5)
+    state, x = rng.normal(size=(2, 2, 3, 4)), rng.integers(-3, 4, (2, 2, 3))
+    dt, A, B = rng.uniform(0.1, 1, (2, 2)), -np.ones(2), rng.normal(size=(2, 1, 4))
+    y, new = scanweaver.mamba2_step(state, x, dt, A, B, B)
+    s = state.copy()
+    out = scanweaver.mamba2_state_update(s, x, dt, A, B, B)
+    assert out.dtype == np.float64 and y.dtype == np.float64
+    np.testing.assert_allclose(out, y, rtol=1e-12)
+    np.testing.assert_allclose(s, new, rtol=1e-12)
+    z = x + 1j
+    with pytest.raises(ScanInputError, match=r"^mamba2_state_update: x has dtype complex128"):
+        scanweaver.mamba2_state_update(state.copy(), z, dt, A, B, B)
+    with pytest.raises(ScanInputError, match=r"^mamba2_step: x has dtype complex128"):
+        scanweaver.mamba2_step(state, z, dt, A, B, B)
+    q = rng.normal(size=(2, 2, 3)) + 0j
+    with pytest.raises(ScanInputError, match=r"^linear_attention_step: q has dtype complex128"):
+        scanweaver.linear_attention_step(state, q, q.real, rng.normal(size=(2, 2, 4)))
+    with pytest.raises(ScanInputError, match=r"^rwkv6_step: r has dtype complex128"):
+        scanweaver.rwkv6_step(state, q, q.real, rng.normal(size=(2, 2, 4)), -np.abs(q.real), q.real[0])

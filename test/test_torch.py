@@ -332,3 +332,18 @@ def test_repeated_forwards_use_the_call_plan_and_prepare_only_for_the_backward(m
     assert calls == []
     y.sum().backward()
     assert calls == [1] and a.grad is not None and bool(torch.isfinite(a.grad).all())
+
+
+def test_tensors_on_two_devices_are_refused_like_pytorchs_own_operations():
+    """A meta q beside CPU k, v, g returned a meta result; a meta cu_seqlens raised PyTorch's NotImplementedError."""
+    from scanweaver.errors import ScanInputError
+
+    q, k, v = torch.randn(3, 1, 5, 2, 3, dtype=torch.float64)
+    with pytest.raises(ScanInputError, match=r"linear_attention got tensors on cpu, meta; pass them all on one"):
+        swt.linear_attention(q.to("meta"), k, v)
+    with pytest.raises(ScanInputError, match=r"cu_seqlens is a meta tensor, and its values are needed"):
+        swt.linear_attention(q, k, v, cu_seqlens=torch.tensor([0, 2, 5], device="meta"))
+    o, _ = swt.linear_attention(q.to("meta"), k.to("meta"), v.to("meta"))  # shapes alone: one device
+    assert o.device.type == "meta" and o.shape == (1, 5, 2, 3)
+    o, _ = swt.linear_attention(q, k, v, scale=torch.tensor(0.5))  # a 0-d CPU tensor stands beside any device
+    assert o.shape == (1, 5, 2, 3)

@@ -42,6 +42,8 @@ def test_space_comes_from_the_declared_tunables():
     assert gpu.params["workgroup_size"] == (32, 64)
     with pytest.raises(ScanInputError, match="no valid value of width"):
         build_fused_space("mamba1", "cpu", "c", Limits(lanes=8, L=100), {"width": (3,)})
+    with pytest.raises(ScanInputError, match="no valid value of chunk"):  # a TypeError ('<=' of int and str) before
+        build_fused_space("matrix_state", "cpu", "c", Limits(lanes=8, L=100), {"chunk": ("abc",)})
 
 
 @pytest.mark.parametrize("backend, values", [

@@ -11,6 +11,7 @@ from scanweaver.api import SELECTIVE
 from scanweaver.errors import BackendUnavailable, ScanInputError
 from scanweaver.runtime import REGISTRY
 from scanweaver.schedules import get_schedule
+from scanweaver.tuning.fused import tune_fused
 from scanweaver.tuning.langs import get_target
 from scanweaver.tuning.problem import TuneProblem
 from scanweaver.tuning.space import Limits, SearchSpace, build_space
@@ -68,6 +69,9 @@ def test_values_narrow_a_space_and_bad_values_are_refused():
     assert sp.params["chunk"] == (512,) and sp.params["interleave"] == (4, 8)
     with pytest.raises(ScanInputError, match="interleave"):
         space_for("cpu", values={"interleave": (99,)})
+    with pytest.raises(ScanInputError, match="no valid value in chunk"):  # --values chunk=abc: a TypeError before
+        space_for("cpu", values={"chunk": ("abc",)})
+    assert space_for("cpu", values={"chunk": (512, "abc", True)}).params["chunk"] == (512,)
 
 
 def test_space_round_trips_through_json():
@@ -151,3 +155,8 @@ def test_bad_strategy_and_budget_are_clear_errors():
         scanweaver.tune(backend="cpu", shape=(2, 64), strategy="exhaustive", progress=False)
     with pytest.raises(ScanInputError, match="max_fevals"):
         scanweaver.tune(backend="cpu", shape=(2, 64), max_fevals=0, progress=False)
+    for limit in (float("nan"), -1.0, 0, "60"):  # NaN tuned without a limit, a negative limit measured nothing
+        with pytest.raises(ScanInputError, match="time_limit must be a number of seconds > 0"):
+            scanweaver.tune(backend="cpu", shape=(2, 64), time_limit=limit, progress=False)
+        with pytest.raises(ScanInputError, match="time_limit must be a number of seconds > 0"):
+            tune_fused("matrix_state", backend="cpu", shape=(1, 16, 1, 4, 4), time_limit=limit, progress=False)

@@ -75,6 +75,13 @@ def test_log_scan_matches_the_loop(rng, L, chunk):
         np.testing.assert_allclose(hl, eh, rtol=1e-11, atol=1e-11)
 
 
+
+def test_log_scan_chunk_longer_than_the_sequence_is_one_chunk(rng):
+    """chunk=10**9 allocated a (chunk, chunk) mask (a MemoryError of 888 PiB) for a sequence of 17 steps."""
+    la, x = rng.uniform(-1.0, 0.0, (3, 17)), rng.standard_normal((3, 17))
+    np.testing.assert_allclose(log_scan(la, x, chunk=10**9), log_scan(la, x, chunk=17), rtol=1e-15)
+    np.testing.assert_allclose(log_scan(la, x, chunk=2**64), log_scan(la, x), rtol=1e-12)
+
 def test_log_scan_minus_inf_is_a_zero_gate(rng):
     la = np.log(rng.uniform(0.2, 1.0, (2, 9)))
     la[:, 4] = -np.inf
@@ -83,6 +90,26 @@ def test_log_scan_minus_inf_is_a_zero_gate(rng):
     assert np.all(np.isfinite(h))
     np.testing.assert_allclose(h[:, 4:], log_scan(la[:, 4:], x[:, 4:]), rtol=1e-12)
 
+
+
+@pytest.mark.parametrize("chunk", [2, 3, 64])
+def test_log_scan_non_finite_values_propagate_as_in_the_loop(rng, chunk):
+    """A NaN or inf x_t reached the earlier steps of its chunk (a weight of 0 times NaN), and growing gates
+    whose decay overflowed made a zero carry NaN (inf * 0): the loop keeps both finite."""
+    for case in ("nan x", "inf x", "nan gate", "growth"):
+        la, x = rng.uniform(-1.0, 0.0, (3, 40)), rng.standard_normal((3, 40))
+        if case == "growth":
+            la[:] = 30.0
+            x = rng.uniform(0.5, 1.0, (3, 40))  # one sign: the loop's overflow is inf, and so is the closed form's
+        else:
+            (x if case.endswith("x") else la)[1, 17] = np.inf if case == "inf x" else np.nan
+        with np.errstate(all="ignore"):
+            h = log_scan(la, x, chunk=chunk)
+            want, _ = loop_reference(np.exp(la), np.ones_like(x), x)
+        np.testing.assert_array_equal(np.isnan(h), np.isnan(want), err_msg=case)
+        np.testing.assert_array_equal(np.isinf(h), np.isinf(want), err_msg=case)
+        finite = np.isfinite(want)
+        np.testing.assert_allclose(h[finite], want[finite], rtol=1e-11, atol=1e-11, err_msg=case)
 
 def test_log_space_is_more_accurate_for_near_one_gates(rng):
     L = 20000

@@ -188,6 +188,15 @@ def _refuse_transforms(name: str, inputs: list) -> None:
                              "of vmap")
 
 
+
+def _one_device(name: str, inputs: list) -> None:
+    """Raises :class:`ScanInputError` for tensors on more than one device, as PyTorch's own operations do (a meta
+    tensor beside CPU tensors returned a meta result; 0-d CPU tensors may stand beside any device, as in PyTorch)."""
+    devices = {t.device for t in inputs if t is not None and not (t.dim() == 0 and t.device.type == "cpu")}
+    if len(devices) > 1:
+        raise ScanInputError(f"scanweaver.torch: {name} got tensors on {', '.join(sorted(map(str, devices)))}; "
+                             "pass them all on one device")
+
 def call(name: str, inputs: list, options: dict | str) -> list[torch.Tensor]:
     """Runs kernel pair ``name`` on tensors (``None`` for absent optional inputs); returns its outputs.
 
@@ -199,6 +208,7 @@ def call(name: str, inputs: list, options: dict | str) -> list[torch.Tensor]:
     n = PAIRS.get(name).n_outputs
     if not torch.compiler.is_compiling():
         _refuse_transforms(name, inputs)
+        _one_device(name, inputs)
     present = [t is not None for t in inputs]
     text = options if isinstance(options, str) else repr(options)
     return _forward(name, [t for t in inputs if t is not None], present, text)[:n]
@@ -288,16 +298,19 @@ def apply(rec: Recurrence, *operands, h0=None, reset=None, reverse: bool = False
     return (y, h_last) if return_state else y
 
 
-def _static(value):
+def _static(value, name: str = "an argument"):
     """A non-array argument as a constant for :func:`_options`: a tensor (offsets, sequence indices, a
     0-d scale) as its values in nested tuples, with its shape and its kind of number, so the operation's
     checks see what the caller passed (a float or 2-D ``cu_seqlens`` is refused, not truncated)."""
     if isinstance(value, torch.Tensor):
+        if value.device.type == "meta":
+            raise ScanInputError(f"scanweaver.torch: {name} is a meta tensor, and its values are needed (offsets, "
+                                 "indices or a scale); pass it on the CPU or the operands' device")
         return _frozen(value.detach().cpu().tolist())
     if isinstance(value, dict):
-        return tuple(sorted((k, _static(v)) for k, v in value.items()))
+        return tuple(sorted((k, _static(v, k)) for k, v in value.items()))
     if isinstance(value, (list, tuple)):
-        return tuple(_static(v) for v in value)
+        return tuple(_static(v, name) for v in value)
     return value
 
 
@@ -331,7 +344,7 @@ def _entry(op: Operation):
             return apply(rec, *(args[n] for n in rec.inputs), **rest, **args["tunables"])
         if op.pair is None:  # written in the caller's array library: differentiable by PyTorch itself
             return op.run_numpy(args)
-        static = tuple(sorted((k, _static(v)) for k, v in args.items() if k not in op.arrays))
+        static = tuple(sorted((k, _static(v, k)) for k, v in args.items() if k not in op.arrays))
         opts = _options(op.name, static)
         inputs = op.pair_inputs(args)
         _check_tensors(op.name, {n: args.get(n) for n in op.arrays})

@@ -41,6 +41,7 @@ from ..errors import BackendUnavailable, ScanInputError
 from ..fused import REGISTRY as FUSED
 from ..runtime import REGISTRY as BACKENDS
 from ..runtime import Backend, get_backend
+from ..schedules.base import tunables_key
 
 
 @dataclass(frozen=True)
@@ -168,7 +169,7 @@ def resolve(be: Backend, op: str, part: str, features: Any, sizes: dict[str, int
     from ..tuning import store
 
     try:
-        key = (be.name, op, part, features, tuple(sorted(sizes.items())), tuple(sorted(tunables.items())),
+        key = (be.name, op, part, features, tuple(sorted(sizes.items())), tunables_key(tunables),
                tuple(sorted((hints or {}).items())))
         hash(key)
     except TypeError:

@@ -45,6 +45,7 @@ from ..runtime import device_plan
 from ..runtime.call_plan import CallPlan
 from ..runtime.device_plan import DevicePlan, PlanMismatch
 from ..runtime.host_pool import POOL, output
+from ..schedules.base import tunables_key
 from ..tuning import store
 
 #: Plans kept per recurrence (least recently built ones are dropped first).
@@ -81,8 +82,8 @@ MISS = object()
 
 def flags(reverse, return_state, backend, schedule, config, tunables: dict) -> tuple | None:
     """The hashable arguments of a call (part of its plan key), or ``None`` when one is not hashable."""
-    cfg = tuple(sorted(config.items())) if isinstance(config, dict) else config
-    flags = (bool(reverse), bool(return_state), backend, schedule, cfg, tuple(sorted(tunables.items())))
+    cfg = tunables_key(config) if isinstance(config, dict) else config
+    flags = (bool(reverse), bool(return_state), backend, schedule, cfg, tunables_key(tunables))
     try:
         hash(flags)
     except TypeError:

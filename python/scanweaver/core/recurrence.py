@@ -29,6 +29,7 @@ from ..ir.printer import print_affine
 from ..ir.stages import Features, ScanIR
 from ..passes import lower
 from ..runtime import Backend, device_arrays, get_backend
+from ..schedules.base import tunables_key
 from . import fastpath
 from .dispatch import check_dtype, check_kind, check_out, pick_backend, resolve
 
@@ -102,7 +103,9 @@ class Recurrence:
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def _lower_emit(self, backend: Backend, dtype: str, features: Features, schedule: str, cfg: tuple) -> Stages:
-        return backend.emit(lower(self.scan_ir(dtype, features), schedule, dict(cfg), backend.extra_tunables))
+        """``cfg``: :func:`~scanweaver.schedules.base.tunables_key` of the configuration (validated when lowered)."""
+        config = {name: value for name, _, value in cfg}
+        return backend.emit(lower(self.scan_ir(dtype, features), schedule, config, backend.extra_tunables))
 
     def lower(self, *, backend: str = "numpy", schedule: str = "auto", dtype: str = "float32",
               features: Features = Features(), lanes: int = 1, L: int = 1024, **tunables) -> Stages:
@@ -112,7 +115,7 @@ class Recurrence:
         """
         be = pick_backend(backend) if backend == "auto" else get_backend(backend, require_available=False)
         sched, cfg, _ = resolve(self, be, schedule, "auto", tunables, dtype, lanes, L)
-        return self._lowered(be, dtype, features, sched, tuple(sorted(cfg.items())))
+        return self._lowered(be, dtype, features, sched, tunables_key(cfg))
 
     def torch(self, *operands, **kwargs):
         """Runs on PyTorch tensors, with gradients: ``scanweaver.torch.apply`` (``scanweaver[torch]``)."""
@@ -228,7 +231,7 @@ class Recurrence:
         sched, cfg, source = resolve(self, be, schedule, config, tunables, dtype, arrays.lanes, arrays.L)
         features = Features(reverse=bool(reverse), has_h0=h0 is not None, has_reset=arrays.reset is not None,
                             return_state=bool(return_state), operands=tuple(sorted(arrays.layouts.items())))
-        stages = self._lowered(be, dtype, features, sched, tuple(sorted(cfg.items())))
+        stages = self._lowered(be, dtype, features, sched, tunables_key(cfg))
         assert stages.schedule is not None
         self.last = CallInfo(be.name, sched, stages.schedule.config, source, stages)
         log.debug("%s: backend=%s schedule=%s config=%s (%s)", self.name, be.name, sched, self.last.config, source)

@@ -63,6 +63,15 @@ class Tunable:
             raise ScanInputError(f"{api}: {self.name}={value!r} is invalid: {problem}")
         return value
 
+    def problem(self, value: object) -> str | None:
+        """Why :meth:`check` refuses ``value`` (its type, then :attr:`rule`), or ``None``: the filter of search-space
+        candidates, which a rule alone cannot be (``chunk=abc`` reached ``1 <= 'abc'``)."""
+        try:
+            self.check(value, "tunable")
+        except ScanInputError as exc:
+            return str(exc).removeprefix("tunable: ")
+        return None
+
 
 def resolve_tunables(declared, given: dict, defaults: dict, api: str, what: str) -> dict:
     """The one tunable validator: ``given`` over ``defaults`` over each declared tunable's own default, every
@@ -88,6 +97,18 @@ def resolve_tunables(declared, given: dict, defaults: dict, api: str, what: str)
     merged.update(given)
     return {n: table[n].check(v, api) for n, v in merged.items()}
 
+
+
+def tunables_key(given: dict) -> tuple:
+    """A call's tunables as part of a memo key: each value with its type, so that one :class:`Tunable.check`
+    refuses (``True``, ``3.0``) never finds the entry of one it accepted (``1``, ``3``), which compare and hash
+    equal to them.
+
+    Example:
+        >>> tunables_key({"threads": 1}) == tunables_key({"threads": True})
+        False
+    """
+    return tuple(sorted((k, type(v).__qualname__, v) for k, v in given.items()))
 
 #: The most OpenMP threads a ``threads`` tunable may ask for (the C kernels also clamp it to
 #: a small multiple of the processor count; a runtime that cannot create the threads ends the process).

@@ -39,7 +39,7 @@ from ..schedules import Tunable
 from . import store
 from .langs import get_target
 from .report import TuneReport, summarize
-from .session import KernelTunerSession, require_kernel_tuner, reused_cache_notes
+from .session import KernelTunerSession, check_budget, require_kernel_tuner, reused_cache_notes
 from .space import VALUE_FILTERS, Limits, SearchSpace
 
 #: The store's "schedule" of a fused operation's entries.
@@ -74,7 +74,7 @@ def build_fused_space(op: str, backend: str, family: str, limits: Limits,
 
 
 def _candidates(t: Tunable, lim: Limits, given: tuple | None) -> tuple:
-    vals = tuple(v for v in (given if given is not None else t.values) if not (t.rule and t.rule(v)))
+    vals = tuple(v for v in (given if given is not None else t.values) if not t.problem(v))
     if given is None and t.name in VALUE_FILTERS:
         vals = VALUE_FILTERS[t.name](vals, lim)
     if not vals:
@@ -222,6 +222,7 @@ def tune_fused(op: str = "mamba1", *, backend: str = "cpu", shape=(2, 768, 16, 2
     from ..targets.fused import family_of
 
     t0 = time.monotonic()
+    check_budget(max_fevals, time_limit)
     if op not in FUSED:
         raise ScanInputError(f"tune: unknown fused operation {op!r}; known: {', '.join(FUSED.names())}")
     kind = PROBLEMS.get(op)

@@ -36,7 +36,7 @@ from .exchange import provenance
 from .langs import get_target
 from .problem import TuneProblem
 from .report import TuneReport, summarize
-from .session import KernelTunerSession, require_kernel_tuner, reused_cache_notes
+from .session import KernelTunerSession, check_budget, require_kernel_tuner, reused_cache_notes
 from .space import SearchSpace, build_space
 
 STRATEGIES_NOTE = "any Kernel Tuner strategy: brute_force, random_sample, bayes_opt, genetic_algorithm, ..."
@@ -229,8 +229,7 @@ def tune(recurrence=None, *, backend: str = "cpu", shape=(8, 512, 4096), dtype: 
         >>> report.best.config  # doctest: +SKIP
         {'chunk': 512, 'interleave': 8, 'threads': 2}
     """
-    if max_fevals is not None and max_fevals < 1:
-        raise ScanInputError(f"tune: max_fevals must be >= 1, got {max_fevals}")
+    check_budget(max_fevals, time_limit)
     t0 = time.monotonic()
     if isinstance(recurrence, TuneProblem):
         problem = recurrence

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import math
 import os
 import random
 import shutil
@@ -30,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ScanWeaverError
+from ..errors import ScanInputError, ScanWeaverError
 from .langs.base import KernelSpec
 from .space import SearchSpace
 
@@ -169,6 +170,23 @@ def failure_of(r: dict) -> str | None:
         return {"InvalidConfig": "invalid configuration", "CompilationFailedConfig": "compile failed",
                 "RuntimeFailedConfig": "launch failed (resources)"}.get(str(err), str(err))
     return None if result_time(r) is not None else "the kernel reported a failure (negative time)"
+
+
+
+def check_budget(max_fevals, time_limit) -> None:
+    """The budget of a tune, checked before anything is built: ``max_fevals`` an int >= 1, ``time_limit`` a number
+    of seconds > 0 (NaN ran without a limit, a negative one measured nothing), each or ``None``.
+
+    Raises:
+        ScanInputError: naming the argument and what it got.
+    """
+    if max_fevals is not None and (isinstance(max_fevals, bool) or not isinstance(max_fevals, (int, np.integer))
+                                   or max_fevals < 1):
+        raise ScanInputError(f"tune: max_fevals must be an int >= 1 or None, got {max_fevals!r}")
+    if time_limit is not None and (isinstance(time_limit, bool) or not isinstance(time_limit, (int, float, np.number))
+                                   or math.isnan(time_limit) or time_limit <= 0):
+        raise ScanInputError(f"tune: time_limit must be a number of seconds > 0 (or None: no limit), got "
+                             f"{time_limit!r}")
 
 
 class KernelTunerSession:

@@ -127,7 +127,7 @@ RESTRICTIONS: list[Callable[[dict, Limits], str | None]] = [_unroll, _launchable
 
 
 def _tunable_values(t: Tunable, lim: Limits) -> tuple:
-    values = tuple(v for v in t.values if not (t.rule and t.rule(v)))
+    values = tuple(v for v in t.values if not t.problem(v))
     flt = VALUE_FILTERS.get(t.name)
     return flt(values, lim) if flt else values
 
@@ -275,7 +275,7 @@ def build_space(backend: str, *, schedules: tuple[str, ...] | None = None, lanes
     for t in [t for s in schedules for t in get_schedule(s).tunables] + list(cls.extra_tunables):
         cand = _tunable_values(t, lim)
         if t.name in values:
-            cand = tuple(sorted(v for v in values[t.name] if not (t.rule and t.rule(v))))
+            cand = tuple(sorted(v for v in values[t.name] if not t.problem(v)))
             if not cand:
                 raise ScanInputError(f"tune: no valid value in {t.name}={values[t.name]!r}; {t.doc}")
         if t in cls.extra_tunables:

@@ -43,8 +43,11 @@ def _chunks(la: np.ndarray, x: np.ndarray, K: int):
     t = np.arange(K)
     strict = t[:, None] > t[None, :]
     seg = np.cumsum(np.where(strict, la[..., :, None], 0), axis=-2)
-    seg = np.where(t[:, None] >= t[None, :], seg, -np.inf)
-    local = np.einsum("...ts,...s->...t", np.exp(seg), x)
+    # Terms of later steps (s > t) are dropped, not multiplied by a weight of 0: a NaN or inf x_s stays out of
+    # the earlier steps of its chunk (0 * NaN is NaN).
+    terms = np.exp(seg) * x[..., None, :]
+    terms[..., ~(t[:, None] >= t[None, :])] = 0
+    local = terms.sum(axis=-1)
     prefix = np.cumsum(la, axis=-1)
     return local, np.exp(prefix), prefix[..., -1]
 
@@ -62,7 +65,10 @@ def _scan(la: np.ndarray, x: np.ndarray, h0: np.ndarray, K: int) -> np.ndarray:
     else:
         ends = _scan(total, local[:, :, -1], h0, K)
         carry = np.concatenate([h0[:, None], ends[:, :-1]], axis=1)
-    h = local + decay * carry[..., None]
+    # A zero carry stays zero where the decay overflowed from finite log gates, as the loop multiplies them into
+    # a zero state (inf * 0 was NaN); a +inf log gate still gives NaN, as it does in the loop.
+    finite = ~np.logical_or.accumulate(np.isposinf(la3), axis=-1)
+    h = local + np.where((carry[..., None] == 0) & finite, 0, decay * carry[..., None])
     return h.reshape(lanes, nc * K)[:, :L]
 
 
@@ -126,6 +132,7 @@ def log_scan(log_a, x, *, h0=None, reset=None, reverse: bool = False, return_sta
     if reverse:
         la2, x2 = la2[:, ::-1], x2[:, ::-1]
     h = np.empty((lanes, L), dtype)
+    chunk = int(min(chunk, max(2, L)))  # one chunk covers the sequence: a longer one would only pad it
     step = max(1, BLOCK_ELEMENTS // max(1, L * chunk))
     with np.errstate(over="ignore", under="ignore", invalid="ignore"):
         for i in range(0, lanes, step):

@@ -28,6 +28,7 @@ from __future__ import annotations
 from ...calls.declare import operation
 from ...core import fastpath
 from ...errors import ScanInputError
+from ...schedules.base import tunables_key
 from .grad import INPUTS, finish, options
 from .kernels import fused_backend, plan_forward
 from .operands import API, prepare
@@ -137,7 +138,7 @@ _plans = fastpath.PlanCache()
 
 
 def _flags(softplus, return_state, backend, fused, tunables: dict) -> tuple | None:
-    flags = (bool(softplus), bool(return_state), backend, fused, tuple(sorted(tunables.items())))
+    flags = (bool(softplus), bool(return_state), backend, fused, tunables_key(tunables))
     try:
         hash(flags)
     except TypeError:

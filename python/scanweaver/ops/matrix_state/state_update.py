@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...arrays import is_real
+from ...arrays import is_real, returned_dtype
 from ...calls.declare import operation
 from ...errors import ScanInputError
 from .mamba2 import SOFTPLUS_THRESHOLD
-from .step import _heads, _xp
+from .step import _heads, _xp, check_dtypes
 
 API = "mamba2_state_update"
 
@@ -130,6 +130,7 @@ def mamba2_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_
     D = None if D is None else _per_head("D", D, H, P, None, heads)
     dt_bias = None if dt_bias is None else _per_head("dt_bias", dt_bias, H, P, None, heads)
     z = None if z is None else _check_x("z", z, H, P, heads)
+    check_dtypes(API, {"x": x, "dt": dt, "A": A, "B": B, "C": C, "D": D, "z": z, "dt_bias": dt_bias})
     idx = None
     if state_batch_indices is not None:
         idx = _indices(state_batch_indices, batch, nb)
@@ -153,7 +154,10 @@ def mamba2_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_
         out = out + x * D
     if z is not None:
         out = out * z / (1 + xp.exp(-z))
-    out = out.astype(x.dtype, copy=False) if xp is np else out.to(x.dtype)
+    if xp is np:  # x's dtype when it is a floating-point one; integers computed in float64 stay there
+        out = out.astype(returned_dtype(x.dtype, out.dtype), copy=False)
+    elif x.dtype.is_floating_point:
+        out = out.to(x.dtype)
     return out if heads else out[:, 0]
 
 

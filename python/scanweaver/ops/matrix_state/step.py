@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-from ...arrays import device_module
+from ...arrays import device_module, dtype_refusal, is_real_operand
 from ...calls.declare import operation
 from ...checks import scale_of
 from ...errors import ScanInputError
@@ -44,6 +44,18 @@ def _check(api: str, values: dict[str, tuple], sizes: str) -> None:
         if shape != tuple(need):
             raise ScanInputError(f"{api}: {name} has shape {shape}; it needs {what} = {tuple(need)} ({sizes})")
 
+
+
+def check_dtypes(api: str, values: dict) -> None:
+    """Raises for any named array (``None`` entries skip) whose dtype no scan takes: complex, object or text.
+    Real floating-point dtypes pass, and integers and booleans, which compute in float64 as in the scans."""
+    for name, arr in values.items():
+        dtype = getattr(arr, "dtype", None)
+        if dtype is None:
+            continue
+        torch_complex = type(arr).__module__.startswith("torch") and dtype.is_complex
+        if torch_complex or not (type(arr).__module__.startswith("torch") or is_real_operand(dtype)):
+            raise dtype_refusal(api, name, arr)
 
 def _shape(api: str, name: str, arr, ndim: int, what: str) -> tuple:
     if arr is None:
@@ -93,6 +105,7 @@ def linear_attention_step(state, q, k, v, *, g=None, g_head=None, decay=None, sc
            "batch, H, K, V from the state, Hq from q")
     if sum(x is not None for x in (g, g_head, decay)) > 1:
         raise ScanInputError(f"{api}: give at most one of g, g_head and decay")
+    check_dtypes(api, {"state": state, "q": q, "k": k, "v": v, "g": g, "g_head": g_head, "decay": decay})
     xp = _xp((state, q, k, v, g, g_head, decay))
     S = _decayed(xp, state, g, g_head, decay)
     S = S + _heads(k, H)[..., :, None] * v[..., None, :]
@@ -128,6 +141,7 @@ def rwkv6_step(state, r, k, v, w, u, *, scale=None):
     _check(api, {"r": (r, (b, H, K), "(batch, H, K)"), "k": (k, (b, H, K), "(batch, H, K)"),
                  "v": (v, (b, H, V), "(batch, H, V)"), "w": (w, (b, H, K), "(batch, H, K)"),
                  "u": (u, (H, K), "(H, K)")}, "batch, H, K, V from the state")
+    check_dtypes(api, {"state": state, "r": r, "k": k, "v": v, "w": w, "u": u})
     xp = _xp((state, r, k, v, w, u))
     s = scale_of(api, scale, K)
     kv = k[..., :, None] * v[..., None, :]
@@ -160,6 +174,7 @@ def mamba2_step(state, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softp
                  "B": (B, (b, G, N), "(batch, G, N)"), "C": (C, (b, G, N), "(batch, G, N)"),
                  "z": (z, (b, H, P), "(batch, H, P)"), "dt_bias": (dt_bias, (H,), "(H,)")},
            "batch, H, P, N from the state, G from B")
+    check_dtypes(api, {"state": state, "x": x, "dt": dt, "A": A, "B": B, "C": C, "D": D, "z": z, "dt_bias": dt_bias})
     xp = _xp((state, x, dt, A, B, C, D, z, dt_bias))
     lo, hi = limit_of(dt_limit, api)
     if dt_bias is not None:
