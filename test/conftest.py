@@ -77,3 +77,14 @@ def gpu_backend():
 def gpu():
     """:func:`gpu_backend` as a fixture."""
     return gpu_backend()
+
+
+def no_wider(got, rec, what):
+    """Each of ``got``'s gradients non-finite only where ``rec``'s is, and equal to it (float64 rounding) elsewhere."""
+    for n, want in rec.items():
+        fin = np.isfinite(want)
+        wider = fin & ~np.isfinite(got[n])
+        assert not wider.any(), f"{what}: {n} non-finite at {np.argwhere(wider).tolist()[:4]}, the recurrence's not"
+        scale = float(np.abs(want[fin]).max()) if fin.any() else 0.0
+        np.testing.assert_allclose(got[n][fin], want[fin], rtol=1e-9, atol=1e-12 * scale,
+                                   err_msg=f"{what}: {n}")

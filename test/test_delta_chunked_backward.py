@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import no_wider
 from delta_family import call_public, problem
 
 import scanweaver
@@ -274,17 +275,6 @@ def test_a_non_finite_input_reaches_no_other_step_of_dq_dk(cpu, family, name):
             fin = np.isfinite(rec[n])
             np.testing.assert_array_equal(np.isfinite(got[n]), fin, err_msg=f"{n}, {name}[{t}] = NaN")
             np.testing.assert_allclose(got[n][fin], rec[n][fin], rtol=1e-10, atol=1e-10, err_msg=n)
-
-
-def no_wider(got, rec, what):
-    """Each of ``got``'s gradients non-finite only where ``rec``'s is, and equal to it (float64 rounding) elsewhere."""
-    for n, want in rec.items():
-        fin = np.isfinite(want)
-        wider = fin & ~np.isfinite(got[n])
-        assert not wider.any(), f"{what}: {n} non-finite at {np.argwhere(wider).tolist()[:4]}, the recurrence's not"
-        scale = float(np.abs(want[fin]).max()) if fin.any() else 0.0
-        np.testing.assert_allclose(got[n][fin], want[fin], rtol=1e-9, atol=1e-12 * scale,
-                                   err_msg=f"{what}: {n}")
 
 
 @pytest.mark.parametrize("value", [np.nan, np.inf])
