@@ -111,6 +111,42 @@ def test_log_scan_non_finite_values_propagate_as_in_the_loop(rng, chunk):
         finite = np.isfinite(want)
         np.testing.assert_allclose(h[finite], want[finite], rtol=1e-11, atol=1e-11, err_msg=case)
 
+@pytest.mark.parametrize("chunk", [2, 5, 64])
+def test_log_scan_overflow_is_the_loops_inf(rng, chunk):
+    """Once a state overflowed, the closed form added two overflowed weights of opposite sign (inf - inf) or an
+    overflowed weight times an input of 0 (inf * 0): NaN where the loop carries +-inf."""
+    for case in ("mixed signs", "zero input", "+inf gate", "reset after overflow"):
+        la, x = np.full((3, 40), 30.0), rng.standard_normal((3, 40))
+        reset = None
+        if case == "zero input":
+            x = rng.uniform(0.5, 1.0, (3, 40))
+            x[:, 20:] = 0.0
+        elif case == "+inf gate":
+            x = rng.uniform(0.5, 1.0, (3, 40))
+            la[:, 5] = np.inf
+        elif case == "reset after overflow":
+            reset = np.zeros((3, 40), bool)
+            reset[:, 33] = True
+        for dtype in (np.float64, np.float32):
+            with np.errstate(all="ignore"):
+                h = log_scan(la.astype(dtype), x.astype(dtype), reset=reset, chunk=chunk)
+                gate = np.exp(la.astype(dtype))
+                if reset is not None:
+                    gate[reset] = 0
+                want, state = np.empty((3, 40), dtype), np.zeros(3, dtype)
+                for t in range(40):  # the loop in the operands' precision
+                    state = gate[:, t] * state + x[:, t].astype(dtype)
+                    want[:, t] = state
+            assert np.isinf(want).any(), case
+            msg = f"{case}, {np.dtype(dtype).name}"
+            np.testing.assert_array_equal(np.isnan(h), np.isnan(want), err_msg=msg)
+            np.testing.assert_array_equal(np.isposinf(h), np.isposinf(want), err_msg=msg)
+            np.testing.assert_array_equal(np.isneginf(h), np.isneginf(want), err_msg=msg)
+            finite = np.isfinite(want)
+            np.testing.assert_allclose(h[finite], want[finite], rtol=1e-5 if dtype == np.float32 else 1e-11,
+                                       err_msg=msg)
+
+
 def test_log_space_is_more_accurate_for_near_one_gates(rng):
     L = 20000
     la = (-np.exp(rng.uniform(np.log(1e-7), np.log(1e-5), (2, L)))).astype(np.float32)

@@ -72,6 +72,33 @@ def _scan(la: np.ndarray, x: np.ndarray, h0: np.ndarray, K: int) -> np.ndarray:
     return h.reshape(lanes, nc * K)[:, :L]
 
 
+def _loop(la: np.ndarray, x: np.ndarray, h0: np.ndarray) -> np.ndarray:
+    """States h_t ``(lanes, L)`` of the recurrence itself, step by step (a gate rounded once per step)."""
+    h = np.empty(la.shape, la.dtype)
+    state = h0.copy()
+    for t in range(la.shape[1]):
+        state = np.exp(la[:, t]) * state + x[:, t]
+        h[:, t] = state
+    return h
+
+
+def _exact(la: np.ndarray, x: np.ndarray, h0: np.ndarray, K: int) -> np.ndarray:
+    """:func:`_scan`, with the loop's states from a lane's first non-finite one on: once a state overflows, the
+    closed form adds weights of opposite sign that both overflowed (inf - inf) or an overflowed weight times an
+    input of 0 (inf * 0), NaN where the loop carries the overflow as +-inf; and a reset inside a chunk would
+    drop an overflowed state that the loop multiplies by a gate of 0 (NaN), as a reset across chunks does.
+    Only lanes with such a state run the loop."""
+    h = _scan(la, x, h0, K)
+    bad = ~np.isfinite(h)
+    lanes = np.flatnonzero(bad.any(axis=1))
+    if lanes.size:
+        after = np.logical_or.accumulate(bad[lanes], axis=1)
+        sub = h[lanes]
+        sub[after] = _loop(la[lanes], x[lanes], h0[lanes])[after]
+        h[lanes] = sub
+    return h
+
+
 @operation(arrays=("log_a", "x", "h0", "reset"), frameworks=())
 def log_scan(log_a, x, *, h0=None, reset=None, reverse: bool = False, return_state: bool = False,
              chunk: int = 64):
@@ -137,7 +164,7 @@ def log_scan(log_a, x, *, h0=None, reset=None, reverse: bool = False, return_sta
     with np.errstate(over="ignore", under="ignore", invalid="ignore"):
         for i in range(0, lanes, step):
             if L:
-                h[i:i + step] = _scan(la2[i:i + step], x2[i:i + step], h0v[i:i + step], int(chunk))
+                h[i:i + step] = _exact(la2[i:i + step], x2[i:i + step], h0v[i:i + step], int(chunk))
     h_last = (h[:, -1] if L else h0v).copy()
     if reverse:
         h = h[:, ::-1]
