@@ -107,10 +107,14 @@ def test_h0_and_reset_shapes_are_checked(rng):
 
 def test_unknown_names_are_explained(rng):
     ops = make_operands(rng, (2, 10))
-    with pytest.raises(ScanInputError, match="unknown backend 'gpu'"):
+    # the message starts with the call's name, then the argument's
+    with pytest.raises(ScanInputError, match="^selective_scan: backend: unknown backend 'gpu'"):
         scanweaver.selective_scan(**ops, backend="gpu")
-    with pytest.raises(ScanInputError, match="unknown schedule 'fast'; known: .*chunked"):
+    with pytest.raises(ScanInputError, match="^selective_scan: schedule: unknown schedule 'fast'; known: .*chunked"):
         scanweaver.selective_scan(**ops, backend="numpy", schedule="fast")
+    q = np.ones((1, 8, 1, 4))
+    with pytest.raises(ScanInputError, match="^linear_attention: backend: unknown backend 'gpu'"):
+        scanweaver.linear_attention(q, q, q, backend="gpu")
     with pytest.raises(ScanInputError, match="unknown keyword 'chunkk'.*did you mean 'chunk'"):
         scanweaver.selective_scan(**ops, backend="numpy", schedule="chunked", chunkk=3)
     with pytest.raises(ScanInputError, match="workgroup_size=3 is invalid: it must be a power of two"):

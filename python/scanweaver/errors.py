@@ -112,6 +112,11 @@ def api_boundary(fn: Callable[P, R]) -> Callable[P, R]:
                 raise
             hidden = not getattr(exc, "_scanweaver_filtered", False)
             exc._scanweaver_filtered = True  # type: ignore[attr-defined]
+            name = getattr(fn, "__name__", "")
+            if (hidden and isinstance(exc, UnknownPluginError) and name and exc.args and isinstance(exc.args[0], str)
+                    and not exc.args[0].startswith(f"{name}:")):
+                # a registry names the argument ("schedule: unknown schedule 'x'"), not the call that took it
+                exc.args = (f"{name}: {exc.args[0]}", *exc.args[1:])
             if hidden and hasattr(exc, "add_note"):
                 exc.add_note(f"(ScanWeaver's internal frames are hidden; set {TRACEBACK_ENV}=full to show them)")
             raise exc.with_traceback(_user_frames(exc.__traceback__))
