@@ -347,3 +347,18 @@ def test_tensors_on_two_devices_are_refused_like_pytorchs_own_operations():
     assert o.device.type == "meta" and o.shape == (1, 5, 2, 3)
     o, _ = swt.linear_attention(q, k, v, scale=torch.tensor(0.5))  # a 0-d CPU tensor stands beside any device
     assert o.shape == (1, 5, 2, 3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64])
+def test_a_float_cu_seqlens_tensor_is_refused_with_its_own_dtype(dtype):
+    """A float32 cu_seqlens tensor was reported as float64 (its values went through Python floats)."""
+    from scanweaver.errors import ScanInputError
+
+    q = torch.randn(1, 5, 2, 3, dtype=torch.float64)
+    name = str(dtype).removeprefix("torch.")
+    for cu in (torch.tensor([0, 2, 5], dtype=dtype), torch.tensor([[0, 2, 5]], dtype=dtype)):
+        with pytest.raises(ScanInputError, match=rf"^linear_attention: cu_seqlens must be 1-D integers .*; got shape "
+                                                 rf"\({', '.join(map(str, cu.shape))},?\), dtype {name}$"):
+            swt.linear_attention(q, q, q, cu_seqlens=cu)
+    o, _ = swt.linear_attention(q, q, q, cu_seqlens=torch.tensor([0, 2, 5]))  # integers still run
+    assert o.shape == q.shape

@@ -306,12 +306,20 @@ def _static(value, name: str = "an argument"):
         if value.device.type == "meta":
             raise ScanInputError(f"scanweaver.torch: {name} is a meta tensor, and its values are needed (offsets, "
                                  "indices or a scale); pass it on the CPU or the operands' device")
+        if name in _INDICES and (value.is_floating_point() or value.is_complex()):
+            # NumPy scalars keep the kind of number for the operation's refusal (tolist() makes float32 float64)
+            return _scalars(value.detach().cpu().numpy())
         return _frozen(value.detach().cpu().tolist())
     if isinstance(value, dict):
         return tuple(sorted((k, _static(v, k)) for k, v in value.items()))
     if isinstance(value, (list, tuple)):
         return tuple(_static(v, name) for v in value)
     return value
+
+
+def _scalars(a: np.ndarray):
+    """``a`` as nested tuples of NumPy scalars (of ``a``'s dtype)."""
+    return tuple(_scalars(x) for x in a) if a.ndim else a[()]
 
 
 def _frozen(value):
