@@ -44,6 +44,22 @@ def test_run_rejects_a_bad_shape():
     assert "--shape" in out.stderr
 
 
+def test_unknown_options_are_reported_by_their_subcommand(capsys):
+    """``scanweaver run --bogus`` printed the top level's usage (``COMMAND ...``), which lists none of run's
+    options."""
+    from scanweaver.cli import main
+
+    for argv, usage, said in ((["run", "--bogus"], "usage: scanweaver run", "scanweaver run: error: unrecognized "
+                               "arguments: --bogus"),
+                              (["tune", "--nope", "1"], "usage: scanweaver tune", "scanweaver tune: error: "
+                               "unrecognized arguments: --nope 1"),
+                              (["--bogus"], "usage: scanweaver [-h]", "scanweaver: error: unrecognized arguments")):
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and usage in err and said in err, err
+
+
 def test_devices_json_lists_every_backend():
     out = sw("devices", "--json")
     assert out.returncode == 0, out.stderr

@@ -76,7 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``scanweaver`` and ``python -m scanweaver``."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # a sub-command's unknown option: its own usage, not the top level's
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        if args.command in sub.choices:
+            sub.choices[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if not args.command:
         parser.print_help()
         return 2
