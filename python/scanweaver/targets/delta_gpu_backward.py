@@ -3,7 +3,8 @@
 
 Four kernels (the recurrences of :mod:`scanweaver.fused.delta_rule`, with S'_t = D_t S_{t-1}, q and k the
 normalised ones) and the plan's scratch ``ws``: r and du ``(batch, T, H, V)``, then per value head the
-partial dq, dk (and, gate ``scalar``, the per-row dg) ``(batch, T, H, K)``.
+partial dq, dk (and, gate ``scalar``, the per-row dg; with a gate, the per-row terms c_t below)
+``(batch, T, H, K)``.
 
 *deltas* (the forward's sweep) writes ``r_t = v_t - S'^T_t k_t``.  *values* (the forward's workgroups:
 column j of G = dL/dS, its K rows split over ``key_split`` work-items joined by a local sum) runs in reverse
@@ -18,7 +19,10 @@ with q_t do_t^T added) for ``B_t[i] = G_t[i] . u_t``: ``dk_t[i] = B - beta A`` a
 
 since S_t = S'_t + k_t u_t^T and G'_t = G_t - beta_t k_t du_t^T, with ``X_{t+1}[i] = rows(D_{t+1} G'_{t+1} o
 S_t)[i] = dg_{t+1}[i]`` (``dhlast[i] . S_last[i]`` at the end): no state is ever run backwards, so a decay of 0
-(g = -inf, or an exponent that underflows) is exact, and its dg is 0 as written.  *qk* (one work-item per
+(g = -inf, or an exponent that underflows) is exact, and its dg is 0 as written.  That sum from the end would
+carry a non-finite term c_t = ``q_t[i] dq_t[i] - k_t[i] B - beta_t k_t[i] A`` of one step to every earlier step,
+where rows(G'_t o S'_t) is finite: a row with a non-finite dg_t sums its terms again from the start,
+``dg_t = dg_{t-1} - c_{t-1}`` from ``dg_0[i] = (D_0 G'_0)[i] . h0[i]``, for those steps alone.  *qk* (one work-item per
 (step, q/k head)) sums the group's dq and dk, passes them back through the L2 normalisation (``dx = (dy - y
 (y . dy)) / sqrt(|x|^2 + 1e-6)``) and writes dbeta (``du . r``) and the scalar gate's dg (the sum of the
 rows).  Every output element has one writer: no atomics.  A work-item keeps K / key_split rows (values) or V /
@@ -78,11 +82,15 @@ MACROS = r"""
     sdu[e] = wdu[SW_VO(t_) + e % SW_V]; \
   } \
 } while (0)
+/* x neither NaN nor +-inf (inf - inf and NaN - NaN are NaN) */
+#define SW_FINITE(x) ((x) - (x) == (SW_T)0)
+/* the decay of row i at step t */
+#define SW_ROW_DECAY(t) (SW_GATE == 2 ? @EXP@(g[SW_HK(t) + i]) : SW_GATE == 1 ? @EXP@(g[SW_BT(t)]) : (SW_T)1)
 /* q_t[i], k_t[i] (normalised) and the decay of row i at step t, staged step tt */
 #define SW_ROW_STEP(t, tt) \
   const SW_T qi = q[SW_QK(t) + i] * (SW_L2 ? sn[2 * (tt)] : (SW_T)1); \
   const SW_T ki = k[SW_QK(t) + i] * (SW_L2 ? sn[2 * (tt) + 1] : (SW_T)1); \
-  const SW_T di = SW_GATE == 2 ? @EXP@(g[SW_HK(t) + i]) : SW_GATE == 1 ? @EXP@(g[SW_BT(t)]) : (SW_T)1; \
+  const SW_T di = SW_ROW_DECAY(t); \
   const SW_T bt = sb[tt]
 """
 
@@ -157,12 +165,14 @@ SW_KERNEL_ROWS void sw_delta_rule_bwd_keys(@PARAMS@, SW_GLOBAL SW_T* restrict ws
   SW_GLOBAL SW_T* wq = ws + 2 * SW_BTHV;
   SW_GLOBAL SW_T* wk = wq + SW_BTHK;
   SW_GLOBAL SW_T* wg = wk + SW_BTHK;
+  SW_GLOBAL SW_T* wc = wg + (SW_GATE == 1 ? SW_BTHK : 0);
+  SW_GLOBAL SW_T* dgr = SW_GATE == 2 ? dg : wg;
   const sw_index st = ((seq * H + h) * SW_K + i) * SW_V + cs * SW_VC; /* row i, this work-item's columns */
   const int nc = SW_V - cs * SW_VC;
   SW_T S[SW_VC];
 #pragma unroll
   for (int jj = 0; jj < SW_VC; ++jj) S[jj] = (SW_HAS_H0 && jj < nc) ? h0[st + jj] : (SW_T)0;
-  (void)red, (void)sn, (void)wg;
+  (void)red, (void)sn, (void)wg, (void)wc, (void)dgr;
   /* 1. forward: S_t's row i; dq_t[i] = S_t[i] . do_t, A_t[i] = S'_t[i] . du_t */
   for (sw_index s0 = 0; s0 < len; s0 += SW_TT) {
     const int n = SW_TILE_LEN(s0);
@@ -200,6 +210,7 @@ SW_KERNEL_ROWS void sw_delta_rule_bwd_keys(@PARAMS@, SW_GLOBAL SW_T* restrict ws
     S[jj] = gl;
   }
   SW_RSUM2(X, z);
+  int spread = 0; /* a non-finite dg_t of row i (then its terms are summed again from the start) */
   for (sw_index ct = (len + SW_TT - 1) / SW_TT - 1; ct >= 0; --ct) {
     const sw_index s0 = ct * SW_TT;
     const int n = SW_TILE_LEN(s0);
@@ -224,11 +235,29 @@ SW_KERNEL_ROWS void sw_delta_rule_bwd_keys(@PARAMS@, SW_GLOBAL SW_T* restrict ws
         const SW_T A = wk[SW_HK(t) + i];
         wk[SW_HK(t) + i] = B - bt * A;
         if (SW_GATE) {
-          const SW_T dgi = di == (SW_T)0 ? (SW_T)0 : X + qi * wq[SW_HK(t) + i] - ki * B - bt * ki * A;
+          const SW_T c = qi * wq[SW_HK(t) + i] - ki * B - bt * ki * A;
+          const SW_T dgi = di == (SW_T)0 ? (SW_T)0 : X + c;
           X = dgi;
-          if (SW_GATE == 2) dg[SW_HK(t) + i] = dgi;
-          else wg[SW_HK(t) + i] = dgi;
+          dgr[SW_HK(t) + i] = dgi;
+          wc[SW_HK(t) + i] = c;
+          spread |= !SW_FINITE(dgi);
         }
+      }
+    }
+  }
+  if (SW_GATE) {
+    /* dg_0[i] = rows(G'_0 o S'_0)[i] = S[i] . h0[i] (S holds D_0 G'_0 now); where the sum from the end is
+     * non-finite, dg_t = dg_{t-1} - c_{t-1} from that start (0 at a decay of 0): a non-finite term of step s
+     * reaches dg_t only for t > s, as in rows(G'_t o S'_t), instead of every earlier step */
+    SW_T d0 = (SW_T)0, z3 = (SW_T)0;
+#pragma unroll
+    for (int jj = 0; jj < SW_VC; ++jj) d0 += (SW_HAS_H0 && jj < nc) ? S[jj] * h0[st + jj] : (SW_T)0;
+    SW_RSUM2(d0, z3);
+    if (cs == 0 && spread && len > 0) {
+      SW_T F = SW_ROW_DECAY(start) == (SW_T)0 ? (SW_T)0 : d0;
+      for (sw_index t = start; t < start + len; ++t) {
+        if (t > start) F = SW_ROW_DECAY(t) == (SW_T)0 ? (SW_T)0 : F - wc[SW_HK(t - 1) + i];
+        if (!SW_FINITE(dgr[SW_HK(t) + i])) dgr[SW_HK(t) + i] = F;
       }
     }
   }

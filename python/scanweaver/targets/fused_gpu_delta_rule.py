@@ -285,7 +285,7 @@ def plan(call, sizes: dict):
     """Forward: ``nseq * H * ceil(V / workgroup_size)`` workgroups of ``workgroup_size * key_split``; backward
     (form ``delta``): deltas and values on that grid, keys on ``nseq * H`` workgroups of ``K *``
     :func:`row_split` work-items, qk on ``batch * T * Hq`` work-items in workgroups of ``workgroup_size``, with
-    ``2 * batch * T * H * V + (2 or 3) * batch * T * H * K`` of ``ws``.
+    ``2 * batch * T * H * V + (2, 3 or 4: gate none, key, scalar) * batch * T * H * K`` of ``ws``.
 
     Raises:
         ScanInputError: a dtype or form these kernels do not run, too many work-items, or local memory over
@@ -325,7 +325,7 @@ def plan(call, sizes: dict):
     if f.K > MAX_ITEMS:
         raise ScanInputError(f"delta_rule backward: K={f.K} state rows exceed {MAX_ITEMS} work-items per workgroup")
     tokens = sizes["batch"] * sizes["T"]
-    ws = tokens * sizes["H"] * (2 * f.V + (3 if f.gate == "scalar" else 2) * f.K)
+    ws = tokens * sizes["H"] * (2 * f.V + {"scalar": 4, "key": 3}.get(f.gate, 2) * f.K)
     return Plan((Launch("sw_delta_rule_bwd_deltas", columns, wg * split),
                  Launch("sw_delta_rule_bwd_values", columns, wg * split),
                  Launch("sw_delta_rule_bwd_keys", heads, f.K * row_split(f, split)),
