@@ -182,6 +182,39 @@ def test_public_calls_run_the_chunked_backward_and_report_it(gpu):
     assert (info.backend, info.part, info.algorithm) == (gpu.name, "backward", "recurrent"), info
 
 
+#: (decay, readout): RWKV-6, its per-head form, and both decays read after.
+NON_FINITE = {"rwkv6": ("key", "bonus"), "head-bonus": ("scalar", "bonus"), "key-after": ("key", "after"),
+              "head-after": ("scalar", "after")}
+
+
+@pytest.mark.parametrize("case", sorted(NON_FINITE))
+def test_a_non_finite_input_leaves_every_gradient_no_wider_than_the_recurrence(gpu, cpu, case):
+    """A NaN or inf in one element of h0, u, dhlast, or of one step's q, k, v, g or do (in the first, a middle and
+    the last of five chunks of 16): the GPU backward, recurrent and chunked, is non-finite only where the C
+    recurrent backward is, and equal to it elsewhere."""
+    from conftest import no_wider
+    from test_chunked import fused, operands
+
+    decay, readout = NON_FINITE[case]
+    f = MatrixStateFeatures("float64", 5, 4, decay, readout, has_h0=True, has_dhlast=True)
+    rng = np.random.default_rng(77)
+    a, sizes = operands(rng, f, 1, 70, 2, 1, kinds=("decay",))
+    args = {**a, "do": rng.normal(size=a["v"].shape), "dhlast": rng.normal(size=a["h0"].shape)}
+    for name in ("q", "k", "v", "g", "do", "h0", "u", "dhlast"):
+        if args.get(name) is None:
+            continue
+        for value in (np.nan, np.inf):
+            for t in ((0,) if name in ("h0", "u", "dhlast") else (3, 37, 66)):
+                b = {n: x.copy() for n, x in args.items()}
+                at = {"h0": (0, 1, 2, 3), "dhlast": (0, 1, 2, 3), "u": (1, 2)}.get(name, (0, t, 0, 1))
+                b[name][at[:b[name].ndim]] = value
+                with np.errstate(all="ignore"):
+                    rec = fused(cpu, f, b, sizes, "backward", algorithm="recurrent")
+                    for algorithm in ("recurrent", "chunked"):
+                        got = run_backward(gpu, f, sizes, b, algorithm=algorithm, chunk=16)
+                        no_wider(got, rec, f"{algorithm}: {name}[{t}] = {value}")
+
+
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH (CUDA toolkit not installed)")
 @pytest.mark.parametrize("K, V, decay, readout, dtype, reverse", [(128, 128, "key", "after", "float32", False),
                                                                   (256, 512, "key", "bonus", "float32", True),
