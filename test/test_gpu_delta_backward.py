@@ -118,22 +118,23 @@ def test_opencl_float32_gradients(family):
 @pytest.mark.parametrize("value", [np.nan, np.inf])
 @pytest.mark.parametrize("family", ["deltanet", "gated", "kda"])
 def test_a_non_finite_input_leaves_every_gradient_no_wider_than_the_definition(family, value):
-    """A NaN or inf in one element of h0, or of one step's q, k, v, beta or g: each gradient is non-finite only where
-    the float64 definition's is, and equal to it elsewhere.  dg_t was one sum from the lane's end, so a non-finite
-    term of one step reached every earlier step (a NaN in one step's v: all earlier steps of Gated DeltaNet's and
-    KDA's dg; in h0: KDA's dg at step 0 for the other keys).  One case is still wider, and only at that step: a
+    """A NaN or inf in one element of h0 or dhlast, or of one step's q, k, v, beta, g or do: each gradient is
+    non-finite only where the float64 definition's is, and equal to it elsewhere.  dg_t was one sum from the
+    lane's end, so a non-finite term of one step reached every earlier step (a NaN in one step's v: all earlier
+    steps of Gated DeltaNet's and KDA's dg; in h0: KDA's dg at step 0 for the other keys).  One case is still wider, and only at that step: a
     non-finite g_t of one key of KDA leaves rows(G'_t o S'_t) finite for the other keys at step t alone, where both
     sums (from the end through the NaN state S_t, from the start through the NaN adjoint before t) are not."""
     be = gpu_backend()
     rng = np.random.default_rng(70)
     f, a, sizes = problem(rng, family, batch=1, T=40, H=2, Hq=1, K=5, V=6, dhlast=True)
-    do = rng.normal(size=a["v"].shape)
-    for name in ("h0", "q", "k", "v", "beta", "g"):
+    a["do"] = rng.normal(size=a["v"].shape)
+    for name in ("h0", "dhlast", "q", "k", "v", "beta", "g", "do"):
         if name not in a:
             continue
-        for t in ((0,) if name == "h0" else (3, 20, 38)):
+        for t in ((0,) if name in ("h0", "dhlast") else (3, 20, 38)):
             b = {n: x.copy() for n, x in a.items()}
-            b[name][(0, 1, 2, 3) if name == "h0" else (0, t, 0, 1)[:b[name].ndim]] = value
+            b[name][(0, 1, 2, 3) if name in ("h0", "dhlast") else (0, t, 0, 1)[:b[name].ndim]] = value
+            do = b.pop("do")
             with np.errstate(all="ignore"):
                 got = gpu_backward(be, f, b, sizes, do, {"workgroup_size": 8, "time_tile": 4, "key_split": 2})
                 want = backward_reference(b["q"], b["k"], b["v"], **inputs_of(b), l2norm=f.l2norm, do=do,
