@@ -121,9 +121,10 @@ def test_a_non_finite_input_leaves_every_gradient_no_wider_than_the_definition(f
     """A NaN or inf in one element of h0 or dhlast, or of one step's q, k, v, beta, g or do: each gradient is
     non-finite only where the float64 definition's is, and equal to it elsewhere.  dg_t was one sum from the
     lane's end, so a non-finite term of one step reached every earlier step (a NaN in one step's v: all earlier
-    steps of Gated DeltaNet's and KDA's dg; in h0: KDA's dg at step 0 for the other keys).  One case is still wider, and only at that step: a
-    non-finite g_t of one key of KDA leaves rows(G'_t o S'_t) finite for the other keys at step t alone, where both
-    sums (from the end through the NaN state S_t, from the start through the NaN adjoint before t) are not."""
+    steps of Gated DeltaNet's and KDA's dg; in h0: KDA's dg at step 0 for the other keys).  One case is still
+    wider, and only at that step: a non-finite g_t of one key of KDA leaves rows(G'_t o S'_t) finite for the other
+    keys at step t alone, where both sums (from the end through the NaN state S_t, from the start through the NaN
+    adjoint before t) are not."""
     be = gpu_backend()
     rng = np.random.default_rng(70)
     f, a, sizes = problem(rng, family, batch=1, T=40, H=2, Hq=1, K=5, V=6, dhlast=True)
