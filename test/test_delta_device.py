@@ -90,7 +90,7 @@ def test_forward_stays_on_the_device(rng, replay, op):
     assert replay.launched[-1] == ("delta_rule", ("sw_delta_rule_forward",))
 
 
-@pytest.mark.parametrize("op", ["delta_rule", "gated_delta_rule", "kda"])
+@pytest.mark.parametrize("op", list(OPS))
 def test_backward_stays_on_the_device(rng, replay, op):
     """Gradients of every input, packed sequences with an empty one, an initial and a final state; Gated
     DeltaNet with the L2 norm, shared q/k heads and beta through its sigmoid, KDA with the V-first state."""
@@ -127,15 +127,20 @@ def test_backward_stays_on_the_device(rng, replay, op):
     assert replay.launched[-1][0] == "delta_rule" and "sw_delta_rule_bwd_keys" in replay.launched[-1][1]
 
 
-def test_rwkv7_backward_copies_to_the_host_and_says_so(rng, replay, monkeypatch):
-    """The GPU kernels run no RWKV-7 backward: it runs on the cpu backend on host copies made once (explicit,
-    ``asnumpy``), the gradients go back to the device, and the runner's report names the fallback."""
-    _, a, _ = problem(rng, "rwkv7", H=2, K=4, V=5)
+def test_a_backward_the_gpu_kernels_do_not_store_copies_to_the_host_once_and_says_so(rng, replay, monkeypatch):
+    """The GPU kernels store no float16: Gated DeltaNet's backward on float16 device operands runs on the cpu
+    backend on host copies made once (explicit, ``asnumpy``), the gradients go back to the device in float16, and
+    the runner's report names the fallback."""
+    _, a, _ = problem(rng, "gated", H=2, K=4, V=5)
     leaves = _leaves(a)
-    given = {n: x.detach().clone().requires_grad_(True) for n, x in leaves.items()}
-    o, h = _call("rwkv7", given, scale=1.0)
+    given = {n: x.detach().to(torch.float32 if n == "h0" else torch.float16).requires_grad_(True)
+             for n, x in leaves.items()}
+    refuse = standin.asnumpy
+    monkeypatch.setattr(standin, "asnumpy", lambda x: x._a.copy())  # the forward's fallback
+    o, h = _call("gated_delta_rule", given, scale=1.0)
+    monkeypatch.setattr(standin, "asnumpy", refuse)
     with pytest.raises(HostTouched, match="asnumpy"):
-        (o.sum() + h.sum()).backward(retain_graph=True)
+        (o.float().sum() + h.sum()).backward(retain_graph=True)
     copied = []
 
     def asnumpy(x):
@@ -145,15 +150,16 @@ def test_rwkv7_backward_copies_to_the_host_and_says_so(rng, replay, monkeypatch)
     monkeypatch.setattr(standin, "asnumpy", asnumpy)
     for x in given.values():
         x.grad = None
-    (o.sum() + h.sum()).backward()
-    ro, rh = torch_loop("rwkv7", leaves)
+    (o.float().sum() + h.sum()).backward()
+    ro, rh = torch_loop("gated", leaves)
     (ro.sum() + rh.sum()).backward()
     for name in leaves:
-        _close(given[name].grad, leaves[name].grad, f"d{name}", 1e-8)
+        assert given[name].grad.dtype == given[name].dtype, name
+        _close(given[name].grad, leaves[name].grad, f"d{name}", 3e-2)
     assert len(copied) == len(leaves) + 2  # every input and both cotangents, once
     info = scanweaver.matrix.last
     assert info.part == "backward" and info.backend != "cuda"
-    assert "host copies of the device arrays" in info.fallback and "RWKV-7" in info.fallback
+    assert "host copies of the device arrays" in info.fallback and "float16" in info.fallback
 
 
 def test_plain_calls_keep_device_arrays_there_and_float16_says_where_it_ran(rng, replay, monkeypatch):

@@ -60,11 +60,6 @@ def test_opencl_forward_matches_the_loop_and_the_definition(family, dtype, kw, c
 def test_gpu_kernels_name_what_they_do_not_run():
     be = gpu_backend()
     rng = np.random.default_rng(0)
-    f, a, sizes = problem(rng, "rwkv7", T=5, K=4, V=4, dhlast=True)
-    grads = {n: np.empty(s) for n, s in OP.shapes("backward", f, sizes).items() if n.startswith("d") and n != "do"}
-    with pytest.raises(ScanInputError, match=r"delta form's .* form dplr \(RWKV-7\): use the cpu backend"):
-        be.run_fused(OP.call("backward", f, OP.resolve("gpu", {}, be.fused_defaults(OP.name, f, sizes), "t")),
-                     {**a, "do": np.ones(a["v"].shape), **grads}, sizes)
     f, a, sizes = problem(rng, "kda", T=5, K=4, V=4, dtype="float16")
     out = {"o": np.empty(a["v"].shape, np.float16), "hlast": np.empty(a["h0"].shape, np.float32)}
     with pytest.raises(ScanInputError, match="float32 or float64, got float16"):

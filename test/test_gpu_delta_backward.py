@@ -1,4 +1,4 @@
-"""The fused ``delta_rule`` backward's GPU text for DeltaNet, Gated DeltaNet and KDA: run on OpenCL (PoCL here)
+"""The fused ``delta_rule`` backward's GPU text for DeltaNet, Gated DeltaNet, KDA and RWKV-7: run on OpenCL (PoCL here)
 against the float64 NumPy definition and PyTorch autograd through the recurrences' loops, with q/k heads shared
 by value heads, the in-kernel L2 norm, packed sequences with an empty one, exact resets (g = -inf) and decays
 that underflow (g = -1e4); compiled for sm_90 with nvcc, where ptxas reports no spills at K = V = 128 with the
@@ -24,7 +24,7 @@ from scanweaver.tools.ptxas import cubin_report
 
 OP = FUSED.get("delta_rule")
 #: Gradient name -> the differentiable input it belongs to.
-INPUTS = {"dq": "q", "dk": "k", "dv": "v", "dg": "g", "dbeta": "beta", "dh0": "h0"}
+INPUTS = {"dq": "q", "dk": "k", "dv": "v", "dg": "g", "dbeta": "beta", "da": "a", "db": "b", "dh0": "h0"}
 
 
 def gpu_backward(be, f, a, sizes, do, config):
@@ -79,7 +79,13 @@ CASES = [("deltanet", {"seqlens": [5, 0, 9, 1], "Hq": 1, "H": 2, "K": 5, "V": 19
          ("kda", {"seqlens": [6, 0, 13], "Hq": 1, "H": 2, "K": 12, "V": 10, "l2norm": True},
           {"workgroup_size": 8, "time_tile": 5, "key_split": 2}),
          ("gated", {"T": 9, "batch": 1, "Hq": 1, "H": 2, "K": 24, "V": 24, "l2norm": True},
-          {"workgroup_size": 8, "time_tile": 4, "key_split": 32})]
+          {"workgroup_size": 8, "time_tile": 4, "key_split": 32}),
+         ("rwkv7", {"T": 13, "batch": 2, "Hq": 2, "H": 2, "K": 7, "V": 9},
+          {"workgroup_size": 8, "time_tile": 4, "key_split": 2}),
+         ("rwkv7", {"seqlens": [5, 0, 9, 1], "Hq": 2, "H": 2, "K": 12, "V": 19},
+          {"workgroup_size": 8, "time_tile": 3, "key_split": 4}),
+         ("rwkv7", {"T": 9, "batch": 1, "Hq": 1, "H": 2, "K": 24, "V": 24},
+          {"workgroup_size": 8, "time_tile": 16, "key_split": 32})]
 
 
 @pytest.mark.parametrize("family,kw,config", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
@@ -92,44 +98,46 @@ def test_opencl_float64_gradients_match_the_definition_and_autograd(family, kw, 
     got = gpu_backward(be, f, a, sizes, do, config)
     want = backward_reference(a["q"], a["k"], a["v"], **inputs_of(a), l2norm=f.l2norm, do=do, dhlast=a["dhlast"])
     want = {n: w for n, w in want.items() if w is not None and OP.enabled(n, f)}
-    assert set(want) >= {"dq", "dk", "dv", "dbeta", "dh0"} and ("dg" in want) == (family != "deltanet")
+    assert set(want) >= {"dq", "dk", "dv", "dh0", *(("da", "db") if family == "rwkv7" else ("dbeta",))}
+    assert ("dg" in want) == (family != "deltanet")
     close(got, want, 1e-11, "vs the definition")
     close(got, autograd(family, a, do, f.l2norm), 1e-10, "vs autograd")
     if "g" in a:
         assert got["dg"][0, 2].tolist() == np.zeros_like(got["dg"][0, 2]).tolist()  # a reset's dg is 0, no NaN
 
 
-@pytest.mark.parametrize("family", ["gated", "kda"])
+@pytest.mark.parametrize("family", ["gated", "kda", "rwkv7"])
 def test_opencl_float32_gradients(family):
     be = gpu_backend()
     rng = np.random.default_rng(7)
-    f, a, sizes = problem(rng, family, T=23, batch=1, Hq=1, H=2, K=16, V=24, l2norm=True, dhlast=True,
-                          dtype="float32")
+    f, a, sizes = problem(rng, family, T=23, batch=1, Hq=1, H=2, K=16, V=24, l2norm=family != "rwkv7",
+                          dhlast=True, dtype="float32")
     extreme_gates(a)
     do = rng.normal(size=a["v"].shape).astype(np.float32)
     got = gpu_backward(be, f, a, sizes, do, {"workgroup_size": 8, "time_tile": 6, "key_split": 2})
     assert all(x.dtype == np.float32 and np.isfinite(x).all() for x in got.values())
     want = backward_reference(*(np.asarray(a[n], np.float64) for n in ("q", "k", "v")),
-                              **{n: np.asarray(x, np.float64) for n, x in inputs_of(a).items()}, l2norm=True,
+                              **{n: np.asarray(x, np.float64) for n, x in inputs_of(a).items()}, l2norm=f.l2norm,
                               do=np.asarray(do, np.float64), dhlast=np.asarray(a["dhlast"], np.float64))
     close(got, {n: w for n, w in want.items() if w is not None and OP.enabled(n, f)}, 2e-5, "vs float64")
 
 
 @pytest.mark.parametrize("value", [np.nan, np.inf])
-@pytest.mark.parametrize("family", ["deltanet", "gated", "kda"])
+@pytest.mark.parametrize("family", ["deltanet", "gated", "kda", "rwkv7"])
 def test_a_non_finite_input_leaves_every_gradient_no_wider_than_the_definition(family, value):
     """A NaN or inf in one element of h0 or dhlast, or of one step's q, k, v, beta, g or do: each gradient is
     non-finite only where the float64 definition's is, and equal to it elsewhere.  dg_t was one sum from the
     lane's end, so a non-finite term of one step reached every earlier step (a NaN in one step's v: all earlier
     steps of Gated DeltaNet's and KDA's dg; in h0: KDA's dg at step 0 for the other keys).  One case is still
-    wider, and only at that step: a non-finite g_t of one key of KDA leaves rows(G'_t o S'_t) finite for the other
+    wider, and only near that step: a non-finite g_t of one key of KDA leaves rows(G'_t o S'_t) finite for the other
     keys at step t alone, where both sums (from the end through the NaN state S_t, from the start through the NaN
-    adjoint before t) are not."""
+    adjoint before t) are not; RWKV-7's rank-one term couples the rows, so a non-finite g_t, a_t or b_t of one key
+    does that at steps t - 1 to t + 1."""
     be = gpu_backend()
     rng = np.random.default_rng(70)
     f, a, sizes = problem(rng, family, batch=1, T=40, H=2, Hq=1, K=5, V=6, dhlast=True)
     a["do"] = rng.normal(size=a["v"].shape)
-    for name in ("h0", "dhlast", "q", "k", "v", "beta", "g", "do"):
+    for name in ("h0", "dhlast", "q", "k", "v", "beta", "g", "a", "b", "do"):
         if name not in a:
             continue
         for t in ((0,) if name in ("h0", "dhlast") else (3, 20, 38)):
@@ -141,26 +149,28 @@ def test_a_non_finite_input_leaves_every_gradient_no_wider_than_the_definition(f
                 want = backward_reference(b["q"], b["k"], b["v"], **inputs_of(b), l2norm=f.l2norm, do=do,
                                           dhlast=b["dhlast"])
             want = {n: w for n, w in want.items() if w is not None and OP.enabled(n, f)}
-            if family == "kda" and name == "g":  # the one step named above
-                got, want = ({n: np.delete(x, t, axis=1) if n == "dg" else x for n, x in d.items()}
+            if (family, name) in (("kda", "g"), ("rwkv7", "g"), ("rwkv7", "a"), ("rwkv7", "b")):  # named above
+                steps = [t] if family == "kda" else [s for s in (t - 1, t, t + 1) if s < sizes["T"]]
+                got, want = ({n: np.delete(x, steps, axis=1) if n == "dg" else x for n, x in d.items()}
                              for d in (got, want))
             no_wider(got, want, f"{name}[{t}] = {value}")
 
 
-@pytest.mark.parametrize("op", ["gated_delta_rule", "kda"])
+@pytest.mark.parametrize("op", ["gated_delta_rule", "kda", "rwkv7"])
 def test_public_gradients_run_the_opencl_backward(op):
     """The PyTorch entry points with ``backend="opencl"`` run both parts there (no fallback): every gradient equals
-    autograd of the loop, with a scale, the L2 norm and q/k heads shared by two value heads."""
+    autograd of the loop, with a scale, the L2 norm (not RWKV-7's) and q/k heads shared by two value heads."""
     gpu_backend()
     torch = pytest.importorskip("torch")
     swt = pytest.importorskip("scanweaver.torch")
     rng = np.random.default_rng(5)
-    _, a, _ = problem(rng, PUBLIC[op], batch=2, T=7, H=4, Hq=2, K=6, V=5, l2norm=True)
+    l2norm = op != "rwkv7"
+    _, a, _ = problem(rng, PUBLIC[op], batch=2, T=7, H=4, Hq=2 if l2norm else 4, K=6, V=5, l2norm=l2norm)
     w_o, w_h = rng.normal(size=(2, 7, 4, 5)), rng.normal(size=(2, 4, 6, 5))
     leaves = {n: {m: torch.tensor(x, requires_grad=True) for m, x in a.items()} for n in ("want", "got")}
-    o, h = torch_loop(PUBLIC[op], leaves["want"], 0.8, True)
+    o, h = torch_loop(PUBLIC[op], leaves["want"], 0.8, l2norm)
     ((o * torch.tensor(w_o)).sum() + (h * torch.tensor(w_h)).sum()).backward()
-    o, h = call_public(swt.__dict__[op], op, leaves["got"], 0.8, True, backend=GPU_TEST_BACKEND)
+    o, h = call_public(swt.__dict__[op], op, leaves["got"], 0.8, l2norm, backend=GPU_TEST_BACKEND)
     ((o * torch.tensor(w_o)).sum() + (h * torch.tensor(w_h)).sum()).backward()
     ran = scanweaver.matrix.last
     assert (ran.part, ran.backend, ran.fallback) == ("backward", GPU_TEST_BACKEND, ""), ran
@@ -168,27 +178,26 @@ def test_public_gradients_run_the_opencl_backward(op):
         np.testing.assert_allclose(leaf.grad.numpy(), leaves["want"][n].grad.numpy(), rtol=0, atol=1e-11, err_msg=n)
 
 
-def test_the_gpu_backward_is_chosen_for_every_delta_form_and_names_rwkv7():
+def test_the_gpu_backward_is_chosen_for_every_family():
     kernel = kernel_for("opencl", OP.name)
     for family, (gate, form) in FAMILIES.items():
-        why = kernel.fits("backward", DeltaRuleFeatures("float32", 8, 8, gate=gate, form=form, l2norm=True))
-        assert (why is None) == (family != "rwkv7"), why
-        if why:
-            assert "form dplr (RWKV-7)" in why
+        assert kernel.fits("backward", DeltaRuleFeatures("float32", 8, 8, gate=gate, form=form)) is None, family
+    why = kernel.fits("backward", DeltaRuleFeatures("float16", 8, 8, gate="key", form="dplr"))
+    assert "float32 or float64" in why and "float16" in why
 
 
 NVCC = shutil.which("nvcc")
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH (CUDA toolkit not installed)")
-@pytest.mark.parametrize("family", ["deltanet", "gated", "kda"])
+@pytest.mark.parametrize("family", ["deltanet", "gated", "kda", "rwkv7"])
 def test_cuda_backward_compiles_for_sm90_without_spills_at_k_v_128(family):
     """ptxas (CUDA 13) reported: values 47 to 80 registers, keys 108 to 128 (512 work-items: 8 x 16 columns
     per row, 1024 spilled), qk 56 to 64, deltas as the forward; float64 (not compiled here, 256 work-items in
     keys) 254 to 255 registers in keys, no spills."""
     gate, form = FAMILIES[family]
-    f = DeltaRuleFeatures("float32", 128, 128, True, True, True, gate, form, family != "deltanet")
-    sizes = {"batch": 1, "T": 4096, "H": 16, "Hq": 4, "nseq": 1}
+    f = DeltaRuleFeatures("float32", 128, 128, True, True, True, gate, form, family in ("gated", "kda"))
+    sizes = {"batch": 1, "T": 4096, "H": 16, "Hq": 16 if family == "rwkv7" else 4, "nseq": 1}
     cfg = OP.resolve("gpu", {}, kernel_for("cuda", OP.name).defaults(f, sizes), "test")
     proc, reports = cubin_report(kernel_for("cuda", OP.name).render(TARGETS.get("cuda")(), OP.call("backward", f, cfg)),
                                  nvcc=NVCC)

@@ -15,7 +15,7 @@ waits.  Otherwise (NumPy inputs, or a backend that takes host arrays only) the
 pair computes with NumPy, and device inputs are copied to the host once and the
 results copied back (:meth:`Placement.host`, :meth:`Placement.results`).  Where
 device inputs go to the host because the backend that takes them in place has
-no rendering of the part that fits the call (RWKV-7's backward on ``cuda``),
+no rendering of the part that fits the call (float16 delta-rule operands on ``cuda``),
 the copy is the fallback's, and the runner's report of the call says so
 (:attr:`FusedInfo.fallback <scanweaver.calls.runner.FusedInfo>`).
 
@@ -103,7 +103,7 @@ def place(values: list, op: str, part: str, backend: str, *, api: str, features:
         backend: the caller's ``backend=``.
         api: the public call's name.
         features: the fused operation's features of the call, where a rendering fits only some calls (the GPU
-            delta-rule backward runs no RWKV-7): the part then runs where a rendering fits them, as the runner
+            delta-rule kernels store no float16): the part then runs where a rendering fits them, as the runner
             picks (``None``: any rendering of the part).
     """
     xp = device_module(values)

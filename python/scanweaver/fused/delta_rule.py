@@ -170,8 +170,8 @@ GPU_DELTA_TUNABLES = (*GPU_TUNABLES, Tunable(
     "key_split", 4, (1, 2, 4, 8), "work-items per state column, each keeping K / key_split of its rows in "
     "registers (a workgroup sum joins their dots)", lambda v: power_of_two(v) or _between(v, 1, 64)),
     Tunable("algorithm", "recurrent", ALGORITHMS, "the fused recurrence (the default) or the chunked WY form of the "
-            "forward (DeltaNet, Gated DeltaNet, KDA; not timed on a GPU yet); the backward and RWKV-7 run the "
-            "recurrence", lambda v: None if v in ALGORITHMS else f"it must be one of {', '.join(ALGORITHMS)}"),
+            "forward (DeltaNet, Gated DeltaNet, KDA; not timed on a GPU yet); the backward and RWKV-7's forward run "
+            "the recurrence", lambda v: None if v in ALGORITHMS else f"it must be one of {', '.join(ALGORITHMS)}"),
     Tunable("chunk", 32, (16, 32, 64), f"time steps per chunk of the chunked form (any length from 1 to "
             f"{GPU_MAX_CHUNK}; results do not depend on it)", lambda v: _between(v, 1, GPU_MAX_CHUNK)))
 

@@ -1,5 +1,5 @@
-"""GPU text of the ``delta`` form's backward (every gate, ``l2norm``, q/k heads shared by value heads), for
-:mod:`.fused_gpu_delta_rule`.
+"""GPU text of the delta-rule backward, both forms (every gate, ``l2norm``, q/k heads shared by value heads),
+for :mod:`.fused_gpu_delta_rule`.
 
 Four kernels (the recurrences of :mod:`scanweaver.fused.delta_rule`, with S'_t = D_t S_{t-1}, q and k the
 normalised ones) and the plan's scratch ``ws``: r and du ``(batch, T, H, V)``, then per value head the
@@ -27,6 +27,17 @@ where rows(G'_t o S'_t) is finite: a row with a non-finite dg_t sums its terms a
 (y . dy)) / sqrt(|x|^2 + 1e-6)``) and writes dbeta (``du . r``) and the scalar gate's dg (the sum of the
 rows).  Every output element has one writer: no atomics.  A work-item keeps K / key_split rows (values) or V /
 (its slices) columns (keys) in registers.
+
+The ``dplr`` form (RWKV-7, ``S_t = D_t S_{t-1} + b_t p_t^T + k_t v_t^T`` with ``p_t = S_{t-1}^T a_t``) runs the
+same four kernels: *deltas* writes ``p_t``; *values* runs ``G += q_t do_t[j]``, ``dv_t[j] = G . k_t``, ``dp_t[j]
+= G . b_t``, ``G <- D_t G + a_t dp_t[j]``, writing dp to du's plane; *keys* rebuilds S's row i with
+``S_t[i] = d_i S_{t-1}[i] + b_t[i] p_t + k_t[i] v_t``, writing ``dq_t[i]`` and ``da_t[i] = S_{t-1}[i] . dp_t``,
+then in reverse ``db_t[i] = G_t[i] . p_t``, ``dk_t[i] = G_t[i] . v_t`` and, with ``Z_t = rows(G'_t o S_t)``
+(``Z_{T-1}`` = ``dhlast[i] . S_last[i]``), ``dg_t[i] = Z_t + q_t[i] dq_t[i] - b_t[i] db_t[i] - k_t[i] dk_t[i]``
+and ``Z_{t-1} = dg_t[i] + a_t[i] da_t[i]``; from the start, ``dg_t = dg_{t-1} - c_{t-1} - a_t[i] da_t[i]``.
+The rank-one term couples the rows, so a non-finite g, a or b of one key at step t leaves both sums non-finite
+for the other keys at steps t - 1 to t + 1, where the definition's dg may be finite (the one exception, with
+KDA's at step t, to the rule that no gradient is non-finite where the definition's is finite).
 """
 
 from __future__ import annotations
@@ -48,7 +59,7 @@ MACROS = r"""
 #define SW_STAGE_B(s0, n, NI) do { \
   for (int e = lid; e < (n); e += (NI)) { \
     const sw_index t_ = start + (s0) + e; \
-    sb[e] = beta[SW_BT(t_)]; \
+    sb[e] = SW_DPLR ? (SW_T)0 : beta[SW_BT(t_)]; \
     if (SW_L2) { SW_RNORM(q + SW_QK(t_), sn[2 * e]); SW_RNORM(k + SW_QK(t_), sn[2 * e + 1]); } \
   } \
 } while (0)
@@ -64,6 +75,7 @@ MACROS = r"""
     sk[e] = k[SW_QK(t_) + i_]; \
     if (SW_L2) { sq[e] *= sn[2 * (e / SW_K)]; sk[e] *= sn[2 * (e / SW_K) + 1]; } \
     if (SW_GATE == 2) sd[e] = @EXP@(g[SW_HK(t_) + i_]); \
+    if (SW_DPLR) { sA[e] = a[SW_HK(t_) + i_]; sB[e] = b[SW_HK(t_) + i_]; } \
   } \
 } while (0)
 /* sums over the SW_CS work-items of row i (SW_SUM2_OVER of the forward's prelude) */
@@ -77,13 +89,16 @@ MACROS = r"""
   SW_STAGE_B(s0, n, SW_RITEMS); \
   for (int e = lid; e < (n) * SW_V; e += SW_RITEMS) { \
     const sw_index t_ = start + (s0) + e / SW_V; \
-    su[e] = beta[SW_BT(t_)] * wr[SW_VO(t_) + e % SW_V]; \
+    su[e] = SW_DPLR ? wr[SW_VO(t_) + e % SW_V] : beta[SW_BT(t_)] * wr[SW_VO(t_) + e % SW_V]; \
+    if (SW_DPLR) sv[e] = v[SW_VO(t_) + e % SW_V]; \
     sdo[e] = do_[SW_VO(t_) + e % SW_V]; \
     sdu[e] = wdu[SW_VO(t_) + e % SW_V]; \
   } \
 } while (0)
 /* x neither NaN nor +-inf (inf - inf and NaN - NaN are NaN) */
 #define SW_FINITE(x) ((x) - (x) == (SW_T)0)
+/* dplr: a_t[i] da_t[i] (Z_{t-1} = dg_t + a_t[i] da_t[i], with Z_t = rows(G'_t o S_t)); 0 for delta */
+#define SW_A_DA(t) (SW_DPLR ? a[SW_HK(t) + i] * da[SW_HK(t) + i] : (SW_T)0)
 /* the decay of row i at step t */
 #define SW_ROW_DECAY(t) (SW_GATE == 2 ? @EXP@(g[SW_HK(t) + i]) : SW_GATE == 1 ? @EXP@(g[SW_BT(t)]) : (SW_T)1)
 /* q_t[i], k_t[i] (normalised) and the decay of row i at step t, staged step tt */
@@ -91,7 +106,11 @@ MACROS = r"""
   const SW_T qi = q[SW_QK(t) + i] * (SW_L2 ? sn[2 * (tt)] : (SW_T)1); \
   const SW_T ki = k[SW_QK(t) + i] * (SW_L2 ? sn[2 * (tt) + 1] : (SW_T)1); \
   const SW_T di = SW_ROW_DECAY(t); \
-  const SW_T bt = sb[tt]
+  const SW_T bt = sb[tt]; \
+  const SW_T ar = SW_DPLR ? a[SW_HK(t) + i] : (SW_T)0, br = SW_DPLR ? b[SW_HK(t) + i] : (SW_T)0
+/* local arrays of the dplr form only (one element otherwise) */
+#define SW_DPLR_TK (SW_DPLR ? SW_TT * SW_K : 1)
+#define SW_DPLR_TV (SW_DPLR ? SW_TT * SW_V : 1)
 """
 
 BACKWARD = r"""
@@ -102,6 +121,8 @@ SW_KERNEL_DR void sw_delta_rule_bwd_values(@PARAMS@, SW_GLOBAL SW_T* restrict ws
   SW_LOCAL SW_T sb[SW_TT];
   SW_LOCAL SW_T sn[2 * SW_TT];
   SW_LOCAL SW_T red[2 * SW_ITEMS];
+  SW_LOCAL SW_T sA[SW_DPLR_TK];
+  SW_LOCAL SW_T sB[SW_DPLR_TK];
   SW_COLUMN_ITEM(); /* element (i, j) of G at st + i * SW_V */
   SW_GLOBAL SW_T* wdu = ws + SW_BTHV;
   SW_T G[SW_KR];
@@ -110,7 +131,7 @@ SW_KERNEL_DR void sw_delta_rule_bwd_values(@PARAMS@, SW_GLOBAL SW_T* restrict ws
     const int i = r * SW_KR + ii;
     G[ii] = (SW_HAS_DHLAST && live && i < SW_K) ? dhlast[st + i * SW_V] : (SW_T)0;
   }
-  (void)red, (void)sn, (void)sd;
+  (void)red, (void)sn, (void)sd, (void)sA, (void)sB;
   for (sw_index ct = (len + SW_TT - 1) / SW_TT - 1; ct >= 0; --ct) {
     const sw_index s0 = ct * SW_TT;
     const int n = SW_TILE_LEN(s0);
@@ -127,17 +148,19 @@ SW_KERNEL_DR void sw_delta_rule_bwd_values(@PARAMS@, SW_GLOBAL SW_T* restrict ws
         if (i < SW_K) {
           G[ii] += sq[tt * SW_K + i] * dj;
           du += G[ii] * sk[tt * SW_K + i];
+          if (SW_DPLR) z += G[ii] * sB[tt * SW_K + i];
         }
       }
       SW_SUM2(du, z);
 #pragma unroll
       for (int ii = 0; ii < SW_KR; ++ii) {
         const int i = r * SW_KR + ii;
-        if (i < SW_K) G[ii] = SW_DK(tt, i) * (G[ii] - bt * sk[tt * SW_K + i] * du);
+        if (i < SW_K) G[ii] = SW_DPLR ? SW_DK(tt, i) * G[ii] + sA[tt * SW_K + i] * z
+                                     : SW_DK(tt, i) * (G[ii] - bt * sk[tt * SW_K + i] * du);
       }
       if (r == 0 && live) {
-        dv[SW_VO(t) + j] = bt * du;
-        wdu[SW_VO(t) + j] = du;
+        dv[SW_VO(t) + j] = SW_DPLR ? du : bt * du;
+        wdu[SW_VO(t) + j] = SW_DPLR ? z : du;
       }
     }
   }
@@ -154,6 +177,7 @@ SW_KERNEL_ROWS void sw_delta_rule_bwd_keys(@PARAMS@, SW_GLOBAL SW_T* restrict ws
   SW_LOCAL SW_T su[SW_TT * SW_V];
   SW_LOCAL SW_T sdo[SW_TT * SW_V];
   SW_LOCAL SW_T sdu[SW_TT * SW_V];
+  SW_LOCAL SW_T sv[SW_DPLR_TV];
   SW_LOCAL SW_T sb[SW_TT];
   SW_LOCAL SW_T sn[2 * SW_TT];
   SW_LOCAL SW_T red[2 * SW_RITEMS];
@@ -172,7 +196,7 @@ SW_KERNEL_ROWS void sw_delta_rule_bwd_keys(@PARAMS@, SW_GLOBAL SW_T* restrict ws
   SW_T S[SW_VC];
 #pragma unroll
   for (int jj = 0; jj < SW_VC; ++jj) S[jj] = (SW_HAS_H0 && jj < nc) ? h0[st + jj] : (SW_T)0;
-  (void)red, (void)sn, (void)wg, (void)wc, (void)dgr;
+  (void)red, (void)sn, (void)wg, (void)wc, (void)dgr, (void)sv;
   /* 1. forward: S_t's row i; dq_t[i] = S_t[i] . do_t, A_t[i] = S'_t[i] . du_t */
   for (sw_index s0 = 0; s0 < len; s0 += SW_TT) {
     const int n = SW_TILE_LEN(s0);
@@ -184,20 +208,26 @@ SW_KERNEL_ROWS void sw_delta_rule_bwd_keys(@PARAMS@, SW_GLOBAL SW_T* restrict ws
       SW_ROW_STEP(t, tt);
       const int o = tt * SW_V + cs * SW_VC;
       SW_T dqi = (SW_T)0, ai = (SW_T)0;
-      (void)qi, (void)bt;
+      (void)qi, (void)bt, (void)ar;
 #pragma unroll
       for (int jj = 0; jj < SW_VC; ++jj) {
         if (jj < nc) {
-          const SW_T sp = di * S[jj];
-          ai += sp * sdu[o + jj];
-          S[jj] = sp + ki * su[o + jj];
+          if (SW_DPLR) {  /* da_t[i] = S_{t-1}[i] . dp_t; S_t = D S_{t-1} + b p^T + k v^T */
+            ai += S[jj] * sdu[o + jj];
+            S[jj] = di * S[jj] + br * su[o + jj] + ki * sv[o + jj];
+          } else {
+            const SW_T sp = di * S[jj];
+            ai += sp * sdu[o + jj];
+            S[jj] = sp + ki * su[o + jj];
+          }
           dqi += S[jj] * sdo[o + jj];
         }
       }
       SW_RSUM2(dqi, ai);
       if (cs == 0) {
         wq[SW_HK(t) + i] = dqi;
-        wk[SW_HK(t) + i] = ai;
+        if (SW_DPLR) da[SW_HK(t) + i] = ai;
+        else wk[SW_HK(t) + i] = ai;
       }
     }
   }
@@ -227,17 +257,23 @@ SW_KERNEL_ROWS void sw_delta_rule_bwd_keys(@PARAMS@, SW_GLOBAL SW_T* restrict ws
         if (jj < nc) {
           const SW_T gv = S[jj] + qi * sdo[o + jj];
           B += gv * su[o + jj];
-          S[jj] = di * (gv - bt * ki * sdu[o + jj]);
+          if (SW_DPLR) {  /* db_t[i] = G_t[i] . p_t, dk_t[i] = G_t[i] . v_t; G_{t-1} = D G_t + a dp^T */
+            z2 += gv * sv[o + jj];
+            S[jj] = di * gv + ar * sdu[o + jj];
+          } else {
+            S[jj] = di * (gv - bt * ki * sdu[o + jj]);
+          }
         }
       }
       SW_RSUM2(B, z2);
       if (cs == 0) {
-        const SW_T A = wk[SW_HK(t) + i];
-        wk[SW_HK(t) + i] = B - bt * A;
+        const SW_T A = SW_DPLR ? da[SW_HK(t) + i] : wk[SW_HK(t) + i];
+        if (SW_DPLR) db[SW_HK(t) + i] = B;
+        wk[SW_HK(t) + i] = SW_DPLR ? z2 : B - bt * A;
         if (SW_GATE) {
-          const SW_T c = qi * wq[SW_HK(t) + i] - ki * B - bt * ki * A;
+          const SW_T c = qi * wq[SW_HK(t) + i] - (SW_DPLR ? br * B + ki * z2 : ki * B + bt * ki * A);
           const SW_T dgi = di == (SW_T)0 ? (SW_T)0 : X + c;
-          X = dgi;
+          X = SW_DPLR ? dgi + ar * A : dgi;
           dgr[SW_HK(t) + i] = dgi;
           wc[SW_HK(t) + i] = c;
           spread |= !SW_FINITE(dgi);
@@ -254,9 +290,9 @@ SW_KERNEL_ROWS void sw_delta_rule_bwd_keys(@PARAMS@, SW_GLOBAL SW_T* restrict ws
     for (int jj = 0; jj < SW_VC; ++jj) d0 += (SW_HAS_H0 && jj < nc) ? S[jj] * h0[st + jj] : (SW_T)0;
     SW_RSUM2(d0, z3);
     if (cs == 0 && spread && len > 0) {
-      SW_T F = SW_ROW_DECAY(start) == (SW_T)0 ? (SW_T)0 : d0;
+      SW_T F = SW_ROW_DECAY(start) == (SW_T)0 ? (SW_T)0 : d0 - SW_A_DA(start);
       for (sw_index t = start; t < start + len; ++t) {
-        if (t > start) F = SW_ROW_DECAY(t) == (SW_T)0 ? (SW_T)0 : F - wc[SW_HK(t - 1) + i];
+        if (t > start) F = SW_ROW_DECAY(t) == (SW_T)0 ? (SW_T)0 : F - wc[SW_HK(t - 1) + i] - SW_A_DA(t);
         if (!SW_FINITE(dgr[SW_HK(t) + i])) dgr[SW_HK(t) + i] = F;
       }
     }
@@ -297,9 +333,11 @@ SW_KERNEL void sw_delta_rule_bwd_qk(@PARAMS@, SW_GLOBAL SW_T* restrict ws) {
   /* dbeta = du . r and the scalar gate's dg of the group's value heads */
   for (sw_index h = hq * grp; h < (hq + 1) * grp; ++h) {
     const sw_index bt = tok * H + h;
-    SW_T db = (SW_T)0;
-    for (int j = 0; j < SW_V; ++j) db += wdu[bt * SW_V + j] * wr[bt * SW_V + j];
-    dbeta[bt] = db;
+    if (!SW_DPLR) {
+      SW_T dbt = (SW_T)0;
+      for (int j = 0; j < SW_V; ++j) dbt += wdu[bt * SW_V + j] * wr[bt * SW_V + j];
+      dbeta[bt] = dbt;
+    }
     if (SW_GATE == 1) {
       SW_T s = (SW_T)0;
       for (int i = 0; i < SW_K; ++i) s += wg[bt * SW_K + i];

@@ -16,11 +16,10 @@ steps (and the next one) are staged in local memory, normalised there when
 With ``algorithm="chunked"`` the forward of the ``delta`` form is the chunked WY
 form of :mod:`.delta_gpu_chunked` instead (two kernels and a scratch ``ws``).
 
-The backward (:mod:`.delta_gpu_backward`) is the ``delta`` form's (DeltaNet,
-Gated DeltaNet, KDA; every gate, ``l2norm``, q/k heads shared by value heads);
-its *deltas* kernel is this forward sweep writing ``r_t = v_t - p_t`` to the
-scratch.  RWKV-7's backward (form ``dplr``) is refused: it runs on the ``cpu``
-backend.
+The backward (:mod:`.delta_gpu_backward`) is every form's (DeltaNet, Gated
+DeltaNet, KDA, RWKV-7; every gate, ``l2norm``, q/k heads shared by value
+heads); its *deltas* kernel is this forward sweep writing ``r_t = v_t - p_t``
+(``dplr``: ``p_t``) to the scratch.
 
 Kernels (ABI of :meth:`~scanweaver.fused.delta_rule.DeltaRule.params`; ``do`` spelled ``do_``)::
 
@@ -207,7 +206,7 @@ FORWARD_END = """if (live) {
       if (i < SW_K) hlast[st + i * SW_V] = s[ii];
     }
   }"""
-DELTAS_OUT = "if (r == 0 && live) ws[SW_VO(t) + j] = vj - p;"
+DELTAS_OUT = "if (r == 0 && live) ws[SW_VO(t) + j] = SW_DPLR ? p : vj - p;"
 
 
 def render(r, call) -> str:
@@ -276,8 +275,9 @@ def local_bytes(part: str, features: DeltaRuleFeatures, config: dict) -> int:
     size = ITEMSIZE[f.state_dtype]
     if part == "forward":
         return count * size
-    values = 2 * tt * f.K + (tt * f.K if f.gate == "key" else tt) + 3 * tt + 2 * items
-    keys = 3 * tt * f.V + 3 * tt + 2 * f.K * row_split(f, config["key_split"])
+    dplr = f.form == "dplr"
+    values = (4 if dplr else 2) * tt * f.K + (tt * f.K if f.gate == "key" else tt) + 3 * tt + 2 * items
+    keys = (4 if dplr else 3) * tt * f.V + 3 * tt + 2 * f.K * row_split(f, config["key_split"])
     return max(count, values, keys) * size
 
 
@@ -296,9 +296,6 @@ def plan(call, sizes: dict):
     f: DeltaRuleFeatures = call.features
     wg, tt, split = call.params["workgroup_size"], call.params["time_tile"], call.params["key_split"]
     _check_dtype(call)
-    if call.part == "backward" and f.form != "delta":
-        raise ScanInputError(f"delta_rule backward: the GPU kernels run the delta form's (DeltaNet, Gated "
-                             f"DeltaNet, KDA); got form {f.form} (RWKV-7): use the cpu backend")
     if wg * split > MAX_ITEMS:
         raise ScanInputError(f"delta_rule {call.part}: workgroup_size={wg} x key_split={split} work-items exceed "
                              f"{MAX_ITEMS} per workgroup")
@@ -348,15 +345,11 @@ def defaults(features: DeltaRuleFeatures, sizes: dict) -> dict[str, int]:
 
 def fits(part: str, features: DeltaRuleFeatures, config: dict | None = None) -> str | None:
     """Why these kernels cannot run ``part`` with ``features``, else ``None`` (the runner's ``auto`` passes over
-    them then, and a backward falls back to a backend that runs it): half storage, and RWKV-7's backward (form
-    ``dplr``)."""
+    them then, and a backward falls back to a backend that runs it): half storage."""
     if features.dtype not in ("float32", "float64"):
         return (f"the GPU kernels store float32 or float64; the operands (q, k, v and the gates) are {features.dtype}: "
                 "convert them to float32, or use backend='cpu' or 'numpy' (which store float16 and bfloat16 as given) "
                 "or 'auto'")
-    if part == "backward" and features.form != "delta":
-        return (f"the GPU backward runs the delta form's (DeltaNet, Gated DeltaNet, KDA); got form "
-                f"{features.form} (RWKV-7)")
     return None
 
 

@@ -19,8 +19,8 @@ the device when the backend that runs the part is ``cuda`` (``auto`` picks it
 where it runs): checks, conversions, beta's sigmoid, the scale, the
 ``state_v_first`` transposes and the gradients' chain rule run with CuPy, the
 fused kernels on the current stream; nothing is copied to the host and nothing
-waits.  Where the GPU kernels do not fit the call (RWKV-7's backward, float16
-storage), the part runs on the best backend whose kernels do, on host copies
+waits.  Where the GPU kernels do not fit the call (float16 storage), the part
+runs on the best backend whose kernels do, on host copies
 made once (the results copied back), and :data:`scanweaver.matrix.last` says so
 in its ``fallback``.
 

@@ -6,7 +6,7 @@ with ``auto`` the best available backend that renders the part and fits the
 call's features; tunables from the call, else the tuned store, else the
 backend's defaults; what ran is :data:`scanweaver.matrix.last`
 (``runner.last["delta_rule"]``).  A backward asked of a backend whose rendering
-does not run it (the GPU kernels do not run RWKV-7's backward) runs on the best one
+does not run it (the GPU kernels store no float16) runs on the best one
 that does, and the report says so.  The algorithm is the kernels' tunable
 ``algorithm``, chosen by the runner (:meth:`scanweaver.fused.FusedOp.algorithm`,
 ``chunk_size``, the tuned store, the call's ``algorithm=``), as for every fused
