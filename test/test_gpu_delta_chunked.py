@@ -145,3 +145,26 @@ def test_cuda_chunked_forward_compiles_for_sm90_without_spills(gate, dtype):
         for name, r in reports.items():
             assert r["spill_stores"] == r["spill_loads"] == r["stack"] == 0, (K, name, r)
             assert r["shared"] <= 48 * 1024, (K, name, r)
+
+
+def test_a_chunked_call_is_held_to_the_chunked_kernels_limits_only():
+    """The recurrent kernels' tunables (time_tile, key_split, workgroup_size) do not refuse a chunked forward: a
+    time_tile whose recurrent local memory is over a workgroup's 48 KiB plans the chunked kernels and runs right,
+    while the same configuration is refused for the recurrent forward, naming time_tile."""
+    from scanweaver.errors import ScanInputError
+    from scanweaver.targets.fused_gpu_delta_rule import local_bytes, plan
+
+    be = gpu_backend()
+    rng = np.random.default_rng(6)
+    f, a, sizes = problem(rng, "gated", dtype="float64", T=20, K=32, V=16)
+    cfg = OP.resolve("gpu", {"algorithm": "chunked", "chunk": 8, "time_tile": 64},
+                     be.fused_defaults(OP.name, f, sizes), "test")
+    assert local_bytes("forward", f, cfg) > 48 * 1024
+    launches = {x.kernel for x in plan(OP.call("forward", f, cfg), sizes).launches}
+    assert launches == {"sw_delta_chunk_prep", "sw_delta_chunk_state"}, launches
+    with pytest.raises(ScanInputError, match="time_tile=64"):
+        plan(OP.call("forward", f, {**cfg, "algorithm": "recurrent"}), sizes)
+    want_o, want_h = loop("gated", a, 1.0)
+    o, h = run(be, f, a, sizes, algorithm="chunked", chunk=8, time_tile=64)
+    close(o, want_o, TOL["float64"], "o")
+    close(h, want_h, TOL["float64"], "final state")

@@ -296,17 +296,7 @@ def plan(call, sizes: dict):
     f: DeltaRuleFeatures = call.features
     wg, tt, split = call.params["workgroup_size"], call.params["time_tile"], call.params["key_split"]
     _check_dtype(call)
-    if wg * split > MAX_ITEMS:
-        raise ScanInputError(f"delta_rule {call.part}: workgroup_size={wg} x key_split={split} work-items exceed "
-                             f"{MAX_ITEMS} per workgroup")
-    need = local_bytes(call.part, f, call.params)
-    if need > SM90.shared_per_block:
-        raise ScanInputError(f"delta_rule {call.part}: time_tile={tt} with K={f.K}, V={f.V} in {f.dtype} needs "
-                             f"{need} bytes of local memory per workgroup, over {SM90.shared_per_block}; "
-                             "lower time_tile")
-    heads = sizes["nseq"] * sizes["H"]
-    columns = heads * -(-f.V // wg)
-    if is_chunked(call):
+    if is_chunked(call):  # the chunked kernels' own limits; the recurrent tunables below do not apply to them
         if f.form != "delta":
             raise ScanInputError(f"delta_rule forward: the GPU kernels' chunked form is the delta form's (DeltaNet, "
                                  f"Gated DeltaNet, KDA); got form {f.form} (RWKV-7): use algorithm='recurrent'")
@@ -317,6 +307,16 @@ def plan(call, sizes: dict):
                                  f"{SM90.shared_per_block}; lower chunk")
         return Plan(tuple(Launch(*x) for x in chunked.plan_launches(f, call.params, sizes)),
                     ws=chunked.scratch(f, call.params, sizes))
+    if wg * split > MAX_ITEMS:
+        raise ScanInputError(f"delta_rule {call.part}: workgroup_size={wg} x key_split={split} work-items exceed "
+                             f"{MAX_ITEMS} per workgroup")
+    need = local_bytes(call.part, f, call.params)
+    if need > SM90.shared_per_block:
+        raise ScanInputError(f"delta_rule {call.part}: time_tile={tt} with K={f.K}, V={f.V} in {f.dtype} needs "
+                             f"{need} bytes of local memory per workgroup, over {SM90.shared_per_block}; "
+                             "lower time_tile")
+    heads = sizes["nseq"] * sizes["H"]
+    columns = heads * -(-f.V // wg)
     if call.part == "forward":
         return Plan((Launch("sw_delta_rule_forward", columns, wg * split),))
     if f.K > MAX_ITEMS:
