@@ -25,7 +25,7 @@ round-robin (a loaded machine slows them alike):
 Usage::
 
     pip install fla-core ggml-python==0.0.45   # the peers (fla's naive files load without a GPU)
-    python bench/linear_rnn.py [--json] [--quick] [--table] [--repeats N]
+    python bench/linear_rnn.py [--json] [--quick] [--table] [--repeats N] [--only ssd,gla] [--peers ggml]
 
 ``--json`` writes bench/results/linear_rnn.json (``--quick``: bench/out/linear_rnn_quick.json).
 """
@@ -148,8 +148,13 @@ def nominal_flops(b: int, T: int, H: int, K: int, V: int) -> float:
     return b * H * T * (2 * 64 * (K + V) + 4 * K * V)
 
 
-def peer_list(kind: str, a: dict, threads: int) -> dict:
-    """name -> (run, close) of every peer of ``kind`` (a failing loader becomes a skip reason)."""
+def picked(name: str, pick: tuple[str, ...]) -> bool:
+    """Whether the peer ``name`` runs: every peer without ``--peers``, else those whose name contains one of them."""
+    return not pick or any(p in name for p in pick)
+
+
+def peer_list(kind: str, a: dict, threads: int, pick: tuple[str, ...] = ()) -> dict:
+    """name -> (run, close) of every peer of ``kind`` picked by ``pick`` (a failing loader becomes a skip reason)."""
     makers = {"ssd": [("mamba-ssm ssd_minimal_discrete", lambda: peers.torch_ssd(a)),
                       ("mamba-ssm ssd_minimal_discrete (torch.compile)", lambda: peers.torch_ssd(a, compiled=True)),
                       ("fla naive_chunk_simple_gla", lambda: peers.torch_chunk_simple_gla(a)),
@@ -165,6 +170,8 @@ def peer_list(kind: str, a: dict, threads: int) -> dict:
                         ("JAX lax.scan (jit)", lambda: peers.jax_peer(a, "rwkv6"))]}[kind]
     out = {}
     for name, make in makers:
+        if not picked(name, pick):
+            continue
         try:
             made = make()
             out[name] = made if isinstance(made, tuple) else (made, lambda: None)
@@ -173,8 +180,9 @@ def peer_list(kind: str, a: dict, threads: int) -> dict:
     return out
 
 
-def grad_peer_list(kind: str, a: dict, do: np.ndarray) -> dict:
-    """name -> run() -> dv of every peer of ``kind`` with a backward (a failing loader becomes a skip reason)."""
+def grad_peer_list(kind: str, a: dict, do: np.ndarray, pick: tuple[str, ...] = ()) -> dict:
+    """name -> run() -> dv of every peer of ``kind`` with a backward picked by ``pick`` (a failing loader becomes a
+    skip reason)."""
     makers = {"ssd": [("mamba-ssm ssd_minimal_discrete", lambda: peers.torch_grad(a, "ssd", do)),
                       ("mamba-ssm ssd_minimal_discrete (torch.compile)",
                        lambda: peers.torch_grad(a, "ssd", do, compiled=True)),
@@ -189,6 +197,8 @@ def grad_peer_list(kind: str, a: dict, do: np.ndarray) -> dict:
                         ("JAX lax.scan (jit grad)", lambda: peers.jax_grad(a, "rwkv6", do))]}[kind]
     out: dict = {}
     for name, make in makers:
+        if not picked(name, pick):
+            continue
         try:
             out[name] = make()
         except Exception as exc:
@@ -241,7 +251,7 @@ def bounds(repeats: int) -> dict:
 
 
 def bench_shape(name, kind, b, T, H, Hq, K, V, bnd: dict, repeats: int, threads: int, with_peers: bool = True,
-                max_peer_s: float = 5.0) -> dict:
+                max_peer_s: float = 5.0, pick: tuple[str, ...] = ()) -> dict:
     a = inputs(kind, b, T, H, Hq, K, V)
     ours = {alg: Ours(kind, a, algorithm=alg) for alg in ALGORITHMS}
     (o, _), extra = peak_extra(ours["chunked"].forward)
@@ -263,12 +273,13 @@ def bench_shape(name, kind, b, T, H, Hq, K, V, bnd: dict, repeats: int, threads:
     row["chunked_vs_recurrent_rel_err"] = float(np.abs(o - rec).max() / np.abs(rec).max())
     if not with_peers:
         return row
-    bench_peers(row, peer_list(kind, a, threads), o, "peers", max(1, repeats // 2), float("inf"), {})
+    bench_peers(row, peer_list(kind, a, threads, pick), o, "peers", max(1, repeats // 2), float("inf"), {})
     fastest = min((p["s"] for p in row["peers"].values() if "s" in p), default=None)
     if fastest:
         row["fastest_peer_s"], row["fwd_speedup_vs_fastest"] = fastest, fastest / best_fwd
     dv = ours["chunked"].backward()["dv"]
-    bench_peers(row, grad_peer_list(kind, a, ours["chunked"].do), dv, "peers fwd+bwd", 1, max_peer_s, row["peers"])
+    bench_peers(row, grad_peer_list(kind, a, ours["chunked"].do, pick), dv, "peers fwd+bwd", 1, max_peer_s,
+                row["peers"])
     fastest = min((p["s"] for p in row["peers fwd+bwd"].values() if "s" in p), default=None)
     if fastest:
         row["fastest_peer_fwdbwd_s"], row["fwdbwd_speedup_vs_fastest"] = fastest, fastest / best_fb
@@ -305,6 +316,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-peer-fwd", type=float, default=5.0,
                     help="skip the forward + backward of a peer whose forward took longer (seconds)")
     ap.add_argument("--only", default="", help="comma-separated parts to run (ssd, gla, rwkv6, decode, scaling)")
+    ap.add_argument("--peers", default="",
+                    help="comma-separated parts of peer names to run (e.g. ggml,JAX); every peer without it")
     ap.add_argument("--table", action="store_true", help="also sweep shapes for the algorithm table")
     args = ap.parse_args(argv)
     threads = os.cpu_count() or 1
@@ -333,7 +346,8 @@ def main(argv=None) -> int:
     for s in QUICK if args.quick else SHAPES:
         if only and s[1] not in only:
             continue
-        r = bench_shape(*s, bnd, args.repeats, threads, not args.no_peers, args.max_peer_fwd)
+        r = bench_shape(*s, bnd, args.repeats, threads, not args.no_peers, args.max_peer_fwd,
+                        tuple(filter(None, args.peers.split(","))))
         report["shapes"].append(r)
         save()
         print(f"{r['shape']}: fwd recurrent {r['ours recurrent'] * 1e3:.1f} ms, chunked {r['ours chunked'] * 1e3:.1f} "
