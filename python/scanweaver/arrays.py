@@ -28,6 +28,7 @@ import numpy as np
 from .checks import check_seqlens
 from .errors import ScanInputError
 from .runtime.base import ScanArrays
+from .runtime.host_pool import host_output
 
 SUPPORTED = (np.dtype(np.float32), np.dtype(np.float64))
 COMPLEX = (np.dtype(np.complex64), np.dtype(np.complex128))
@@ -433,3 +434,12 @@ def contiguous(value, dtype: np.dtype, xp=None):
     if xp is None or xp is np:
         return aligned(np.ascontiguousarray(value, dtype=dtype))
     return xp.ascontiguousarray(value, dtype=dtype)
+
+
+def output_array(xp, shape: tuple[int, ...], dtype, near=None, zero: bool = False):
+    """An operation's output in the array module ``xp``: NumPy outputs from the host pool
+    (:func:`~scanweaver.runtime.host_pool.host_output`, reused once nothing refers to them, placed against the
+    input ``near``), a device module's from that module; zeros when ``zero``, else uninitialised."""
+    if xp is np:
+        return host_output(shape, dtype, near, zero)
+    return xp.zeros(shape, dtype) if zero else xp.empty(shape, dtype)

@@ -44,16 +44,12 @@ from ..ir import Stages
 from ..runtime import device_plan
 from ..runtime.call_plan import CallPlan
 from ..runtime.device_plan import DevicePlan, PlanMismatch
-from ..runtime.host_pool import POOL, output
+from ..runtime.host_pool import POOL, POOL_MIN_BYTES, output
 from ..schedules.base import tunables_key
 from ..tuning import store
 
 #: Plans kept per recurrence (least recently built ones are dropped first).
 MAX_PLANS = 64
-#: Outputs from this size on come from :data:`~scanweaver.runtime.host_pool.POOL` on repeated calls: the
-#: arrays of earlier calls that nothing refers to any more are reused, instead of fresh pages that the
-#: kernel would fault in (3.5 ms of 13 for a 64 MiB ``y``, measured); smaller ones are plain ``np.empty``.
-POOL_MIN_BYTES = 1 << 18
 
 
 class PlanCache(dict):

@@ -10,8 +10,10 @@ does not run it (the GPU kernels store no float16) runs on the best one
 that does, and the report says so.  The algorithm is the kernels' tunable
 ``algorithm``, chosen by the runner (:meth:`scanweaver.fused.FusedOp.algorithm`,
 ``chunk_size``, the tuned store, the call's ``algorithm=``), as for every fused
-operation.  Operands of a device array module (``ops.xp``, CuPy) get their outputs
-allocated by that module, on the current stream: nothing leaves the device.
+operation.  Outputs of NumPy operands come from the host pool
+(:func:`scanweaver.arrays.output_array`: arrays of earlier calls reused once nothing
+refers to them); operands of a device array module (``ops.xp``, CuPy) get their
+outputs allocated by that module, on the current stream: nothing leaves the device.
 
 Example:
     >>> import numpy as np
@@ -29,7 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...arrays import contiguous
+from ...arrays import contiguous, output_array
 from ...calls import runner
 from ...calls.runner import FusedInfo
 from .operands import DeltaOperands
@@ -59,8 +61,8 @@ def forward(ops: DeltaOperands, *, backend: str = "auto", api: str = OP, chunk_s
     """``(o, hlast)``: o ``(B, T, HV, V)`` in the storage dtype, unscaled; hlast ``(nseq, HV, K, V)`` in the
     accumulation dtype (h0 where a sequence is empty)."""
     feats = ops.features()
-    o = ops.xp.empty(ops.v.shape, ops.dtype)
-    hlast = ops.xp.empty(ops.state_shape, ops.state_dtype)
+    o = output_array(ops.xp, ops.v.shape, ops.dtype, near=ops.v)
+    hlast = output_array(ops.xp, ops.state_shape, ops.state_dtype)
     if ops.v.shape[1] == 0:
         hlast[...] = 0 if ops.h0 is None else ops.h0
         _record_empty(ops, "forward", backend, api, feats)
@@ -78,11 +80,12 @@ def backward(ops: DeltaOperands, do: np.ndarray | None, dhlast: np.ndarray | Non
     xp = ops.xp
     do = xp.zeros(ops.v.shape, ops.dtype) if do is None else contiguous(do, ops.dtype, xp)
     dh = None if dhlast is None else contiguous(dhlast, ops.state_dtype, xp)
+    def zeros(x):  # a gradient like x, from the host pool for NumPy
+        return None if x is None else output_array(xp, x.shape, x.dtype, near=x, zero=True)
     out: dict[str, np.ndarray | None] = {
-        "dq": xp.zeros_like(ops.q), "dk": xp.zeros_like(ops.k), "dv": xp.zeros_like(ops.v),
-        **{"d" + n: None if x is None else xp.zeros_like(x) for n, x in (("g", ops.g), ("beta", ops.beta),
-                                                                         ("a", ops.a), ("b", ops.b))},
-        "dh0": None if ops.h0 is None else xp.zeros(ops.state_shape, ops.state_dtype)}
+        "dq": zeros(ops.q), "dk": zeros(ops.k), "dv": zeros(ops.v),
+        **{"d" + n: zeros(x) for n, x in (("g", ops.g), ("beta", ops.beta), ("a", ops.a), ("b", ops.b))},
+        "dh0": None if ops.h0 is None else output_array(xp, ops.state_shape, ops.state_dtype, zero=True)}
     if ops.v.shape[1] == 0:
         if out["dh0"] is not None and dh is not None:
             out["dh0"][...] = dh

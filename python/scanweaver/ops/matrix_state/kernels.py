@@ -6,16 +6,18 @@ or with ``auto`` the best available backend that renders the part; tunables
 from the call, else the tuned store, else the backend's defaults; what ran is
 :data:`scanweaver.matrix.last` (``runner.last["matrix_state"]``).  A backward
 asked of a backend without the backward rendering runs on the best one with it
-(the report says so).  Operands of a device array module (``ops.xp``, CuPy) get
-their outputs allocated by that module, on the current stream: nothing leaves
-the device.
+(the report says so).  Outputs of NumPy operands come from the host pool
+(:func:`scanweaver.arrays.output_array`: arrays of earlier calls reused once
+nothing refers to them); operands of a device array module (``ops.xp``, CuPy)
+get their outputs allocated by that module, on the current stream: nothing
+leaves the device.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ...arrays import contiguous
+from ...arrays import contiguous, output_array
 from ...calls import runner
 from ...calls.runner import FusedInfo
 from ...errors import ScanInputError
@@ -61,8 +63,8 @@ def forward(ops: MatrixOperands, *, backend: str = "auto", return_state: bool = 
             chunk_size: int | None = None, **tunables) -> tuple[np.ndarray, np.ndarray | None]:
     """``(o, hlast)`` of the fused forward in the accumulation dtype (``hlast`` None unless ``return_state``)."""
     feats = ops.features()
-    o = ops.xp.empty(ops.v.shape, ops.dtype)
-    hlast = ops.xp.empty(ops.state_shape, ops.dtype) if return_state else None
+    o = output_array(ops.xp, ops.v.shape, ops.dtype, near=ops.v)
+    hlast = output_array(ops.xp, ops.state_shape, ops.dtype) if return_state else None
     hints = chunk_hints(api, chunk_size)
     if ops.v.shape[1] == 0:
         if hlast is not None:
@@ -86,9 +88,10 @@ def backward(ops: MatrixOperands, do: np.ndarray, dhlast: np.ndarray | None = No
     xp = ops.xp
     do = contiguous(do, ops.dtype, xp)
     dh = None if dhlast is None else contiguous(dhlast, ops.dtype, xp)
-    out = {"dq": xp.zeros_like(ops.q), "dk": xp.zeros_like(ops.k), "dv": xp.zeros_like(ops.v),
-           "dg": None if ops.g is None else xp.zeros_like(ops.g), "du": None if ops.u is None else
-           xp.zeros_like(ops.u), "dh0": None if ops.h0 is None else xp.zeros(ops.state_shape, ops.dtype)}
+    def zeros(x):  # a gradient like x, from the host pool for NumPy
+        return None if x is None else output_array(xp, x.shape, x.dtype, near=x, zero=True)
+    out = {"dq": zeros(ops.q), "dk": zeros(ops.k), "dv": zeros(ops.v), "dg": zeros(ops.g), "du": zeros(ops.u),
+           "dh0": None if ops.h0 is None else output_array(xp, ops.state_shape, ops.dtype, zero=True)}
     hints = chunk_hints(api, chunk_size)
     if ops.v.shape[1] == 0:
         if out["dh0"] is not None and dh is not None:
