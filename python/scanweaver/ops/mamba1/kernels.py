@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...arrays import device_module
+from ...arrays import device_module, output_array
 from ...calls import runner
 from ...calls.runner import FusedInfo
 from ...core.dispatch import pick_backend
@@ -77,8 +77,8 @@ class ForwardPlan:
         """``(y, h_last)`` for input ``arrays`` (parameter name -> array or ``None``) of this signature; with
         ``xp`` (CuPy) the arrays are device arrays and so are the results (nothing leaves the device)."""
         mod = np if xp is None else xp
-        y = mod.empty(self.y_shape, self.dtype)
-        hlast = mod.empty(self.h_shape, self.dtype) if return_state else None
+        y = output_array(mod, self.y_shape, self.dtype, near=arrays.get("u"))
+        hlast = output_array(mod, self.h_shape, self.dtype) if return_state else None
         if self.y_shape[2] == 0 and hlast is not None:  # no step: the state is h0
             h0 = arrays.get("h0")
             hlast[...] = 0 if h0 is None else h0
@@ -144,12 +144,11 @@ def backward(ops: MambaOperands, dout: np.ndarray, dhlast: np.ndarray | None = N
     mod = _xp(ops.u) or np  # device operands: gradients made and written on the device
     dout = mod.ascontiguousarray(dout, dtype=ops.dtype)
     dh = None if dhlast is None else mod.ascontiguousarray(dhlast, dtype=ops.dtype)
-    out = {"du": mod.empty_like(ops.u), "ddelta": mod.empty_like(ops.u), "dA": mod.empty_like(ops.A),
-           "dB": mod.empty_like(ops.B), "dC": mod.empty_like(ops.C),
-           "dD": None if ops.D is None else mod.empty_like(ops.D),
-           "dz": None if ops.z is None else mod.empty_like(ops.u),
-           "ddelta_bias": None if ops.delta_bias is None else mod.empty_like(ops.delta_bias),
-           "dh0": None if ops.h0 is None else mod.empty_like(ops.h0)}
+    def like(x):  # a gradient like x (every element written by the kernel), from the host pool for NumPy
+        return None if x is None else output_array(mod, x.shape, x.dtype, near=x)
+    out = {"du": like(ops.u), "ddelta": like(ops.u), "dA": like(ops.A), "dB": like(ops.B), "dC": like(ops.C),
+           "dD": like(ops.D), "dz": None if ops.z is None else like(ops.u), "ddelta_bias": like(ops.delta_bias),
+           "dh0": like(ops.h0)}
     be.run_fused(FUSED.get(OP).call("backward", feats, cfg), {**ops.arrays(), "dout": dout, "dhlast": dh, **out},
                  ops.sizes)
     if ops.u.shape[2] == 0:  # no step: only the state's gradient passes through
