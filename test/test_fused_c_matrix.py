@@ -131,6 +131,23 @@ def test_the_default_algorithm_comes_from_the_op_and_the_tuner_sees_both(cpu):
     assert [t for t in OP.tunables_for("c") if t.name == "algorithm"][0].values == ("recurrent", "chunked")
 
 
+def test_a_short_call_runs_on_one_thread_only_while_its_state_is_small(cpu):
+    """Decode (T = 1): GLA's 16 x 64 x 64 state at batch 1 stays on one thread (no parallel region); Mamba-2's
+    24 x 128 x 64 at batch 1 and GLA's at batch 16, streamed from memory, take every thread; a long call always."""
+    from scanweaver.targets.fused_c_matrix import ONE_THREAD_STATE
+
+    def threads(K, V, b, T, H, decay="key"):
+        f = MatrixStateFeatures("float32", K, V, decay)
+        sizes = {"batch": b, "T": T, "H": H, "Hq": H, "nseq": b}
+        return OP.resolve("c", {}, cpu.fused_defaults(OP.name, f, sizes), "test")["threads"]
+
+    assert 16 * 64 * 64 < ONE_THREAD_STATE <= 24 * 128 * 64
+    assert threads(64, 64, 1, 1, 16) == 1
+    assert threads(128, 64, 1, 1, 24, "scalar") == 0
+    assert threads(64, 64, 16, 1, 16) == 0
+    assert threads(64, 64, 1, 4096, 16) == 0
+
+
 def test_bad_offsets_and_tunables_are_clear_errors(cpu):
     rng = np.random.default_rng(1)
     f = MatrixStateFeatures("float32", 8, 8, has_seqlens=True)

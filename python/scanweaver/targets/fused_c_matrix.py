@@ -40,8 +40,13 @@ from .matrix_c_chunked_backward import BACKWARD as CHUNKED_BACKWARD
 from .matrix_c_common import COMMON
 from .matrix_c_recurrent import RECURRENT
 
-#: State elements x steps per call below which the forward runs on one thread (a few hundred microseconds).
+#: State elements x steps per call below which the forward runs on one thread (a few hundred microseconds)...
 ONE_THREAD_WORK = 1 << 22
+#: ... unless the state has this many elements or more: a short call (decode) then streams the state from memory,
+#: and two threads moved it faster than one (bench/linear_rnn.py's decode rows, 2 cores: Mamba-2's 24 x 128 x 64
+#: state, 196608 elements, 1.3x at batch 1 and 1.8x at batch 16; GLA's 16 x 64 x 64, 1.5-1.8x at batch 16 and
+#: no gain at batch 1, 65536 elements).
+ONE_THREAD_STATE = 1 << 17
 
 #: ``decay`` -> the value of ``SW_DECAY`` in C.
 DECAY_CODE = {"none": 0, "scalar": 1, "key": 2}
@@ -127,10 +132,12 @@ def defaults(features: MatrixStateFeatures, sizes: dict) -> dict:
     for the recurrent form, whole rows of the state up to 128 value columns per block
     (one item per head: the packed rows of q, k and the decays are read and exponentiated once per step;
     measured faster than narrower blocks at V = 64 and 128 by bench/linear_rnn.py), and one thread, with no
-    OpenMP region, below :data:`ONE_THREAD_WORK` state elements per call (decode: a parallel region costs
-    more than the work, and on a loaded machine it waits for a descheduled thread)."""
+    OpenMP region, below :data:`ONE_THREAD_WORK` state elements per call with a state below
+    :data:`ONE_THREAD_STATE` elements (decode of a small state: a parallel region costs more than the work, and
+    on a loaded machine it waits for a descheduled thread)."""
     cfg: dict = {"block_v": min(128, max(16, 1 << (features.V - 1).bit_length()))}
-    if MatrixState().work(features, sizes) < ONE_THREAD_WORK:
+    state = sizes.get("nseq", sizes.get("batch", 1)) * sizes.get("H", 1) * features.K * features.V
+    if MatrixState().work(features, sizes) < ONE_THREAD_WORK and state < ONE_THREAD_STATE:
         cfg["threads"] = 1
     return cfg
 
