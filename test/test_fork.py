@@ -171,3 +171,42 @@ def test_a_child_forked_after_opencl_started_refuses_it_instead_of_hanging():
         pytest.fail("the child forked after OpenCL started hung in its first OpenCL call")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"status": 0}, proc.stderr[-2000:]
+
+
+POOL_SCRIPT = r"""
+import json, os, sys
+import numpy as np
+import scanweaver
+from scanweaver.runtime import host_pool
+
+rng = np.random.default_rng(2)
+B, T, H, K, V = 1, 512, 4, 32, 32  # o of 256 KiB: from the host pool
+q, k = (rng.standard_normal((B, T, H, K)).astype(np.float32) for _ in range(2))
+v = rng.standard_normal((B, T, H, V)).astype(np.float32)
+g = -rng.uniform(0.01, 0.5, (B, T, H, K)).astype(np.float32)
+
+def run():
+    return scanweaver.linear_attention(q, k, v, g=g, backend="cpu", threads=1)[0]
+
+want = run()
+host_pool.POOL._lock.acquire()  # as if another thread were inside the pool when the fork happens
+pid = os.fork()
+if pid == 0:
+    os._exit(0 if np.allclose(run(), want, rtol=1e-6, atol=1e-6) else 3)
+_, status = os.waitpid(pid, 0)
+host_pool.POOL._lock.release()
+print(json.dumps({"status": os.waitstatus_to_exitcode(status)}))
+"""
+
+
+def test_a_child_forked_while_the_host_pool_is_locked_does_not_hang():
+    """Another thread inside the host pool at the fork leaves its lock held in the child; the child takes a new
+    one, so its first pooled output does not wait for ever."""
+    if toolchain.missing_reason():
+        pytest.skip(f"no C toolchain: {toolchain.missing_reason()}")
+    try:
+        proc = subprocess.run([sys.executable, "-c", POOL_SCRIPT], capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the forked child hung on the host pool's lock")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"status": 0}

@@ -29,6 +29,7 @@ from __future__ import annotations
 import collections
 import heapq
 import math
+import os
 import threading
 import weakref
 
@@ -171,3 +172,13 @@ def _cap_bytes() -> int:
 
 #: The process's pool for results handed to frameworks.
 POOL = HostPool(_cap_bytes())
+
+
+def _new_lock_in_child() -> None:
+    """A forked child takes a new lock for the pool: one another thread of the parent held at the fork would stay
+    held in the child for ever, and its first pooled output would hang."""
+    POOL._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_lock_in_child)
