@@ -210,3 +210,44 @@ def test_a_child_forked_while_the_host_pool_is_locked_does_not_hang():
         pytest.fail("the forked child hung on the host pool's lock")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"status": 0}
+
+
+FILELOCK_SCRIPT = r"""
+import json, os, pathlib, sys, tempfile, threading
+from scanweaver.runtime.filelock import LockError, locked
+
+path = pathlib.Path(tempfile.mkdtemp()) / "store.json"
+inside, done = threading.Event(), threading.Event()
+
+def writer():  # another thread of the parent holds the file's lock across the fork (a compile in progress)
+    with locked(path, timeout=5):
+        inside.set()
+        done.wait(1)  # then lets it go: the child's lock of the file waits for the parent process until then
+
+t = threading.Thread(target=writer)
+t.start()
+inside.wait(30)
+pid = os.fork()
+if pid == 0:
+    try:
+        with locked(path, timeout=5):
+            path.write_text("{}")
+        os._exit(0)
+    except LockError:
+        os._exit(3)
+_, status = os.waitpid(pid, 0)
+t.join()
+print(json.dumps({"status": os.waitstatus_to_exitcode(status)}))
+"""
+
+
+def test_a_child_forked_while_a_thread_holds_a_file_lock_takes_the_lock():
+    """A parent thread inside a file's writer lock at the fork, for one more second: the child takes the file's
+    lock once the parent process lets it go (its parent's thread locks are not carried over, where the copy of
+    the writer's would stay held in the child for ever, and the child would wait out its timeout and fail)."""
+    try:
+        proc = subprocess.run([sys.executable, "-c", FILELOCK_SCRIPT], capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the forked child hung on a file lock")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"status": 0}

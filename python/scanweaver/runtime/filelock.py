@@ -46,6 +46,19 @@ def _thread_lock(path: Path) -> threading.Lock:
         return _thread_locks.setdefault(str(path.resolve()), threading.Lock())
 
 
+def _fresh_in_child() -> None:
+    """A forked child has none of its parent's other threads: the thread locks they held (a compile in progress
+    holds its cache file's for seconds) would stay held in the child, whose next lock of that file would wait out
+    its whole timeout and fail.  The child starts with none (its POSIX record locks start free anyway)."""
+    global _guard
+    _guard = threading.Lock()
+    _thread_locks.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_in_child)
+
+
 @contextlib.contextmanager
 def locked(path: Path, timeout: float = 120.0, what: str = "file", hint: str = ""):
     """Holds the exclusive writer lock of ``path`` for the block.
