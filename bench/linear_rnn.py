@@ -50,6 +50,7 @@ from mamba import peak_extra  # noqa: E402
 from scanweaver.fused import REGISTRY as FUSED  # noqa: E402
 from scanweaver.fused.matrix_state import MatrixStateFeatures  # noqa: E402
 from scanweaver.runtime import get_backend  # noqa: E402
+from scanweaver.runtime.host_pool import host_output  # noqa: E402
 from scanweaver.runtime.roofline import bind_traffic  # noqa: E402
 
 OP = FUSED.get("matrix_state")
@@ -113,7 +114,9 @@ def inputs(kind: str, b: int, T: int, H: int, Hq: int, K: int, V: int, seed: int
 
 
 class Ours:
-    """Forward and backward of the fused op on prepared arrays (outputs allocated per call)."""
+    """Forward and backward of the fused op on prepared arrays, the outputs from the host pool as the public
+    calls take them (:func:`scanweaver.runtime.host_pool.host_output`: the arrays of the last call, dropped, are
+    reused; the gradients zeroed first)."""
 
     def __init__(self, kind: str, a: dict, h0: bool = False, **tunables):
         self.be = get_backend("cpu")
@@ -128,13 +131,16 @@ class Ours:
 
     def forward(self):
         b, T, H, V = self.a["v"].shape
-        out = {"o": np.empty((b, T, H, V), np.float32), "hlast": np.empty((b, H, self.f.K, V), np.float32)}
+        out = {"o": host_output((b, T, H, V), np.float32, self.a["v"]),
+               "hlast": host_output((b, H, self.f.K, V), np.float32)}
         self.be.run_fused(self.fwd, {**self.a, **out}, self.sizes)
         return out["o"], out["hlast"]
 
     def backward(self):
-        got = {"dq": np.empty_like(self.a["q"]), "dk": np.empty_like(self.a["k"]), "dv": np.empty_like(self.a["v"]),
-               "dg": np.empty_like(self.a["g"]), "du": np.empty_like(self.a["u"]) if "u" in self.a else None}
+        def zeros(name):
+            x = self.a.get(name)
+            return None if x is None else host_output(x.shape, x.dtype, x, zero=True)
+        got = {"d" + n: zeros(n) for n in ("q", "k", "v", "g", "u")}
         self.be.run_fused(self.bwd, {**self.a, "do": self.do, **got}, self.sizes)
         return got
 
