@@ -199,17 +199,23 @@ print(json.dumps({"status": os.waitstatus_to_exitcode(status)}))
 """
 
 
+def _child_status_is_zero(script: str, timeout: float, hang: str) -> None:
+    """Runs ``script`` (which forks and prints the child's exit status as JSON) in a subprocess: a hang past
+    ``timeout`` fails with ``hang``; the child must have exited 0."""
+    try:
+        proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail(hang)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"status": 0}
+
+
 def test_a_child_forked_while_the_host_pool_is_locked_does_not_hang():
     """Another thread inside the host pool at the fork leaves its lock held in the child; the child takes a new
     one, so its first pooled output does not wait for ever."""
     if toolchain.missing_reason():
         pytest.skip(f"no C toolchain: {toolchain.missing_reason()}")
-    try:
-        proc = subprocess.run([sys.executable, "-c", POOL_SCRIPT], capture_output=True, text=True, timeout=120)
-    except subprocess.TimeoutExpired:
-        pytest.fail("the forked child hung on the host pool's lock")
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"status": 0}
+    _child_status_is_zero(POOL_SCRIPT, 120, "the forked child hung on the host pool's lock")
 
 
 FILELOCK_SCRIPT = r"""
@@ -245,9 +251,4 @@ def test_a_child_forked_while_a_thread_holds_a_file_lock_takes_the_lock():
     """A parent thread inside a file's writer lock at the fork, for one more second: the child takes the file's
     lock once the parent process lets it go (its parent's thread locks are not carried over, where the copy of
     the writer's would stay held in the child for ever, and the child would wait out its timeout and fail)."""
-    try:
-        proc = subprocess.run([sys.executable, "-c", FILELOCK_SCRIPT], capture_output=True, text=True, timeout=60)
-    except subprocess.TimeoutExpired:
-        pytest.fail("the forked child hung on a file lock")
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"status": 0}
+    _child_status_is_zero(FILELOCK_SCRIPT, 60, "the forked child hung on a file lock")

@@ -443,3 +443,8 @@ def output_array(xp, shape: tuple[int, ...], dtype, near=None, zero: bool = Fals
     if xp is np:
         return host_output(shape, dtype, near, zero)
     return xp.zeros(shape, dtype) if zero else xp.empty(shape, dtype)
+
+
+def output_like(xp, x, zero: bool = False):
+    """:func:`output_array` of ``x``'s shape and dtype, placed against ``x`` (``None`` for ``None``): a gradient."""
+    return None if x is None else output_array(xp, x.shape, x.dtype, near=x, zero=zero)

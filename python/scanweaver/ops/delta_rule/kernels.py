@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...arrays import contiguous, output_array
+from ...arrays import contiguous, output_array, output_like
 from ...calls import runner
 from ...calls.runner import FusedInfo
 from .operands import DeltaOperands
@@ -80,12 +80,11 @@ def backward(ops: DeltaOperands, do: np.ndarray | None, dhlast: np.ndarray | Non
     xp = ops.xp
     do = xp.zeros(ops.v.shape, ops.dtype) if do is None else contiguous(do, ops.dtype, xp)
     dh = None if dhlast is None else contiguous(dhlast, ops.state_dtype, xp)
-    def zeros(x):  # a gradient like x, from the host pool for NumPy
-        return None if x is None else output_array(xp, x.shape, x.dtype, near=x, zero=True)
     out: dict[str, np.ndarray | None] = {
-        "dq": zeros(ops.q), "dk": zeros(ops.k), "dv": zeros(ops.v),
-        **{"d" + n: zeros(x) for n, x in (("g", ops.g), ("beta", ops.beta), ("a", ops.a), ("b", ops.b))},
-        "dh0": None if ops.h0 is None else output_array(xp, ops.state_shape, ops.state_dtype, zero=True)}
+        "d" + n: output_like(xp, x, zero=True)
+        for n, x in (("q", ops.q), ("k", ops.k), ("v", ops.v), ("g", ops.g), ("beta", ops.beta), ("a", ops.a),
+                     ("b", ops.b))}
+    out["dh0"] = None if ops.h0 is None else output_array(xp, ops.state_shape, ops.state_dtype, zero=True)
     if ops.v.shape[1] == 0:
         if out["dh0"] is not None and dh is not None:
             out["dh0"][...] = dh

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...arrays import device_module, output_array
+from ...arrays import device_module, output_array, output_like
 from ...calls import runner
 from ...calls.runner import FusedInfo
 from ...core.dispatch import pick_backend
@@ -144,11 +144,9 @@ def backward(ops: MambaOperands, dout: np.ndarray, dhlast: np.ndarray | None = N
     mod = _xp(ops.u) or np  # device operands: gradients made and written on the device
     dout = mod.ascontiguousarray(dout, dtype=ops.dtype)
     dh = None if dhlast is None else mod.ascontiguousarray(dhlast, dtype=ops.dtype)
-    def like(x):  # a gradient like x (every element written by the kernel), from the host pool for NumPy
-        return None if x is None else output_array(mod, x.shape, x.dtype, near=x)
-    out = {"du": like(ops.u), "ddelta": like(ops.u), "dA": like(ops.A), "dB": like(ops.B), "dC": like(ops.C),
-           "dD": like(ops.D), "dz": None if ops.z is None else like(ops.u), "ddelta_bias": like(ops.delta_bias),
-           "dh0": like(ops.h0)}
+    like = {"du": ops.u, "ddelta": ops.u, "dA": ops.A, "dB": ops.B, "dC": ops.C, "dD": ops.D,
+            "dz": None if ops.z is None else ops.u, "ddelta_bias": ops.delta_bias, "dh0": ops.h0}
+    out = {n: output_like(mod, x) for n, x in like.items()}  # every element written by the kernel
     be.run_fused(FUSED.get(OP).call("backward", feats, cfg), {**ops.arrays(), "dout": dout, "dhlast": dh, **out},
                  ops.sizes)
     if ops.u.shape[2] == 0:  # no step: only the state's gradient passes through

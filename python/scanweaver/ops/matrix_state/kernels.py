@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...arrays import contiguous, output_array
+from ...arrays import contiguous, output_array, output_like
 from ...calls import runner
 from ...calls.runner import FusedInfo
 from ...errors import ScanInputError
@@ -88,10 +88,9 @@ def backward(ops: MatrixOperands, do: np.ndarray, dhlast: np.ndarray | None = No
     xp = ops.xp
     do = contiguous(do, ops.dtype, xp)
     dh = None if dhlast is None else contiguous(dhlast, ops.dtype, xp)
-    def zeros(x):  # a gradient like x, from the host pool for NumPy
-        return None if x is None else output_array(xp, x.shape, x.dtype, near=x, zero=True)
-    out = {"dq": zeros(ops.q), "dk": zeros(ops.k), "dv": zeros(ops.v), "dg": zeros(ops.g), "du": zeros(ops.u),
-           "dh0": None if ops.h0 is None else output_array(xp, ops.state_shape, ops.dtype, zero=True)}
+    out = {"d" + n: output_like(xp, x, zero=True) for n, x in (("q", ops.q), ("k", ops.k), ("v", ops.v),
+                                                                ("g", ops.g), ("u", ops.u))}
+    out["dh0"] = None if ops.h0 is None else output_array(xp, ops.state_shape, ops.dtype, zero=True)
     hints = chunk_hints(api, chunk_size)
     if ops.v.shape[1] == 0:
         if out["dh0"] is not None and dh is not None:
