@@ -12,8 +12,8 @@ margin):
    ``.deps/needed`` (scanweaver's own requirements) where this Python lacks them;
 2. ``tests``: the CUDA tests (device arrays and call plans, Mamba-1 and the matrix-state operations on CUDA
    tensors with host copies refused, launch limits);
-3. ``kernels``: the GPU kernels' tests (the matrix state's chunked forward and backward, the delta rule's forward
-   and backward: every decay kind, lengths around the chunk, packed sequences, groups) on ``cuda`` instead of
+3. ``kernels``: the GPU kernels' tests (the matrix state's and the delta rule's forward and backward, recurrent
+   and chunked: every decay kind, lengths around the chunk, packed sequences, groups) on ``cuda`` instead of
    PoCL (``SCANWEAVER_TEST_GPU_BACKEND=cuda``);
 4. ``families``: every CUDA kernel family against its float64 host reference, forward and backward
    (``bench/gpu_families.py``: the vector scan, Mamba-1, the matrix states, the delta family where present);
@@ -83,7 +83,8 @@ DRY_TESTS = ("test/test_cuda_device_arrays.py",)
 #: The GPU kernels' test files the ``kernels`` step runs on ``cuda`` (PoCL runs them in the suite); their
 #: sm_90 compile checks ran where the suite ran and are left out.
 KERNEL_TESTS = ("test/test_chunked_gpu.py", "test/test_chunked_gpu_backward.py", "test/test_gpu_delta.py",
-                "test/test_gpu_delta_backward.py")
+                "test/test_gpu_delta_backward.py", "test/test_gpu_delta_chunked.py",
+                "test/test_gpu_delta_chunked_backward.py")
 #: Files a GPU call brings back from its output directory.
 MAX_FILES = 8
 

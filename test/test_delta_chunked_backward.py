@@ -223,7 +223,8 @@ def test_the_public_operations_report_what_ran():
 def test_the_default_backward_follows_the_measured_rule():
     """With no ``algorithm`` given, the backward of the delta form runs chunked from 1024 steps per sequence with
     K * V >= 4096 (where bench/delta_chunked.py measured it faster) and the forward stays recurrent; below either
-    bound and for RWKV-7's backward the recurrent one runs (the GPU and Julia kernels have the recurrent form only)."""
+    bound and for RWKV-7's backward the recurrent one runs (the GPU kernels' default is the recurrence, and the
+    Julia kernels have no chunked form)."""
     swt = pytest.importorskip("scanweaver.torch")
     if not get_backend("cpu").availability().ok:
         pytest.skip("cpu backend unavailable")
@@ -238,7 +239,7 @@ def test_the_default_backward_follows_the_measured_rule():
     assert OP.algorithm("c", "backward", f, {**one, "batch": 1, "T": 4096, "nseq": 8}) == "recurrent"  # packed
     assert OP.algorithm("c", "backward", small, one) == "recurrent"
     assert OP.algorithm("c", "backward", dplr, one) == "recurrent"
-    # the GPU kernels have the chunked form of the forward only (and no measured rule): recurrent; Julia's none
+    # the GPU kernels have the chunked form of both parts but no measured rule: recurrent; Julia's none
     assert OP.algorithm("gpu", "backward", f, one) == OP.algorithm("gpu", "forward", f, one) == "recurrent"
     assert OP.algorithm("gpu", "forward", f, one, target="cuda") == "recurrent"
     assert OP.algorithm("julia", "backward", f, one) is None

@@ -56,6 +56,20 @@ def extreme_gates(a):
         a["g"][0, 3, -1] = -1e4
 
 
+def poisoned(a, value, steps=(3, 20, 38)):
+    """``(name, step, arrays less do, do)`` for each copy of ``a`` (its cotangent ``do`` among them) with one element
+    set to ``value``: element (1, 2, 3) of head 0 of h0 and dhlast, element 1 of row 0 at each of ``steps`` of the
+    others."""
+    for name in ("h0", "dhlast", "q", "k", "v", "beta", "g", "a", "b", "do"):
+        if name not in a:
+            continue
+        for t in ((0,) if name in ("h0", "dhlast") else steps):
+            b = {n: x.copy() for n, x in a.items()}
+            b[name][(0, 1, 2, 3) if name in ("h0", "dhlast") else (0, t, 0, 1)[:b[name].ndim]] = value
+            do = b.pop("do")
+            yield name, t, b, do
+
+
 def close(got, want, tol, what):
     for n, w in want.items():
         assert n in got, f"{what}: {n} missing"
@@ -137,23 +151,17 @@ def test_a_non_finite_input_leaves_every_gradient_no_wider_than_the_definition(f
     rng = np.random.default_rng(70)
     f, a, sizes = problem(rng, family, batch=1, T=40, H=2, Hq=1, K=5, V=6, dhlast=True)
     a["do"] = rng.normal(size=a["v"].shape)
-    for name in ("h0", "dhlast", "q", "k", "v", "beta", "g", "a", "b", "do"):
-        if name not in a:
-            continue
-        for t in ((0,) if name in ("h0", "dhlast") else (3, 20, 38)):
-            b = {n: x.copy() for n, x in a.items()}
-            b[name][(0, 1, 2, 3) if name in ("h0", "dhlast") else (0, t, 0, 1)[:b[name].ndim]] = value
-            do = b.pop("do")
-            with np.errstate(all="ignore"):
-                got = gpu_backward(be, f, b, sizes, do, {"workgroup_size": 8, "time_tile": 4, "key_split": 2})
-                want = backward_reference(b["q"], b["k"], b["v"], **inputs_of(b), l2norm=f.l2norm, do=do,
-                                          dhlast=b["dhlast"])
-            want = {n: w for n, w in want.items() if w is not None and OP.enabled(n, f)}
-            if (family, name) in (("kda", "g"), ("rwkv7", "g"), ("rwkv7", "a"), ("rwkv7", "b")):  # named above
-                steps = [t] if family == "kda" else [s for s in (t - 1, t, t + 1) if s < sizes["T"]]
-                got, want = ({n: np.delete(x, steps, axis=1) if n == "dg" else x for n, x in d.items()}
-                             for d in (got, want))
-            no_wider(got, want, f"{name}[{t}] = {value}")
+    for name, t, b, do in poisoned(a, value):
+        with np.errstate(all="ignore"):
+            got = gpu_backward(be, f, b, sizes, do, {"workgroup_size": 8, "time_tile": 4, "key_split": 2})
+            want = backward_reference(b["q"], b["k"], b["v"], **inputs_of(b), l2norm=f.l2norm, do=do,
+                                      dhlast=b["dhlast"])
+        want = {n: w for n, w in want.items() if w is not None and OP.enabled(n, f)}
+        if (family, name) in (("kda", "g"), ("rwkv7", "g"), ("rwkv7", "a"), ("rwkv7", "b")):  # named above
+            steps = [t] if family == "kda" else [s for s in (t - 1, t, t + 1) if s < sizes["T"]]
+            got, want = ({n: np.delete(x, steps, axis=1) if n == "dg" else x for n, x in d.items()}
+                         for d in (got, want))
+        no_wider(got, want, f"{name}[{t}] = {value}")
 
 
 @pytest.mark.parametrize("op", ["gated_delta_rule", "kda", "rwkv7"])

@@ -62,6 +62,7 @@ def test_dry_run_of_the_whole_session(tmp_path):
     assert set(kernels["recurrent"]["forward"]) == {"sw_matrix_state_forward"}
     delta = next(r for r in chunked if r["kind"] == "time" and r["model"] == "gated_delta")["kernels"]
     assert set(delta["chunked"]["forward"]) == {"sw_delta_chunk_prep", "sw_delta_chunk_state"}
+    assert {"sw_delta_chunk_adjoint", "sw_delta_rule_bwd_keys"} <= set(delta["chunked"]["backward"])
     assert "sw_matrix_state_chunk_adjoint_carry" in kernels["chunked"]["backward"]
     assert all(ms > 0 for alg in kernels.values() for part in alg.values() for ms in part.values())
     device = json.loads((tmp_path / summary["device_file"]).read_text())

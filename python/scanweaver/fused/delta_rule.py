@@ -56,8 +56,9 @@ every kernel is checked against (the backward against finite differences in
 the tests).  The C kernels have the tunable ``algorithm``: ``recurrent``, or
 ``chunked``, the WY (UT transform) form on chunks of ``chunk`` steps: the
 forward of both forms, and the backward of the ``delta`` form (RWKV-7's
-backward stays recurrent; :meth:`DeltaRule.chunked_of`); the GPU kernels the
-forward of the ``delta`` form (:mod:`scanweaver.targets.delta_gpu_chunked`).
+backward stays recurrent; :meth:`DeltaRule.chunked_of`); the GPU kernels both
+parts of the ``delta`` form (:mod:`scanweaver.targets.delta_gpu_chunked`,
+:mod:`scanweaver.targets.delta_gpu_chunked_backward`).
 
 Example:
     >>> import numpy as np
@@ -165,13 +166,14 @@ C_TUNABLES = (
 )
 
 #: The GPU (OpenCL, CUDA) kernels' tunables: the matrix-state kernels', the split of K over work-items, and the
-#: algorithm of the forward of the ``delta`` form (the chunked WY form: :mod:`scanweaver.targets.delta_gpu_chunked`).
+#: algorithm of the ``delta`` form (the chunked WY form: :mod:`scanweaver.targets.delta_gpu_chunked`, its backward
+#: :mod:`scanweaver.targets.delta_gpu_chunked_backward`).
 GPU_DELTA_TUNABLES = (*GPU_TUNABLES, Tunable(
     "key_split", 4, (1, 2, 4, 8), "work-items per state column, each keeping K / key_split of its rows in "
     "registers (a workgroup sum joins their dots)", lambda v: power_of_two(v) or _between(v, 1, 64)),
-    Tunable("algorithm", "recurrent", ALGORITHMS, "the fused recurrence (the default) or the chunked WY form of the "
-            "forward (DeltaNet, Gated DeltaNet, KDA; not timed on a GPU yet); the backward and RWKV-7's forward run "
-            "the recurrence", lambda v: None if v in ALGORITHMS else f"it must be one of {', '.join(ALGORITHMS)}"),
+    Tunable("algorithm", "recurrent", ALGORITHMS, "the fused recurrence (the default) or the chunked WY form, "
+            "forward and backward (DeltaNet, Gated DeltaNet, KDA; not timed on a GPU yet); RWKV-7 runs the "
+            "recurrence", lambda v: None if v in ALGORITHMS else f"it must be one of {', '.join(ALGORITHMS)}"),
     Tunable("chunk", 32, (16, 32, 64), f"time steps per chunk of the chunked form (any length from 1 to "
             f"{GPU_MAX_CHUNK}; results do not depend on it)", lambda v: _between(v, 1, GPU_MAX_CHUNK)))
 
@@ -195,9 +197,9 @@ class DeltaRule(FusedOp):
     implementations = {"numpy": PARTS, "c": PARTS, "opencl": PARTS, "cuda": PARTS, "julia": PARTS}
     #: The C kernels have the chunked (WY) form of both parts for the ``delta`` form and of the forward only for
     #: ``dplr`` (RWKV-7: its backward is the recurrent sweep from checkpoints whatever ``algorithm`` says, and
-    #: ``scanweaver.matrix.last`` says so; :meth:`chunked_of`); the GPU kernels the forward of the ``delta`` form
-    #: (RWKV-7's forward and every backward run the recurrence there).
-    chunked_parts = {"c": PARTS, "gpu": ("forward",)}
+    #: ``scanweaver.matrix.last`` says so; :meth:`chunked_of`); the GPU kernels both parts of the ``delta`` form
+    #: (RWKV-7 runs the recurrence there).
+    chunked_parts = {"c": PARTS, "gpu": PARTS}
     #: The algorithm rule (bench/results/delta_chunked.json, float32, 2 threads, quiet cores): the chunked backward
     #: from 1024 steps per sequence with K * V >= 4096, where forward + backward with it ran 1.46-1.56x faster at
     #: K = V = 128 and 1.02-1.17x at 64 (DeltaNet, Gated DeltaNet, KDA at T = 1024 and 4096); the forward stays
@@ -206,7 +208,7 @@ class DeltaRule(FusedOp):
 
     def chunked_of(self, family: str, features: DeltaRuleFeatures | None = None) -> tuple[str, ...] | None:
         """:attr:`chunked_parts`: on the C kernels the forward only for the ``dplr`` form; on the GPU kernels the
-        forward of the ``delta`` form only."""
+        ``delta`` form only."""
         if family == "c" and features is not None and features.form == "dplr":
             return ("forward",)
         if family == "gpu" and features is not None and features.form == "dplr":

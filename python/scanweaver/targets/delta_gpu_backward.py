@@ -129,7 +129,7 @@ SW_KERNEL_DR void sw_delta_rule_bwd_values(@PARAMS@, SW_GLOBAL SW_T* restrict ws
 #pragma unroll
   for (int ii = 0; ii < SW_KR; ++ii) {
     const int i = r * SW_KR + ii;
-    G[ii] = (SW_HAS_DHLAST && live && i < SW_K) ? dhlast[st + i * SW_V] : (SW_T)0;
+    G[ii] = (SW_DHLAST_ON && live && i < SW_K) ? SW_DHLAST_AT(st + i * SW_V) : (SW_T)0;
   }
   (void)red, (void)sn, (void)sd, (void)sA, (void)sB;
   for (sw_index ct = (len + SW_TT - 1) / SW_TT - 1; ct >= 0; --ct) {
@@ -164,7 +164,7 @@ SW_KERNEL_DR void sw_delta_rule_bwd_values(@PARAMS@, SW_GLOBAL SW_T* restrict ws
       }
     }
   }
-  if (SW_HAS_H0 && live) {
+  if (SW_DH0_ON && live) {
 #pragma unroll
     for (int ii = 0; ii < SW_KR; ++ii) {
       const int i = r * SW_KR + ii;
@@ -195,7 +195,7 @@ SW_KERNEL_ROWS void sw_delta_rule_bwd_keys(@PARAMS@, SW_GLOBAL SW_T* restrict ws
   const int nc = SW_V - cs * SW_VC;
   SW_T S[SW_VC];
 #pragma unroll
-  for (int jj = 0; jj < SW_VC; ++jj) S[jj] = (SW_HAS_H0 && jj < nc) ? h0[st + jj] : (SW_T)0;
+  for (int jj = 0; jj < SW_VC; ++jj) S[jj] = (SW_H0_ON && jj < nc) ? SW_H0_AT(st + jj) : (SW_T)0;
   (void)red, (void)sn, (void)wg, (void)wc, (void)dgr, (void)sv;
   /* 1. forward: S_t's row i; dq_t[i] = S_t[i] . do_t, A_t[i] = S'_t[i] . du_t */
   for (sw_index s0 = 0; s0 < len; s0 += SW_TT) {
@@ -235,7 +235,7 @@ SW_KERNEL_ROWS void sw_delta_rule_bwd_keys(@PARAMS@, SW_GLOBAL SW_T* restrict ws
   SW_T X = (SW_T)0, z = (SW_T)0;
 #pragma unroll
   for (int jj = 0; jj < SW_VC; ++jj) {
-    const SW_T gl = (SW_HAS_DHLAST && jj < nc) ? dhlast[st + jj] : (SW_T)0;
+    const SW_T gl = (SW_DHLAST_ON && jj < nc) ? SW_DHLAST_AT(st + jj) : (SW_T)0;
     X += gl * S[jj];
     S[jj] = gl;
   }
@@ -287,7 +287,7 @@ SW_KERNEL_ROWS void sw_delta_rule_bwd_keys(@PARAMS@, SW_GLOBAL SW_T* restrict ws
      * reaches dg_t only for t > s, as in rows(G'_t o S'_t), instead of every earlier step */
     SW_T d0 = (SW_T)0, z3 = (SW_T)0;
 #pragma unroll
-    for (int jj = 0; jj < SW_VC; ++jj) d0 += (SW_HAS_H0 && jj < nc) ? S[jj] * h0[st + jj] : (SW_T)0;
+    for (int jj = 0; jj < SW_VC; ++jj) d0 += (SW_H0_ON && jj < nc) ? S[jj] * SW_H0_AT(st + jj) : (SW_T)0;
     SW_RSUM2(d0, z3);
     if (cs == 0 && spread && len > 0) {
       SW_T F = SW_ROW_DECAY(start) == (SW_T)0 ? (SW_T)0 : d0 - SW_A_DA(start);

@@ -52,8 +52,8 @@ from ..fused.delta_rule import DeltaRuleFeatures
 from ..fused.matrix_state import GPU_MAX_CHUNK as MAX_CHUNK
 from .launch_limits import ITEMSIZE, SM90
 
-__all__ = ["CHUNKED", "MAX_CHUNK", "PREP_ITEMS", "STATE_ITEMS", "DeltaChunkLayout", "defines", "layout",
-           "local_bytes", "plan_launches", "scratch"]
+__all__ = ["CHUNKED", "FORWARD_HOOKS", "MAX_CHUNK", "PREP_ITEMS", "STATE_ITEMS", "DeltaChunkLayout", "chunk_slots",
+           "defines", "layout", "local_bytes", "plan_launches", "region", "scratch"]
 
 #: Work-items of the prep kernel's workgroup (its scores: C x C / this per work-item, 16 at C = 64).
 PREP_ITEMS = 256
@@ -103,12 +103,12 @@ def local_bytes(f: DeltaRuleFeatures, config: dict) -> int:
     return max(_prep_bytes(f, C, lay.kt), _state_bytes(f, C, lay.ct))
 
 
-def _region(f: DeltaRuleFeatures, C: int) -> int:
+def region(f: DeltaRuleFeatures, C: int) -> int:
     """Scratch elements per (chunk slot, value head)."""
     return 2 * C * C + 3 * C * f.K + (f.K if f.gate == "key" else 1) + 1
 
 
-def _slots(f: DeltaRuleFeatures, sizes: dict, C: int) -> int:
+def chunk_slots(f: DeltaRuleFeatures, sizes: dict, C: int) -> int:
     if f.has_seqlens:
         return sizes["T"] // C + sizes["nseq"]
     return sizes["batch"] * -(-sizes["T"] // C)
@@ -117,14 +117,14 @@ def _slots(f: DeltaRuleFeatures, sizes: dict, C: int) -> int:
 def scratch(f: DeltaRuleFeatures, config: dict, sizes: dict) -> int:
     """Elements of the scratch ``ws``."""
     C = int(config["chunk"])
-    return max(1, _slots(f, sizes, C) * sizes["H"] * _region(f, C))
+    return max(1, chunk_slots(f, sizes, C) * sizes["H"] * region(f, C))
 
 
 def plan_launches(f: DeltaRuleFeatures, config: dict, sizes: dict) -> list[tuple[str, int, int]]:
     """``[(kernel, workgroups, work-items)]``: prep over chunk slots x value heads, state over sequences x value
     heads x column tiles."""
     C, H, lay = int(config["chunk"]), sizes["H"], layout(f, config)
-    return [("sw_delta_chunk_prep", _slots(f, sizes, C) * H, PREP_ITEMS),
+    return [("sw_delta_chunk_prep", chunk_slots(f, sizes, C) * H, PREP_ITEMS),
             ("sw_delta_chunk_state", sizes["nseq"] * H * -(-f.V // lay.ct), STATE_ITEMS)]
 
 
@@ -136,7 +136,18 @@ def defines(f: DeltaRuleFeatures, config: dict) -> str:
                       f"#define SW_DOUBLE {int(f.state_dtype == 'float64')}"])
 
 
-#: The two kernels (after :mod:`.fused_gpu_delta_rule`'s prelude: SW_SEGMENT, SW_QK, SW_HK, SW_VO, SW_BT).
+#: The forward's settings of the kernels' hooks (the backward's: :mod:`.delta_gpu_chunked_backward`): the scratch
+#: from its start, the outputs written, nothing kept at a chunk's start.
+FORWARD_HOOKS = r"""
+#define SW_CK0 0
+#define SW_CK_OUT 1
+#define SW_PREP_UNUSED (void)a, (void)b, (void)h0, (void)o, (void)hlast, (void)v
+#define SW_CHUNK_START(sl) ((void)0)
+"""
+
+#: The two kernels (after :mod:`.fused_gpu_delta_rule`'s prelude: SW_SEGMENT, SW_QK, SW_HK, SW_VO, SW_BT), with the
+#: hooks SW_CK0 (where their scratch starts in ``ws``), SW_CK_OUT (write o and hlast), SW_PREP_UNUSED and
+#: SW_CHUNK_START(sl) (the state kernel at a chunk's start, the state's tile in ``ss``).
 CHUNKED = r"""
 #if SW_DOUBLE || !defined(__OPENCL_VERSION__) || defined(cl_khr_fp64)
 #if defined(__OPENCL_VERSION__) && !SW_DOUBLE
@@ -171,6 +182,27 @@ CHUNKED = r"""
 #define SW_NA ((SW_C * SW_C + SW_WGP - 1) / SW_WGP)
 #define SW_NR (SW_WGS / SW_CT)
 #define SW_NVT2 ((SW_V + SW_CT - 1) / SW_CT)
+/* a work-item of a state kernel: column j (c of value tile vt) and row group r of (sequence seq, value head h);
+ * element (i, j) of its state at st + i * SW_V */
+#define SW_TILE_ITEM() \
+  const int lid = SW_LID, c = lid % SW_CT, r = lid / SW_CT; \
+  const sw_index grp = SW_GROUP, vt = grp % SW_NVT2, h = grp / SW_NVT2 % H, seq = grp / SW_NVT2 / H; \
+  const sw_index j = vt * SW_CT + c; \
+  const int live = j < SW_V; \
+  SW_SEGMENT(seq); \
+  const sw_index st = (seq * H + h) * SW_K * SW_V + j
+/* 1 / |q_t| and 1 / |k_t| (fla's epsilon) with the L2 norm, else 1 */
+#define SW_CK_NORMS(t, nq, nk) \
+  SW_T nq = (SW_T)1, nk = (SW_T)1; \
+  if (SW_L2) { \
+    SW_T q2_ = (SW_T)0, k2_ = (SW_T)0; \
+    for (int d_ = 0; d_ < SW_K; ++d_) { \
+      q2_ += q[SW_QK(t) + d_] * q[SW_QK(t) + d_]; \
+      k2_ += k[SW_QK(t) + d_] * k[SW_QK(t) + d_]; \
+    } \
+    nq = (SW_T)1 / @SQRT@(q2_ + (SW_T)1e-6); \
+    nk = (SW_T)1 / @SQRT@(k2_ + (SW_T)1e-6); \
+  }
 
 SW_KERNEL_P void sw_delta_chunk_prep(@PARAMS@, SW_GLOBAL SW_T* restrict ws) {
   SW_LOCAL SW_T sk[SW_C * SW_KTP];
@@ -201,8 +233,8 @@ SW_KERNEL_P void sw_delta_chunk_prep(@PARAMS@, SW_GLOBAL SW_T* restrict ws) {
   SW_SEGMENT(seq);
   const sw_index cs = (sl - SW_BASE(seq)) * SW_C;
   const int n = cs < len ? (int)(len - cs < SW_C ? len - cs : SW_C) : 0;
-  const sw_index wb = (sl * H + h) * SW_REGION;
-  (void)a, (void)b, (void)h0, (void)o, (void)hlast, (void)v;
+  const sw_index wb = SW_CK0 + (sl * H + h) * SW_REGION;
+  SW_PREP_UNUSED;
   if (n == 0) return;  /* an idle slot: the whole workgroup */
   if (lid == 0) splain = 1;
   for (int p = lid; p < SW_C; p += SW_WGP) {
@@ -345,20 +377,16 @@ SW_KERNEL_S void sw_delta_chunk_state(@PARAMS@, SW_GLOBAL SW_T* restrict ws) {
   SW_LOCAL SW_T ss[SW_K * SW_CT];
   SW_LOCAL SW_T sw[SW_C * SW_CT];
   SW_LOCAL SW_T su[SW_C * SW_CT];
-  const int lid = SW_LID, c = lid % SW_CT, r = lid / SW_CT;
-  const sw_index grp = SW_GROUP, vt = grp % SW_NVT2, h = grp / SW_NVT2 % H, seq = grp / SW_NVT2 / H;
-  const sw_index j = vt * SW_CT + c;
-  const int live = j < SW_V;
-  SW_SEGMENT(seq);
-  const sw_index st = (seq * H + h) * SW_K * SW_V + j;
+  SW_TILE_ITEM();
   (void)a, (void)b;
   for (int i = r; i < SW_K; i += SW_NR) ss[i * SW_CT + c] = (SW_HAS_H0 && live) ? h0[st + i * SW_V] : (SW_T)0;
   sw_index sl = SW_BASE(seq);
   for (sw_index c0 = 0; c0 < len; c0 += SW_C, ++sl) {
     const int n = (int)(len - c0 < SW_C ? len - c0 : SW_C);
-    const sw_index wb = (sl * H + h) * SW_REGION;
+    const sw_index wb = SW_CK0 + (sl * H + h) * SW_REGION;
     const int plain = ws[wb + SW_OFL] != (SW_T)0;
     SW_BARRIER();
+    SW_CHUNK_START(sl);
     if (plain) {
       /* W = V - (K o e^{G}) S_0 */
       for (int i = r; i < n; i += SW_NR) {
@@ -375,6 +403,7 @@ SW_KERNEL_S void sw_delta_chunk_state(@PARAMS@, SW_GLOBAL SW_T* restrict ws) {
         su[i * SW_CT + c] = acc;
       }
       SW_BARRIER();
+#if SW_CK_OUT
       /* O = (Q o e^{G}) S_0 + A U */
       for (int i = r; i < n; i += SW_NR) {
         SW_T acc = (SW_T)0;
@@ -384,6 +413,7 @@ SW_KERNEL_S void sw_delta_chunk_state(@PARAMS@, SW_GLOBAL SW_T* restrict ws) {
         if (live) o[SW_VO(start + c0 + i) + j] = acc;
       }
       SW_BARRIER();
+#endif
       /* S_end = e^{G_last} o S_0 + (K o e^{G_last - G})^T U */
       for (int d = r; d < SW_K; d += SW_NR) {
         SW_T acc = (SW_GATE ? ws[wb + SW_OEL + (SW_GATE == 2 ? d : 0)] : (SW_T)1) * ss[d * SW_CT + c];
@@ -395,16 +425,7 @@ SW_KERNEL_S void sw_delta_chunk_state(@PARAMS@, SW_GLOBAL SW_T* restrict ws) {
        * range) */
       for (int p = 0; p < n; ++p) {
         const sw_index t = start + c0 + p;
-        SW_T nq = (SW_T)1, nk = (SW_T)1;
-        if (SW_L2) {
-          SW_T q2 = (SW_T)0, k2 = (SW_T)0;
-          for (int d = 0; d < SW_K; ++d) {
-            q2 += q[SW_QK(t) + d] * q[SW_QK(t) + d];
-            k2 += k[SW_QK(t) + d] * k[SW_QK(t) + d];
-          }
-          nq = (SW_T)1 / @SQRT@(q2 + (SW_T)1e-6);
-          nk = (SW_T)1 / @SQRT@(k2 + (SW_T)1e-6);
-        }
+        SW_CK_NORMS(t, nq, nk);
         SW_T pr = (SW_T)0;
         for (int d = 0; d < SW_K; ++d) {
           const SW_T dk = SW_GATE == 2 ? @EXP@(g[SW_HK(t) + d]) : SW_GATE == 1 ? @EXP@(g[SW_BT(t)]) : (SW_T)1;
@@ -419,12 +440,18 @@ SW_KERNEL_S void sw_delta_chunk_state(@PARAMS@, SW_GLOBAL SW_T* restrict ws) {
           ss[d * SW_CT + c] = s;
           acc += q[SW_QK(t) + d] * nq * s;
         }
+#if SW_CK_OUT
         if (live) o[SW_VO(t) + j] = acc;
+#else
+        (void)acc;
+#endif
       }
     }
   }
+#if SW_CK_OUT
   SW_BARRIER();
   if (live)
     for (int i = r; i < SW_K; i += SW_NR) hlast[st + i * SW_V] = ss[i * SW_CT + c];
+#endif
 }
 """

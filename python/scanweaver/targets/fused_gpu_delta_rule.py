@@ -13,8 +13,11 @@ q, the update columns, the projections, the decays and beta of ``time_tile``
 steps (and the next one) are staged in local memory, normalised there when
 ``l2norm`` is on.
 
-With ``algorithm="chunked"`` the forward of the ``delta`` form is the chunked WY
-form of :mod:`.delta_gpu_chunked` instead (two kernels and a scratch ``ws``).
+With ``algorithm="chunked"`` the ``delta`` form runs the chunked WY form
+instead: the forward of :mod:`.delta_gpu_chunked` (two kernels and a scratch
+``ws``), the backward of :mod:`.delta_gpu_chunked_backward` (those two without
+outputs, the adjoints' carry, and the backward's four kernels below on the
+chunks).
 
 The backward (:mod:`.delta_gpu_backward`) is every form's (DeltaNet, Gated
 DeltaNet, KDA, RWKV-7; every gate, ``l2norm``, q/k heads shared by value
@@ -25,6 +28,7 @@ Kernels (ABI of :meth:`~scanweaver.fused.delta_rule.DeltaRule.params`; ``do`` sp
 
     sw_delta_rule_forward(q, k, v, g, beta, a, b, h0, cu_seqlens, o, hlast, batch, T, H, Hq, nseq)
     sw_delta_chunk_prep / sw_delta_chunk_state(the forward's parameters, ws)                   (chunked)
+    sw_delta_chunk_adjoint(the backward's parameters, ws)                                      (chunked backward)
 """
 
 from __future__ import annotations
@@ -32,10 +36,11 @@ from __future__ import annotations
 from ..errors import ScanInputError
 from ..fused.delta_rule import GATES, DeltaRuleFeatures
 from . import delta_gpu_chunked as chunked
+from . import delta_gpu_chunked_backward as chunked_backward
 from .delta_gpu_backward import BACKWARD, MACROS
 from .fused import KERNELS, FusedKernel
 from .fused_gpu_mamba1 import params
-from .fused_gpu_matrix_state import LOCAL_BUDGET, columns_per_group
+from .fused_gpu_matrix_state import LOCAL_BUDGET, columns_per_group, resident_blocks
 from .launch_limits import ITEMSIZE, SM90
 
 #: State rows a work-item keeps in registers by default (``key_split`` = K / this, rounded up to a power of two):
@@ -139,6 +144,15 @@ PRELUDE = r"""
     for (int e = lid; e < (m) * SW_K; e += SW_ITEMS) sa[e] = SW_DK(e / SW_K, e % SW_K) * sx[e]; \
 } while (0)
 #define SW_KN (SW_DPLR ? sy : sx)
+/* where a sequence's initial state is read, its final state's adjoint read and its initial state's written (the
+ * chunked backward runs the recurrent kernels on chunks, with states and adjoints of its own) */
+#ifndef SW_H0_AT
+#define SW_H0_ON SW_HAS_H0
+#define SW_H0_AT(x) h0[x]
+#define SW_DHLAST_ON SW_HAS_DHLAST
+#define SW_DHLAST_AT(x) dhlast[x]
+#define SW_DH0_ON SW_HAS_H0
+#endif
 """
 
 #: The forward sweep; @NAME@ and @EXTRA@ (a parameter), @OUT@ (per step, with the projection ``p`` of the step,
@@ -158,7 +172,7 @@ SW_KERNEL_DR void @NAME@(@PARAMS@@EXTRA@) {
 #pragma unroll
   for (int ii = 0; ii < SW_KR; ++ii) {
     const int i = r * SW_KR + ii;
-    s[ii] = (SW_HAS_H0 && live && i < SW_K) ? h0[st + i * SW_V] : (SW_T)0;
+    s[ii] = (SW_H0_ON && live && i < SW_K) ? SW_H0_AT(st + i * SW_V) : (SW_T)0;
   }
   (void)red, (void)sy, (void)sn, (void)sb;
   for (sw_index s0 = 0; s0 < len; s0 += SW_TT) {
@@ -219,10 +233,21 @@ def render(r, call) -> str:
         for name in ("workgroup_size", "time_tile", "key_split"))
     kernels = [f"#define SW_KERNEL_ROWS {r.kernel_prefix} {r.launch_bounds.format(n='SW_RITEMS')}".rstrip(),
                f"#define SW_KERNEL_DR {r.kernel_prefix} {r.launch_bounds.format(n='SW_ITEMS')}".rstrip()]
-    if call.part == "forward" and is_chunked(call):
-        body = chunked.CHUNKED
+    if is_chunked(call):
+        deltas = COLUMNS.replace("@NAME@", "sw_delta_rule_bwd_deltas")
+        deltas = deltas.replace("@EXTRA@", f", {r.global_prefix}{r.ctype(f.state_dtype)}* restrict ws")
+        body = chunked.CHUNKED if call.part == "forward" else (
+            MACROS + chunked.CHUNKED + chunked_backward.ADJOINT + chunked_backward.SLOT_SEGMENT
+            + deltas.replace("@OUT@", DELTAS_OUT).replace("@END@", "") + BACKWARD)
+        if call.part == "backward" and r.launch_bounds_blocks:
+            # on the chunk slots ptxas settled the deltas and values kernels at 64 registers and spilled (K = V =
+            # 128, float32): declared for 128 registers a work-item, as the matrix-state kernels are
+            items = cfg["workgroup_size"] * cfg["key_split"]
+            kernels[1] = f"#define SW_KERNEL_DR {r.kernel_prefix} " + \
+                r.launch_bounds_blocks.format(n="SW_ITEMS", blocks=resident_blocks(items))
         # two resident workgroups (up to 128 registers each): with the plain bound ptxas settled at 64 and spilled
-        kernels += [chunked.defines(f, cfg)] + [
+        kernels += [chunked.FORWARD_HOOKS if call.part == "forward" else chunked_backward.HOOKS,
+                    chunked.defines(f, cfg)] + [
             f"#define SW_KERNEL_{x} {r.kernel_prefix} " + (r.launch_bounds_blocks.format(n=f"SW_WG{x}", blocks=2)
                                                           if r.launch_bounds_blocks else
                                                           r.launch_bounds.format(n=f"SW_WG{x}")) for x in "PS"]
@@ -247,8 +272,8 @@ def render(r, call) -> str:
 
 
 def is_chunked(call) -> bool:
-    """True when ``call`` runs the chunked WY forward (:mod:`.delta_gpu_chunked`)."""
-    return call.part == "forward" and call.params.get("algorithm") == "chunked"
+    """True when ``call`` runs the chunked WY form (:mod:`.delta_gpu_chunked`, :mod:`.delta_gpu_chunked_backward`)."""
+    return call.params.get("algorithm") == "chunked"
 
 
 def _check_dtype(call) -> None:
@@ -296,17 +321,20 @@ def plan(call, sizes: dict):
     f: DeltaRuleFeatures = call.features
     wg, tt, split = call.params["workgroup_size"], call.params["time_tile"], call.params["key_split"]
     _check_dtype(call)
-    if is_chunked(call):  # the chunked kernels' own limits; the recurrent tunables below do not apply to them
+    chunk = is_chunked(call)
+    if chunk:  # the chunked kernels' own limits; the forward's are those alone
         if f.form != "delta":
-            raise ScanInputError(f"delta_rule forward: the GPU kernels' chunked form is the delta form's (DeltaNet, "
-                                 f"Gated DeltaNet, KDA); got form {f.form} (RWKV-7): use algorithm='recurrent'")
+            raise ScanInputError(f"delta_rule {call.part}: the GPU kernels' chunked form is the delta form's "
+                                 f"(DeltaNet, Gated DeltaNet, KDA); got form {f.form} (RWKV-7): use "
+                                 "algorithm='recurrent'")
         need = chunked.local_bytes(f, call.params)
         if need > SM90.shared_per_block:
-            raise ScanInputError(f"delta_rule forward: chunk={call.params['chunk']} with K={f.K}, V={f.V} in "
+            raise ScanInputError(f"delta_rule {call.part}: chunk={call.params['chunk']} with K={f.K}, V={f.V} in "
                                  f"{f.dtype} needs {need} bytes of local memory per workgroup, over "
                                  f"{SM90.shared_per_block}; lower chunk")
-        return Plan(tuple(Launch(*x) for x in chunked.plan_launches(f, call.params, sizes)),
-                    ws=chunked.scratch(f, call.params, sizes))
+        if call.part == "forward":
+            return Plan(tuple(Launch(*x) for x in chunked.plan_launches(f, call.params, sizes)),
+                        ws=chunked.scratch(f, call.params, sizes))
     if wg * split > MAX_ITEMS:
         raise ScanInputError(f"delta_rule {call.part}: workgroup_size={wg} x key_split={split} work-items exceed "
                              f"{MAX_ITEMS} per workgroup")
@@ -321,8 +349,11 @@ def plan(call, sizes: dict):
         return Plan((Launch("sw_delta_rule_forward", columns, wg * split),))
     if f.K > MAX_ITEMS:
         raise ScanInputError(f"delta_rule backward: K={f.K} state rows exceed {MAX_ITEMS} work-items per workgroup")
+    if chunk:  # the recurrent backward's kernels run on the chunks: their limits above hold too
+        launches = chunked_backward.plan_launches(f, call.params, sizes, wg, split, f.K * row_split(f, split))
+        return Plan(tuple(Launch(*x) for x in launches), ws=chunked_backward.scratch(f, call.params, sizes))
     tokens = sizes["batch"] * sizes["T"]
-    ws = tokens * sizes["H"] * (2 * f.V + {"scalar": 4, "key": 3}.get(f.gate, 2) * f.K)
+    ws = chunked_backward.recurrent_scratch(f, sizes)
     return Plan((Launch("sw_delta_rule_bwd_deltas", columns, wg * split),
                  Launch("sw_delta_rule_bwd_values", columns, wg * split),
                  Launch("sw_delta_rule_bwd_keys", heads, f.K * row_split(f, split)),

@@ -60,7 +60,7 @@ from __future__ import annotations
 from ..fused.matrix_state import MatrixStateFeatures
 from .matrix_gpu_chunked import slots
 
-__all__ = ["ADJOINT", "HOOKS", "SLOT_SEGMENT", "plan_launches"]
+__all__ = ["ADJOINT", "HOOKS", "SLOT_SEGMENT", "plan_launches", "slot_segment"]
 
 #: Where the recurrent backward's kernels find their states, and where their per-chunk results go.
 HOOKS = r"""
@@ -152,14 +152,15 @@ SW_KERNEL_TILED void sw_matrix_state_chunk_adjoint_carry(@PARAMS@) {
 }
 """
 
-#: The recurrent backward's ``SW_SEGMENT`` on chunk slots: the "sequence" ``sl_`` is a chunk slot, its steps the
-#: chunk's (an idle slot has none); ``b``, ``start``, ``len`` and ``hq`` as the kernels use them.  ``len`` is
+#: The recurrent backward's ``SW_SEGMENT`` on chunk slots (:func:`slot_segment`): the "sequence" ``sl_`` is a chunk
+#: slot, its steps the chunk's (an idle slot has none); ``@ROW@`` (the batch row), ``start``, ``len`` and ``hq`` as
+#: the kernels use them.  ``len`` is
 #: bounded by the chunk loaded from the scratch, not by the constant: where the compiler can prove that a
 #: kernel's time-tile loops run at most once (chunk <= time_tile), PoCL (3.1 with LLVM 15, its default work-group
 #: method) builds the keys kernel so that work-items of rows past K run the body of ``if (live)`` and write out
 #: of bounds.  The recurrent keys kernel does the same given a sequence length bounded by ``time_tile`` in its
 #: text.
-SLOT_SEGMENT = r"""
+SLOT_SEGMENT_TEXT = r"""
 #undef SW_SEGMENT
 #define SW_SEGMENT(sl_) \
   sw_index rs_ = 0; \
@@ -173,15 +174,26 @@ SLOT_SEGMENT = r"""
   } else { \
     rs_ = (sl_) / SW_NCH; \
   } \
-  const sw_index b = SW_HAS_SEQLENS ? 0 : rs_; \
+  const sw_index @ROW@ = SW_HAS_SEQLENS ? 0 : rs_; \
   const sw_index s0_ = SW_HAS_SEQLENS ? cu_seqlens[rs_] : 0; \
   const sw_index l0_ = SW_HAS_SEQLENS ? cu_seqlens[rs_ + 1] - s0_ : T; \
   const sw_index c0_ = ((sl_) - SW_BASE(rs_)) * SW_C; \
   const sw_index cap_ = (sw_index)ws[SW_CAPAT]; \
   const sw_index len = c0_ < l0_ ? (l0_ - c0_ < cap_ ? l0_ - c0_ : cap_) : 0; \
-  const sw_index start = SW_REVERSE ? s0_ + l0_ - c0_ - len : s0_ + c0_; \
+  const sw_index start = @START@; \
   const sw_index hq = h / (H / Hq)
 """
+
+
+def slot_segment(row: str = "b", reverse: bool = True) -> str:
+    """:data:`SLOT_SEGMENT_TEXT` with the batch row named ``row``, for kernels with ``SW_REVERSE`` (``reverse``) or
+    without."""
+    start = "SW_REVERSE ? s0_ + l0_ - c0_ - len : s0_ + c0_" if reverse else "s0_ + c0_"
+    return SLOT_SEGMENT_TEXT.replace("@ROW@", row).replace("@START@", start)
+
+
+#: The matrix-state recurrent backward's (batch row ``b``, reversible).
+SLOT_SEGMENT = slot_segment()
 
 
 def plan_launches(f: MatrixStateFeatures, config: dict, sizes: dict, wg: int, ct: int, rt: int) -> tuple[list, int]:
