@@ -52,7 +52,8 @@ CASES = [("deltanet", "float64", {"T": 13, "K": 5, "V": 19}, 4),
          ("kda", "float64", {"T": 40, "Hq": 1, "H": 3, "K": 20, "V": 40, "l2norm": True}, 16),
          ("kda", "float32", {"T": 70, "K": 64, "V": 64}, 32),
          ("gated", "float64", {"T": 1, "K": 6, "V": 6}, 16),
-         ("deltanet", "float32", {"seqlens": [16, 17, 15], "K": 8, "V": 8, "l2norm": True}, 16)]
+         ("deltanet", "float32", {"seqlens": [16, 17, 15], "K": 8, "V": 8, "l2norm": True}, 16),
+         ("gated", "float64", {"T": 40, "K": 1, "V": 2}, 32)]
 
 
 @pytest.mark.parametrize("family,dtype,kw,chunk", CASES,

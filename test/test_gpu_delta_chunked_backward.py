@@ -44,7 +44,8 @@ CASES = [("deltanet", {"T": 13, "K": 5, "V": 19}, 4),
          ("kda", {"T": 40, "Hq": 1, "H": 3, "K": 20, "V": 9, "l2norm": True}, 16),
          ("kda", {"seqlens": [6, 0, 13], "Hq": 1, "H": 2, "K": 12, "V": 10}, 4),
          ("gated", {"T": 1, "K": 6, "V": 6}, 16),
-         ("deltanet", {"seqlens": [16, 17, 15], "K": 8, "V": 8, "l2norm": True}, 16)]
+         ("deltanet", {"seqlens": [16, 17, 15], "K": 8, "V": 8, "l2norm": True}, 16),
+         ("deltanet", {"T": 70, "K": 1, "V": 2}, 64)]
 
 
 @pytest.mark.parametrize("family,kw,chunk", CASES, ids=[f"{c[0]}-C{c[2]}-{i}" for i, c in enumerate(CASES)])

@@ -86,10 +86,14 @@ def _state_bytes(f: DeltaRuleFeatures, C: int, ct: int) -> int:
 
 
 def layout(f: DeltaRuleFeatures, config: dict) -> DeltaChunkLayout:
-    """The widest key tile (16 down to 1) and column tile (32 down to 1) whose local memory fits a workgroup's."""
+    """The widest key tile (16 down to 2) and column tile (32 down to 1) whose local memory fits a workgroup's.
+
+    The key tile is at least 2 (at K = 1 its second row is 0): with a tile of 1 and chunks past 16 steps, PoCL (3.1,
+    LLVM 15) built a prep kernel whose T and A were wrong (o off by O(1), or NaN); the text reads right, and a tile
+    of 2 is exact."""
     C = int(config["chunk"])
-    kt = min(16, _pow2_at_least(f.K))
-    while kt > 1 and _prep_bytes(f, C, kt) > SM90.shared_per_block:
+    kt = min(16, max(2, _pow2_at_least(f.K)))
+    while kt > 2 and _prep_bytes(f, C, kt) > SM90.shared_per_block:
         kt //= 2
     ct = min(32, _pow2_at_least(f.V))
     while ct > 1 and _state_bytes(f, C, ct) > SM90.shared_per_block:
