@@ -17,7 +17,7 @@ margin):
    PoCL (``SCANWEAVER_TEST_GPU_BACKEND=cuda``);
 4. ``families``: every CUDA kernel family against its float64 host reference, forward and backward
    (``bench/gpu_families.py``: the vector scan, Mamba-1, the matrix states, the delta family where present);
-5. ``chunked``: the matrix state's chunked form beside its recurrence (GLA, simple GLA, Mamba-2), checked, then
+5. ``chunked``: the chunked form beside the recurrence (GLA, simple GLA, Mamba-2, Gated DeltaNet), checked, then
    timed forward and forward + backward (``bench/gpu_chunked.py``);
 6. ``gpu_check``: every vector-scan schedule against the host oracle, then the default path against the
    roofline (``bench/gpu_check.py``);
