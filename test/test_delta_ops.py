@@ -289,6 +289,12 @@ def test_bad_operands_name_the_argument():
         scanweaver.gated_delta_rule_step(np.zeros((2, 4, 4, 5)), q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0])
     with pytest.raises(ScanInputError, match="scale must be finite"):
         scanweaver.delta_rule(q, k, v, beta, float("nan"))
+    # beta logits are checked as given before the sigmoid (a complex beta lost its imaginary part; a ragged list
+    # raised NumPy's own error)
+    with pytest.raises(ScanInputError, match=r"^kda: beta has dtype complex128; it needs a real floating-point"):
+        scanweaver.kda(q, k, v, g, beta.astype(complex), use_beta_sigmoid_in_kernel=True)
+    with pytest.raises(ScanInputError, match=r"^kda: beta cannot be read as an array"):
+        scanweaver.kda(q, k, v, g, [[1.0, 2.0], [3.0]], use_beta_sigmoid_in_kernel=True)
 
 
 def test_offsets_are_one_dimensional_and_cu_seqlens_cpu_alone_packs():

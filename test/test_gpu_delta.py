@@ -80,6 +80,34 @@ def test_half_operands_on_the_gpu_kernels_are_refused_naming_them_and_the_way_ou
     assert o.dtype == np.float16 and np.isfinite(o.astype(np.float32)).all()
 
 
+def test_one_key_with_the_l2_norm_runs_right_by_default():
+    """K = 1 with the in-kernel L2 norm and V = 16 (a default of 16 columns a workgroup, which PoCL built wrong: o off
+    by O(1)): the default configuration matches the NumPy definition, forward and final state, recurrent and
+    chunked."""
+    gpu_backend()
+    rng = np.random.default_rng(2)
+    q, k = rng.normal(size=(2, 1, 20, 1, 1))
+    v, beta = rng.normal(size=(1, 20, 1, 16)), rng.uniform(0, 1, (1, 20, 1))
+    want = scanweaver.delta_rule(q, k, v, beta, use_qk_l2norm_in_kernel=True, output_final_state=True,
+                                 backend="numpy")
+    for kw in ({}, {"algorithm": "chunked"}):
+        got = scanweaver.delta_rule(q, k, v, beta, use_qk_l2norm_in_kernel=True, output_final_state=True,
+                                    backend=GPU_TEST_BACKEND, **kw)
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(g, w, rtol=0, atol=1e-12 * np.abs(w).max(), err_msg=str(kw))
+
+
+def test_a_key_size_past_local_memory_names_the_ways_out():
+    """K = 2048 (the default key_split held to the tunable's 64): the refusal names K and backend='cpu', not a
+    tunable the call never gave."""
+    gpu_backend()
+    rng = np.random.default_rng(3)
+    q, k = rng.normal(size=(2, 1, 3, 1, 2048)).astype(np.float32)
+    v, beta = rng.normal(size=(1, 3, 1, 4)).astype(np.float32), rng.uniform(0, 1, (1, 3, 1)).astype(np.float32)
+    with pytest.raises(ScanInputError, match="K is too large .* use backend='cpu'"):
+        scanweaver.delta_rule(q, k, v, beta, backend=GPU_TEST_BACKEND)
+
+
 NVCC = shutil.which("nvcc")
 
 

@@ -31,7 +31,7 @@ import numpy as np
 from ...arrays import is_real
 from ...checks import scale_of
 from .kernels import backward, forward
-from .operands import DeltaOperands, operands
+from .operands import DeltaOperands, array, operands
 
 #: Each named operation's kernel-pair inputs, in order (also its declaration's ``arrays``).
 INPUTS = {"delta_rule": ("q", "k", "v", "beta", "initial_state"),
@@ -75,8 +75,8 @@ def prepare(family: str, inputs: list, options: dict, xp=None) -> DeltaOperands:
     named = dict(zip(INPUTS[family], inputs, strict=True))
     h0 = named.pop("initial_state")
     c = _beta_scale(options)
-    if c is not None and named.get("beta") is not None:
-        raw = named["beta"] if xp is not None else np.asarray(named["beta"])
+    if c is not None and named.get("beta") is not None:  # checked first: the logits are beta as given
+        raw = array(options.get("api", family), "beta", named["beta"], 3, "(B, T, HV)", xp)
         named["beta"] = (c * _sigmoid(raw, mod)).astype(raw.dtype if is_real(raw.dtype) else np.float64)
     names = {"cu_seqlens": options.get("cu_seqlens_name", "cu_seqlens")}
     if family == "rwkv7":
