@@ -193,3 +193,31 @@ def test_a_chain_within_the_budget_runs(rng):
     g = x * (2.0 - 0.5 ** n)
     np.testing.assert_allclose(rec(a, x, backend="cpu" if "cpu" in BACKENDS else "numpy"),
                                loop_reference(a, np.ones_like(a), g)[0], rtol=1e-4, atol=1e-4)
+
+
+# -- item: an empty key or value axis of a matrix state; a tunable's allowed range -------------------------------
+
+
+@pytest.mark.parametrize("op", ["linear_attention", "gated_delta_rule"])
+@pytest.mark.parametrize("empty", ["K", "V"])
+def test_an_empty_state_axis_is_named_not_reported_as_a_head_mismatch(rng, op, empty):
+    B, T, H = 1, 6, 2
+    K, V = (0, 3) if empty == "K" else (3, 0)
+    q = rng.standard_normal((B, T, H, K)).astype(np.float32)
+    v = rng.standard_normal((B, T, H, V)).astype(np.float32)
+    extra = () if op == "linear_attention" else (-np.ones((B, T, H), np.float32), np.full((B, T, H), 0.5, np.float32))
+    with pytest.raises(ScanInputError) as info:
+        getattr(scanweaver, op)(q, q.copy(), v, *extra)
+    msg = str(info.value)
+    name = "q" if empty == "K" else "v"
+    assert f"{name} has shape {(B, T, H, K) if empty == 'K' else (B, T, H, V)}" in msg
+    assert f"({empty}, the state's" in msg and "heads" not in msg
+
+
+@pytest.mark.parametrize("value", [3, 2, 1024])
+def test_a_power_of_two_tunable_states_the_range_it_allows(rng, value):
+    """block_v must be a power of two from 4 to 512: 3 (not a power) and 2, 1024 (out of range) say so."""
+    q = rng.standard_normal((1, 4, 1, 4)).astype(np.float32)
+    g, beta = -np.ones((1, 4, 1), np.float32), np.full((1, 4, 1), 0.5, np.float32)
+    with pytest.raises(ScanInputError, match=rf"block_v={value} is invalid: it must be a power of two from 4 to 512"):
+        scanweaver.gated_delta_rule(q, q.copy(), q.copy(), g, beta, backend="cpu", block_v=value)

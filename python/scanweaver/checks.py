@@ -13,6 +13,20 @@ import numpy as np
 from .errors import ScanInputError
 
 
+def check_state_axes(api: str, keys: tuple[str, object], values: tuple[str, object]) -> None:
+    """Raises when the key or the value axis of a matrix state is empty: ``keys`` and ``values`` are (name,
+    array) pairs of the operands whose last axes are K and V (q; v).
+
+    Raises:
+        ScanInputError: naming the operand, its shape and the axis.
+    """
+    for (name, arr), axis in ((keys, "K, the state's keys"), (values, "V, the state's values")):
+        shape = tuple(getattr(arr, "shape", ()))
+        if shape and shape[-1] < 1:
+            raise ScanInputError(f"{api}: {name} has shape {shape}: its last axis ({axis}) is empty; it needs at "
+                                 "least 1")
+
+
 def check_seqlens(api: str, cu_seqlens: object, T: int | None, batch: int | None = None,
                   name: str = "cu_seqlens") -> np.ndarray:
     """``cu_seqlens`` checked, as a C-contiguous int64 array: the one rule of every operation.

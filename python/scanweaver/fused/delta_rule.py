@@ -80,7 +80,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ScanInputError
-from ..schedules.base import Tunable, non_negative, power_of_two
+from ..schedules.base import Tunable, non_negative, power_of_two_between
 from .base import PARTS, FusedOp, Param, register
 from .matrix_state import (GPU_MAX_CHUNK, GPU_TUNABLES, JULIA_TUNABLES, MAX_CHUNK, _between, _heads, _segments,
                            check_offsets)
@@ -156,11 +156,11 @@ C_TUNABLES = (
             f"{MAX_CHUNK}; results do not depend on it; 16 or 32 ran fastest, bench/delta_chunked.py)",
             lambda v: _between(v, 1, MAX_CHUNK)),
     Tunable("block_v", 64, (16, 32, 64, 128), "value columns of the state per work item (columns are independent)",
-            lambda v: power_of_two(v) or _between(v, 4, 512)),
+            power_of_two_between(4, 512)),
     Tunable("checkpoint", 8, (4, 8, 16, 32), "backward: steps between saved states (a chunk's states are "
-            "recomputed from its checkpoint)", lambda v: power_of_two(v) or _between(v, 1, 256)),
+            "recomputed from its checkpoint)", power_of_two_between(1, 256)),
     Tunable("width", 8, (4, 8, 16), "lanes per vector; the default follows the CPU's vectors",
-            lambda v: power_of_two(v) or _between(v, 4, 16)),
+            power_of_two_between(4, 16)),
     Tunable("threads", 0, (0, 1, 2, 4, 8, 16), "OpenMP threads; 0 uses the free cores",
             lambda v: non_negative(v) or _between(v, 0, 1024)),
 )
@@ -170,7 +170,7 @@ C_TUNABLES = (
 #: :mod:`scanweaver.targets.delta_gpu_chunked_backward`).
 GPU_DELTA_TUNABLES = (*GPU_TUNABLES, Tunable(
     "key_split", 4, (1, 2, 4, 8), "work-items per state column, each keeping K / key_split of its rows in "
-    "registers (a workgroup sum joins their dots)", lambda v: power_of_two(v) or _between(v, 1, 64)),
+    "registers (a workgroup sum joins their dots)", power_of_two_between(1, 64)),
     Tunable("algorithm", "recurrent", ALGORITHMS, "the fused recurrence (the default) or the chunked WY form, "
             "forward and backward (DeltaNet, Gated DeltaNet, KDA; not timed on a GPU yet); RWKV-7 runs the "
             "recurrence", lambda v: None if v in ALGORITHMS else f"it must be one of {', '.join(ALGORITHMS)}"),

@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from ..schedules.base import MAX_THREADS, Tunable, between, non_negative, positive, power_of_two, threads_rule
+from ..schedules.base import MAX_THREADS, Tunable, between, non_negative, positive, power_of_two_between, threads_rule
 from .base import PARTS, FusedOp, Param, register
 
 #: Time steps per tile of the CPU kernels, and steps between the backward's checkpoints.
@@ -55,7 +55,7 @@ CHUNK = 64
 
 
 def _width_rule(value: Any) -> str | None:
-    return power_of_two(value) or (None if value <= 16 else "it must be at most 16 (lanes of one vector)")
+    return power_of_two_between(1, 16)(value)
 
 
 def _chunk_rule(value: Any) -> str | None:
@@ -80,7 +80,7 @@ C_TUNABLES = (
 #: The GPU (OpenCL, CUDA) kernels' tunables.
 GPU_TUNABLES = (
     Tunable("workgroup_size", 128, (32, 64, 128, 256, 512), "work-items per channel (over time)",
-            lambda v: power_of_two(v) or _between(v, 32, 1024)),
+            power_of_two_between(32, 1024)),
     Tunable("items_per_thread", 8, (2, 4, 8, 16), "consecutive time steps per work-item",
             lambda v: positive(v) or _between(v, 1, 32)),
 )

@@ -59,7 +59,7 @@ import numpy as np
 
 from ..checks import check_seqlens
 from ..errors import ScanInputError
-from ..schedules.base import Tunable, non_negative, positive, power_of_two
+from ..schedules.base import Tunable, non_negative, positive, power_of_two_between
 from .base import PARTS, FusedOp, Param, register
 
 #: The decay forms and the readouts of :class:`MatrixStateFeatures`.
@@ -68,7 +68,7 @@ READOUTS = ("after", "bonus")
 
 
 def _columns_rule(value) -> str | None:
-    return power_of_two(value) or (None if 8 <= value <= 1024 else "it must be between 8 and 1024")
+    return power_of_two_between(8, 1024)(value)
 
 
 def _time_tile_rule(value) -> str | None:
@@ -85,7 +85,7 @@ GPU_TUNABLES = (
 
 
 def _state_rule(value) -> str | None:
-    return power_of_two(value) or (None if 2 <= value <= 64 else "it must be between 2 and 64")
+    return power_of_two_between(2, 64)(value)
 
 
 def _between(value, lo: int, hi: int) -> str | None:
@@ -163,9 +163,9 @@ C_TUNABLES = (
             lambda v: None if v in ALGORITHMS else f"it must be one of {', '.join(ALGORITHMS)}"),
     CHUNK,
     Tunable("block_v", 32, (16, 32, 64, 128), "value columns of the state per block (work item) of the recurrent form",
-            lambda v: power_of_two(v) or _between(v, 4, 512)),
+            power_of_two_between(4, 512)),
     Tunable("width", 8, (4, 8, 16), "lanes per vector; the default follows the CPU's vectors",
-            lambda v: power_of_two(v) or _between(v, 4, 16)),
+            power_of_two_between(4, 16)),
     Tunable("threads", 0, (0, 1, 2, 4, 8, 16), "OpenMP threads; 0 uses every core",
             lambda v: non_negative(v) or _between(v, 0, 1024)),
 )

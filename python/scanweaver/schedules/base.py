@@ -138,11 +138,15 @@ def threads_rule(value: Any) -> str | None:
     return between(0, MAX_THREADS)(value)
 
 
-def power_of_two(value: Any) -> str | None:
-    """Rule: a positive power of two, at most :data:`MAX_LENGTH`."""
-    if not 1 <= value <= MAX_LENGTH or value & (value - 1):
-        return f"it must be a power of two from 1 to {MAX_LENGTH}"
-    return None
+def power_of_two_between(lo: int, hi: int) -> Callable[[Any], str | None]:
+    """Rule: a power of two from ``lo`` to ``hi`` (both powers of two); the message names the range allowed."""
+
+    def rule(value: Any) -> str | None:
+        if not lo <= value <= hi or value & (value - 1):
+            return f"it must be a power of two from {lo} to {hi}"
+        return None
+
+    return rule
 
 
 def non_negative(value: Any) -> str | None:
@@ -152,7 +156,7 @@ def non_negative(value: Any) -> str | None:
 
 def workgroup_rule(value: Any) -> str | None:
     """Rule shared by the GPU schedules: a power of two from 32 to 1024."""
-    return power_of_two(value) or (None if 32 <= value <= 1024 else "it must be between 32 and 1024")
+    return power_of_two_between(32, 1024)(value)
 
 
 def items_rule(value: Any) -> str | None:

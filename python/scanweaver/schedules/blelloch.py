@@ -13,11 +13,11 @@ from __future__ import annotations
 import dataclasses
 
 from ..ir.stages import ScheduleOp
-from .base import BOTH, DIAGONAL, WORKGROUP_SIZE, Schedule, power_of_two, register
+from .base import BOTH, DIAGONAL, WORKGROUP_SIZE, Schedule, power_of_two_between, register
 
 
 def _wg_rule(value):
-    return power_of_two(value) or (None if value <= 1024 else "it must be <= 1024")
+    return power_of_two_between(1, 1024)(value)
 
 
 @register

@@ -23,14 +23,14 @@ from __future__ import annotations
 
 from ..errors import ScanInputError
 from ..ir.stages import ScheduleOp
-from .base import DIAGONAL, ITEMS_PER_THREAD, WORKGROUP_SIZE, Schedule, Tunable, power_of_two, register
+from .base import DIAGONAL, ITEMS_PER_THREAD, WORKGROUP_SIZE, Schedule, Tunable, power_of_two_between, register
 
 #: Work-items per subgroup scan: the NVIDIA warp; targets without shuffles scan the same groups in local memory.
 SUBGROUP_WIDTH = 32
 
 
 def _lanes_rule(value) -> str | None:
-    return power_of_two(value) or (None if value <= 1024 else "it must be at most 1024 (a lane per work-item)")
+    return power_of_two_between(1, 1024)(value)
 
 
 def threads_per_lane(config: dict, api: str = "hybrid") -> int:

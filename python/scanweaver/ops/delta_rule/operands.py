@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from ...arrays import contiguous, is_half, is_real_operand, module_array, real_compute_dtype, returned_dtype
-from ...checks import check_seqlens, state_layout
+from ...checks import check_seqlens, check_state_axes, state_layout
 from ...errors import ScanInputError
 from ...fused.delta_rule import DeltaRuleFeatures
 
@@ -203,9 +203,10 @@ def operands(api: str, family: str, q, k, v, *, g=None, beta=None, a=None, b=Non
         raise ScanInputError(f"{api}: {nm['v']} has shape {v.shape}; it needs (B, T, HV, V) with (B, T) = {(B, T)} "
                              f"as {nm['q']}")
     HV, V = v.shape[2:]
-    if H < 1 or HV % H or K < 1 or V < 1:
+    check_state_axes(api, (nm["q"], q), (nm["v"], v))
+    if H < 1 or HV % H:
         raise ScanInputError(f"{api}: {nm['v']} has {HV} heads and {nm['q']}/{nm['k']} {H} (shapes {v.shape}, "
-                             f"{q.shape}); HV must be a multiple of H (grouped value heads), and K, V at least 1")
+                             f"{q.shape}); HV must be a multiple of H (grouped value heads), H at least 1")
     per_head = {"g": g} if gate != "none" else {}
     per_head.update({"beta": beta} if form == "delta" else {"a": a, "b": b})
     _check_value_heads(api, nm, per_head, q.shape, v.shape, gate)

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from ...arrays import check_seqlens, contiguous, is_real_operand, module_array, real_compute_dtype, returned_dtype
+from ...checks import check_state_axes
 from ...errors import ScanInputError
 from ...fused.matrix_state import MatrixStateFeatures
 
@@ -127,10 +128,11 @@ def operands(api: str, q, k, v, g=None, *, decay: str, readout: str = "after", u
     if v.shape[:2] != (batch, T):
         raise shape_error(api, nm["v"], v, f"(batch, T, H, V) with (batch, T) = {(batch, T)} as {nm['q']}")
     H, V = v.shape[2:]
-    if Hq < 1 or H % Hq or K < 1 or V < 1:
+    check_state_axes(api, (nm["q"], q), (nm["v"], v))
+    if Hq < 1 or H % Hq:
         raise ScanInputError(f"{api}: {nm['v']} has {H} heads and {nm['q']}/{nm['k']} {Hq} (shapes {v.shape}, "
-                             f"{q.shape}); the heads of {nm['q']}/{nm['k']} must divide those of {nm['v']}, "
-                             "and K, V must be >= 1")
+                             f"{q.shape}); the heads of {nm['q']}/{nm['k']} must divide those of {nm['v']} "
+                             "(and be at least 1)")
     cs = seqlens(api, cu_seqlens, batch, T, nm["cu_seqlens"])
     nseq = batch if cs is None else len(cs) - 1
     got = []
