@@ -45,7 +45,10 @@ CASES = [("deltanet", {"T": 13, "K": 5, "V": 19}, 4),
          ("kda", {"seqlens": [6, 0, 13], "Hq": 1, "H": 2, "K": 12, "V": 10}, 4),
          ("gated", {"T": 1, "K": 6, "V": 6}, 16),
          ("deltanet", {"seqlens": [16, 17, 15], "K": 8, "V": 8, "l2norm": True}, 16),
-         ("deltanet", {"T": 70, "K": 1, "V": 2}, 64)]
+         ("deltanet", {"T": 70, "K": 1, "V": 2}, 64),
+         # chunks shorter than the adjoints' row groups with two rows a work-item (columns of 16 and 32)
+         ("deltanet", {"T": 5, "K": 4, "V": 16}, 32),
+         ("gated", {"T": 40, "K": 3, "V": 32}, 17)]
 
 
 @pytest.mark.parametrize("family,kw,chunk", CASES, ids=[f"{c[0]}-C{c[2]}-{i}" for i, c in enumerate(CASES)])

@@ -85,9 +85,6 @@ HOOKS = r"""
 
 #: The adjoints' kernel (after the chunk kernels: their macros and SW_SEGMENT of a sequence).
 ADJOINT = r"""
-/* rows of a chunk per work-item of the state's tile */
-#define SW_NRW ((SW_C + SW_NR - 1) / SW_NR)
-
 SW_KERNEL_S void sw_delta_chunk_adjoint(@PARAMS@, SW_GLOBAL SW_T* restrict ws) {
   SW_LOCAL SW_T ss[SW_K * SW_CT];
   SW_LOCAL SW_T sw[SW_C * SW_CT];
@@ -118,27 +115,25 @@ SW_KERNEL_S void sw_delta_chunk_adjoint(@PARAMS@, SW_GLOBAL SW_T* restrict ws) {
         su[i * SW_CT + c] = acc;
       }
       SW_BARRIER();
-      /* dW = T^T dU, formed in registers and then stored over dU */
-      SW_T dw[SW_NRW];
-#pragma unroll
-      for (int m = 0; m < SW_NRW; ++m) {
-        const int i = r + m * SW_NR;
-        SW_T acc = (SW_T)0;
-        if (i < n)
-          for (int p = i; p < n; ++p) acc += ws[wb + SW_OT + p * SW_C + i] * su[p * SW_CT + c];
-        dw[m] = acc;
-      }
-      SW_BARRIER();
-#pragma unroll
-      for (int m = 0; m < SW_NRW; ++m)
-        if (r + m * SW_NR < n) su[(r + m * SW_NR) * SW_CT + c] = dw[m];
-      SW_BARRIER();
-      /* dS <- e^{G_last} o dS + (Q o e^{G})^T dO - (K o e^{G})^T dW */
+      /* dS <- e^{G_last} o dS + (Q o e^{G})^T dO (dU has read dS) */
       for (int d = r; d < SW_K; d += SW_NR) {
         SW_T acc = (SW_GATE ? ws[wb + SW_OEL + (SW_GATE == 2 ? d : 0)] : (SW_T)1) * ss[d * SW_CT + c];
-        for (int p = 0; p < n; ++p)
-          acc += ws[wb + SW_OQG + p * SW_K + d] * sw[p * SW_CT + c]
-                 - ws[wb + SW_OKG + p * SW_K + d] * su[p * SW_CT + c];
+        for (int p = 0; p < n; ++p) acc += ws[wb + SW_OQG + p * SW_K + d] * sw[p * SW_CT + c];
+        ss[d * SW_CT + c] = acc;
+      }
+      SW_BARRIER();
+      /* dW = T^T dU over dO (read for the last time above); no private array lives across a barrier: with one
+       * (a row per m of SW_NRW), PoCL 3.1 (LLVM 15) built dh0 wrong in chunks shorter than a column's row groups */
+      for (int i = r; i < n; i += SW_NR) {
+        SW_T acc = (SW_T)0;
+        for (int p = i; p < n; ++p) acc += ws[wb + SW_OT + p * SW_C + i] * su[p * SW_CT + c];
+        sw[i * SW_CT + c] = acc;
+      }
+      SW_BARRIER();
+      /* dS -= (K o e^{G})^T dW */
+      for (int d = r; d < SW_K; d += SW_NR) {
+        SW_T acc = ss[d * SW_CT + c];
+        for (int p = 0; p < n; ++p) acc -= ws[wb + SW_OKG + p * SW_K + d] * sw[p * SW_CT + c];
         ss[d * SW_CT + c] = acc;
       }
     } else if (r == 0) {
