@@ -1,19 +1,22 @@
 """The delta-rule family's two CPU algorithms, measured in one run: the fused recurrence against the chunked WY form,
-forward and forward + backward.
+forward, forward + backward, and the backward alone.
 
 For DeltaNet, Gated DeltaNet, KDA and RWKV-7 (float32, the operands of bench/delta_rule.py: unit keys, beta in
 (0, 1), log decays in [-2, -0.01]; RWKV-7: a = -kappa, b = kappa * iclr), the median time of ``--repeats``
-forward calls, and of forward + backward calls, of the fused ``delta_rule`` op through the cpu backend's
-``run_fused`` with ``algorithm="recurrent"`` and with ``algorithm="chunked"`` at each chunk length, on
-``--threads`` threads (RWKV-7's backward is the recurrent one under both); ``speedup`` is the recurrent time over
-the chunked one, ``rel_err`` the chunked output's (``fb_rel_err``: each gradient's, the largest) largest
-difference from the recurrent one over the latter's largest magnitude.
+forward calls, of forward + backward calls, and of backward calls alone (``bwd_``: the backward recomputes what
+it needs, so a recurrent forward with the chunked backward costs ``recurrent_s + chunked_<c>_bwd_s``), of the
+fused ``delta_rule`` op through the cpu backend's ``run_fused`` with ``algorithm="recurrent"`` and with
+``algorithm="chunked"`` at each chunk length (both parts, every family), on ``--threads`` threads; ``speedup``
+is the recurrent time over the chunked one, ``rel_err`` the chunked output's (``fb_rel_err``: each gradient's,
+the largest) largest difference from the recurrent one over the latter's largest magnitude.
 
 Usage::
 
     python bench/delta_chunked.py [--json] [--quick] [--repeats N] [--threads 2] [--only gated,kda]
+                                  [--shapes 1x2048x8x64x64,1x1024x4x128x128] [--chunks 16,32,64]
 
-``--json`` writes bench/results/delta_chunked.json (``--quick``: bench/out/delta_chunked_quick.json).
+``--json`` writes bench/results/delta_chunked.json (``--quick``: bench/out/delta_chunked_quick.json; other
+``--shapes`` or ``--chunks``: bench/out/delta_chunked_shapes.json).
 """
 
 from __future__ import annotations
@@ -40,15 +43,22 @@ def rel_err(got: np.ndarray, want: np.ndarray) -> float:
     return float(np.abs(got.astype(np.float64) - want).max() / np.abs(want).max())
 
 
+def backward_only(ours: Ours):
+    """The backward call alone (it recomputes what it needs from the inputs; the forward's outputs unused)."""
+    return lambda: ours.cpu.run_fused(ours.calls["backward"], {**ours.a, "do": ours.do, **ours.out["backward"]},
+                                      ours.sizes)
+
+
 def measure(family: str, shape: tuple, threads: int, repeats: int, chunks: tuple) -> dict:
-    """One row: the recurrent forward's and forward + backward's seconds, each chunk length's, speedups and
-    errors."""
+    """One row: the recurrent forward's, forward + backward's and backward's seconds, each chunk length's, speedups
+    and errors."""
     a = inputs(family, *shape)
     rec = Ours(family, a, threads, algorithm="recurrent")
     want = rec.forward().copy()
     grads = {n: g.astype(np.float64) for n, g in rec.forward_backward().items()}
     row = {"family": family, "shape": dict(zip("BTHKV", shape, strict=True)),
-           "recurrent_s": timed(rec.forward, repeats), "recurrent_fb_s": timed(rec.forward_backward, repeats)}
+           "recurrent_s": timed(rec.forward, repeats), "recurrent_fb_s": timed(rec.forward_backward, repeats),
+           "recurrent_bwd_s": timed(backward_only(rec), repeats)}
     for c in chunks:
         ck = Ours(family, a, threads, algorithm="chunked", chunk=c)
         got = ck.forward().copy()
@@ -58,6 +68,9 @@ def measure(family: str, shape: tuple, threads: int, repeats: int, chunks: tuple
         row[f"fb_rel_err_{c}"] = max(rel_err(g, grads[n]) for n, g in ck.forward_backward().items())
         row[f"chunked_{c}_fb_s"] = timed(ck.forward_backward, repeats)
         row[f"fb_speedup_{c}"] = row["recurrent_fb_s"] / row[f"chunked_{c}_fb_s"]
+        row[f"chunked_{c}_bwd_s"] = timed(backward_only(ck), repeats)
+        row[f"bwd_speedup_{c}"] = row["recurrent_bwd_s"] / row[f"chunked_{c}_bwd_s"]
+        row[f"bwd_rel_err_{c}"] = row[f"fb_rel_err_{c}"]
     return row
 
 
@@ -68,22 +81,29 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--only", default=",".join(FAMILIES))
+    ap.add_argument("--shapes", default="", help="B x T x H x K x V shapes, comma-separated (default: SHAPES)")
+    ap.add_argument("--chunks", default="", help="chunk lengths, comma-separated (default: CHUNKS)")
     args = ap.parse_args(argv)
     shapes, chunks = (QUICK, QUICK_CHUNKS) if args.quick else (SHAPES, CHUNKS)
+    if args.shapes:
+        shapes = tuple(tuple(int(x) for x in s.split("x")) for s in args.shapes.split(","))
+    if args.chunks:
+        chunks = tuple(int(c) for c in args.chunks.split(","))
     rows = []
     for shape in shapes:
         for family in args.only.split(","):
             row = measure(family, shape, args.threads, args.repeats, chunks)
             rows.append(row)
-            for pre, part in (("", "forward"), ("fb_", "fwd+bwd")):
-                key = "_fb_s" if pre else "_s"
+            for pre, part in (("", "forward"), ("fb_", "fwd+bwd"), ("bwd_", "backward")):
+                key = f"_{pre}s"
                 best = max(chunks, key=lambda c: row[f"{pre}speedup_{c}"])
                 print(f"{family:9s} {shape} {part:8s}: recurrent {row['recurrent' + key] * 1e3:8.1f} ms, " + ", ".join(
                     f"chunk {c} {row[f'chunked_{c}{key}'] * 1e3:8.1f} ms (x{row[f'{pre}speedup_{c}']:.2f})"
                     for c in chunks) + f"; best chunk {best}, rel err {row[f'{pre}rel_err_{best}']:.1e}", flush=True)
     if args.json:
         root = Path(__file__).resolve().parent
-        path = root / ("out/delta_chunked_quick.json" if args.quick else "results/delta_chunked.json")
+        path = root / ("out/delta_chunked_quick.json" if args.quick else "out/delta_chunked_shapes.json"
+                       if args.shapes or args.chunks else "results/delta_chunked.json")
         path.parent.mkdir(exist_ok=True)
         meta = {"threads": args.threads, "repeats": args.repeats, "machine": platform.machine(),
                 "processor": platform.processor(), "dtype": "float32"}

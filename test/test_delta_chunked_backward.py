@@ -3,7 +3,8 @@ v, g, beta, h0, and through the final state) of ``algorithm="chunked"`` against 
 PyTorch float64 autograd through a float64 loop of the recurrence written here (one step at a time, the models'
 formulas).
 
-DeltaNet, Gated DeltaNet and KDA (the ``delta`` form); RWKV-7's backward stays recurrent and the runner says so.
+DeltaNet, Gated DeltaNet and KDA (the ``delta`` form); RWKV-7's (the ``dplr`` form) is tested in
+test_delta_chunked_rwkv7_backward.py.
 Cases: chunks of 16, 32 and 64 steps with T = 1, chunk - 1, chunk + 1 and 2 chunk + 3; log decays mixing tiny
 (-1e-4), huge (-1e4) and exact resets (-inf); grouped value heads (Hq < H); the in-kernel L2 normalisation; h0 and
 dhlast, and the final state's gradient alone; packed sequences with an empty one; a positive log decay (the lane
@@ -187,7 +188,7 @@ def test_a_positive_log_decay_runs_the_recurrence(cpu, family):
 
 def test_the_public_operations_report_what_ran():
     """``algorithm="chunked"`` (or fla's ``chunk_size``) runs the chunked backward of the delta form (beta through
-    the public operations' sigmoid) and reports it; RWKV-7's backward stays recurrent and reports that."""
+    the public operations' sigmoid) and reports it; so does RWKV-7's."""
     swt = pytest.importorskip("scanweaver.torch")
     if not get_backend("cpu").availability().ok:
         pytest.skip("cpu backend unavailable")
@@ -217,7 +218,7 @@ def test_the_public_operations_report_what_ran():
     assert scanweaver.matrix.last.algorithm == "chunked"  # the forward
     (o.sum() + h.sum()).backward()
     ran = scanweaver.matrix.last
-    assert (ran.part, ran.algorithm) == ("backward", "recurrent")
+    assert (ran.part, ran.algorithm) == ("backward", "chunked")  # test_delta_chunked_rwkv7_backward.py
 
 
 def test_the_default_backward_follows_the_measured_rule():

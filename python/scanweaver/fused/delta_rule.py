@@ -55,8 +55,8 @@ from its checkpoint in the reverse sweep.
 every kernel is checked against (the backward against finite differences in
 the tests).  The C kernels have the tunable ``algorithm``: ``recurrent``, or
 ``chunked``, the WY (UT transform) form on chunks of ``chunk`` steps: the
-forward of both forms, and the backward of the ``delta`` form (RWKV-7's
-backward stays recurrent; :meth:`DeltaRule.chunked_of`); the GPU kernels both
+forward and the backward of both forms (RWKV-7's chunked backward runs when
+asked for; the default rule is the ``delta`` form's); the GPU kernels both
 parts of the ``delta`` form (:mod:`scanweaver.targets.delta_gpu_chunked`,
 :mod:`scanweaver.targets.delta_gpu_chunked_backward`).
 
@@ -150,7 +150,7 @@ ALGORITHMS = ("recurrent", "chunked")
 #: The CPU (C) kernels' tunables.
 C_TUNABLES = (
     Tunable("algorithm", "recurrent", ALGORITHMS, "algorithm: the fused recurrence (the default) or the chunked WY "
-            "form, forward and backward (RWKV-7's backward runs the recurrence under both; bench/delta_chunked.py)",
+            "form, forward and backward (bench/delta_chunked.py)",
             lambda v: None if v in ALGORITHMS else f"it must be one of {', '.join(ALGORITHMS)}"),
     Tunable("chunk", 32, (16, 32, 64, 128), "time steps per chunk of the chunked form (any length from 1 to "
             f"{MAX_CHUNK}; results do not depend on it; 16 or 32 ran fastest, bench/delta_chunked.py)",
@@ -195,22 +195,26 @@ class DeltaRule(FusedOp):
     parts = PARTS
     tunables = {"c": C_TUNABLES, "gpu": GPU_DELTA_TUNABLES, "julia": JULIA_TUNABLES}
     implementations = {"numpy": PARTS, "c": PARTS, "opencl": PARTS, "cuda": PARTS, "julia": PARTS}
-    #: The C kernels have the chunked (WY) form of both parts for the ``delta`` form and of the forward only for
-    #: ``dplr`` (RWKV-7: its backward is the recurrent sweep from checkpoints whatever ``algorithm`` says, and
-    #: ``scanweaver.matrix.last`` says so; :meth:`chunked_of`); the GPU kernels both parts of the ``delta`` form
-    #: (RWKV-7 runs the recurrence there).
+    #: The C kernels have the chunked (WY) form of both parts for both forms (RWKV-7's backward:
+    #: :mod:`scanweaver.targets.delta_c_chunked_backward`); the GPU kernels both parts of the ``delta`` form
+    #: (RWKV-7 runs the recurrence there; :meth:`chunked_of`).
     chunked_parts = {"c": PARTS, "gpu": PARTS}
     #: The algorithm rule (bench/results/delta_chunked.json, float32, 2 threads, quiet cores): the chunked backward
     #: from 1024 steps per sequence with K * V >= 4096, where forward + backward with it ran 1.46-1.56x faster at
     #: K = V = 128 and 1.02-1.17x at 64 (DeltaNet, Gated DeltaNet, KDA at T = 1024 and 4096); the forward stays
-    #: recurrent (the chunked one ran at 0.8-1.0x).  RWKV-7's backward has no chunked form (:meth:`chunked_of`).
-    chunked_from = {"c": {"backward": ((1024, 4096),)}}
+    #: recurrent (the chunked one ran at 0.8-1.0x).  The rule is the ``delta`` form's (``delta_form``): RWKV-7's
+    #: chunked backward runs when asked for (``algorithm="chunked"``, ``chunk_size=``).
+    chunked_from = {"c": {"backward": ((1024, 4096, "delta_form"),)}}
+
+    def condition(self, name: str, features: DeltaRuleFeatures, sizes: dict[str, int]) -> bool:
+        """``delta_form``: the ``delta`` form (DeltaNet, Gated DeltaNet, KDA; RWKV-7's chunked backward runs when
+        asked for, its default stays the recurrence)."""
+        if name == "delta_form":
+            return getattr(features, "form", "delta") == "delta"
+        return super().condition(name, features, sizes)
 
     def chunked_of(self, family: str, features: DeltaRuleFeatures | None = None) -> tuple[str, ...] | None:
-        """:attr:`chunked_parts`: on the C kernels the forward only for the ``dplr`` form; on the GPU kernels the
-        ``delta`` form only."""
-        if family == "c" and features is not None and features.form == "dplr":
-            return ("forward",)
+        """:attr:`chunked_parts`: on the GPU kernels the ``delta`` form only."""
         if family == "gpu" and features is not None and features.form == "dplr":
             return ()
         return super().chunked_of(family, features)

@@ -26,10 +26,10 @@ threads (a long lane is not split: the chunk's transition is dense, K x K).
 The ``dplr`` form (RWKV-7, :c:func:`sw_dplr_chunk`) solves for ``w_i = S_{i-1}^T
 a_i`` the same way, with the q-side prefix one step back (``G_{i-1}``, the
 engine's shift of RWKV-6's bonus readout) for the strict products of a, then
-reads out and carries both W (through b) and V (through k).  Its backward
-stays recurrent; the ``delta`` form's chunked backward is
-:mod:`.delta_c_chunked_backward` (which keeps the residuals ``X`` of
-``sw_wy_solve``).
+reads out and carries both W (through b) and V (through k).  The chunked
+backward of both forms is :mod:`.delta_c_chunked_backward` (the ``delta``
+form keeps the residuals ``X`` of ``sw_wy_solve``; the ``dplr`` form solves
+W again, ``sw_dplr_chunk`` without its outputs).
 
 Entry: ``sw_forward_chunked(m, o, hlast)``, called by ``sw_delta_rule_forward`` when ``SW_CHUNKED``.
 
@@ -208,11 +208,12 @@ static void sw_dplr_recurrent(sw_ck_tiles* c, int n, SW_T* S) {
   }
 }
 
-/* One dplr chunk (RWKV-7) of n steps from S (updated); o rows into c->O.  With w_i = S_{i-1}^T a_i (rows of W):
+/* One dplr chunk (RWKV-7) of n steps from S (updated); o rows into c->O (out: else only S and W, as the backward
+ * needs).  With w_i = S_{i-1}^T a_i (rows of W, in c->dV):
  * W = (A o e^{G_{i-1}}) S_0 + (A K^T o Gamma') V + (A B^T o Gamma') W (strict, Gamma' from G_{i-1}), solved by
  * forward substitution; O = (Q o e^G) S_0 + (Q B^T o Gamma) W + (Q K^T o Gamma) V (inclusive);
  * S_end = e^{G_last} o S_0 + (B o e^{G_last - G})^T W + (K o e^{G_last - G})^T V. */
-static void sw_dplr_chunk(sw_ck_tiles* c, int n, SW_T* S) {
+static void sw_dplr_chunk(sw_ck_tiles* c, int n, SW_T* S, int out) {
   SW_T *Ar = c->dQ, *Br = c->dK, *W = c->dV;
   sw_ck_prefix(&c->d, c->G, n);
   if (c->d.grow) {
@@ -228,12 +229,14 @@ static void sw_dplr_chunk(sw_ck_tiles* c, int n, SW_T* S) {
   sw_wy_intra(c, Ar, Br, 1, c->dA, 1);
   sw_wy_solve(c->dA, NULL, W, n, NULL);
   sw_wy_shift(&c->d, 0);
-  sw_ck_qs(c);
-  sw_gemm(n, SW_VP, SW_K, c->Qs, SW_KP, 1, S, SW_VP, c->O, SW_VP, 0);
-  sw_wy_intra(c, c->Q, Br, 0, c->dA, 1);
-  sw_ck_trmm(n, SW_VP, c->dA, SW_CP, W, SW_VP, c->O, SW_VP, 1, 0);
-  sw_wy_intra(c, c->Q, c->K, 0, c->A, 1);
-  sw_ck_trmm(n, SW_VP, c->A, SW_CP, c->V, SW_VP, c->O, SW_VP, 1, 0);
+  if (out) {
+    sw_ck_qs(c);
+    sw_gemm(n, SW_VP, SW_K, c->Qs, SW_KP, 1, S, SW_VP, c->O, SW_VP, 0);
+    sw_wy_intra(c, c->Q, Br, 0, c->dA, 1);
+    sw_ck_trmm(n, SW_VP, c->dA, SW_CP, W, SW_VP, c->O, SW_VP, 1, 0);
+    sw_wy_intra(c, c->Q, c->K, 0, c->A, 1);
+    sw_ck_trmm(n, SW_VP, c->A, SW_CP, c->V, SW_VP, c->O, SW_VP, 1, 0);
+  }
   sw_ck_decay_state(c, S);
   sw_ck_scale_k(c, Br, c->Kd, 0);
   sw_gemm(SW_K, SW_VP, n, c->Kd, 1, SW_KP, W, SW_VP, S, SW_VP, 1);
@@ -268,7 +271,7 @@ static int sw_forward_chunked(const sw_dr* m, sw_s* o, SW_T* hlast) {
         const int n = (int)SW_MIN((long)SW_C, stop - s0);
         sw_wy_load(m, b, h, hq, s0, n, &c);
 #if SW_DPLR
-        sw_dplr_chunk(&c, n, S);
+        sw_dplr_chunk(&c, n, S, 1);
 #else
         sw_wy_chunk(&c, n, S, 1);
 #endif

@@ -55,11 +55,36 @@ reads the running sum only (its results as before; the adjoint at each chunk's
 end is kept, one copy of the state per chunk, for ``sw_wyb_after_reset``).
 
 A lane with a positive (or NaN) log decay, whose forward runs those chunks
-by the recurrence (``sw_wy_recurrent``), runs the recurrent backward of
+by the recurrence (``sw_wy_recurrent``, ``sw_dplr_recurrent``), runs the recurrent backward of
 :mod:`.delta_c_backward` (``sw_bwd_head``) entirely, so the gradients of
-growth are those of the recurrence.  The ``dplr`` form (RWKV-7) has no
-chunked backward: its kernels are rendered without ``SW_CHUNKED`` (see
-:func:`~.fused_c_delta_rule.chunked`).
+growth are those of the recurrence.
+
+The ``dplr`` form (RWKV-7, ``sw_dplrb_chunk``): the same two passes, lanes, checkpoints and fallbacks.  In the
+notation of ``sw_dplr_chunk`` (:mod:`.delta_c_chunked`: ``W`` the rows ``w_i = S_{i-1}^T a_i``, ``Ak =
+strict(A K^T o Gamma')``, ``Ab = strict(A B^T o Gamma')``, ``Ag = A o e^{G_{i-1}}`` with the q-side prefix one step
+back, ``Mb = Q B^T o Gamma``, ``Mk = Q K^T o Gamma`` inclusive, ``Bd``, ``Kd`` the rows scaled to the chunk's
+end), the chunk's W solved again from S_0, then::
+
+    Z   = Mb^T dO + Bd dS;  Z += Ab^T Z      (a backward substitution, sw_wy_solve_t: the total adjoint of W)
+    dV  = Mk^T dO + Kd dS + Ak^T Z
+    dQ  = e^{G} o (dO S_0^T) + [adjoints of Mb, Mk in Q]
+    dA  = e^{G_{i-1}} o (Z S_0^T) + [adjoints of Ab, Ak in A]
+    dB  = e^{G_last - G} o (W dS^T) + [adjoints of Mb, Ab in B]
+    dK  = e^{G_last - G} o (V dS^T) + [adjoints of Mk, Ak in K]
+    dS <- e^{G_last} o dS + (Q o e^{G})^T dO + Ag^T Z
+
+with ``dMb = dO W^T``, ``dMk = dO V^T``, ``dAb = Z W^T``, ``dAk = Z V^T`` (masked) through the engine's
+adjoints (``sw_ck_intra_key_adjoint``; ``sw_ck_weights`` and two triangular products for a decay per head).  The
+gauge makes q scale by ``Lambda_t``, b and k by ``Lambda_t^{-1}``, and a_t (which reads ``S_{t-1}``) by
+``Lambda_{t-1}``, so ``l_t = q_t o dq_t - b_t o db_t - k_t o dk_t + a_{t+1} o da_{t+1}`` (the next step's term
+carried across a chunk's end), and the recurrence's ``dg_t = D_t rows(dS_t o S_{t-1}) = rows(S_{t-1} o
+dS_{t-1}) - a_t o da_t``: the sums from the chunk's start and after a reset subtract ``a o da`` of their row.  A
+non-finite a_t or b_t reaches every key of ``S_t`` (through ``w_t``) and of ``dS_{t-1}`` (through ``a_t
+dp^T``), so dg of the step before it (of b: its own step) can be finite in the recurrence while both sums are
+not; such rows take the recurrence's value, the chunk's states kept and the adjoint run back one step at a time
+(``sw_dplrb_direct``: only in a chunk with a row left non-finite).  The default algorithm rule
+(:attr:`~scanweaver.fused.delta_rule.DeltaRule.chunked_from`) is the ``delta`` form's; RWKV-7 runs this backward
+when ``algorithm="chunked"`` or ``chunk_size=`` asks for it.
 
 Example:
     >>> from scanweaver.targets.delta_c_chunked_backward import WY_BACKWARD
@@ -70,7 +95,7 @@ Example:
 from __future__ import annotations
 
 WY_BACKWARD = r"""
-#if SW_CHUNKED && !SW_DPLR
+#if SW_CHUNKED
 /* ---- the delta rule's chunked backward (WY form) ---- */
 /* Bytes of chunk-boundary states one thread keeps before it checkpoints (as the diagonal family's). */
 #define SW_WY_STATE_BUDGET (64L << 20)
@@ -84,7 +109,9 @@ typedef struct {
   sw_ck_tiles c;
   void *raw, *raw_x;
   SW_T *Sb, *S, *dS, *dSe, *Sr, *dSr, *u, *d, *X, *W, *dKy, *t1, *Kg, *db;
-  double *r, *b0, *bs, *l, *rr;
+  SW_T *ga, *gb, *gq, *gk, *M; /* dplr: the chunk's da, db, dq, dk (C x KP) and a C x CP product */
+  SW_T* Sn;                     /* dplr: the states of a chunk's steps (sw_dplrb_direct; allocated when needed) */
+  double *r, *b0, *bs, *l, *rr, *an;  /* an (dplr): a o da of the first row of the chunk after this one */
   long nsb;
 } sw_wyb;
 
@@ -94,13 +121,17 @@ static int sw_wyb_alloc(sw_wyb* y, const sw_dr* m) {
   while (root * root < nc) ++root;
   y->nsb = nc <= fit ? nc : SW_MAX(fit, 2 * root + 1);
   const size_t cv = (size_t)SW_C * SW_VP, ck = (size_t)SW_C * SW_KP;
-  const size_t dgw = (size_t)(2 * SW_C + 3) * SW_GW;
-  char* p = (char*)sw_alloc(sizeof(SW_T) * (2 * cv + 3 * ck + SW_CP) + sizeof(double) * dgw + 64, &y->raw_x);
+  const size_t dgw = (size_t)(2 * SW_C + 4) * SW_GW, dp = SW_DPLR ? 4 * ck + (size_t)SW_C * SW_CP : 0;
+  char* p = (char*)sw_alloc(sizeof(SW_T) * (2 * cv + 3 * ck + SW_CP + dp) + sizeof(double) * dgw + 64, &y->raw_x);
   if (!p) return SW_ENOMEM;
   y->X = (SW_T*)p, y->W = y->X + cv, y->dKy = y->W + cv, y->t1 = y->dKy + ck, y->Kg = y->t1 + ck;
-  y->db = y->Kg + ck;
+  y->ga = y->Kg + ck, y->gb = y->ga + (SW_DPLR ? ck : 0), y->gq = y->gb + (SW_DPLR ? ck : 0);
+  y->gk = y->gq + (SW_DPLR ? ck : 0), y->M = y->gk + (SW_DPLR ? ck : 0);
+  y->db = y->M + (SW_DPLR ? (size_t)SW_C * SW_CP : 0);
   y->r = (double*)(((uintptr_t)(y->db + SW_CP) + 7) & ~(uintptr_t)7);
   y->b0 = y->r + SW_GW, y->bs = y->b0 + SW_GW, y->l = y->bs + SW_GW, y->rr = y->l + (long)SW_C * SW_GW;
+  y->an = y->rr + (long)SW_C * SW_GW;
+  y->Sn = NULL;
   if (sw_ck_alloc(&y->c, &y->raw, y->nsb + 7, &y->Sb) != SW_OK) {
     free(y->raw_x);
     return SW_ENOMEM;
@@ -132,6 +163,7 @@ static void sw_wy_solve_t(const SW_T* N, const SW_T* beta, SW_T* W, SW_T* BW, in
   }
 }
 
+#if !SW_DPLR
 /* One chunk's backward (loaded in c, with dO; it does not grow) from S0, its start state: dQ (c->dQ), dKx (c->dK),
  * dKy, dV (c->dV), dbeta (y->db), and dS from the chunk's end to its start. */
 static void sw_wyb_chunk(sw_ck_tiles* c, sw_wyb* y, int n, const SW_T* S0, SW_T* dS) {
@@ -203,22 +235,119 @@ static void sw_wyb_chunk(sw_ck_tiles* c, sw_wyb* y, int n, const SW_T* S0, SW_T*
   sw_ck_trmm_t(n, SW_KP, c->A, SW_CP, c->K, SW_KP, c->dK, SW_KP, 1, 1);
 #endif
 }
+#else
+/* The adjoint of the masked M = X Y^T o Gamma (Gamma of the prefix's current shift) for a masked dM (overwritten
+ * for a decay per head): dX_i += sum_j dM_ij Y_j o Gamma_ij, dY_j += sum_i dM_ij X_i o Gamma_ij, by the engine's
+ * adjoints (a plain chunk's scratch, X o e^{Gq} and Y o e^{-Gk}, scaled here first). */
+static void sw_dplrb_adj(sw_ck_tiles* c, const SW_T* X, const SW_T* Y, int strict, SW_T* dM, SW_T* dX, SW_T* dY) {
+  sw_ck_dec* d = &c->d;
+  const int n = d->n;
+#if SW_KEYDECAY
+  if (d->plain) {  /* the scratch the plain adjoint reads: X o e^{Gq}, Y o e^{-Gk} */
+    sw_ck_scale_rows(X, d->Eq, SW_KP, c->s.xr, n);
+    sw_ck_scale_rows(Y, d->Ei, SW_KP, c->s.yr, n);
+  }
+  sw_ck_intra_key_adjoint(d, X, Y, strict, dM, dX, dY, &c->s);
+#else
+  sw_ck_weights(d, dM, dM, strict, &c->s);
+  sw_ck_trmm(n, SW_KP, dM, SW_CP, Y, SW_KP, dX, SW_KP, 1, strict);
+  sw_ck_trmm_t(n, SW_KP, dM, SW_CP, X, SW_KP, dY, SW_KP, 1, strict);
+#endif
+}
+
+/* M (masked, strict or not) = X Z^T for n rows of SW_VP (the product of two row sets of values). */
+static void sw_dplrb_vprod(sw_ck_tiles* c, const SW_T* X, const SW_T* Z, SW_T* M, int strict) {
+  const int n = c->d.n;
+  sw_ck_transpose(Z, SW_VP, n, SW_V, c->Vt, SW_CP, SW_RUP(n));
+  sw_ck_lower_prod(n, SW_V, X, SW_VP, c->Vt, SW_CP, M);
+  sw_ck_mask(M, n, strict);
+}
+
+/* One dplr chunk's backward (loaded in c: a and b rows in c->dQ and c->dK, with dO; it does not grow) from S0, its
+ * start state: dq, dk, da, db (y->gq, gk, ga, gb), dv (c->dV), and dS from the chunk's end to its start.  In the
+ * notation of sw_dplr_chunk (Ak = strict(A K^T o Gamma'), Ab = strict(A B^T o Gamma'), Ag = A o e^{G_{i-1}};
+ * Mb = Q B^T o Gamma, Mk = Q K^T o Gamma inclusive; Bd, Kd rows scaled to the chunk's end):
+ *   Z  = Mb^T dO + Bd dS, then Z += Ab^T Z (backward substitution: the total adjoint of W)
+ *   dv = Mk^T dO + Kd dS + Ak^T Z
+ *   dq = e^{G} o (dO S0^T) + [Mb, Mk in Q];  da = e^{G_{i-1}} o (Z S0^T) + [Ab, Ak in A]
+ *   db = e^{G_last - G} o (W dS^T) + [Mb, Ab in B];  dk = e^{G_last - G} o (V dS^T) + [Mk, Ak in K]
+ *   dS <- e^{G_last} o dS + (Q o e^{G})^T dO + Ag^T Z
+ * with the adjoints of the masked products dMb = dO W^T, dMk = dO V^T, dAb = Z W^T, dAk = Z V^T. */
+static void sw_dplrb_chunk(sw_ck_tiles* c, sw_wyb* y, int n, const SW_T* S0, SW_T* dS) {
+  sw_ck_dec* d = &c->d;
+  const SW_T *Ar = c->dQ, *Br = c->dK;
+  SW_T *Wm = y->X, *Z = y->W, *M = y->M, *Ag = y->Kg;
+  sw_ck_prefix(d, c->G, n);
+  sw_ck_last(c);
+  for (int i = 0; i < n; ++i) c->bt[i] = 1;
+  /* the forward's W: Ak into A, Ab into dA (kept for the substitutions), Ag */
+  sw_wy_shift(d, 1);
+  sw_wy_intra(c, Ar, c->K, 1, c->A, 1);
+  sw_ck_scale_q(c, Ar, Ag);
+  sw_gemm(n, SW_VP, SW_K, Ag, SW_KP, 1, S0, SW_VP, Wm, SW_VP, 0);
+  sw_ck_trmm(n, SW_VP, c->A, SW_CP, c->V, SW_VP, Wm, SW_VP, 1, 1);
+  sw_wy_intra(c, Ar, Br, 1, c->dA, 1);
+  sw_wy_solve(c->dA, NULL, Wm, n, NULL);
+  /* the readout's and the carry's parts (the prefix at the step) */
+  sw_wy_shift(d, 0);
+  sw_ck_transpose(S0, SW_VP, SW_K, SW_V, c->St, SW_KP, SW_KP);
+  sw_gemm(n, SW_KP, SW_V, c->DO, SW_VP, 1, c->St, SW_KP, y->t1, SW_KP, 0);
+  sw_ck_scale_q(c, y->t1, y->gq);
+  sw_ck_transpose(dS, SW_VP, SW_K, SW_V, c->St, SW_KP, SW_KP);
+  sw_gemm(n, SW_KP, SW_V, c->V, SW_VP, 1, c->St, SW_KP, y->t1, SW_KP, 0);
+  sw_ck_scale_k(c, y->t1, y->gk, 0);
+  sw_gemm(n, SW_KP, SW_V, Wm, SW_VP, 1, c->St, SW_KP, y->t1, SW_KP, 0);
+  sw_ck_scale_k(c, y->t1, y->gb, 0);
+  sw_wy_intra(c, c->Q, Br, 0, M, 1);  /* Z = Mb^T dO + Bd dS */
+  sw_ck_trmm_t(n, SW_VP, M, SW_CP, c->DO, SW_VP, Z, SW_VP, 0, 0);
+  sw_ck_scale_k(c, Br, c->Kd, 0);
+  sw_gemm(n, SW_VP, SW_K, c->Kd, SW_KP, 1, dS, SW_VP, Z, SW_VP, 1);
+  sw_wy_intra(c, c->Q, c->K, 0, M, 1);  /* dv = Mk^T dO + Kd dS */
+  sw_ck_trmm_t(n, SW_VP, M, SW_CP, c->DO, SW_VP, c->dV, SW_VP, 0, 0);
+  sw_ck_kd(c, 0);
+  sw_gemm(n, SW_VP, SW_K, c->Kd, SW_KP, 1, dS, SW_VP, c->dV, SW_VP, 1);
+  sw_dplrb_vprod(c, c->DO, Wm, M, 0);  /* the adjoints of Mb and Mk */
+  sw_dplrb_adj(c, c->Q, Br, 0, M, y->gq, y->gb);
+  sw_dplrb_vprod(c, c->DO, c->V, M, 0);
+  sw_dplrb_adj(c, c->Q, c->K, 0, M, y->gq, y->gk);
+  sw_ck_decay_state(c, dS);  /* dS_0 = e^{G_last} o dS + (Q o e^{G})^T dO (+ Ag^T Z below) */
+  sw_ck_qs(c);
+  sw_gemm(SW_K, SW_VP, n, c->Qs, 1, SW_KP, c->DO, SW_VP, dS, SW_VP, 1);
+  /* W's own adjoint, and what reaches W's inputs (the prefix one step back) */
+  sw_wy_solve_t(c->dA, c->bt, Z, Z, n);
+  sw_wy_shift(d, 1);
+  sw_ck_transpose(S0, SW_VP, SW_K, SW_V, c->St, SW_KP, SW_KP);
+  sw_gemm(n, SW_KP, SW_V, Z, SW_VP, 1, c->St, SW_KP, y->t1, SW_KP, 0);
+  sw_ck_scale_q(c, y->t1, y->ga);
+  sw_gemm(SW_K, SW_VP, n, Ag, 1, SW_KP, Z, SW_VP, dS, SW_VP, 1);
+  sw_ck_trmm_t(n, SW_VP, c->A, SW_CP, Z, SW_VP, c->dV, SW_VP, 1, 1);
+  sw_dplrb_vprod(c, Z, c->V, M, 1);
+  sw_dplrb_adj(c, Ar, c->K, 1, M, y->ga, y->gk);
+  sw_dplrb_vprod(c, Z, Wm, M, 1);
+  sw_dplrb_adj(c, Ar, Br, 1, M, y->ga, y->gb);
+  sw_wy_shift(d, 0);
+}
+#endif
 
 /* 1 when some log decay of value head h over steps [start, stop) of batch b is positive or NaN (the lane runs the
  * recurrent backward). */
 static int sw_wyb_grows(const sw_dr* m, long b, long start, long stop, long h) {
 #if SW_GATE
-  for (long t = start; t < stop; ++t)
+  for (long t = start; t < stop; ++t) {
+    int bad = 0;  /* a whole row at a time (no branch per key) */
     for (int k = 0; k < (SW_GATE == 2 ? SW_K : 1); ++k) {
       const SW_T x = sw_in(m->g[SW_GATE == 2 ? SW_HK(m, b, t, h) + k : SW_BT(m, b, t, h)]);
-      if (!(x <= 0)) return 1;
+      bad |= !(x <= 0);
     }
+    if (bad) return 1;
+  }
 #else
   (void)m, (void)b, (void)start, (void)stop, (void)h;
 #endif
   return 0;
 }
 
+#if !SW_DPLR
 /* Row i of the chunk starting at t0: dq and dk added into the thread's sums, dv and dbeta written, and the row's
  * term of the decay gradient, q o dq + k o dKy - k o dKx (in double), into y->l. */
 static void sw_wyb_row(const sw_dr* m, const sw_bg* gr, sw_bw* w, sw_wyb* y, long b, long start, long t0, int i,
@@ -240,6 +369,52 @@ static void sw_wyb_row(const sw_dr* m, const sw_bg* gr, sw_bw* w, sw_wyb* y, lon
   sw_store_row(gr->dv + SW_VO(m, b, t, h), c->dV + (long)i * SW_VP, SW_V);
   gr->dbeta[SW_BT(m, b, t, h)] = sw_out(y->db[i]);
 }
+#else
+/* Row i of the n rows of the chunk starting at t0 (dplr): dq and dk added into the thread's sums, dv, da and db
+ * written, and the row's term of the decay gradient, q o dq - b o db - k o dk + a' o da' (a', da' of the next
+ * step: row i + 1, or y->an past the chunk's end; in double), into y->l. */
+static void sw_wyb_row(const sw_dr* m, const sw_bg* gr, sw_bw* w, sw_wyb* y, long b, long start, long t0, int i,
+                       int n, long h) {
+  const sw_ck_tiles* c = &y->c;
+  const long t = t0 + i, ti = t - start, r = (long)i * SW_KP;
+  const SW_T *qi = c->Q + r, *ki = c->K + r, *bi = c->dK + r, *dqi = y->gq + r, *dki = y->gk + r, *dbi = y->gb + r;
+  const SW_T *an = c->dQ + r + SW_KP, *dan = y->ga + r + SW_KP;
+  SW_T *dq = w->dqh + ti * SW_KP, *dk = w->dkh + ti * SW_KP;
+  double* l = y->l + (long)i * SW_GW;
+  const int last = i + 1 == n;
+  sw_vd sum = (sw_vd){0};
+  for (int k = 0; k < SW_KP; k += SW_W) {
+    const sw_v gq = sw_vload(dqi + k), gk = sw_vload(dki + k);
+    sw_vstore(dq + k, sw_vload(dq + k) + gq);
+    sw_vstore(dk + k, sw_vload(dk + k) + gk);
+    sw_vd x = __builtin_convertvector(sw_vload(qi + k) * gq, sw_vd) -
+              __builtin_convertvector(sw_vload(bi + k) * sw_vload(dbi + k), sw_vd) -
+              __builtin_convertvector(sw_vload(ki + k) * gk, sw_vd);
+    if (!last) x += __builtin_convertvector(sw_vload(an + k) * sw_vload(dan + k), sw_vd);
+    else if (SW_KEYDECAY) x += sw_vdload(y->an + k);
+    if (SW_KEYDECAY) {
+      memcpy(l + k, &x, sizeof x);
+    } else {
+      for (int j = SW_K - k; j < SW_W; ++j) x[j] = 0;  /* the padded keys stay out of the sum */
+      sum += x;
+    }
+  }
+  if (!SW_KEYDECAY) {
+    l[0] = last ? y->an[0] : 0;
+    for (int j = 0; j < SW_W; ++j) l[0] += sum[j];
+  }
+  sw_store_row(gr->dv + SW_VO(m, b, t, h), c->dV + (long)i * SW_VP, SW_V);
+  sw_store_row(gr->da + SW_HK(m, b, t, h), y->ga + r, SW_K);
+  sw_store_row(gr->db + SW_HK(m, b, t, h), y->gb + r, SW_K);
+}
+
+/* a o da of row i (per key, or summed over the keys) into out, in double. */
+static void sw_wyb_ada(const sw_wyb* y, int i, double* out) {
+  const SW_T *a = y->c.dQ + (long)i * SW_KP, *da = y->ga + (long)i * SW_KP;
+  for (int k = 0; k < SW_GW; ++k) out[k] = 0;
+  for (int k = 0; k < SW_K; ++k) out[SW_KEYDECAY ? k : 0] += (double)(a[k] * da[k]);
+}
+#endif
 
 /* 1 when x is neither infinite nor NaN. */
 SW_INLINE int sw_wyb_finite(double x) { return x - x == 0; }
@@ -253,6 +428,39 @@ static void sw_wyb_after_reset(sw_wyb* y, int n, int i, const SW_T* S0, double* 
   const sw_ck_tiles* c = &y->c;
   SW_T *S = y->Sr, *G = y->dSr, *u = y->u, *d = y->d;
   memcpy(S, S0, sizeof(SW_T) * SW_STATE);
+#if SW_DPLR
+  for (int s = 0; s <= i; ++s) {  /* u = S^T a, S = D S + b u^T + k v^T */
+    const SW_T *ks = c->K + (long)s * SW_KP, *vs = c->V + (long)s * SW_VP;
+    const SW_T *as = c->dQ + (long)s * SW_KP, *bs = c->dK + (long)s * SW_KP;
+    sw_ck_step_decay(c, s, d);
+    for (int j = 0; j < SW_V; ++j) u[j] = 0;
+    for (int k = 0; k < SW_K; ++k)
+      for (int j = 0; j < SW_V; ++j) u[j] += S[(long)k * SW_VP + j] * as[k];
+    for (int k = 0; k < SW_K; ++k)
+      for (int j = 0; j < SW_V; ++j) {
+        SW_T* x = S + (long)k * SW_VP + j;
+        *x = d[SW_KEYDECAY ? k : 0] * *x + bs[k] * u[j] + ks[k] * vs[j];
+      }
+  }
+  memcpy(G, y->dSe, sizeof(SW_T) * SW_STATE);
+  for (int s = n - 1; s > i; --s) {  /* G += q do^T, dp = G^T b, G = D G + a dp^T */
+    const SW_T *qs = c->Q + (long)s * SW_KP, *os = c->DO + (long)s * SW_VP;
+    const SW_T *as = c->dQ + (long)s * SW_KP, *bs = c->dK + (long)s * SW_KP;
+    sw_ck_step_decay(c, s, d);
+    for (int j = 0; j < SW_V; ++j) u[j] = 0;
+    for (int k = 0; k < SW_K; ++k)
+      for (int j = 0; j < SW_V; ++j) {
+        SW_T* x = G + (long)k * SW_VP + j;
+        *x += qs[k] * os[j];
+        u[j] += *x * bs[k];
+      }
+    for (int k = 0; k < SW_K; ++k)
+      for (int j = 0; j < SW_V; ++j) {
+        SW_T* x = G + (long)k * SW_VP + j;
+        *x = d[SW_KEYDECAY ? k : 0] * *x + as[k] * u[j];
+      }
+  }
+#else
   for (int s = 0; s <= i; ++s) {  /* S' = D S, u = beta (v - S'^T k), S = S' + k u^T */
     const SW_T *ks = c->K + (long)s * SW_KP, *vs = c->V + (long)s * SW_VP;
     sw_ck_step_decay(c, s, d);
@@ -284,11 +492,71 @@ static void sw_wyb_after_reset(sw_wyb* y, int n, int i, const SW_T* S0, double* 
         *x = d[SW_KEYDECAY ? k : 0] * (*x - c->bt[s] * ks[k] * u[j]);
       }
   }
+#endif
   for (int k = 0; k < (SW_KEYDECAY ? SW_K : 1); ++k) out[k] = 0;
   for (int k = 0; k < SW_K; ++k) {
     double sum = 0;
     for (int j = 0; j < SW_V; ++j) sum += (double)S[(long)k * SW_VP + j] * G[(long)k * SW_VP + j];
     out[SW_KEYDECAY ? k : 0] += sum;
+  }
+#if SW_DPLR  /* dplr: dg_{i+1} = rows(S_i o dS_i) - a_{i+1} o da_{i+1} (dS_i holds a_{i+1} dp^T) */
+  double ad[SW_GW];
+  sw_wyb_ada(y, i + 1, ad);
+  for (int k = 0; k < (SW_KEYDECAY ? SW_K : 1); ++k) out[k] -= ad[k];
+#endif
+}
+#endif
+
+#if SW_DPLR && SW_GATE
+/* The rows of dg still non-finite after the sums (a non-finite a or b: w_t = S_{t-1}^T a_t reaches every key of
+ * S_t, and the adjoint's a_t dp^T every key of dS_{t-1}, so the terms of the step after, and the state and adjoint
+ * before, are non-finite while dg_t itself is not) take the recurrence's dg_i = D_i rows(dS_i o S_{i-1}): the
+ * chunk's states from S0 kept (y->Sn), then the adjoint from y->dSe back to the chunk's start, one step at a time
+ * as the recurrent backward (a chunk with such a row only). */
+static void sw_dplrb_direct(sw_wyb* y, int n, const SW_T* S0) {
+  const sw_ck_tiles* c = &y->c;
+  SW_T *G = y->dSr, *u = y->u, *d = y->d;
+  if (!y->Sn) y->Sn = (SW_T*)malloc(sizeof(SW_T) * (size_t)SW_C * SW_STATE);
+  if (!y->Sn) return;  /* no memory: those rows stay as the sums left them */
+  memcpy(y->Sn, S0, sizeof(SW_T) * SW_STATE);
+  for (int s = 0; s + 1 < n; ++s) {  /* Sn[s + 1] = S_s: u = S^T a, S = D S + b u^T + k v^T */
+    const SW_T *S = y->Sn + (long)s * SW_STATE, *ks = c->K + (long)s * SW_KP, *vs = c->V + (long)s * SW_VP;
+    const SW_T *as = c->dQ + (long)s * SW_KP, *bs = c->dK + (long)s * SW_KP;
+    SW_T* Sx = y->Sn + (long)(s + 1) * SW_STATE;
+    sw_ck_step_decay(c, s, d);
+    for (int j = 0; j < SW_V; ++j) u[j] = 0;
+    for (int k = 0; k < SW_K; ++k)
+      for (int j = 0; j < SW_V; ++j) u[j] += S[(long)k * SW_VP + j] * as[k];
+    for (int k = 0; k < SW_K; ++k)
+      for (int j = 0; j < SW_V; ++j)
+        Sx[(long)k * SW_VP + j] = d[SW_KEYDECAY ? k : 0] * S[(long)k * SW_VP + j] + bs[k] * u[j] + ks[k] * vs[j];
+  }
+  memcpy(G, y->dSe, sizeof(SW_T) * SW_STATE);
+  for (int s = n - 1; s >= 0; --s) {  /* G += q do^T; dg = D rows(G o S_{s-1}); dp = G^T b, G = D G + a dp^T */
+    const SW_T *qs = c->Q + (long)s * SW_KP, *os = c->DO + (long)s * SW_VP, *P = y->Sn + (long)s * SW_STATE;
+    const SW_T *as = c->dQ + (long)s * SW_KP, *bs = c->dK + (long)s * SW_KP;
+    double* rr = y->rr + (long)s * SW_GW;
+    double acc[SW_GW];
+    sw_ck_step_decay(c, s, d);
+    for (int k = 0; k < SW_GW; ++k) acc[k] = 0;
+    for (int j = 0; j < SW_V; ++j) u[j] = 0;
+    for (int k = 0; k < SW_K; ++k) {
+      SW_T dot = 0;
+      for (int j = 0; j < SW_V; ++j) {
+        SW_T* x = G + (long)k * SW_VP + j;
+        *x += qs[k] * os[j];
+        u[j] += *x * bs[k];
+        dot += *x * P[(long)k * SW_VP + j];
+      }
+      acc[SW_KEYDECAY ? k : 0] += (double)(d[SW_KEYDECAY ? k : 0] * dot);
+    }
+    for (int k = 0; k < SW_GW; ++k)
+      if (!sw_wyb_finite(rr[k])) rr[k] = acc[k];
+    for (int k = 0; k < SW_K; ++k)
+      for (int j = 0; j < SW_V; ++j) {
+        SW_T* x = G + (long)k * SW_VP + j;
+        *x = d[SW_KEYDECAY ? k : 0] * *x + as[k] * u[j];
+      }
   }
 }
 #endif
@@ -323,6 +591,9 @@ static void sw_wyb_dg(const sw_dr* m, const sw_bg* gr, sw_wyb* y, long b, long t
       for (int j = 0; j < SW_V; ++j) sum += (double)S0[(long)k * SW_VP + j] * y->dS[(long)k * SW_VP + j];
       f[SW_KEYDECAY ? k : 0] += sum;
     }
+#if SW_DPLR  /* dplr: dg_0 = rows(S_0 o dS_0) - a_0 o da_0 */
+    for (int k = 0; k < ng; ++k) f[k] -= y->an[k];
+#endif
     for (int k = 0; k < ng; ++k)
       if (!sw_wyb_finite(y->r[k]) && sw_wyb_finite(f[k])) y->r[k] = f[k];
     for (int i = 0; i < n; ++i)
@@ -340,6 +611,12 @@ static void sw_wyb_dg(const sw_dr* m, const sw_bg* gr, sw_wyb* y, long b, long t
         if (c->G[e] < (SW_T)SW_RESET_BELOW) from[k] = i;
         else if (from[k] < 0) f[k] -= y->l[e];
       }
+#if SW_DPLR
+    int left = 0;
+    for (int i = 0; i < n; ++i)
+      for (int k = 0; k < ng; ++k) left |= !sw_wyb_finite(y->rr[(long)i * SW_GW + k]);
+    if (left) sw_dplrb_direct(y, n, S0);
+#endif
   }
   for (int i = 0; i < n; ++i) {
     const long t = t0 + i;
@@ -354,6 +631,13 @@ static void sw_wyb_dg(const sw_dr* m, const sw_bg* gr, sw_wyb* y, long b, long t
   (void)m, (void)gr, (void)y, (void)b, (void)t0, (void)n, (void)h, (void)S0;
 #endif
 }
+
+/* The state at the chunk's end from its start (the chunked forward without its outputs). */
+#if SW_DPLR
+#define SW_WYB_STATE(c, n, S) sw_dplr_chunk(c, n, S, 0)
+#else
+#define SW_WYB_STATE(c, n, S) sw_wy_chunk(c, n, S, 0)
+#endif
 
 /* Value head h of sequence row (batch b, steps [start, stop)) by chunks: dv, dg, dbeta and dh0 written, its dq and
  * dk rows added into the thread's sums. */
@@ -372,9 +656,9 @@ static void sw_wyb_head(const sw_dr* m, const sw_bg* gr, sw_bw* w, sw_wyb* y, lo
     if (ci % every == 0) memcpy(y->Sb + ci / every * SW_STATE, y->S, bytes);
     const int n = (int)SW_MIN((long)SW_C, len - ci * SW_C);
     sw_wy_load(m, b, h, hq, start + ci * SW_C, n, c);
-    sw_wy_chunk(c, n, y->S, 0);
+    SW_WYB_STATE(c, n, y->S);
   }
-  for (int k = 0; k < SW_GW; ++k) y->r[k] = 0;
+  for (int k = 0; k < SW_GW; ++k) y->r[k] = y->an[k] = 0;
   if (SW_GATE && SW_HAS_DHLAST && gr->dhlast)  /* hlast's share of the decay gradient: rows of dhlast o hlast */
     for (int k = 0; k < SW_K; ++k) {
       const SW_T* src = gr->dhlast + SW_SK(m, row, h, k);
@@ -393,7 +677,7 @@ static void sw_wyb_head(const sw_dr* m, const sw_bg* gr, sw_bw* w, sw_wyb* y, lo
         if (ci + 1 < s1c) {
           const int n = (int)SW_MIN((long)SW_C, len - ci * SW_C);
           sw_wy_load(m, b, h, hq, start + ci * SW_C, n, c);
-          sw_wy_chunk(c, n, y->S, 0);
+          SW_WYB_STATE(c, n, y->S);
         }
       }
     }
@@ -405,8 +689,14 @@ static void sw_wyb_head(const sw_dr* m, const sw_bg* gr, sw_bw* w, sw_wyb* y, lo
         sw_load_row(c->DO + (long)i * SW_VP, gr->dout + SW_VO(m, b, t0 + i, h), SW_V, SW_VP);
       const SW_T* S0 = every > 1 ? seg + (ci - s0c) * SW_STATE : y->Sb + ci * SW_STATE;
       if (SW_GATE) memcpy(y->dSe, y->dS, bytes);  /* for sw_wyb_after_reset */
+#if SW_DPLR
+      sw_dplrb_chunk(c, y, n, S0, y->dS);
+      for (int i = n - 1; i >= 0; --i) sw_wyb_row(m, gr, w, y, b, start, t0, i, n, h);
+      sw_wyb_ada(y, 0, y->an);
+#else
       sw_wyb_chunk(c, y, n, S0, y->dS);
       for (int i = n - 1; i >= 0; --i) sw_wyb_row(m, gr, w, y, b, start, t0, i, h);
+#endif
       sw_wyb_dg(m, gr, y, b, t0, n, h, S0);
     }
   }
@@ -448,6 +738,7 @@ static int sw_backward_chunked(const sw_dr* m, const sw_bg* gr) {
     if (oky) {
       free(y.raw);
       free(y.raw_x);
+      free(y.Sn);
     }
   }
   return status;

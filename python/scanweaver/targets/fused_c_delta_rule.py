@@ -1,9 +1,9 @@
 """C (CPU) rendering of the fused delta rule (:mod:`scanweaver.fused.delta_rule`): recurrent and chunked forms.
 
 The tunable ``algorithm`` picks the forward: ``recurrent`` (below) or ``chunked``, the WY form of
-:mod:`.delta_c_chunked` on the chunk engine (chunks of ``chunk`` steps, both forms); and the backward of the
-``delta`` form: the recurrent one (:mod:`.delta_c_backward`) or the chunked WY backward of
-:mod:`.delta_c_chunked_backward` (RWKV-7's, the ``dplr`` form's, is the recurrent one under both).
+:mod:`.delta_c_chunked` on the chunk engine (chunks of ``chunk`` steps, both forms); and the backward: the
+recurrent one (:mod:`.delta_c_backward`) or the chunked WY backward of :mod:`.delta_c_chunked_backward` (both
+forms: DeltaNet, Gated DeltaNet, KDA and RWKV-7).
 
 Forward: one work item per (sequence, value head, block of ``block_v`` value
 columns) (the columns of the state evolve independently); blocks of
@@ -137,9 +137,8 @@ def defines(features: DeltaRuleFeatures, config: dict, part: str = "forward") ->
 
 
 def chunked(features: DeltaRuleFeatures, config: dict, part: str = "forward") -> bool:
-    """True when ``part`` runs the chunked (WY) form: ``algorithm`` chunked, and for the backward the ``delta``
-    form (RWKV-7's backward runs the recurrence, :meth:`~scanweaver.fused.delta_rule.DeltaRule.chunked_of`)."""
-    return config.get("algorithm") == "chunked" and (part == "forward" or features.form == "delta")
+    """True when ``part`` runs the chunked (WY) form: ``algorithm`` chunked (forward and backward, both forms)."""
+    return config.get("algorithm") == "chunked"
 
 
 def render(renderer, call) -> str:
