@@ -47,6 +47,7 @@ include("matrix/chunked_launch.jl")
 include("matrix/backward.jl")
 include("matrix/cpu_backward.jl")
 include("matrix/delta.jl")
+include("matrix/delta_chunked.jl")
 include("matrix/delta_backward.jl")
 include("matrix/host.jl")
 

@@ -89,6 +89,7 @@ end
     end
     include("test_matrix_chunked.jl")
     include("test_cpu_only.jl")
+    include("test_delta_chunked.jl")
     include("test_gradients.jl")
     include("doc_examples.jl")
 end

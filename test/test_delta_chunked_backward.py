@@ -225,7 +225,7 @@ def test_the_default_backward_follows_the_measured_rule():
     """With no ``algorithm`` given, the backward of the delta form runs chunked from 1024 steps per sequence with
     K * V >= 4096 (where bench/delta_chunked.py measured it faster) and the forward stays recurrent; below either
     bound and for RWKV-7's backward the recurrent one runs (the GPU kernels' default is the recurrence, and the
-    Julia kernels have no chunked form)."""
+    Julia kernels' chunked form is the forward's, never the default)."""
     swt = pytest.importorskip("scanweaver.torch")
     if not get_backend("cpu").availability().ok:
         pytest.skip("cpu backend unavailable")
@@ -240,10 +240,10 @@ def test_the_default_backward_follows_the_measured_rule():
     assert OP.algorithm("c", "backward", f, {**one, "batch": 1, "T": 4096, "nseq": 8}) == "recurrent"  # packed
     assert OP.algorithm("c", "backward", small, one) == "recurrent"
     assert OP.algorithm("c", "backward", dplr, one) == "recurrent"
-    # the GPU kernels have the chunked form of both parts but no measured rule: recurrent; Julia's none
+    # the GPU kernels have the chunked form of both parts but no measured rule: recurrent; Julia's the forward's
     assert OP.algorithm("gpu", "backward", f, one) == OP.algorithm("gpu", "forward", f, one) == "recurrent"
     assert OP.algorithm("gpu", "forward", f, one, target="cuda") == "recurrent"
-    assert OP.algorithm("julia", "backward", f, one) is None
+    assert OP.algorithm("julia", "backward", f, one) == OP.algorithm("julia", "forward", f, one) == "recurrent"
     # a real training step at the rule's bound: the chunked backward runs and matches the recurrent one
     _, a, _ = problem(rng, "gated", batch=1, T=1024, H=2, Hq=1, K=64, V=64)
     grads = {}

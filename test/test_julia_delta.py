@@ -1,13 +1,15 @@
 """The delta-rule family (DeltaNet, Gated DeltaNet, KDA, RWKV-7) on ScanWeaver.jl from Python.
 
 Without Julia: the registry's claims (``julia`` renders the forward and the backward; half storage does not
-fit, nor a backward on a GPU device), the entry points' argument order in ``src/matrix/host.jl`` against the
-buffers Python passes, and the buffer checks that run before Julia starts.  With Julia
-(``PYTHON_JULIACALL_EXE``/``PROJECT`` naming an environment with ScanWeaver): the four public operations with
-``backend="julia"`` against the float64 loops of ``delta_family`` (plain with h0, grouped heads with l2norm,
-packed sequences with an empty one, T = 1, strong and weak decays, float32 and float64), their gradients
-through ``scanweaver.torch`` against autograd of the float64 PyTorch loops (lengths on both sides of the
-checkpoints, packed, grouped), what ran, and half storage refused with the reason.
+fit, nor a backward on a GPU device; ``algorithm="chunked"`` reaches the ``delta`` form's forward only), the
+entry points' argument order in ``src/matrix/host.jl`` against the buffers Python passes, the tunables each
+part passes, and the buffer checks that run before Julia starts.  With Julia (``PYTHON_JULIACALL_EXE``/
+``PROJECT`` naming an environment with ScanWeaver): the four public operations with ``backend="julia"``
+against the float64 loops of ``delta_family`` (plain with h0, grouped heads with l2norm, packed sequences
+with an empty one, T = 1, strong and weak decays, float32 and float64), their gradients through
+``scanweaver.torch`` against autograd of the float64 PyTorch loops (lengths on both sides of the
+checkpoints, packed, grouped), what ran, half storage refused with the reason, and the chunked (WY) forward
+(``algorithm="chunked"``, ``chunk_size=``) against the same loops.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ def test_the_julia_backend_renders_the_delta_rule_forward():
     from scanweaver.targets.fused import kernel_for
 
     assert OP.runs_on("julia", "forward") and OP.runs_on("julia", "backward")
-    assert OP.resolve("julia", {}, {}, "test") == {"workgroup_size": 64, "device": "cpu"}
+    assert OP.resolve("julia", {}, {}, "test") == {"workgroup_size": 64, "device": "cpu", "algorithm": "recurrent",
+                                                   "chunk": 32}
     kernel = kernel_for("julia", "delta_rule")
     assert kernel.entry("forward") == "ScanWeaver.host_delta_rule!"
     assert kernel.misfit("forward", DeltaRuleFeatures("float32", 4, 4)) is None
@@ -42,6 +45,41 @@ def test_the_julia_backend_renders_the_delta_rule_forward():
     assert kernel.misfit("backward", DeltaRuleFeatures("float32", 4, 4), {"device": "cpu"}) is None
     assert "'cuda'" in kernel.misfit("backward", DeltaRuleFeatures("float32", 4, 4), {"device": "cuda"})
     assert kernel.misfit("forward", DeltaRuleFeatures("float32", 4, 4), {"device": "cuda"}) is None
+
+
+def test_the_julia_chunked_form_is_the_delta_forms_forward():
+    delta, dplr = DeltaRuleFeatures("float32", 64, 64, gate="scalar"), DeltaRuleFeatures("float32", 64, 64,
+                                                                                         gate="key", form="dplr")
+    assert OP.chooses("julia", "forward", delta) and not OP.chooses("julia", "backward", delta)
+    assert not OP.chooses("julia", "forward", dplr)
+    cfg = OP.resolve("julia", {"algorithm": "chunked", "chunk": 5}, {}, "test")
+    assert (cfg["algorithm"], cfg["chunk"]) == ("chunked", 5)
+    assert OP.settle("julia", "backward", cfg, delta)["algorithm"] == "recurrent"
+    assert OP.settle("julia", "forward", cfg, dplr)["algorithm"] == "recurrent"
+    assert OP.settle("julia", "forward", cfg, delta) == cfg
+    sizes = {"batch": 1, "T": 8192, "H": 4, "Hq": 4, "nseq": 1}
+    assert OP.algorithm("julia", "forward", delta, sizes) == "recurrent"
+    assert OP.defaults("julia", "forward", delta, sizes, {}, {"chunk": 16}) == (
+        {"algorithm": "chunked", "chunk": 16}, True)
+    with pytest.raises(ScanInputError, match="algorithm"):
+        OP.resolve("julia", {"algorithm": "blocked"}, {}, "test")
+    with pytest.raises(ScanInputError, match="chunk"):
+        OP.resolve("julia", {"chunk": 0}, {}, "test")
+
+
+@pytest.mark.parametrize("part", ["forward", "backward"])
+def test_the_julia_route_passes_the_algorithm_to_the_forward_only(monkeypatch, part):
+    from scanweaver.julia import delta, fusedcall
+
+    seen = {}
+    monkeypatch.setattr(fusedcall, "entry", lambda call, dtype: lambda *args, **kw: seen.update(kw))
+    f = DeltaRuleFeatures("float32", 3, 4, gate="scalar")
+    call = OP.call(part, f, OP.resolve("julia", {"algorithm": "chunked", "chunk": 8}, {}, "test"))
+    delta.run(call, {}, {"batch": 1, "T": 5, "H": 2, "Hq": 2, "nseq": 1})
+    want = {"l2norm": False, "workgroupsize": 64}
+    if part == "forward":
+        want.update(algorithm="chunked", chunk=8)
+    assert seen == want
 
 
 @pytest.mark.parametrize("part,entry", [("forward", "host_delta_rule!"), ("backward", "host_delta_backward!")])
@@ -184,3 +222,59 @@ def test_julia_delta_rule_gradients_match_autograd_of_the_float64_loops(julia_re
 
 def test_half_storage_is_refused_with_the_reason(julia_results):
     assert "float32 or float64, not float16" in julia_results["float16"]
+
+
+#: One process: the delta form's chunked forward (``algorithm="chunked"``, ``chunk_size=``) on ``julia`` against the
+#: float64 loops over the families, resets, growth, packing and groups, with what ran; RWKV-7's recurrence under
+#: ``chunked``.  Prints one JSON list of cases.
+CHUNKED_CHECK = r'''
+import json, numpy as np, scanweaver
+from scanweaver.calls import runner
+from delta_family import PUBLIC, call_public, loop, problem
+
+def rel(got, want):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    return float(np.abs(got - want).max(initial=0.0) / max(1.0, np.abs(want).max(initial=0.0)))
+
+rng = np.random.default_rng(5)
+cases = []
+for op, family in PUBLIC.items():
+    for dtype in ("float32", "float64"):
+        for name, kw in (("plain", {"T": 45}), ("packed", {"seqlens": [4, 0, 33, 1], "Hq": 1, "H": 2}),
+                         ("l2norm", {"T": 40, "Hq": 1, "H": 2, "l2norm": True}),
+                         ("growth", {"T": 37, "lo": -0.05, "hi": -1e-3}), ("resets", {"T": 37, "lo": -1e4})):
+            if family == "rwkv7" and kw.get("l2norm"):
+                continue
+            f, a, sizes = problem(rng, family, dtype=dtype, K=6, V=5, **kw)
+            if name == "resets" and a.get("g") is not None:
+                a["g"][rng.random(a["g"].shape) < 0.1] = -np.inf
+            if name == "growth" and a.get("g") is not None:
+                a["g"] = np.abs(a["g"]) * np.where(rng.random(a["g"].shape) < 0.5, 1.0, -1.0)
+            want_o, want_h = loop(family, a, 0.5, f.l2norm)
+            for chunk in (1, 16, 64):
+                o, h = call_public(getattr(scanweaver, op), op, a, 0.5, f.l2norm, backend="julia",
+                                   algorithm="chunked", chunk_size=chunk)
+                last = runner.last["delta_rule"]
+                cases.append({"name": f"{op} {name} {dtype} {chunk}", "dtype": dtype, "family": family,
+                              "err": max(rel(o, want_o), rel(h, want_h)), "backend": last.backend,
+                              "algorithm": last.algorithm, "chunk": last.config.get("chunk")})
+print(json.dumps(cases))
+'''
+
+
+@pytest.fixture(scope="module")
+def chunked_results() -> list:
+    env = {**os.environ, **_julia_environment(), "PYTHONPATH": os.pathsep.join((str(ROOT / "python"),
+                                                                               str(ROOT / "test")))}
+    proc = subprocess.run([sys.executable, "-c", CHUNKED_CHECK], capture_output=True, text=True, timeout=1800,
+                          env=env, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_julia_chunked_delta_forward_matches_the_float64_loops(chunked_results):
+    bad = [c for c in chunked_results if not c["err"] < (2e-4 if c["dtype"] == "float32" else 1e-10)]
+    assert not bad, bad
+    ran = {(c["family"] == "rwkv7", c["backend"], c["algorithm"]) for c in chunked_results}
+    assert ran == {(False, "julia", "chunked"), (True, "julia", "recurrent")}, ran
+    assert {c["chunk"] for c in chunked_results if c["family"] != "rwkv7"} == {1, 16, 64}

@@ -248,10 +248,15 @@ end
 """
     delta_rule_scan!(o, q, k, v; beta = nothing, a = nothing, b = nothing, g = nothing,
                      gate = ..., l2norm = false, h0 = nothing, hlast = nothing,
-                     cu_seqlens = nothing, workgroupsize = nothing) -> o
+                     cu_seqlens = nothing, workgroupsize = nothing,
+                     algorithm = :recurrent, chunk = nothing) -> o
 
 In-place [`delta_rule_scan`](@ref): writes `o` (the size of `v`) and, when
-given, the final states `hlast` `(V, K, H, nseq)`.
+given, the final states `hlast` `(V, K, H, nseq)`. `algorithm = :chunked` runs
+the delta form's chunked (WY) form (`src/matrix/delta_chunked.jl`) with chunks
+of `chunk` steps (32 unless given; 1 to 1024, results do not depend on it);
+the dplr form (RWKV-7) has no chunked form and runs its recurrence under
+either algorithm. The recurrence ignores `chunk`.
 """
 function delta_rule_scan!(
     o,
@@ -268,6 +273,8 @@ function delta_rule_scan!(
     hlast = nothing,
     cu_seqlens = nothing,
     workgroupsize = nothing,
+    algorithm::Symbol = :recurrent,
+    chunk = nothing,
 )
     api = :delta_rule_scan!
     nseq = check_matrix_state(
@@ -284,6 +291,7 @@ function delta_rule_scan!(
     )
     form = check_delta_rule(api, v, q, beta, a, b)
     check_tunables(api, (; workgroupsize))
+    check_matrix_algorithm(api, algorithm, chunk)
     backend = array_backend(v)
     wg = something(
         workgroupsize,
@@ -301,6 +309,26 @@ function delta_rule_scan!(
     if items == 0
         hlast === nothing ||
             (h0 === nothing ? fill!(hlast, zero(eltype(hlast))) : copyto!(hlast, h0))
+        return o
+    end
+    if algorithm === :chunked && form === :delta
+        C = something(chunk, DEFAULT_DELTA_CHUNK)
+        delta_chunked!(
+            backend,
+            wg,
+            C,
+            o,
+            out,
+            q,
+            k,
+            v,
+            g,
+            beta,
+            h0,
+            cu_seqlens,
+            Val(gate),
+            Val(l2norm),
+        )
         return o
     end
     cu = cu_seqlens === nothing ?
@@ -326,7 +354,8 @@ end
 """
     delta_rule_scan(q, k, v; beta = nothing, a = nothing, b = nothing, g = nothing,
                     l2norm = false, h0 = nothing, return_state = false,
-                    cu_seqlens = nothing, workgroupsize = nothing)
+                    cu_seqlens = nothing, workgroupsize = nothing,
+                    algorithm = :recurrent, chunk = nothing)
 
 The delta-rule family of `scanweaver.fused.delta_rule` in its recurrent form,
 with the Python layouts reversed (see the top of `src/matrix/delta.jl`):
@@ -335,7 +364,9 @@ DeltaNet, `g` `(K, H, T, batch)` KDA), `a` and `b` `(K, H, T, batch)` the
 diagonal-plus-low-rank form (RWKV-7 with a per-key `g`). `g` of size `(H, T,
 batch)` is a log decay per head and step, `(K, H, T, batch)` one per key row.
 No scale is applied. Returns `o` (and the final states `(V, K, H, nseq)` with
-`return_state`).
+`return_state`). `algorithm = :chunked` (with `chunk` steps per chunk)
+computes the delta form in the chunked (WY) form; see
+[`delta_rule_scan!`](@ref).
 
 # Examples
 ```julia-repl

@@ -244,13 +244,15 @@ end
 """
     host_delta_rule!(device, dtype, batch, T, H, Hq, nseq, K, V, gate,
                      q, k, v, g, beta, a, b, h0, cu_seqlens, o, hlast;
-                     l2norm = false, workgroupsize = nothing) -> nothing
+                     l2norm = false, workgroupsize = nothing,
+                     algorithm = "recurrent", chunk = nothing) -> nothing
 
 The Python facade's entry point for [`delta_rule_scan!`](@ref), by address as
 [`host_matrix_state!`](@ref) (the layouts of `scanweaver.fused.delta_rule`):
 `beta` given selects the delta rule, `a` and `b` the diagonal-plus-low-rank
-form; `gate` is `none`, `scalar` or `key`. On a GPU device the inputs are
-copied over and `o`, `hlast` copied back.
+form; `gate` is `none`, `scalar` or `key`. `algorithm` and `chunk` are those
+of [`delta_rule_scan!`](@ref). On a GPU device the inputs are copied over and
+`o`, `hlast` copied back.
 """
 function host_delta_rule!(
     device::AbstractString,
@@ -276,6 +278,8 @@ function host_delta_rule!(
     hlast::Integer;
     l2norm::Bool = false,
     workgroupsize = nothing,
+    algorithm::AbstractString = "recurrent",
+    chunk = nothing,
 )
     m = matrix_host(dtype, batch, T, H, Hq, nseq, K, V, gate)
     host = matrix_host_arrays(m, (; q, k, v, g, beta, a, b, h0, cu_seqlens, o, hlast))
@@ -296,6 +300,8 @@ function host_delta_rule!(
         hlast = dev.hlast,
         cu_seqlens = host.cu_seqlens,
         workgroupsize,
+        algorithm = Symbol(algorithm),
+        chunk,
     )
     KernelAbstractions.synchronize(array_backend(dev.v))
     copy_back!(D, host, dev, (:o, :hlast))

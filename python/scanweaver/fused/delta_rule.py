@@ -58,7 +58,8 @@ the tests).  The C kernels have the tunable ``algorithm``: ``recurrent``, or
 forward and the backward of both forms (RWKV-7's chunked backward runs when
 asked for; the default rule is the ``delta`` form's); the GPU kernels both
 parts of the ``delta`` form (:mod:`scanweaver.targets.delta_gpu_chunked`,
-:mod:`scanweaver.targets.delta_gpu_chunked_backward`).
+:mod:`scanweaver.targets.delta_gpu_chunked_backward`); ScanWeaver.jl (``julia``)
+the forward of the ``delta`` form (``src/matrix/delta_chunked.jl``).
 
 Example:
     >>> import numpy as np
@@ -177,6 +178,15 @@ GPU_DELTA_TUNABLES = (*GPU_TUNABLES, Tunable(
     Tunable("chunk", 32, (16, 32, 64), f"time steps per chunk of the chunked form (any length from 1 to "
             f"{GPU_MAX_CHUNK}; results do not depend on it)", lambda v: _between(v, 1, GPU_MAX_CHUNK)))
 
+#: ScanWeaver.jl's (``julia`` backend) tunables: :data:`JULIA_TUNABLES`, and the algorithm of the ``delta`` form's
+#: forward (the chunked WY form in KernelAbstractions kernels, ``src/matrix/delta_chunked.jl``) with its ``chunk``.
+JULIA_DELTA_TUNABLES = (*JULIA_TUNABLES, Tunable(
+    "algorithm", "recurrent", ALGORITHMS, "the fused recurrence (the default) or the chunked WY form of the forward "
+    "(DeltaNet, Gated DeltaNet, KDA; RWKV-7 and the backward run the recurrence)",
+    lambda v: None if v in ALGORITHMS else f"it must be one of {', '.join(ALGORITHMS)}"),
+    Tunable("chunk", 32, (16, 32, 64, 128), f"time steps per chunk of the chunked form (any length from 1 to "
+            f"{MAX_CHUNK}; results do not depend on it)", lambda v: _between(v, 1, MAX_CHUNK)))
+
 #: Inputs, optional inputs, sizes (H: heads of v/o and of the state; Hq: heads of q/k).
 _IN = ("q", "k", "v")
 _OPT_IN = ("g", "beta", "a", "b", "h0", "cu_seqlens")
@@ -193,12 +203,12 @@ class DeltaRule(FusedOp):
     description = ("delta rule S_t = (I - beta_t k_t k_t^T) D_t S_{t-1} + beta_t k_t v_t^T or D_t S_{t-1} + "
                    "b_t a_t^T S_{t-1} + k_t v_t^T read by q_t (DeltaNet, Gated DeltaNet, KDA, RWKV-7)")
     parts = PARTS
-    tunables = {"c": C_TUNABLES, "gpu": GPU_DELTA_TUNABLES, "julia": JULIA_TUNABLES}
+    tunables = {"c": C_TUNABLES, "gpu": GPU_DELTA_TUNABLES, "julia": JULIA_DELTA_TUNABLES}
     implementations = {"numpy": PARTS, "c": PARTS, "opencl": PARTS, "cuda": PARTS, "julia": PARTS}
     #: The C kernels have the chunked (WY) form of both parts for both forms (RWKV-7's backward:
     #: :mod:`scanweaver.targets.delta_c_chunked_backward`); the GPU kernels both parts of the ``delta`` form
-    #: (RWKV-7 runs the recurrence there; :meth:`chunked_of`).
-    chunked_parts = {"c": PARTS, "gpu": PARTS}
+    #: (RWKV-7 runs the recurrence there; :meth:`chunked_of`); ScanWeaver.jl's the forward of the ``delta`` form.
+    chunked_parts = {"c": PARTS, "gpu": PARTS, "julia": ("forward",)}
     #: The algorithm rule (bench/results/delta_chunked.json, float32, 2 threads, quiet cores): the chunked backward
     #: from 1024 steps per sequence with K * V >= 4096, where forward + backward with it ran 1.46-1.56x faster at
     #: K = V = 128 and 1.02-1.17x at 64 (DeltaNet, Gated DeltaNet, KDA at T = 1024 and 4096); the forward stays
@@ -214,8 +224,8 @@ class DeltaRule(FusedOp):
         return super().condition(name, features, sizes)
 
     def chunked_of(self, family: str, features: DeltaRuleFeatures | None = None) -> tuple[str, ...] | None:
-        """:attr:`chunked_parts`: on the GPU kernels the ``delta`` form only."""
-        if family == "gpu" and features is not None and features.form == "dplr":
+        """:attr:`chunked_parts`: on the GPU kernels and ScanWeaver.jl's the ``delta`` form only."""
+        if family in ("gpu", "julia") and features is not None and features.form == "dplr":
             return ()
         return super().chunked_of(family, features)
 

@@ -162,6 +162,19 @@ MATRIX_CHUNKED_KERNELS = (
 )
 
 
+#: ScanWeaver.jl's chunked (WY) delta-rule forward kernels (``src/matrix/delta_chunked.jl``, beside the matrix chunked
+#: form's prefix, scale and intra kernels): run through ``delta_rule_scan!`` with ``algorithm = :chunked``; not Kernel
+#: Tuner problems.
+DELTA_CHUNKED_KERNELS = (
+    KernelSignature("delta_chunk_carry_kernel!", ("S0", "U", "o", "hlast", "W", "Uv", "kd", "D", "grow", "h0", "q",
+                                                  "k", "v", "g", "beta", "chunks", "firsts"), ("nk", "gate", "l2norm")),
+    KernelSignature("delta_chunk_grow_kernel!", ("grow", "g", "chunks"), ("decay",)),
+    KernelSignature("delta_chunk_norm_kernel!", ("qn", "kn", "q", "k"), ()),
+    KernelSignature("delta_chunk_output_kernel!", ("o", "qd", "S0", "Aw", "U", "grow", "chunks", "slot"), ()),
+    KernelSignature("delta_chunk_solve_kernel!", ("W", "Uv", "N", "kg", "v", "beta", "grow", "chunks"), ()),
+)
+
+
 #: ScanWeaver.jl's fused Mamba-1 backward (``src/mamba/backward.jl``); not yet a Kernel Tuner problem.
 MAMBA_BACKWARD_KERNELS = (
     KernelSignature("mamba_backward_kernel!", ("grads", "ckpt", "hs", "ops", "dout", "dhlast"), _MAMBA_VALS),
@@ -170,9 +183,9 @@ MAMBA_BACKWARD_KERNELS = (
 
 def all_kernels() -> dict[str, KernelSignature]:
     """Every ``@kernel`` of ScanWeaver.jl by name: the schedules', the fused Mamba scan's (forward and
-    backward) and the matrix-state kernels' (recurrent and chunked)."""
+    backward), the matrix-state kernels' (recurrent and chunked) and the delta rule's chunked ones."""
     kernels = {k.name: k for s in (*SCHEDULES.values(), MAMBA) for k in s.kernels}
-    fused = (*MAMBA_BACKWARD_KERNELS, *MATRIX_STATE_KERNELS, *MATRIX_CHUNKED_KERNELS)
+    fused = (*MAMBA_BACKWARD_KERNELS, *MATRIX_STATE_KERNELS, *MATRIX_CHUNKED_KERNELS, *DELTA_CHUNKED_KERNELS)
     return {**kernels, **{k.name: k for k in fused}}
 
 

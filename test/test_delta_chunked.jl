@@ -1,0 +1,194 @@
+# The delta rule's chunked (WY) forward (`src/matrix/delta_chunked.jl`) on every
+# backend of the suite: DeltaNet, Gated DeltaNet (a log decay per head) and KDA
+# (one per key row) against the Float64 loop of the recurrence
+# (`delta_reference` in test/reference.jl) and against the recurrent kernels,
+# over chunks shorter and longer than the sequences, resets, tiny, huge and
+# growing decays, L2 normalisation, groups, packing and initial states.
+
+@testset "delta rule chunked form: $name" for (name, AT) in BACKENDS
+    backend = get_backend(AT(zeros(Float32, 1)))
+    rng = Xoshiro(23)
+    dev(::Nothing) = nothing
+    dev(A) = AT(A)
+    nk, nv, H, Hq, L = 5, 6, 4, 2, 37
+    eltypes = unique((Float32, device_eltype(backend, Float64)))
+    kinds = (:reset, :tiny, :huge, :positive, :mixed)
+    @testset "$T $gate l2norm=$l2norm" for T in eltypes, gate in (
+            :none,
+            :scalar,
+            :key,
+        ), l2norm in (false, true)
+
+        for (case, kind) in enumerate(gate === :none ? (:none, :none) : kinds)
+            packed = isodd(case)
+            batch = packed ? 1 : 2
+            cu_seqlens = packed ? [0, 1, 1, 17, 30, L] : nothing
+            nseq = packed ? 5 : batch
+            q, k = T.(randn(rng, nk, Hq, L, batch)), T.(randn(rng, nk, Hq, L, batch))
+            l2norm || (k ./= sqrt(T(nk)))
+            v = T.(randn(rng, nv, H, L, batch))
+            g = gate === :none ?
+                nothing :
+                T.(chunked_log_decays(
+                    rng,
+                    kind,
+                    ((gate === :key ? (nk,) : ())..., H, L, batch),
+                ))
+            beta = T.(rand(rng, H, L, batch))
+            h0 = iseven(case) ? nothing : T.(randn(rng, nv, nk, H, nseq))
+            want, want_h = delta_reference(q, k, v; beta, g, l2norm, h0, cu_seqlens)
+            args = (;
+                beta = dev(beta),
+                g = dev(g),
+                l2norm,
+                h0 = dev(h0),
+                cu_seqlens,
+                return_state = true,
+            )
+            rec, rec_h = delta_rule_scan(AT(q), AT(k), AT(v); args...)
+            for chunk in (1, 4, 16, 32, 64)
+                o, h = delta_rule_scan(
+                    AT(q),
+                    AT(k),
+                    AT(v);
+                    args...,
+                    algorithm = :chunked,
+                    chunk,
+                )
+                ok = matches(o, want; rtol = tolerance(T)) &&
+                    matches(h, want_h; rtol = tolerance(T))
+                ok ||
+                    @info "chunked delta rule differs from the loop" T gate l2norm kind chunk
+                @test ok
+                @test matches(o, widen64.(Array(rec)); rtol = tolerance(T))
+                @test matches(h, widen64.(Array(rec_h)); rtol = tolerance(T))
+            end
+        end
+    end
+
+    @testset "default chunk, in place, longer than one chunk" begin
+        q, k = randn(rng, Float32, 4, 1, 70, 1), randn(rng, Float32, 4, 1, 70, 1)
+        v, g = randn(rng, Float32, 3, 1, 70, 1), -rand(rng, Float32, 1, 70, 1)
+        beta = rand(rng, Float32, 1, 70, 1)
+        want, want_h = delta_reference(q, k, v; beta, g, l2norm = true)
+        o, hlast = AT(zeros(Float32, 3, 1, 70, 1)), AT(zeros(Float32, 3, 4, 1, 1))
+        delta_rule_scan!(
+            o,
+            AT(q),
+            AT(k),
+            AT(v);
+            beta = AT(beta),
+            g = AT(g),
+            l2norm = true,
+            hlast,
+            algorithm = :chunked,
+        )
+        @test matches(o, want; rtol = tolerance(Float32))
+        @test matches(hlast, want_h; rtol = tolerance(Float32))
+    end
+
+    @testset "the dplr form runs its recurrence under :chunked" begin
+        q, k = randn(rng, Float32, 4, 1, 9, 1), randn(rng, Float32, 4, 1, 9, 1)
+        v, g = randn(rng, Float32, 3, 2, 9, 1), -rand(rng, Float32, 4, 2, 9, 1)
+        a, b = 0.3f0 .* randn(rng, Float32, 4, 2, 9, 1),
+            0.3f0 .* randn(rng, Float32, 4, 2, 9, 1)
+        want, want_h = delta_reference(q, k, v; a, b, g)
+        o, h = delta_rule_scan(
+            AT(q),
+            AT(k),
+            AT(v);
+            a = AT(a),
+            b = AT(b),
+            g = AT(g),
+            return_state = true,
+            algorithm = :chunked,
+            chunk = 4,
+        )
+        @test matches(o, want; rtol = tolerance(Float32))
+        @test matches(h, want_h; rtol = tolerance(Float32))
+    end
+
+    @testset "bad algorithm and chunk" begin
+        q, v = AT(rand(Float32, 4, 1, 6, 1)), AT(rand(Float32, 5, 1, 6, 1))
+        beta = AT(rand(Float32, 1, 6, 1))
+        err = try
+            delta_rule_scan(q, q, v; beta, algorithm = :blocked)
+        catch e
+            e
+        end
+        @test err isa ArgumentError && occursin("algorithm = :blocked", err.msg)
+        for chunk in (0, 1025, 2.5)
+            err = try
+                delta_rule_scan(q, q, v; beta, algorithm = :chunked, chunk)
+            catch e
+                e
+            end
+            @test err isa ArgumentError && occursin("chunk = $(repr(chunk))", err.msg)
+        end
+    end
+end
+
+@testset "no chunked delta-rule kernel keeps a variable in a Core.Box (CPU typed code)" begin
+    nk, nv, H, Hq, L, batch, wg = 3, 4, 2, 1, 11, 2, 8
+    q, k = rand(Float32, nk, Hq, L, batch), rand(Float32, nk, Hq, L, batch)
+    v, beta = rand(Float32, nv, H, L, batch), rand(Float32, H, L, batch)
+    chunks, firsts, slot = ScanWeaver.matrix_chunk_tables(nothing, batch, L, 4, false)
+    nch = size(chunks, 2)
+    A4(n) = zeros(Float64, n, H, L, batch)
+    S0, S = zeros(Float64, nv, nk, H, nch), zeros(Float32, nv, nk, H, batch)
+    grow = zeros(Int32, H, nch)
+    for (gate, g) in (
+            (:key, -rand(Float32, nk, H, L, batch)),
+            (:scalar, -rand(Float32, H, L, batch)),
+        )
+        Kd = gate === :key ? nk : 1
+        D = ones(Float64, Kd, H, nch)
+        kernels = [
+            (
+                ScanWeaver.delta_chunk_norm_kernel!,
+                (A4(nk)[:, 1:Hq, :, :], A4(nk)[:, 1:Hq, :, :], q, k),
+                Hq * L * batch,
+            ),
+            (ScanWeaver.delta_chunk_grow_kernel!, (grow, g, chunks, Val(gate)), H * nch),
+            (
+                ScanWeaver.delta_chunk_solve_kernel!,
+                (A4(nk), A4(nv), A4(4), A4(nk), v, beta, grow, chunks),
+                (nk + nv) * H * nch,
+            ),
+            (
+                ScanWeaver.delta_chunk_carry_kernel!,
+                (
+                    S0,
+                    A4(nv),
+                    similar(v),
+                    S,
+                    A4(nk),
+                    A4(nv),
+                    A4(nk),
+                    D,
+                    grow,
+                    S,
+                    q,
+                    k,
+                    v,
+                    g,
+                    beta,
+                    chunks,
+                    firsts,
+                    Val(nk),
+                    Val(gate),
+                    Val(true),
+                ),
+                nv * H * batch,
+            ),
+            (
+                ScanWeaver.delta_chunk_output_kernel!,
+                (similar(v), A4(nk), S0, A4(4), A4(nv), grow, chunks, slot),
+                length(v),
+            ),
+        ]
+        for (kernel, args, n) in kernels
+            @test !boxes_a_variable(kernel(CPU(), wg), args, n)
+        end
+    end
+end
