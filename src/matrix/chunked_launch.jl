@@ -39,6 +39,22 @@ function check_matrix_algorithm(api::Symbol, algorithm, chunk)
 end
 
 """
+    matrix_chunk_tables_on(backend, cu_seqlens, batch, L, C, reversed) -> (chunks, firsts, slot, nch, Cw)
+
+[`matrix_chunk_tables`](@ref) on `backend`, with the number of chunks `nch` and
+the longest chunk `Cw` (at least 1), read from the host tables.
+"""
+function matrix_chunk_tables_on(backend, cu_seqlens, batch, L, C, reversed)
+    host = matrix_chunk_tables(cu_seqlens, batch, L, C, reversed)
+    chunks, firsts, slot = map(X -> on_backend(backend, X), host)
+    return chunks,
+        firsts,
+        slot,
+        size(host[1], 2),
+        max(1, maximum(view(host[1], 4, :); init = 1))
+end
+
+"""
     matrix_chunk_tables(cu_seqlens, batch, L, C, reversed) -> (chunks, firsts, slot)
 
 The chunks of every sequence in scan order, as `Int32` host arrays: `chunks`
@@ -118,19 +134,14 @@ function matrix_chunk_states(
     nk, (nv, H, L, batch) = size(q, 1), size(v)
     S = eltype(hlast)
     A = chunk_accumulator(backend, S)
-    host_chunks, host_firsts, host_slot = matrix_chunk_tables(
+    chunks, firsts, slot, nch, Cw = matrix_chunk_tables_on(
+        backend,
         cu_seqlens,
         batch,
         L,
         C,
         reversed,
     )
-    chunks, firsts, slot = map(
-        X -> on_backend(backend, X),
-        (host_chunks, host_firsts, host_slot),
-    )
-    nch = size(host_chunks, 2)
-    Cw = max(1, maximum(view(host_chunks, 4, :); init = 1))
     Kd = decay === :key ? nk : 1
     alloc(T, dims...) = KernelAbstractions.allocate(backend, T, dims)
     G, seg, D = alloc(A, Kd, H, L, batch),

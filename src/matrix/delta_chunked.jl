@@ -393,19 +393,14 @@ function delta_chunked!(
     nk, Hq, (nv, H, L, batch) = size(q, 1), size(q, 2), size(v)
     S = eltype(hlast)
     A = chunk_accumulator(backend, S)
-    host_chunks, host_firsts, host_slot = matrix_chunk_tables(
+    chunks, firsts, slot, nch, Cw = matrix_chunk_tables_on(
+        backend,
         cu_seqlens,
         batch,
         L,
         C,
         false,
     )
-    chunks, firsts, slot = map(
-        X -> on_backend(backend, X),
-        (host_chunks, host_firsts, host_slot),
-    )
-    nch = size(host_chunks, 2)
-    Cw = max(1, maximum(view(host_chunks, 4, :); init = 1))
     Kd = gate === :key ? nk : 1
     alloc(T, dims...) = KernelAbstractions.allocate(backend, T, dims)
     qn, kn = if l2norm
