@@ -222,10 +222,11 @@ def test_the_public_operations_report_what_ran():
 
 
 def test_the_default_backward_follows_the_measured_rule():
-    """With no ``algorithm`` given, the backward of the delta form runs chunked from 1024 steps per sequence with
-    K * V >= 4096 (where bench/delta_chunked.py measured it faster) and the forward stays recurrent; below either
-    bound and for RWKV-7's backward the recurrent one runs (the GPU kernels' default is the recurrence, and the
-    Julia kernels' chunked form is the forward's, never the default)."""
+    """With no ``algorithm`` given, the backward of every family (RWKV-7's too) runs chunked from 1024 steps per
+    sequence with K * V >= 4096 and the forward of the delta form from K * V >= 16384 (where bench/delta_chunked.py
+    measured them faster; RWKV-7's forward stays recurrent); below either bound the recurrent one runs (the GPU
+    kernels' default is the recurrence, and the Julia kernels' chunked form is the forward's, never the
+    default)."""
     swt = pytest.importorskip("scanweaver.torch")
     if not get_backend("cpu").availability().ok:
         pytest.skip("cpu backend unavailable")
@@ -239,7 +240,14 @@ def test_the_default_backward_follows_the_measured_rule():
     assert OP.algorithm("c", "backward", f, {**one, "T": 1023}) == "recurrent"
     assert OP.algorithm("c", "backward", f, {**one, "batch": 1, "T": 4096, "nseq": 8}) == "recurrent"  # packed
     assert OP.algorithm("c", "backward", small, one) == "recurrent"
-    assert OP.algorithm("c", "backward", dplr, one) == "recurrent"
+    assert OP.algorithm("c", "backward", dplr, one) == "chunked"
+    assert OP.algorithm("c", "forward", dplr, one) == "recurrent"
+    big, _, _ = problem(rng, "kda", batch=1, T=8, H=1, K=128, V=128)
+    big_dplr, _, _ = problem(rng, "rwkv7", batch=1, T=8, H=1, K=128, V=128)
+    assert OP.algorithm("c", "forward", big, one) == "chunked"
+    assert OP.algorithm("c", "forward", big, {**one, "T": 1023}) == "recurrent"
+    assert OP.algorithm("c", "forward", big_dplr, one) == "recurrent"
+    assert OP.algorithm("c", "backward", dplr, {**one, "T": 1023}) == "recurrent"
     # the GPU kernels have the chunked form of both parts but no measured rule: recurrent; Julia's the forward's
     assert OP.algorithm("gpu", "backward", f, one) == OP.algorithm("gpu", "forward", f, one) == "recurrent"
     assert OP.algorithm("gpu", "forward", f, one, target="cuda") == "recurrent"
@@ -257,6 +265,17 @@ def test_the_default_backward_follows_the_measured_rule():
         assert (ran.part, ran.algorithm, ran.source) == ("backward", alg or "chunked", "explicit" if alg else "default")
         grads[alg] = {n: x.grad.numpy() for n, x in t.items()}
     close(grads[None], grads["recurrent"], 1e-9, "default chunked vs recurrent")
+    # and RWKV-7's: the chunked backward by default, the same gradients as the recurrent one
+    _, a, _ = problem(rng, "rwkv7", batch=1, T=1024, H=1, Hq=1, K=64, V=64)
+    for alg in (None, "recurrent"):
+        t = {n: torch.tensor(np.asarray(x, np.float64), requires_grad=True) for n, x in a.items()}
+        kw = {} if alg is None else {"algorithm": alg}
+        o, h = call_public(swt.rwkv7, "rwkv7", t, 1.0, backend="cpu", **kw)
+        (o.square().sum() + h.sum()).backward()
+        ran = scanweaver.matrix.last
+        assert (ran.part, ran.algorithm, ran.source) == ("backward", alg or "chunked", "explicit" if alg else "default")
+        grads[alg] = {n: x.grad.numpy() for n, x in t.items()}
+    close(grads[None], grads["recurrent"], 1e-9, "RWKV-7 default chunked vs recurrent")
 
 
 @pytest.mark.parametrize("name", ["q", "k"])

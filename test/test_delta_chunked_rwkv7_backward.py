@@ -178,8 +178,8 @@ def test_a_non_finite_input_among_resets_leaves_every_gradient_no_wider_than_the
 
 def test_the_public_operation_reports_the_chunked_backward():
     """``algorithm="chunked"`` (or fla's ``chunk_size``) runs RWKV-7's backward chunked and reports it, with the
-    gradients of autograd through the loop; with no ``algorithm`` it stays recurrent (the default rule is the
-    ``delta`` form's)."""
+    gradients of autograd through the loop (with no ``algorithm``, the default rule decides:
+    test_delta_chunked_backward.py)."""
     swt = pytest.importorskip("scanweaver.torch")
     if not get_backend("cpu").availability().ok:
         pytest.skip("cpu backend unavailable")
@@ -200,7 +200,8 @@ def test_the_public_operation_reports_the_chunked_backward():
         close({n: x.grad.numpy() for n, x in t.items()}, want, 1e-10, f"rwkv7 {kw}")
     one = {"batch": 1, "T": 4096, "H": 1, "Hq": 1, "nseq": 1}
     big, _, _ = problem(rng, "rwkv7", batch=1, T=8, H=1, K=128, V=128)
-    assert OP.algorithm("c", "backward", big, one) == "recurrent"
+    assert OP.algorithm("c", "backward", big, one) == "chunked"
+    assert OP.algorithm("gpu", "backward", big, one) == "recurrent"  # no chunked dplr form on the GPU kernels
     assert OP.chooses("c", "backward", f)
 
 

@@ -209,16 +209,17 @@ class DeltaRule(FusedOp):
     #: :mod:`scanweaver.targets.delta_c_chunked_backward`); the GPU kernels both parts of the ``delta`` form
     #: (RWKV-7 runs the recurrence there; :meth:`chunked_of`); ScanWeaver.jl's the forward of the ``delta`` form.
     chunked_parts = {"c": PARTS, "gpu": PARTS, "julia": ("forward",)}
-    #: The algorithm rule (bench/results/delta_chunked.json, float32, 2 threads, quiet cores): the chunked backward
-    #: from 1024 steps per sequence with K * V >= 4096, where forward + backward with it ran 1.46-1.56x faster at
-    #: K = V = 128 and 1.02-1.17x at 64 (DeltaNet, Gated DeltaNet, KDA at T = 1024 and 4096); the forward stays
-    #: recurrent (the chunked one ran at 0.8-1.0x).  The rule is the ``delta`` form's (``delta_form``): RWKV-7's
-    #: chunked backward runs when asked for (``algorithm="chunked"``, ``chunk_size=``).
-    chunked_from = {"c": {"backward": ((1024, 4096, "delta_form"),)}}
+    #: The algorithm rule (bench/results/delta_chunked.json, float32, 2 threads, quiet cores, chunks of 32): the
+    #: chunked backward of every family from 1024 steps per sequence with K * V >= 4096, where it ran 1.57-2.21x the
+    #: recurrent one's speed at K = V = 128 and 1.11-1.36x at K = V = 64 (T = 1024 and 4096; RWKV-7's 1.09-1.95x
+    #: in further runs, K = 64, V = 128 among them); the chunked forward of the ``delta`` form (``delta_form``)
+    #: from K * V >= 16384, where it ran
+    #: 1.08-1.62x the recurrent one's speed at K = V = 128 in two runs (one 0.92x, KDA's) and 0.54-0.99x at
+    #: K * V = 4096 and 8192; RWKV-7's forward stays recurrent (its chunked one ran at 0.59-0.90x).
+    chunked_from = {"c": {"backward": ((1024, 4096),), "forward": ((1024, 16384, "delta_form"),)}}
 
     def condition(self, name: str, features: DeltaRuleFeatures, sizes: dict[str, int]) -> bool:
-        """``delta_form``: the ``delta`` form (DeltaNet, Gated DeltaNet, KDA; RWKV-7's chunked backward runs when
-        asked for, its default stays the recurrence)."""
+        """``delta_form``: the ``delta`` form (DeltaNet, Gated DeltaNet, KDA), not RWKV-7's."""
         if name == "delta_form":
             return getattr(features, "form", "delta") == "delta"
         return super().condition(name, features, sizes)
