@@ -1,4 +1,4 @@
-"""The GPU kernels' chunked (WY) forward of the delta rule (DeltaNet, Gated DeltaNet, KDA): run on OpenCL (PoCL
+"""The GPU kernels' chunked (WY) forward of the delta rule (DeltaNet, Gated DeltaNet, KDA, RWKV-7): run on OpenCL (PoCL
 here; ``SCANWEAVER_TEST_GPU_BACKEND=cuda`` on a GPU) against the float64 loops of the recurrences, on plain chunks
 (the product form) and on chunks the product form leaves to the recurrence (growth, a reset, a NaN, a decay past
 its range) in one call; selection by ``algorithm=`` and ``chunk_size=``; compiled for sm_90 without spills.
@@ -53,7 +53,13 @@ CASES = [("deltanet", "float64", {"T": 13, "K": 5, "V": 19}, 4),
          ("kda", "float32", {"T": 70, "K": 64, "V": 64}, 32),
          ("gated", "float64", {"T": 1, "K": 6, "V": 6}, 16),
          ("deltanet", "float32", {"seqlens": [16, 17, 15], "K": 8, "V": 8, "l2norm": True}, 16),
-         ("gated", "float64", {"T": 40, "K": 1, "V": 2}, 32)]
+         ("gated", "float64", {"T": 40, "K": 1, "V": 2}, 32),
+         ("rwkv7", "float64", {"T": 13, "K": 5, "V": 19}, 4),
+         ("rwkv7", "float32", {"seqlens": [5, 0, 19, 1], "H": 2, "K": 16, "V": 40}, 8),
+         ("rwkv7", "float64", {"T": 40, "Hq": 1, "H": 3, "K": 20, "V": 40, "l2norm": True}, 16),
+         ("rwkv7", "float32", {"T": 70, "K": 64, "V": 64}, 32),
+         ("rwkv7", "float64", {"T": 1, "K": 6, "V": 6}, 16),
+         ("rwkv7", "float64", {"T": 40, "K": 1, "V": 2}, 32)]
 
 
 @pytest.mark.parametrize("family,dtype,kw,chunk", CASES,
@@ -70,7 +76,7 @@ def test_chunked_forward_matches_the_loop(family, dtype, kw, chunk):
     close(o, ro.astype(np.float64), TOL[dtype], "chunked against the GPU recurrence")
 
 
-@pytest.mark.parametrize("family", ["gated", "kda"])
+@pytest.mark.parametrize("family", ["gated", "kda", "rwkv7"])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_chunks_the_product_form_leaves_to_the_recurrence(family, dtype):
     """Chunks of 8 over 56 steps: plain ones between a chunk that grows (log decays up to +0.05), one with a reset
@@ -79,6 +85,8 @@ def test_chunks_the_product_form_leaves_to_the_recurrence(family, dtype):
     be = gpu_backend()
     rng = np.random.default_rng(3)
     f, a, sizes = problem(rng, family, dtype=dtype, batch=2, T=56, H=2, K=12, V=10, lo=-0.5, hi=-0.01)
+    if family == "rwkv7":  # in-context rates that keep the growing chunk's state far inside float32
+        a["b"] = (a["b"] * 0.5).astype(dtype)
     g = a["g"].astype(np.float64)
     g[:, 8:16] = rng.uniform(0.0, 0.05, g[:, 8:16].shape)
     g[:, 21] = -np.inf
@@ -92,14 +100,17 @@ def test_chunks_the_product_form_leaves_to_the_recurrence(family, dtype):
     close(h, want_h, TOL[dtype], "final state")
 
 
-def test_a_nan_in_one_key_reaches_only_its_step_and_later_ones():
-    """A NaN in one element of k in the middle of a plain chunk: the outputs before its step stay the loop's (the
-    triangular products never read past the diagonal), those from it on are NaN, as in the recurrence."""
+@pytest.mark.parametrize("family,name", [("gated", "k"), ("rwkv7", "k"), ("rwkv7", "a"), ("rwkv7", "b")])
+def test_a_nan_in_one_key_reaches_only_its_step_and_later_ones(family, name):
+    """A NaN in one element of k (RWKV-7: of k, a or b) in the middle of a plain chunk: the outputs before its step
+    stay the loop's (the triangular products never read past the diagonal), those from it on are NaN, as in the
+    recurrence."""
     be = gpu_backend()
     rng = np.random.default_rng(4)
-    f, a, sizes = problem(rng, "gated", batch=1, T=24, K=8, V=6, hi=-0.01, lo=-0.3)
-    a["k"][0, 13, 1, 2] = np.nan
-    want_o, want_h = loop("gated", a, 1.0)
+    f, a, sizes = problem(rng, family, batch=1, T=24, K=8, V=6, hi=-0.01, lo=-0.3)
+    a[name][0, 13, 1, 2] = np.nan
+    want_o, want_h = loop(family, a, 1.0)
+    assert np.isfinite(want_o[0, :13]).all() and not np.isfinite(want_o[0, 13:, 1]).all()
     o, h = run(be, f, a, sizes, algorithm="chunked", chunk=16)
     close(o, want_o, TOL["float64"], "o")
     close(h, want_h, TOL["float64"], "final state")
@@ -107,7 +118,8 @@ def test_a_nan_in_one_key_reaches_only_its_step_and_later_ones():
 
 def test_public_calls_select_the_chunked_forward_and_report_it():
     """``algorithm="chunked"`` and ``chunk_size=`` run the chunked forward on the GPU kernels (``scanweaver.matrix``
-    reports it); RWKV-7's forward, which has no chunked form there, runs the recurrence and says so."""
+    reports it), RWKV-7's forward too; RWKV-7's backward, which has no chunked form there, runs the recurrence and
+    says so."""
     be = gpu_backend()
     rng = np.random.default_rng(5)
     q, k = (rng.normal(size=(1, 40, 2, 8)) for _ in range(2))
@@ -124,18 +136,24 @@ def test_public_calls_select_the_chunked_forward_and_report_it():
     scanweaver.gated_delta_rule(q, k, v, g, beta, backend=be.name)
     assert runner.last["delta_rule"].algorithm == "recurrent", "the GPU default stays the recurrence"
     a_, b_ = -rng.uniform(0, 0.3, (1, 40, 2, 8)), rng.uniform(0, 0.3, (1, 40, 2, 8))
-    scanweaver.rwkv7(q, -rng.uniform(0.01, 0.5, (1, 40, 2, 8)), k, v, a_, b_, backend=be.name, algorithm="chunked")
-    assert runner.last["delta_rule"].algorithm == "recurrent", "RWKV-7 has no chunked form on the GPU kernels"
+    w = -rng.uniform(0.01, 0.5, (1, 40, 2, 8))
+    want, _ = scanweaver.rwkv7(q, w, k, v, a_, b_, backend="numpy")
+    o, _ = scanweaver.rwkv7(q, w, k, v, a_, b_, backend=be.name, algorithm="chunked")
+    assert runner.last["delta_rule"].algorithm == "chunked", runner.last["delta_rule"]
+    np.testing.assert_allclose(o, want, rtol=0, atol=1e-12 * np.abs(want).max())
+    f, _, _ = problem(rng, "rwkv7", batch=1, T=8, H=1, K=8, V=8)
+    assert OP.chooses("gpu", "forward", f) and not OP.chooses("gpu", "backward", f)
+    assert OP.settle("gpu", "backward", {"algorithm": "chunked"}, f)["algorithm"] == "recurrent"
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH (CUDA toolkit not installed)")
-@pytest.mark.parametrize("gate", ["none", "scalar", "key"])
+@pytest.mark.parametrize("gate,form", [("none", "delta"), ("scalar", "delta"), ("key", "delta"), ("key", "dplr")])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_cuda_chunked_forward_compiles_for_sm90_without_spills(gate, dtype):
+def test_cuda_chunked_forward_compiles_for_sm90_without_spills(gate, form, dtype):
     """Both kernels at K = V = 128 (and 64) with the default chunk, the L2 norm, an initial state and packed
     sequences: no spills, within the static local memory of a workgroup."""
     for K in (128, 64):
-        f = DeltaRuleFeatures(dtype, K, K, True, True, False, gate, "delta", True)
+        f = DeltaRuleFeatures(dtype, K, K, True, True, False, gate, form, True)
         sizes = {"batch": 1, "T": 4096, "H": 16, "Hq": 16, "nseq": 1}
         cfg = OP.resolve("gpu", {"algorithm": "chunked"}, kernel_for("cuda", OP.name).defaults(f, sizes), "test")
         assert layout(f, cfg).ct >= 16

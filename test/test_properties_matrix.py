@@ -5,7 +5,9 @@ dividing v's), a dtype, packed sequences (empty ones among them) or a batch, an 
 where the operation takes it, and extreme gates: log decays of 0 and -inf, very negative ones, positive ones
 whose products stay finite (growing states, one large spike), beta 0 and 2.  The call must return finite values
 equal to the float64 loop of the recurrence (``matrix_loops``, ``delta_family``: written from the definitions),
-or raise ``ScanInputError`` naming one of its arguments.
+or raise ``ScanInputError`` naming one of its arguments.  On the compiled backends the long run draws the
+algorithm too (recurrent, or chunked at 1, 3, 16 or 64 steps), and a second property holds the chunked form's
+output, final state and every gradient (float64, through ``scanweaver.torch``) to the recurrent form's.
 
 Compiled backends build one kernel per feature set (dtype, K, V, decay, readout, reverse, h0, packed sequences,
 algorithm), so the default run keeps one feature set per operation there and draws the rest (batch, T, heads,
@@ -117,10 +119,12 @@ def _round(arrays: dict, dtype: str) -> dict:
 
 
 @st.composite
-def problems(draw, op: str, backend: str) -> Problem:
+def problems(draw, op: str, backend: str, dtype: str | None = None, cap: float | None = None) -> Problem:
+    """One problem of ``op`` for ``backend`` (``dtype``, where given, in place of a drawn one; ``cap``, where
+    given, the largest log growth in place of the dtype's)."""
     fixed = backend != "numpy" and not LONG
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    dtype = "float32" if fixed else draw(st.sampled_from(_dtypes()))
+    dtype = dtype or ("float32" if fixed else draw(st.sampled_from(_dtypes())))
     K = 4 if fixed else draw(st.sampled_from((1, 2, 3, 4, 7, 16)))
     V = 3 if fixed else draw(st.sampled_from((1, 2, 3, 5, 8)))
     T = draw(st.one_of(st.just(1), st.integers(2, 17), st.integers(18, 300 if LONG else 70)))
@@ -137,15 +141,15 @@ def problems(draw, op: str, backend: str) -> Problem:
     nseq = batch if cu is None else len(cu) - 1
     with_h0 = True if fixed else draw(st.booleans())
     mode = draw(st.sampled_from(GATES))
-    cap = GROWTH[dtype]
+    cap = cap or GROWTH[dtype]
     q, k = rng.standard_normal((batch, T, Hq, K)), rng.standard_normal((batch, T, Hq, K))
     v = rng.standard_normal((batch, T, H, V))
     h0 = rng.standard_normal((nseq, H, K, V)) if with_h0 else None
     p = Problem(op, dtype, {})
     if op in DELTA:
-        return _delta(draw, rng, p, q, k, v, h0, cu, mode, cap, fixed)
+        return _algorithm(draw, _delta(draw, rng, p, q, k, v, h0, cu, mode, cap, fixed), backend, fixed)
     if op == "mamba2_scan":
-        return _mamba2(draw, rng, p, v, h0, cu, mode, cap)
+        return _algorithm(draw, _mamba2(draw, rng, p, v, h0, cu, mode, cap), backend, fixed)
     reverse = op != "rwkv6" and not fixed and draw(st.booleans())
     scale = float(rng.uniform(0.1, 1.5))
     arrays = {"q": q, "k": k, "v": v, "h0": h0, "cu_seqlens": cu}
@@ -159,11 +163,18 @@ def problems(draw, op: str, backend: str) -> Problem:
         else:
             arrays["decay"] = np.minimum(log_gates(rng, (1, T, H), mode, cap)[0, 0], cap / T)  # constant per step
     p.arrays, p.options = _round(arrays, dtype), {"scale": scale, "reverse": reverse}
-    if backend == "cpu" and (LONG or op == "linear_attention"):
-        algorithm = "chunked" if fixed else draw(st.sampled_from(("recurrent", "chunked")))
-        p.tunables = {"algorithm": algorithm}
-        if algorithm == "chunked":
-            p.tunables["chunk"] = 16 if fixed else draw(st.sampled_from((1, 3, 16, 64)))
+    return _algorithm(draw, p, backend, fixed)
+
+
+def _algorithm(draw, p: Problem, backend: str, fixed: bool) -> Problem:
+    """The algorithm of a compiled backend's call: in the long run drawn for every operation (recurrent or chunked,
+    at chunks of 1, 3, 16 or 64 steps); in the default run the chunked form of ``linear_attention`` on ``cpu``."""
+    if backend not in ("cpu", "opencl") or not (LONG or (p.op == "linear_attention" and backend == "cpu")):
+        return p
+    algorithm = "chunked" if fixed else draw(st.sampled_from(("recurrent", "chunked")))
+    p.tunables = {"algorithm": algorithm}
+    if algorithm == "chunked":
+        p.tunables["chunk"] = 16 if fixed else draw(st.sampled_from((1, 3, 16, 64)))
     return p
 
 
@@ -230,34 +241,36 @@ def _delta(draw, rng, p: Problem, q, k, v, h0, cu, mode: str, cap: float, fixed:
     return p
 
 
-def run(p: Problem, backend: str) -> tuple:
-    """``(o, final states per sequence)`` of the public call."""
-    a, o = p.arrays, p.options
+def run(p: Problem, backend: str, module=scanweaver, arrays: dict | None = None, tunables: dict | None = None) -> tuple:
+    """``(o, final states per sequence)`` of the public call (of ``module``'s entry point, ``scanweaver.torch``'s
+    too, on ``arrays`` in place of the problem's, with ``tunables`` in place of its own where given)."""
+    a, o = (p.arrays if arrays is None else arrays), p.options
+    tun = p.tunables if tunables is None else tunables
     if p.op in DELTA:
         named = {"g": a.get("g"), "beta": a.get("beta"), "a": a.get("a"), "b": a.get("b")}
         named = {**{n: a[n] for n in ("q", "k", "v", "h0", "cu_seqlens")}, **named}
-        fn = getattr(scanweaver, p.op)
+        fn = getattr(module, p.op)
         if o["sigmoid"] is not None:
             return fn(named["q"], named["k"], named["v"], named["g"], named["beta"], o["scale"], named["h0"], True,
                       o["l2norm"], use_beta_sigmoid_in_kernel=True, allow_neg_eigval=o["sigmoid"] == 2.0,
-                      cu_seqlens=named["cu_seqlens"], backend=backend, **p.tunables)
-        return call_public(fn, p.op, named, scale=o["scale"], l2norm=o["l2norm"], backend=backend, **p.tunables)
-    kw = {"backend": backend, **p.tunables}
+                      cu_seqlens=named["cu_seqlens"], backend=backend, **tun)
+        return call_public(fn, p.op, named, scale=o["scale"], l2norm=o["l2norm"], backend=backend, **tun)
+    kw = {"backend": backend, **tun}
     if p.op == "mamba2_scan":
         cu = a["cu_seqlens"]
-        out = scanweaver.mamba2_scan(a["x"], a["dt"], a["A"], a["B"], a["C"], D=a["D"], z=a["z"], dt_bias=a["dt_bias"],
-                                     initial_states=a["h0"], cu_seqlens=cu, dt_softplus=o["softplus"],
-                                     return_final_states=True, return_varlen_states=cu is not None, **kw)
+        out = module.mamba2_scan(a["x"], a["dt"], a["A"], a["B"], a["C"], D=a["D"], z=a["z"], dt_bias=a["dt_bias"],
+                                 initial_states=a["h0"], cu_seqlens=cu, dt_softplus=o["softplus"],
+                                 return_final_states=True, return_varlen_states=cu is not None, **kw)
         return out[0], out[-1]
     common = dict(scale=o["scale"], initial_state=a["h0"], output_final_state=True, cu_seqlens=a["cu_seqlens"], **kw)
     if p.op == "rwkv6":
-        return scanweaver.rwkv6(a["q"], a["k"], a["v"], a["g"], a["u"], **common)
+        return module.rwkv6(a["q"], a["k"], a["v"], a["g"], a["u"], **common)
     if p.op == "retention":
-        return scanweaver.retention(a["q"], a["k"], a["v"], reverse=o["reverse"], **common)
+        return module.retention(a["q"], a["k"], a["v"], reverse=o["reverse"], **common)
     if p.op == "simple_gla":
-        return scanweaver.simple_gla(a["q"], a["k"], a["v"], g=a.get("g_head"), g_gamma=a.get("decay"),
-                                     reverse=o["reverse"], **common)
-    return scanweaver.linear_attention(a["q"], a["k"], a["v"], g=a["g"], reverse=o["reverse"], **common)
+        return module.simple_gla(a["q"], a["k"], a["v"], g=a.get("g_head"), g_gamma=a.get("decay"),
+                                 reverse=o["reverse"], **common)
+    return module.linear_attention(a["q"], a["k"], a["v"], g=a["g"], reverse=o["reverse"], **common)
 
 
 def oracle(p: Problem) -> tuple[np.ndarray, np.ndarray]:
@@ -319,21 +332,92 @@ def check(p: Problem, backend: str) -> None:
 @pytest.mark.parametrize("op", MATRIX + DELTA)
 def test_named_operation_equals_the_loop_on_random_problems(op, backend):
     need(backend)
+    examples(f"{op}[{backend}]", SETTINGS[backend], problems(op, backend), lambda p: check(p, backend))
+
+
+def examples(what: str, setting, strategy, check_one) -> None:
+    """``check_one`` on the problems of ``strategy`` under ``setting``: the default run stops at the first failure;
+    the long run lists every failure (wrong values, unclear errors, crashes) and fails at the end."""
     failures, runs = [], [0]
 
-    @SETTINGS[backend]
-    @given(problem=problems(op, backend))
+    @setting
+    @given(problem=strategy)
     def one(problem):
         runs[0] += 1
         try:
-            check(problem, backend)
-        except Exception as exc:  # the long run lists every failure (wrong values, unclear errors, crashes)
+            check_one(problem)
+        except Exception as exc:
             if not LONG:
                 raise
             failures.append(f"{type(exc).__name__}: {exc}")
-            print(f"DEFECT {op}[{backend}]: {failures[-1]} ({problem})")
+            print(f"DEFECT {what}: {failures[-1]} ({problem})")
 
     one()
     if LONG:
-        print(f"fuzz {op}[{backend}]: {runs[0]} cases, {len(failures)} failed")
+        print(f"fuzz {what}: {runs[0]} cases, {len(failures)} failed")
     assert not failures, f"{len(failures)} of {runs[0]} cases failed; the first: {failures[0]}"
+
+
+#: The gradient examples' largest log growth of a product of decays: the adjoints grow as the states do.
+GRAD_CAP = 20.0
+#: The gradient examples' largest difference between the algorithms, relative to the largest magnitude of each
+#: gradient (float64 both).
+GRAD_TOL = 1e-8
+
+
+def gradients(p: Problem, backend: str, tunables: dict) -> tuple[dict, object]:
+    """Every gradient of ``sum(o * do) + sum(final * dfinal)`` (fixed random cotangents) through
+    ``scanweaver.torch``, float64, with ``tunables``, and ``scanweaver.matrix.last`` after the backward."""
+    import torch
+    import scanweaver.torch as swt
+
+    t = {n: x if x is None or n == "cu_seqlens" else torch.tensor(np.asarray(x, np.float64), requires_grad=True)
+         for n, x in p.arrays.items()}
+    o, h = run(p, backend, swt, t, tunables)
+    rng = np.random.default_rng(0)
+    (o * torch.tensor(rng.standard_normal(tuple(o.shape)))).sum().add(
+        (h * torch.tensor(rng.standard_normal(tuple(h.shape)))).sum()).backward()
+    grads = {n: x.grad.numpy() for n, x in t.items() if n != "cu_seqlens" and x is not None and x.grad is not None}
+    return {"o": o.detach().numpy(), "final": h.detach().numpy(), **grads}, scanweaver.matrix.last
+
+
+def check_gradients(p: Problem, backend: str) -> None:
+    try:
+        rec, _ = gradients(p, backend, {"algorithm": "recurrent"})
+    except ScanInputError as exc:
+        REFUSED.append((p.op, backend, str(exc).splitlines()[0]))
+        return
+    got, ran = gradients(p, backend, p.tunables)
+    assert ran.part == "backward", f"{p}: scanweaver.matrix.last reports {ran}"
+    for name, want in rec.items():
+        fin = np.isfinite(want)
+        wider = fin & ~np.isfinite(got[name])
+        assert not wider.any(), f"{p}: {name} of the chunked form non-finite at {np.argwhere(wider).tolist()[:4]}, " \
+                                "the recurrent one's finite"
+        size = float(np.abs(want[fin]).max(initial=0.0))
+        err = float(np.abs(got[name][fin] - want[fin]).max(initial=0.0))
+        assert err <= GRAD_TOL * max(size, 1e-300), f"{p}: {name} of the chunked form differs from the recurrent " \
+                                                    f"one's by {err:.3g} (max |{name}| {size:.3g})"
+
+
+@pytest.mark.parametrize("backend", ("cpu", "opencl"))
+@pytest.mark.parametrize("op", MATRIX + DELTA)
+def test_the_chunked_gradients_equal_the_recurrent_ones_on_random_problems(op, backend):
+    """The chunked form's output, final state and every gradient (float64, through ``scanweaver.torch``) equal the
+    recurrent form's on random problems (every gate mode, packed sequences, reverse, groups), and are non-finite
+    only where the recurrent ones are.  The default run draws two problems of one feature set for each delta-rule
+    operation on ``cpu``; the long run every feature, on OpenCL too."""
+    pytest.importorskip("torch")
+    need(backend)
+    if not LONG and op not in DELTA:
+        pytest.skip("the chunked gradients of the matrix-state operations are compared in their own tests "
+                    "(test_chunked_grad.py); here in the long run (SCANWEAVER_FUZZ_EXAMPLES=N)")
+    chunks = st.sampled_from((1, 3, 16, 64) if LONG else (16,))
+    strategy = st.tuples(problems(op, backend, dtype="float64", cap=GRAD_CAP), chunks)
+
+    def one(drawn):
+        problem, chunk = drawn
+        problem.tunables = {"algorithm": "chunked", "chunk": chunk}
+        check_gradients(problem, backend)
+
+    examples(f"gradients {op}[{backend}]", settings(SETTINGS[backend], max_examples=LONG or 2), strategy, one)

@@ -1,8 +1,8 @@
-"""The chunked (WY / UT transform) forward of the fused ``delta_rule`` on the GPU (OpenCL, CUDA), ``delta`` form.
+"""The chunked (WY / UT transform) forward of the fused ``delta_rule`` on the GPU (OpenCL, CUDA), both forms.
 
 Selected by the tunable ``algorithm="chunked"`` (``chunk`` steps per chunk, at
 most :data:`MAX_CHUNK`); :mod:`.fused_gpu_delta_rule` renders it after its own
-prelude.  For DeltaNet, Gated DeltaNet and KDA (gate ``none``, ``scalar``,
+prelude.  For DeltaNet, Gated DeltaNet, KDA and RWKV-7 (gate ``none``, ``scalar``,
 ``key``; ``l2norm``, q/k heads shared by value heads, packed sequences).  With
 G the cumulative log decay of a chunk (per key for KDA), S_0 the state at the
 chunk's start and u_t the recurrence's new values ``beta_t (v_t - S'_t^T k_t)``::
@@ -11,7 +11,15 @@ chunk's start and u_t the recurrence's new values ``beta_t (v_t - S'_t^T k_t)``:
     U = T (V - (K o e^{G}) S_0)                            A = lower((Q o e^{G}) (K o e^{-G})^T)
     O = (Q o e^{G}) S_0 + A U                              S_end = e^{G_last} o S_0 + (K o e^{G_last - G})^T U
 
-(the C kernels' form, :mod:`.delta_c_chunked`).  Two kernels:
+(the C kernels' form, :mod:`.delta_c_chunked`).  The ``dplr`` form (RWKV-7: S_t = D_t S_{t-1} + b_t w_t^T +
+k_t v_t^T with the projections w_t = S_{t-1}^T a_t) solves for W the same way, the rows of a scaled by the decay
+before their step (``A' = a o e^{G_prev}``) and B' = b o e^{-G}, K' = k o e^{-G}::
+
+    L_ab = strict-lower(A' B'^T), L_ak = strict-lower(A' K'^T)      W = (I - L_ab)^{-1} (A' S_0 + L_ak V)
+    O = (Q o e^{G}) S_0 + lower((Q o e^{G}) B'^T) W + lower((Q o e^{G}) K'^T) V
+    S_end = e^{G_last} o S_0 + (b o e^{G_last - G})^T W + (K o e^{G_last - G})^T V
+
+(the C kernels' forms, :mod:`.delta_c_chunked`).  Two kernels:
 
 1. ``sw_delta_chunk_prep``: per (chunk, value head), parallel over chunks:
    the chunk's cumulative log decays (in ``SW_ACC``, double where the
@@ -78,11 +86,12 @@ def _pow2_at_least(n: int) -> int:
 def _prep_bytes(f: DeltaRuleFeatures, C: int, kt: int) -> int:
     item, ktp = ITEMSIZE[f.state_dtype], kt + 1 - kt % 2
     decays = C * (kt if f.gate == "key" else 1) * ACC_BYTES
-    return 3 * C * ktp * item + decays + 3 * C * item + C * (C + 1) * item + 8
+    tiles = 4 if f.form == "dplr" else 3
+    return tiles * C * ktp * item + decays + 3 * C * item + C * (C + 1) * item + 8
 
 
 def _state_bytes(f: DeltaRuleFeatures, C: int, ct: int) -> int:
-    return (f.K * ct + 2 * C * ct) * ITEMSIZE[f.state_dtype]
+    return (f.K * ct + (3 if f.form == "dplr" else 2) * C * ct) * ITEMSIZE[f.state_dtype]
 
 
 def layout(f: DeltaRuleFeatures, config: dict) -> DeltaChunkLayout:
@@ -109,7 +118,8 @@ def local_bytes(f: DeltaRuleFeatures, config: dict) -> int:
 
 def region(f: DeltaRuleFeatures, C: int) -> int:
     """Scratch elements per (chunk slot, value head)."""
-    return 2 * C * C + 3 * C * f.K + (f.K if f.gate == "key" else 1) + 1
+    dplr = f.form == "dplr"
+    return (4 if dplr else 2) * C * C + (4 if dplr else 3) * C * f.K + (f.K if f.gate == "key" else 1) + 1
 
 
 def chunk_slots(f: DeltaRuleFeatures, sizes: dict, C: int) -> int:
@@ -171,14 +181,21 @@ CHUNKED = r"""
 /* the first chunk slot of sequence s */
 #define SW_BASE(s) (SW_HAS_SEQLENS ? cu_seqlens[s] / SW_C + (s) : (s) * SW_NCH)
 #define SW_KD (SW_GATE == 2 ? SW_K : 1)
-/* scratch of one (slot, head): T, A, K o e^{G}, Q o e^{G}, K o e^{G_last - G}, e^{G_last}, the plain flag */
-#define SW_REGION (2 * SW_C * SW_C + 3 * SW_C * SW_K + SW_KD + 1)
+/* scratch of one (slot, head): T, A, K o e^{G}, Q o e^{G}, K o e^{G_last - G}, e^{G_last}, the plain flag; the dplr
+ * form: T, A (q k), L (a k, strict), B (q b), a o e^{G_prev} in K o e^{G}'s place, Q o e^{G}, K o e^{G_last - G},
+ * b o e^{G_last - G}, e^{G_last}, the flag */
+#define SW_NMAT (SW_DPLR ? 4 : 2)
+#define SW_NPL (SW_DPLR ? 4 : 3)
+#define SW_REGION (SW_NMAT * SW_C * SW_C + SW_NPL * SW_C * SW_K + SW_KD + 1)
 #define SW_OT 0
 #define SW_OA (SW_C * SW_C)
-#define SW_OKG (2 * SW_C * SW_C)
+#define SW_OL (2 * SW_C * SW_C)
+#define SW_OB (3 * SW_C * SW_C)
+#define SW_OKG (SW_NMAT * SW_C * SW_C)
 #define SW_OQG (SW_OKG + SW_C * SW_K)
 #define SW_OKR (SW_OQG + SW_C * SW_K)
-#define SW_OEL (SW_OKR + SW_C * SW_K)
+#define SW_OBR (SW_OKR + SW_C * SW_K)
+#define SW_OEL (SW_OKR + (SW_NPL - 2) * SW_C * SW_K)
 #define SW_OFL (SW_OEL + SW_KD)
 /* staged key tiles: rows at an odd stride (a warp reading one column of consecutive rows hits distinct banks) */
 #define SW_KTP (SW_KT + 1 - SW_KT % 2)
@@ -212,6 +229,9 @@ SW_KERNEL_P void sw_delta_chunk_prep(@PARAMS@, SW_GLOBAL SW_T* restrict ws) {
   SW_LOCAL SW_T sk[SW_C * SW_KTP];
   SW_LOCAL SW_T skg[SW_C * SW_KTP];
   SW_LOCAL SW_T sqg[SW_C * SW_KTP];
+#if SW_DPLR
+  SW_LOCAL SW_T sbt[SW_C * SW_KTP];
+#endif
 #if SW_GATE
   SW_LOCAL SW_ACC sg[SW_C * SW_GT];
 #endif
@@ -245,7 +265,11 @@ SW_KERNEL_P void sw_delta_chunk_prep(@PARAMS@, SW_GLOBAL SW_T* restrict ws) {
     SW_T nq = (SW_T)1, nk = (SW_T)1, bt = (SW_T)0;
     if (p < n) {
       const sw_index t = start + cs + p;
+#if SW_DPLR
+      bt = (SW_T)-1;  /* the solve's I + diag(-1) L = I - L */
+#else
       bt = beta[SW_BT(t)];
+#endif
       if (SW_L2) {
         SW_T q2 = (SW_T)0, k2 = (SW_T)0;
         for (int i = 0; i < SW_K; ++i) {
@@ -276,10 +300,17 @@ SW_KERNEL_P void sw_delta_chunk_prep(@PARAMS@, SW_GLOBAL SW_T* restrict ws) {
   }
 #endif
   SW_T nacc[SW_NA], aacc[SW_NA];
+#if SW_DPLR
+  SW_T lacc[SW_NA], bacc[SW_NA];
+#endif
 #pragma unroll
   for (int m = 0; m < SW_NA; ++m) {
     nacc[m] = (SW_T)0;
     aacc[m] = (SW_T)0;
+#if SW_DPLR
+    lacc[m] = (SW_T)0;
+    bacc[m] = (SW_T)0;
+#endif
   }
   for (int k0 = 0; k0 < SW_K; k0 += SW_KT) {
 #if SW_GATE == 2
@@ -300,6 +331,10 @@ SW_KERNEL_P void sw_delta_chunk_prep(@PARAMS@, SW_GLOBAL SW_T* restrict ws) {
       const sw_index t = start + cs + (ok ? p : 0);
       sk[at] = ok ? k[SW_QK(t) + i] * snk[p] : (SW_T)0;
       sqg[at] = ok ? q[SW_QK(t) + i] * snq[p] : (SW_T)0;
+#if SW_DPLR
+      skg[at] = ok ? a[SW_HK(t) + i] : (SW_T)0;
+      sbt[at] = ok ? b[SW_HK(t) + i] : (SW_T)0;
+#endif
     }
     SW_BARRIER();
     /* k o e^{-G}, k o e^{G}, q o e^{G} in local memory; k o e^{G}, q o e^{G}, k o e^{G_last - G}, e^{G_last} into the
@@ -307,6 +342,38 @@ SW_KERNEL_P void sw_delta_chunk_prep(@PARAMS@, SW_GLOBAL SW_T* restrict ws) {
     for (int x = lid; x < SW_C * SW_KT; x += SW_WGP) {
       const int p = x / SW_KT, d = x % SW_KT, i = k0 + d, at = p * SW_KTP + d;
       const SW_T kv = sk[at], qv = sqg[at];
+#if SW_DPLR
+      /* the dplr form: a o e^{G_prev} (the projection reads the state before its step's decay), q o e^{G} in
+       * local memory and the scratch; k o e^{-G}, b o e^{-G} in local memory; k and b o e^{G_last - G} into the
+       * scratch */
+      const SW_T av = skg[at], bv = sbt[at];
+      if (p < n && i < SW_K) {
+#if SW_GATE
+        const int gd = SW_GATE == 2 ? d : 0;
+        const SW_ACC G = sg[p * SW_GT + gd], GL = sg[(n - 1) * SW_GT + gd];
+        const SW_ACC GP = p > 0 ? sg[(p - 1) * SW_GT + gd] : (SW_ACC)0;
+#if SW_GATE == 2
+        if (p == 0) ws[wb + SW_OEL + i] = (SW_T)exp(GL);
+#else
+        if (p == 0 && i == 0) ws[wb + SW_OEL] = (SW_T)exp(GL);
+#endif
+#else
+        const SW_ACC G = 0, GL = 0, GP = 0;
+#endif
+        const SW_T ag = (SW_T)((SW_ACC)av * exp(GP)), qg = (SW_T)((SW_ACC)qv * exp(G));
+        sk[at] = (SW_T)((SW_ACC)kv * exp(-G));
+        sbt[at] = (SW_T)((SW_ACC)bv * exp(-G));
+        ws[wb + SW_OKR + p * SW_K + i] = (SW_T)((SW_ACC)kv * exp(GL - G));
+        ws[wb + SW_OBR + p * SW_K + i] = (SW_T)((SW_ACC)bv * exp(GL - G));
+        skg[at] = ag;
+        sqg[at] = qg;
+        ws[wb + SW_OKG + p * SW_K + i] = ag;
+        ws[wb + SW_OQG + p * SW_K + i] = qg;
+      } else {
+        skg[at] = (SW_T)0;
+        sbt[at] = (SW_T)0;
+      }
+#else
       if (p < n && i < SW_K) {
 #if SW_GATE
         const SW_ACC G = sg[p * SW_GT + (SW_GATE == 2 ? d : 0)], GL = sg[(n - 1) * SW_GT + (SW_GATE == 2 ? d : 0)];
@@ -329,6 +396,7 @@ SW_KERNEL_P void sw_delta_chunk_prep(@PARAMS@, SW_GLOBAL SW_T* restrict ws) {
       } else {
         skg[at] = (SW_T)0;
       }
+#endif
     }
     SW_BARRIER();
     /* this tile's part of N (j < i) and A (j <= i): only entries inside the triangle are formed */
@@ -337,11 +405,25 @@ SW_KERNEL_P void sw_delta_chunk_prep(@PARAMS@, SW_GLOBAL SW_T* restrict ws) {
       const int x = lid + SW_WGP * m, pi = x / SW_C, pj = x % SW_C;
       if (x < SW_C * SW_C && pi < n && pj <= pi) {
         SW_T sn_ = (SW_T)0, sa_ = (SW_T)0;
+#if SW_DPLR
+        SW_T sl_ = (SW_T)0, sq_ = (SW_T)0;
+        for (int kk = 0; kk < SW_KT; ++kk) {
+          const SW_T kj = sk[pj * SW_KTP + kk], bj = sbt[pj * SW_KTP + kk];
+          const SW_T ai = skg[pi * SW_KTP + kk], qi = sqg[pi * SW_KTP + kk];
+          sn_ += ai * bj;
+          sl_ += ai * kj;
+          sa_ += qi * kj;
+          sq_ += qi * bj;
+        }
+        if (pj < pi) lacc[m] += sl_;
+        bacc[m] += sq_;
+#else
         for (int kk = 0; kk < SW_KT; ++kk) {
           const SW_T kj = sk[pj * SW_KTP + kk];
           sn_ += skg[pi * SW_KTP + kk] * kj;
           sa_ += sqg[pi * SW_KTP + kk] * kj;
         }
+#endif
         if (pj < pi) nacc[m] += sn_;
         aacc[m] += sa_;
       }
@@ -355,6 +437,10 @@ SW_KERNEL_P void sw_delta_chunk_prep(@PARAMS@, SW_GLOBAL SW_T* restrict ws) {
     if (x < SW_C * SW_C) {
       sx[pi * (SW_C + 1) + pj] = pi < n && pj < pi ? sb[pi] * nacc[m] : (SW_T)0;
       ws[wb + SW_OA + x] = pi < n && pj <= pi ? aacc[m] : (SW_T)0;
+#if SW_DPLR
+      ws[wb + SW_OL + x] = pi < n && pj < pi ? lacc[m] : (SW_T)0;
+      ws[wb + SW_OB + x] = pi < n && pj <= pi ? bacc[m] : (SW_T)0;
+#endif
     }
   }
   SW_BARRIER();
@@ -369,10 +455,14 @@ SW_KERNEL_P void sw_delta_chunk_prep(@PARAMS@, SW_GLOBAL SW_T* restrict ws) {
     if (lid < i) sx[i * (SW_C + 1) + lid] = xv;
     SW_BARRIER();
   }
-  /* T = X diag(beta) */
+  /* T = X diag(beta) (the dplr form: T = X = (I - L_ab)^{-1}) */
   for (int x = lid; x < SW_C * SW_C; x += SW_WGP) {
     const int pi = x / SW_C, pj = x % SW_C;
+#if SW_DPLR
+    ws[wb + SW_OT + x] = pi < n && pj <= pi ? (pj == pi ? (SW_T)1 : sx[pi * (SW_C + 1) + pj]) : (SW_T)0;
+#else
     ws[wb + SW_OT + x] = pi < n && pj <= pi ? (pj == pi ? sb[pi] : sx[pi * (SW_C + 1) + pj] * sb[pj]) : (SW_T)0;
+#endif
   }
   if (lid == 0) ws[wb + SW_OFL] = splain ? (SW_T)1 : (SW_T)0;
 }
@@ -381,6 +471,9 @@ SW_KERNEL_S void sw_delta_chunk_state(@PARAMS@, SW_GLOBAL SW_T* restrict ws) {
   SW_LOCAL SW_T ss[SW_K * SW_CT];
   SW_LOCAL SW_T sw[SW_C * SW_CT];
   SW_LOCAL SW_T su[SW_C * SW_CT];
+#if SW_DPLR
+  SW_LOCAL SW_T sv[SW_C * SW_CT];
+#endif
   SW_TILE_ITEM();
   (void)a, (void)b;
   for (int i = r; i < SW_K; i += SW_NR) ss[i * SW_CT + c] = (SW_HAS_H0 && live) ? h0[st + i * SW_V] : (SW_T)0;
@@ -392,15 +485,25 @@ SW_KERNEL_S void sw_delta_chunk_state(@PARAMS@, SW_GLOBAL SW_T* restrict ws) {
     SW_BARRIER();
     SW_CHUNK_START(sl);
     if (plain) {
-      /* W = V - (K o e^{G}) S_0 */
+      /* delta: W = V - (K o e^{G}) S_0, U = T W, O = (Q o e^{G}) S_0 + A U, S_end = e^{G_last} o S_0 +
+       * (K o e^{G_last - G})^T U; dplr: X = (a o e^{G_prev}) S_0 + L V, the projections U = T X, O = (Q o e^{G}) S_0
+       * + B U + A V, S_end = e^{G_last} o S_0 + (b o e^{G_last - G})^T U + (K o e^{G_last - G})^T V */
+#if SW_DPLR
+      for (int i = r; i < n; i += SW_NR) sv[i * SW_CT + c] = live ? v[SW_VO(start + c0 + i) + j] : (SW_T)0;
+      SW_BARRIER();
+#endif
       for (int i = r; i < n; i += SW_NR) {
         SW_T acc = (SW_T)0;
 #pragma unroll 8
         for (int d = 0; d < SW_K; ++d) acc += ws[wb + SW_OKG + i * SW_K + d] * ss[d * SW_CT + c];
+#if SW_DPLR
+        for (int jj = 0; jj < i; ++jj) acc += ws[wb + SW_OL + i * SW_C + jj] * sv[jj * SW_CT + c];
+        sw[i * SW_CT + c] = acc;
+#else
         sw[i * SW_CT + c] = (live ? v[SW_VO(start + c0 + i) + j] : (SW_T)0) - acc;
+#endif
       }
       SW_BARRIER();
-      /* U = T W */
       for (int i = r; i < n; i += SW_NR) {
         SW_T acc = (SW_T)0;
         for (int jj = 0; jj <= i; ++jj) acc += ws[wb + SW_OT + i * SW_C + jj] * sw[jj * SW_CT + c];
@@ -408,20 +511,30 @@ SW_KERNEL_S void sw_delta_chunk_state(@PARAMS@, SW_GLOBAL SW_T* restrict ws) {
       }
       SW_BARRIER();
 #if SW_CK_OUT
-      /* O = (Q o e^{G}) S_0 + A U */
       for (int i = r; i < n; i += SW_NR) {
         SW_T acc = (SW_T)0;
 #pragma unroll 8
         for (int d = 0; d < SW_K; ++d) acc += ws[wb + SW_OQG + i * SW_K + d] * ss[d * SW_CT + c];
+#if SW_DPLR
+        for (int jj = 0; jj <= i; ++jj)
+          acc += ws[wb + SW_OB + i * SW_C + jj] * su[jj * SW_CT + c] +
+                 ws[wb + SW_OA + i * SW_C + jj] * sv[jj * SW_CT + c];
+#else
         for (int jj = 0; jj <= i; ++jj) acc += ws[wb + SW_OA + i * SW_C + jj] * su[jj * SW_CT + c];
+#endif
         if (live) o[SW_VO(start + c0 + i) + j] = acc;
       }
       SW_BARRIER();
 #endif
-      /* S_end = e^{G_last} o S_0 + (K o e^{G_last - G})^T U */
       for (int d = r; d < SW_K; d += SW_NR) {
         SW_T acc = (SW_GATE ? ws[wb + SW_OEL + (SW_GATE == 2 ? d : 0)] : (SW_T)1) * ss[d * SW_CT + c];
+#if SW_DPLR
+        for (int jj = 0; jj < n; ++jj)
+          acc += ws[wb + SW_OBR + jj * SW_K + d] * su[jj * SW_CT + c] +
+                 ws[wb + SW_OKR + jj * SW_K + d] * sv[jj * SW_CT + c];
+#else
         for (int jj = 0; jj < n; ++jj) acc += ws[wb + SW_OKR + jj * SW_K + d] * su[jj * SW_CT + c];
+#endif
         ss[d * SW_CT + c] = acc;
       }
     } else if (r == 0) {
@@ -430,6 +543,18 @@ SW_KERNEL_S void sw_delta_chunk_state(@PARAMS@, SW_GLOBAL SW_T* restrict ws) {
       for (int p = 0; p < n; ++p) {
         const sw_index t = start + c0 + p;
         SW_CK_NORMS(t, nq, nk);
+#if SW_DPLR
+        /* S = D S + b (a^T S) + k v^T, o = S^T q */
+        SW_T w = (SW_T)0, acc = (SW_T)0;
+        for (int d = 0; d < SW_K; ++d) w += a[SW_HK(t) + d] * ss[d * SW_CT + c];
+        const SW_T vj = live ? v[SW_VO(t) + j] : (SW_T)0;
+        for (int d = 0; d < SW_K; ++d) {
+          const SW_T dk = SW_GATE == 2 ? @EXP@(g[SW_HK(t) + d]) : SW_GATE == 1 ? @EXP@(g[SW_BT(t)]) : (SW_T)1;
+          const SW_T s = dk * ss[d * SW_CT + c] + b[SW_HK(t) + d] * w + k[SW_QK(t) + d] * nk * vj;
+          ss[d * SW_CT + c] = s;
+          acc += q[SW_QK(t) + d] * nq * s;
+        }
+#else
         SW_T pr = (SW_T)0;
         for (int d = 0; d < SW_K; ++d) {
           const SW_T dk = SW_GATE == 2 ? @EXP@(g[SW_HK(t) + d]) : SW_GATE == 1 ? @EXP@(g[SW_BT(t)]) : (SW_T)1;
@@ -444,6 +569,7 @@ SW_KERNEL_S void sw_delta_chunk_state(@PARAMS@, SW_GLOBAL SW_T* restrict ws) {
           ss[d * SW_CT + c] = s;
           acc += q[SW_QK(t) + d] * nq * s;
         }
+#endif
 #if SW_CK_OUT
         if (live) o[SW_VO(t) + j] = acc;
 #else
