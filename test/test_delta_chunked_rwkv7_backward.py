@@ -201,7 +201,7 @@ def test_the_public_operation_reports_the_chunked_backward():
     one = {"batch": 1, "T": 4096, "H": 1, "Hq": 1, "nseq": 1}
     big, _, _ = problem(rng, "rwkv7", batch=1, T=8, H=1, K=128, V=128)
     assert OP.algorithm("c", "backward", big, one) == "chunked"
-    assert OP.algorithm("gpu", "backward", big, one) == "recurrent"  # no chunked dplr form on the GPU kernels
+    assert OP.algorithm("gpu", "backward", big, one) == "recurrent"  # no rule measured on the GPU kernels
     assert OP.chooses("c", "backward", f)
 
 

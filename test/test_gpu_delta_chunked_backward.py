@@ -1,5 +1,5 @@
-"""The GPU kernels' chunked backward of the delta rule (DeltaNet, Gated DeltaNet, KDA): run on OpenCL (PoCL here;
-``SCANWEAVER_TEST_GPU_BACKEND=cuda`` on a GPU) against the float64 definition, PyTorch autograd through the
+"""The GPU kernels' chunked backward of the delta rule (DeltaNet, Gated DeltaNet, KDA, RWKV-7): run on OpenCL
+(PoCL here; ``SCANWEAVER_TEST_GPU_BACKEND=cuda`` on a GPU) against the float64 definition, PyTorch autograd through the
 recurrences' loops and the GPU recurrent backward, on plain chunks (the adjoints carried by the chunk products) and
 on chunks the product form leaves to the recurrence (growth, a reset, a NaN, a decay past its range) in one call;
 selection by ``algorithm=`` and ``chunk_size=`` through the public operations; compiled for sm_90 without spills.
@@ -48,7 +48,12 @@ CASES = [("deltanet", {"T": 13, "K": 5, "V": 19}, 4),
          ("deltanet", {"T": 70, "K": 1, "V": 2}, 64),
          # chunks shorter than the adjoints' row groups with two rows a work-item (columns of 16 and 32)
          ("deltanet", {"T": 5, "K": 4, "V": 16}, 32),
-         ("gated", {"T": 40, "K": 3, "V": 32}, 17)]
+         ("gated", {"T": 40, "K": 3, "V": 32}, 17),
+         ("rwkv7", {"T": 13, "K": 5, "V": 19}, 4),
+         ("rwkv7", {"seqlens": [5, 0, 19, 1], "Hq": 1, "H": 2, "K": 16, "V": 40, "l2norm": True}, 8),
+         ("rwkv7", {"T": 40, "Hq": 1, "H": 3, "K": 20, "V": 9}, 16),
+         ("rwkv7", {"T": 1, "K": 6, "V": 6}, 16),
+         ("rwkv7", {"T": 5, "K": 4, "V": 16}, 32)]
 
 
 @pytest.mark.parametrize("family,kw,chunk", CASES, ids=[f"{c[0]}-C{c[2]}-{i}" for i, c in enumerate(CASES)])
@@ -62,14 +67,15 @@ def test_float64_gradients_match_the_definition_and_autograd(family, kw, chunk):
     do = rng.normal(size=a["v"].shape)
     got = gpu_backward(be, f, a, sizes, do, {**SMALL, "algorithm": "chunked", "chunk": chunk})
     want = definition(f, a, do)
-    assert set(want) >= {"dq", "dk", "dv", "dbeta", "dh0"} and ("dg" in want) == (family != "deltanet")
+    assert set(want) >= {"dq", "dk", "dv", "dh0", "da" if family == "rwkv7" else "dbeta"}
+    assert ("dg" in want) == (family != "deltanet")
     close(got, want, 1e-11, "vs the definition")
     close(got, autograd(family, a, do, f.l2norm), 1e-10, "vs autograd")
     if "g" in a and resets:
         assert got["dg"][0, 2].tolist() == np.zeros_like(got["dg"][0, 2]).tolist()  # a reset's dg is 0, no NaN
 
 
-@pytest.mark.parametrize("family", ["gated", "kda"])
+@pytest.mark.parametrize("family", ["gated", "kda", "rwkv7"])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_chunks_the_product_form_leaves_to_the_recurrence(family, dtype):
     """Chunks of 8 over 56 steps: plain ones between a chunk that grows (log decays up to +0.05), one with a reset
@@ -77,6 +83,8 @@ def test_chunks_the_product_form_leaves_to_the_recurrence(family, dtype):
     be = gpu_backend()
     rng = np.random.default_rng(3)
     f, a, sizes = problem(rng, family, dtype=dtype, batch=2, T=56, H=2, K=12, V=10, lo=-0.5, hi=-0.01, dhlast=True)
+    if family == "rwkv7":  # in-context rates that keep the growing chunk's state far inside float32
+        a["b"] = (a["b"] * 0.5).astype(dtype)
     g = a["g"].astype(np.float64)
     g[:, 8:16] = rng.uniform(0.0, 0.05, g[:, 8:16].shape)
     g[:, 21] = -np.inf
@@ -87,7 +95,7 @@ def test_chunks_the_product_form_leaves_to_the_recurrence(family, dtype):
     close(got, definition(f, a, do), 1e-11 if dtype == "float64" else 3e-5, "vs the definition")
 
 
-@pytest.mark.parametrize("family,chunk", [("deltanet", 32), ("gated", 64), ("kda", 64)])
+@pytest.mark.parametrize("family,chunk", [("deltanet", 32), ("gated", 64), ("kda", 64), ("rwkv7", 32)])
 def test_float32_at_length_512_against_the_definition(family, chunk):
     """Float32, 512 steps in chunks of 32 or 64, K = V = 32, the default recurrent layout: the chunked gradients
     within 3e-5 (relative to the largest) of the float64 definition, as the recurrent GPU backward's are
@@ -103,11 +111,12 @@ def test_float32_at_length_512_against_the_definition(family, chunk):
 
 
 @pytest.mark.parametrize("value", [np.nan, np.inf])
-@pytest.mark.parametrize("family", ["deltanet", "gated", "kda"])
+@pytest.mark.parametrize("family", ["deltanet", "gated", "kda", "rwkv7"])
 def test_a_non_finite_input_leaves_every_gradient_no_wider_than_the_recurrent_backward(family, value):
-    """A NaN or inf in one element of h0 or dhlast, or of one step's q, k, v, beta, g or do (in the first, a middle
-    and the last of five chunks of 8): every chunked gradient is non-finite only where the GPU recurrent backward's
-    is, and equal to it elsewhere (a NaN log decay makes its chunk run by the recurrence in both directions)."""
+    """A NaN or inf in one element of h0 or dhlast, or of one step's q, k, v, beta, g, a, b or do (in the first, a
+    middle and the last of five chunks of 8): every chunked gradient is non-finite only where the GPU recurrent
+    backward's is, and equal to it elsewhere (a NaN log decay makes its chunk run by the recurrence in both
+    directions)."""
     be = gpu_backend()
     rng = np.random.default_rng(70)
     f, a, sizes = problem(rng, family, batch=1, T=40, H=2, Hq=1, K=5, V=6, dhlast=True)
@@ -122,7 +131,7 @@ def test_a_non_finite_input_leaves_every_gradient_no_wider_than_the_recurrent_ba
 def test_public_gradients_select_the_chunked_backward_and_report_it():
     """``algorithm="chunked"`` and fla's ``chunk_size`` run both parts chunked on the GPU kernels through the
     PyTorch entry points (``scanweaver.matrix.last`` says so for the backward), with gradients equal to autograd of
-    the loop; RWKV-7, which has no chunked form there, runs the recurrent backward and says so."""
+    the loop, RWKV-7's too."""
     gpu_backend()
     torch = pytest.importorskip("torch")
     swt = pytest.importorskip("scanweaver.torch")
@@ -142,31 +151,25 @@ def test_public_gradients_select_the_chunked_backward_and_report_it():
         for n, leaf in got.items():
             np.testing.assert_allclose(leaf.grad.numpy(), want[n].grad.numpy(), rtol=0, atol=1e-11, err_msg=n)
     _, a, _ = problem(rng, "rwkv7", batch=1, T=9, H=2, K=8, V=8)
+    want = {n: torch.tensor(x, requires_grad=True) for n, x in a.items()}
+    o, h = torch_loop("rwkv7", want, 0.5)
+    (o.sum() + h.sum()).backward()
     t = {n: torch.tensor(x, requires_grad=True) for n, x in a.items()}
     o, h = call_public(swt.rwkv7, "rwkv7", t, 0.5, backend=GPU_TEST_BACKEND, algorithm="chunked", chunk=4)
     (o.sum() + h.sum()).backward()
     ran = scanweaver.matrix.last
-    assert (ran.part, ran.algorithm) == ("backward", "recurrent"), ran
-
-
-def test_rwkv7_is_refused_by_the_chunked_plan_naming_the_form():
-    from scanweaver.errors import ScanInputError
-    from scanweaver.targets.fused_gpu_delta_rule import plan
-
-    f = DeltaRuleFeatures("float32", 8, 8, gate="key", form="dplr")
-    sizes = {"batch": 1, "T": 16, "H": 1, "Hq": 1, "nseq": 1}
-    cfg = OP.resolve("gpu", {"algorithm": "chunked"}, kernel_for("opencl", OP.name).defaults(f, sizes), "test")
-    with pytest.raises(ScanInputError, match="delta_rule backward.*form dplr"):
-        plan(OP.call("backward", f, cfg), sizes)
+    assert (ran.part, ran.algorithm) == ("backward", "chunked"), ran
+    for n, leaf in t.items():
+        np.testing.assert_allclose(leaf.grad.numpy(), want[n].grad.numpy(), rtol=0, atol=1e-11, err_msg=n)
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH (CUDA toolkit not installed)")
-@pytest.mark.parametrize("gate", ["none", "scalar", "key"])
-def test_cuda_chunked_backward_compiles_for_sm90_without_spills(gate):
+@pytest.mark.parametrize("gate,form", [("none", "delta"), ("scalar", "delta"), ("key", "delta"), ("key", "dplr")])
+def test_cuda_chunked_backward_compiles_for_sm90_without_spills(gate, form):
     """The seven kernels at K = V = 128 and 64 in float32 with the default configuration, the L2 norm, an initial
     state, dhlast and packed sequences: no spills, within a workgroup's static local memory."""
     for K in (128, 64):
-        f = DeltaRuleFeatures("float32", K, K, True, True, True, gate, "delta", True)
+        f = DeltaRuleFeatures("float32", K, K, True, True, True, gate, form, True)
         sizes = {"batch": 1, "T": 4096, "H": 16, "Hq": 4, "nseq": 1}
         kernel = kernel_for("cuda", OP.name)
         cfg = OP.resolve("gpu", {"algorithm": "chunked"}, kernel.defaults(f, sizes), "test")

@@ -361,7 +361,8 @@ def examples(what: str, setting, strategy, check_one) -> None:
 #: The gradient examples' largest log growth of a product of decays: the adjoints grow as the states do.
 GRAD_CAP = 20.0
 #: The gradient examples' largest difference between the algorithms, relative to the largest magnitude of each
-#: gradient (float64 both).
+#: gradient (float64 both), or to a millionth of the largest of all (at least 1) where that is larger: a decay's
+#: gradient that is 0 by the definition (one step, no initial state) is cancellation noise in either algorithm.
 GRAD_TOL = 1e-8
 
 
@@ -389,6 +390,7 @@ def check_gradients(p: Problem, backend: str) -> None:
         return
     got, ran = gradients(p, backend, p.tunables)
     assert ran.part == "backward", f"{p}: scanweaver.matrix.last reports {ran}"
+    top = max([1.0] + [float(np.abs(w[np.isfinite(w)]).max(initial=0.0)) for w in rec.values()])
     for name, want in rec.items():
         fin = np.isfinite(want)
         wider = fin & ~np.isfinite(got[name])
@@ -396,8 +398,8 @@ def check_gradients(p: Problem, backend: str) -> None:
                                 "the recurrent one's finite"
         size = float(np.abs(want[fin]).max(initial=0.0))
         err = float(np.abs(got[name][fin] - want[fin]).max(initial=0.0))
-        assert err <= GRAD_TOL * max(size, 1e-300), f"{p}: {name} of the chunked form differs from the recurrent " \
-                                                    f"one's by {err:.3g} (max |{name}| {size:.3g})"
+        assert err <= GRAD_TOL * max(size, 1e-6 * top), f"{p}: {name} of the chunked form differs from the " \
+                                                        f"recurrent one's by {err:.3g} (max |{name}| {size:.3g})"
 
 
 @pytest.mark.parametrize("backend", ("cpu", "opencl"))

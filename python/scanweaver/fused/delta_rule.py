@@ -57,8 +57,7 @@ the tests).  The C kernels have the tunable ``algorithm``: ``recurrent``, or
 ``chunked``, the WY (UT transform) form on chunks of ``chunk`` steps: the
 forward and the backward of both forms (by default the backward from 1024
 steps with K x V >= 4096, the ``delta`` form's forward from K x V >= 16384:
-:attr:`DeltaRule.chunked_from`); the GPU kernels both
-parts of the ``delta`` form and the forward of the ``dplr`` form
+:attr:`DeltaRule.chunked_from`); the GPU kernels both parts of both forms
 (:mod:`scanweaver.targets.delta_gpu_chunked`,
 :mod:`scanweaver.targets.delta_gpu_chunked_backward`); ScanWeaver.jl (``julia``)
 the forward of the ``delta`` form (``src/matrix/delta_chunked.jl``).
@@ -208,9 +207,9 @@ class DeltaRule(FusedOp):
     tunables = {"c": C_TUNABLES, "gpu": GPU_DELTA_TUNABLES, "julia": JULIA_DELTA_TUNABLES}
     implementations = {"numpy": PARTS, "c": PARTS, "opencl": PARTS, "cuda": PARTS, "julia": PARTS}
     #: The C kernels have the chunked (WY) form of both parts for both forms (RWKV-7's backward:
-    #: :mod:`scanweaver.targets.delta_c_chunked_backward`); the GPU kernels both parts of the ``delta`` form and
-    #: the forward of the ``dplr`` form (RWKV-7's backward runs the recurrence there; :meth:`chunked_of`);
-    #: ScanWeaver.jl's the forward of the ``delta`` form.
+    #: :mod:`scanweaver.targets.delta_c_chunked_backward`), and so have the GPU kernels
+    #: (:mod:`scanweaver.targets.delta_gpu_chunked_backward`); ScanWeaver.jl's the forward of the ``delta`` form
+    #: (:meth:`chunked_of`).
     chunked_parts = {"c": PARTS, "gpu": PARTS, "julia": ("forward",)}
     #: The algorithm rule (bench/results/delta_chunked.json, float32, 2 threads, quiet cores, chunks of 32): the
     #: chunked backward of every family from 1024 steps per sequence with K * V >= 4096, where it ran 1.57-2.21x the
@@ -228,9 +227,9 @@ class DeltaRule(FusedOp):
         return super().condition(name, features, sizes)
 
     def chunked_of(self, family: str, features: DeltaRuleFeatures | None = None) -> tuple[str, ...] | None:
-        """:attr:`chunked_parts`: of the ``dplr`` form, the GPU kernels' forward and none of ScanWeaver.jl's."""
-        if family in ("gpu", "julia") and features is not None and features.form == "dplr":
-            return ("forward",) if family == "gpu" else ()
+        """:attr:`chunked_parts`: of the ``dplr`` form, none of ScanWeaver.jl's."""
+        if family == "julia" and features is not None and features.form == "dplr":
+            return ()
         return super().chunked_of(family, features)
 
     def work(self, features: DeltaRuleFeatures, sizes: dict[str, int]) -> int:

@@ -1,5 +1,5 @@
-"""The chunked backward of the fused ``delta_rule`` on the GPU (OpenCL, CUDA), ``delta`` form (DeltaNet, Gated
-DeltaNet, KDA).
+"""The chunked backward of the fused ``delta_rule`` on the GPU (OpenCL, CUDA), both forms (DeltaNet, Gated
+DeltaNet, KDA; RWKV-7).
 
 Selected by ``algorithm="chunked"`` as the forward (:mod:`.delta_gpu_chunked`);
 :mod:`.fused_gpu_delta_rule` renders it.  States are recomputed per chunk,
@@ -12,7 +12,12 @@ its start state's by the transpose of the chunk's affine map::
     dU = A^T dO + Kd dS        dW = T^T dU        dS <- e^{G_last} o dS + Qg^T dO - Kg^T dW
 
 (U = T W and W = V - Kg S_0; the columns of dS are independent, as the
-state's).  Seven kernels:
+state's).  The ``dplr`` form's (RWKV-7, the projections U = T (A' S_0 + L V),
+``A' = a o e^{G_prev}``, read out by B and carried by ``Bd = b o e^{G_last - G}``)::
+
+    dU = B^T dO + Bd dS        dW = T^T dU        dS <- e^{G_last} o dS + Qg^T dO + A'^T dW
+
+Seven kernels:
 
 1. the forward's ``sw_delta_chunk_prep`` (the products, into the scratch);
 2. its ``sw_delta_chunk_state`` with no outputs, keeping each chunk's start
@@ -22,8 +27,8 @@ state's).  Seven kernels:
    ``L_c`` (``dhlast`` at the sequence's end) and writing ``dh0``; a chunk the
    forward leaves to the recurrence (growth, a reset, a NaN, a decay past the
    product form's range) runs the recurrent adjoint of its steps instead
-   (``G += q do_j``, ``du = G . k``, ``G <- D (G - beta k du)``), which reads no
-   state;
+   (``G += q do_j``, ``du = G . k``, ``G <- D (G - beta k du)``; dplr:
+   ``G <- D G + a (b . G)``), which reads no state;
 4. the recurrent backward's deltas, values, keys and qk kernels
    (:mod:`.delta_gpu_backward`) on the chunks as if each were a sequence of
    its own (:data:`SLOT_SEGMENT`), with the chunk's start state as h0 and
@@ -85,6 +90,17 @@ HOOKS = r"""
 
 #: The adjoints' kernel (after the chunk kernels: their macros and SW_SEGMENT of a sequence).
 ADJOINT = r"""
+/* the planes the adjoint reads: delta: A and K o e^{G_last - G}, dS -= Kg^T dW; dplr: B (q against b) and
+ * b o e^{G_last - G}, dS += (a o e^{G_prev})^T dW */
+#if SW_DPLR
+#define SW_ODO SW_OB
+#define SW_ODR SW_OBR
+#define SW_DSIGN 1
+#else
+#define SW_ODO SW_OA
+#define SW_ODR SW_OKR
+#define SW_DSIGN -1
+#endif
 SW_KERNEL_S void sw_delta_chunk_adjoint(@PARAMS@, SW_GLOBAL SW_T* restrict ws) {
   SW_LOCAL SW_T ss[SW_K * SW_CT];
   SW_LOCAL SW_T sw[SW_C * SW_CT];
@@ -106,12 +122,12 @@ SW_KERNEL_S void sw_delta_chunk_adjoint(@PARAMS@, SW_GLOBAL SW_T* restrict ws) {
     if (plain) {
       for (int i = r; i < n; i += SW_NR) sw[i * SW_CT + c] = live ? do_[SW_VO(start + c0 + i) + j] : (SW_T)0;
       SW_BARRIER();
-      /* dU = A^T dO + (K o e^{G_last - G}) dS */
+      /* dU = A^T dO + (K o e^{G_last - G}) dS (dplr: B^T dO + (b o e^{G_last - G}) dS) */
       for (int i = r; i < n; i += SW_NR) {
         SW_T acc = (SW_T)0;
 #pragma unroll 8
-        for (int d = 0; d < SW_K; ++d) acc += ws[wb + SW_OKR + i * SW_K + d] * ss[d * SW_CT + c];
-        for (int p = i; p < n; ++p) acc += ws[wb + SW_OA + p * SW_C + i] * sw[p * SW_CT + c];
+        for (int d = 0; d < SW_K; ++d) acc += ws[wb + SW_ODR + i * SW_K + d] * ss[d * SW_CT + c];
+        for (int p = i; p < n; ++p) acc += ws[wb + SW_ODO + p * SW_C + i] * sw[p * SW_CT + c];
         su[i * SW_CT + c] = acc;
       }
       SW_BARRIER();
@@ -130,27 +146,32 @@ SW_KERNEL_S void sw_delta_chunk_adjoint(@PARAMS@, SW_GLOBAL SW_T* restrict ws) {
         sw[i * SW_CT + c] = acc;
       }
       SW_BARRIER();
-      /* dS -= (K o e^{G})^T dW */
+      /* dS -= (K o e^{G})^T dW (dplr: dS += (a o e^{G_prev})^T dW) */
       for (int d = r; d < SW_K; d += SW_NR) {
-        SW_T acc = ss[d * SW_CT + c];
-        for (int p = 0; p < n; ++p) acc -= ws[wb + SW_OKG + p * SW_K + d] * sw[p * SW_CT + c];
-        ss[d * SW_CT + c] = acc;
+        SW_T acc = (SW_T)0;
+        for (int p = 0; p < n; ++p) acc += ws[wb + SW_OKG + p * SW_K + d] * sw[p * SW_CT + c];
+        ss[d * SW_CT + c] += (SW_T)SW_DSIGN * acc;
       }
     } else if (r == 0) {
       /* the recurrent adjoint of the chunk's steps (the forward ran them by the recurrence) */
       for (int p = n - 1; p >= 0; --p) {
         const sw_index t = start + c0 + p;
         SW_CK_NORMS(t, nq, nk);
-        const SW_T dj = live ? do_[SW_VO(t) + j] : (SW_T)0, bt = beta[SW_BT(t)];
+        const SW_T dj = live ? do_[SW_VO(t) + j] : (SW_T)0;
         SW_T du = (SW_T)0;
         for (int d = 0; d < SW_K; ++d) {
           const SW_T gv = ss[d * SW_CT + c] + q[SW_QK(t) + d] * nq * dj;
           ss[d * SW_CT + c] = gv;
-          du += gv * k[SW_QK(t) + d] * nk;
+          du += gv * (SW_DPLR ? b[SW_HK(t) + d] : k[SW_QK(t) + d] * nk);
         }
         for (int d = 0; d < SW_K; ++d) {
           const SW_T dk = SW_GATE == 2 ? @EXP@(g[SW_HK(t) + d]) : SW_GATE == 1 ? @EXP@(g[SW_BT(t)]) : (SW_T)1;
-          ss[d * SW_CT + c] = dk * (ss[d * SW_CT + c] - bt * k[SW_QK(t) + d] * nk * du);
+#if SW_DPLR
+          /* G <- (D + b a^T)^T G = D G + a (b . G) */
+          ss[d * SW_CT + c] = dk * ss[d * SW_CT + c] + a[SW_HK(t) + d] * du;
+#else
+          ss[d * SW_CT + c] = dk * (ss[d * SW_CT + c] - beta[SW_BT(t)] * k[SW_QK(t) + d] * nk * du);
+#endif
         }
       }
     }

@@ -17,8 +17,7 @@ With ``algorithm="chunked"`` the ``delta`` form runs the chunked WY form
 instead: the forward of :mod:`.delta_gpu_chunked` (two kernels and a scratch
 ``ws``), the backward of :mod:`.delta_gpu_chunked_backward` (those two without
 outputs, the adjoints' carry, and the backward's four kernels below on the
-chunks); the ``dplr`` form (RWKV-7) the chunked forward, its backward the
-recurrent one.
+chunks); the ``dplr`` form (RWKV-7) both as well.
 
 The backward (:mod:`.delta_gpu_backward`) is every form's (DeltaNet, Gated
 DeltaNet, KDA, RWKV-7; every gate, ``l2norm``, q/k heads shared by value
@@ -324,10 +323,6 @@ def plan(call, sizes: dict):
     _check_dtype(call)
     chunk = is_chunked(call)
     if chunk:  # the chunked kernels' own limits; the forward's are those alone
-        if f.form != "delta" and call.part == "backward":
-            raise ScanInputError(f"delta_rule backward: the GPU kernels' chunked backward is the delta form's "
-                                 f"(DeltaNet, Gated DeltaNet, KDA); got form {f.form} (RWKV-7): use "
-                                 "algorithm='recurrent'")
         need = chunked.local_bytes(f, call.params)
         if need > SM90.shared_per_block:
             raise ScanInputError(f"delta_rule {call.part}: chunk={call.params['chunk']} with K={f.K}, V={f.V} in "
