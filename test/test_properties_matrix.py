@@ -361,8 +361,9 @@ def examples(what: str, setting, strategy, check_one) -> None:
 #: The gradient examples' largest log growth of a product of decays: the adjoints grow as the states do.
 GRAD_CAP = 20.0
 #: The gradient examples' largest difference between the algorithms, relative to the largest magnitude of each
-#: gradient (float64 both), or to a millionth of the largest of all (at least 1) where that is larger: a decay's
-#: gradient that is 0 by the definition (one step, no initial state) is cancellation noise in either algorithm.
+#: gradient (float64 both), or to 1e-4 of the largest of all (at least 1) where that is larger: a decay's gradient
+#: that is 0 by the definition (one step and no initial state, or a decay that underflows: Mamba-2's dt = 1000) is
+#: cancellation noise of terms as large as the other gradients in either algorithm.
 GRAD_TOL = 1e-8
 
 
@@ -398,7 +399,7 @@ def check_gradients(p: Problem, backend: str) -> None:
                                 "the recurrent one's finite"
         size = float(np.abs(want[fin]).max(initial=0.0))
         err = float(np.abs(got[name][fin] - want[fin]).max(initial=0.0))
-        assert err <= GRAD_TOL * max(size, 1e-6 * top), f"{p}: {name} of the chunked form differs from the " \
+        assert err <= GRAD_TOL * max(size, 1e-4 * top), f"{p}: {name} of the chunked form differs from the " \
                                                         f"recurrent one's by {err:.3g} (max |{name}| {size:.3g})"
 
 
