@@ -1,7 +1,7 @@
 """The matrix-state scans' chunked form beside their recurrence on the GPU: correctness, then which is faster.
 
-For GLA (per-key decay), simple GLA (per-head decay), Mamba-2 (one q/k group) and
-Gated DeltaNet (the delta rule: its chunked WY forward and backward),
+For GLA (per-key decay), simple GLA (per-head decay), Mamba-2 (one q/k group),
+Gated DeltaNet and RWKV-7 (the delta rule: its chunked WY forward and backward),
 through ``scanweaver.torch`` on float32 CUDA tensors: each algorithm
 (``algorithm="recurrent"``, ``algorithm="chunked"``) is first checked, output
 and every gradient, against the float64 host reference of
@@ -49,6 +49,7 @@ SHAPES = {
     "simple_gla": ((2, 200, 4, 64, 64), ((4, 2048, 16, 64, 64), (1, 8192, 8, 128, 128)), (1, 19, 2, 5, 6)),
     "mamba2": ((2, 200, 4, 64, 64), ((2, 2048, 24, 64, 128), (1, 8192, 24, 64, 128)), (1, 19, 2, 3, 5)),
     "gated_delta": ((2, 200, 4, 64, 64), ((4, 2048, 16, 128, 128), (1, 8192, 8, 128, 128)), (1, 19, 2, 5, 6)),
+    "rwkv7": ((2, 200, 4, 64, 64), ((4, 2048, 16, 64, 64), (1, 8192, 8, 128, 128)), (1, 19, 2, 5, 6)),
 }
 ALGORITHMS = ("recurrent", "chunked")
 #: What each timed shape runs: both algorithms, then the default (the rule of ``MatrixState.chunked_from``).
@@ -66,6 +67,8 @@ def entry(model: str, backend: str, algorithm: str):
         return lambda i: swt.linear_attention(i["q"], i["k"], i["v"], g_head=i["g"], **kw)[0]
     if model == "gated_delta":
         return lambda i: swt.gated_delta_rule(i["q"], i["k"], i["v"], i["g"], i["beta"], **kw)[0]
+    if model == "rwkv7":
+        return lambda i: swt.rwkv7(i["r"], i["w"], i["k"], i["v"], i["a"], i["b"], **kw)[0]
     return lambda i: swt.mamba2_scan(i["x"], i["dt"], i["A"], i["B"], i["C"], D=i["D"], dt_bias=i["dt_bias"],
                                      dt_softplus=True, **kw)
 

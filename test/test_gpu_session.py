@@ -51,7 +51,7 @@ def test_dry_run_of_the_whole_session(tmp_path):
         assert {"y", "dx", "ddt", "dz"} <= set(row["errors"]), "the output and every gradient are checked"
     chunked = json.loads((tmp_path / "gpu_chunked.json").read_text())
     assert {(r["model"], r["algorithm"]) for r in chunked if r["kind"] == "check"} == {
-        (m, a) for m in ("gla", "simple_gla", "mamba2", "gated_delta") for a in ("recurrent", "chunked")}
+        (m, a) for m in ("gla", "simple_gla", "mamba2", "gated_delta", "rwkv7") for a in ("recurrent", "chunked")}
     assert all(r["ran_forward"] == r["algorithm"] for r in chunked if r["kind"] == "check")
     assert all(r["status"] == "ok" for r in chunked), [r for r in chunked if r["status"] != "ok"]
     assert all(r["chunked_train_ms"] > 0 for r in chunked if r["kind"] == "time")

@@ -17,7 +17,8 @@ error of their own:
   (r_t . (u * k_t)) v_t)``), :func:`mamba2_gated` (Mamba-2 with its clamp ``dt_limit``, ``D (H, P)`` and the
   gate ``y * silu(z)``), :func:`scan` (the selective scan ``h_t = a_t h_{t-1} + b_t x_t``, ``y_t = c_t h_t``),
   :func:`delta` (``chunk_delta_rule``: ``S_t = S_{t-1} + beta_t k_t (v_t - S_{t-1}^T k_t)^T``) and
-  :func:`gated_delta` (``chunk_gated_delta_rule``: ``S_{t-1}`` decayed by ``exp(g_t)`` first).
+  :func:`gated_delta` (``chunk_gated_delta_rule``: ``S_{t-1}`` decayed by ``exp(g_t)`` first) and :func:`rwkv7`
+  (``chunk_rwkv7``: ``S_t = diag(exp(w_t)) S_{t-1} + b_t (a_t^T S_{t-1}) + k_t v_t^T``, ``o_t = S_t^T r_t``).
 
 Example:
     >>> import torch
@@ -169,6 +170,20 @@ def delta(q, k, v, beta):
     return gated_delta(q, k, v, beta.new_zeros(beta.shape), beta)
 
 
+def rwkv7(r, w, k, v, a, b):
+    """``o`` of RWKV-7 (scale 1): ``S <- diag(exp(w_t)) S + b_t (a_t^T S) + k_t v_t^T``, ``o_t = S^T r_t``."""
+    import torch
+
+    S = r.new_zeros(r.shape[0], r.shape[2], r.shape[3], v.shape[3])
+    os = []
+    for t in range(r.shape[1]):
+        proj = (a[:, t, :, :, None] * S).sum(-2)
+        S = torch.exp(w[:, t])[..., None] * S + b[:, t, :, :, None] * proj[:, :, None, :] + \
+            k[:, t, :, :, None] * v[:, t, :, None, :]
+        os.append((r[:, t, :, :, None] * S).sum(-2))
+    return torch.stack(os, 1)
+
+
 #: Model name -> (reference, input names in the call order).
 REFERENCES = {"mamba1": (mamba1, ("u", "delta", "A", "B", "C", "D", "delta_bias")),
               "mamba2": (mamba2, ("x", "dt", "A", "B", "C", "D", "dt_bias")),
@@ -179,7 +194,8 @@ REFERENCES = {"mamba1": (mamba1, ("u", "delta", "A", "B", "C", "D", "delta_bias"
               "mamba2_gated": (mamba2_gated, ("x", "dt", "A", "B", "C", "D", "z", "dt_bias")),
               "scan": (scan, ("a", "b", "x", "c")),
               "delta": (delta, ("q", "k", "v", "beta")),
-              "gated_delta": (gated_delta, ("q", "k", "v", "g", "beta"))}
+              "gated_delta": (gated_delta, ("q", "k", "v", "g", "beta")),
+              "rwkv7": (rwkv7, ("r", "w", "k", "v", "a", "b"))}
 
 
 def inputs(model: str, shape: tuple[int, ...], dtype: Any, device: str = "cpu", seed: int = 0) -> dict:
@@ -188,7 +204,7 @@ def inputs(model: str, shape: tuple[int, ...], dtype: Any, device: str = "cpu", 
     Args:
         model: ``mamba1`` (shape ``(batch, D, N, L)``), ``mamba2`` and ``mamba2_gated`` (``(batch, L, H, P,
             N)``, one group), ``scan`` (any shape, scanned over its last axis), or ``gla``, ``simple_gla``,
-            ``retnet``, ``rwkv6``, ``delta``, ``gated_delta`` (``(B, T, H, K, V)``).
+            ``retnet``, ``rwkv6``, ``delta``, ``gated_delta``, ``rwkv7`` (``(B, T, H, K, V)``).
         shape: the sizes, as named above.
         dtype: a torch dtype.
         device: where the tensors are made.
@@ -235,6 +251,14 @@ def inputs(model: str, shape: tuple[int, ...], dtype: Any, device: str = "cpu", 
         if model == "gated_delta":
             ins["g"] = torch.log(rnd(B, T, H, low=0.9, high=0.999).double()).to(dtype)
         return {**ins, "beta": rnd(B, T, H, low=0.1, high=0.9)}
+    if model == "rwkv7":  # RWKV-7's a = -kappa, b = kappa * iclr with kappa unit, iclr in (0, 1): a contraction
+        B, T, H, K, V = shape
+        kappa = rnd(B, T, H, K).double()
+        kappa = kappa / kappa.norm(dim=-1, keepdim=True)
+        iclr = rnd(B, T, H, K, low=0.1, high=0.9).double()
+        return {"r": rnd(B, T, H, K), "w": torch.log(rnd(B, T, H, K, low=0.9, high=0.999).double()).to(dtype),
+                "k": rnd(B, T, H, K) * K ** -0.5, "v": rnd(B, T, H, V), "a": (-kappa).to(dtype),
+                "b": (kappa * iclr).to(dtype)}
     raise ValueError(f"model_refs.inputs: unknown model {model!r}; choose one of {', '.join(REFERENCES)}")
 
 
