@@ -64,6 +64,22 @@ def loop(family, arrays, scale=1.0, l2norm=False):
     return o, hs
 
 
+def dplr_gated(rng, gate):
+    """RWKV-7's ``dplr`` form with one log decay per head (``scalar``: an exact reset and an underflowing decay among
+    them) or none: ``(features, arrays, sizes)`` of 2 x 37 steps, K = 8, V = 6, with dhlast."""
+    import dataclasses
+
+    f, a, sizes = problem(rng, "rwkv7", batch=2, T=2 * 16 + 5, H=2, Hq=2, K=8, V=6, dhlast=True)
+    f = dataclasses.replace(f, gate=gate)
+    if gate == "none":
+        del a["g"]
+    else:
+        a["g"] = np.ascontiguousarray(a["g"][..., 0])
+        a["g"][0, 20, 1] = -np.inf
+        a["g"][1, 3, 0] = -1e4
+    return f, a, sizes
+
+
 def problem(rng, family, *, batch=2, T=9, H=2, Hq=2, K=4, V=5, seqlens=None, h0=True, l2norm=False,
             lo=-2.0, hi=-0.01, dtype="float64", dhlast=False):
     """``(features, arrays, sizes)`` of one call: non-uniform data, log decays spread from ``lo`` to ``hi``

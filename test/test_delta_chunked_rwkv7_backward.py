@@ -13,12 +13,10 @@ only where the recurrent one is); what ``scanweaver.matrix.last`` reports.
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 from conftest import no_wider
-from delta_family import call_public, problem, torch_loop
+from delta_family import call_public, dplr_gated, problem, torch_loop
 from test_delta_chunked_backward import backward, close, mixed_gates
 
 import scanweaver
@@ -112,15 +110,7 @@ def test_the_dplr_form_with_a_decay_per_head_or_none(cpu, gate):
     """The ``dplr`` form with one log decay per head (a reset among them) or none: the chunked gradients equal the
     recurrent ones (the engine's weights of a decay per head in place of its key adjoints)."""
     rng = np.random.default_rng(3)
-    T = 2 * 16 + 5
-    f, a, sizes = problem(rng, "rwkv7", batch=2, T=T, H=2, Hq=2, K=8, V=6, dhlast=True)
-    f = dataclasses.replace(f, gate=gate)
-    if gate == "none":
-        del a["g"]
-    else:
-        a["g"] = np.ascontiguousarray(a["g"][..., 0])
-        a["g"][0, 20, 1] = -np.inf
-        a["g"][1, 3, 0] = -1e4
+    f, a, sizes = dplr_gated(rng, gate)
     do = rng.normal(size=a["v"].shape)
     rec = backward(cpu, f, a, sizes, do, algorithm="recurrent")
     got = backward(cpu, f, a, sizes, do, algorithm="chunked", chunk=16)

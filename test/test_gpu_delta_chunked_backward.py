@@ -12,7 +12,7 @@ import shutil
 import numpy as np
 import pytest
 from conftest import GPU_TEST_BACKEND, gpu_backend, no_wider
-from delta_family import call_public, inputs_of, problem, torch_loop
+from delta_family import call_public, dplr_gated, inputs_of, problem, torch_loop
 from test_gpu_delta_backward import autograd, close, extreme_gates, gpu_backward, poisoned
 
 import scanweaver
@@ -187,20 +187,11 @@ def test_cuda_chunked_backward_compiles_for_sm90_without_spills(gate, form):
 def test_the_dplr_form_with_a_decay_per_head_or_none(gate):
     """The ``dplr`` form with one log decay per head (a reset and an underflowing decay among them) or none: the
     chunked forward and every chunked gradient equal the recurrent GPU kernels' (float64)."""
-    import dataclasses
-
     from test_gpu_delta_chunked import run
 
     be = gpu_backend()
     rng = np.random.default_rng(3)
-    f, a, sizes = problem(rng, "rwkv7", batch=2, T=2 * 16 + 5, H=2, Hq=2, K=8, V=6, dhlast=True)
-    f = dataclasses.replace(f, gate=gate)
-    if gate == "none":
-        del a["g"]
-    else:
-        a["g"] = np.ascontiguousarray(a["g"][..., 0])
-        a["g"][0, 20, 1] = -np.inf
-        a["g"][1, 3, 0] = -1e4
+    f, a, sizes = dplr_gated(rng, gate)
     for got, want in zip(run(be, f, a, sizes, algorithm="chunked", chunk=16), run(be, f, a, sizes), strict=True):
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-12 * np.abs(want).max())
     do = rng.normal(size=a["v"].shape)
