@@ -8,7 +8,10 @@ it needs, so a recurrent forward with the chunked backward costs ``recurrent_s +
 fused ``delta_rule`` op through the cpu backend's ``run_fused`` with ``algorithm="recurrent"`` and with
 ``algorithm="chunked"`` at each chunk length (both parts, every family), on ``--threads`` threads; ``speedup``
 is the recurrent time over the chunked one, ``rel_err`` the chunked output's (``fb_rel_err``: each gradient's,
-the largest) largest difference from the recurrent one over the latter's largest magnitude.
+the largest) largest difference from the recurrent one over the latter's largest magnitude.  ``default`` names
+the algorithm of each part that the default rule (``DeltaRule.chunked_from``) picks at the shape, and
+``default_fb_s`` times a training step so (the forward, then the backward), ``default_fb_speedup`` against both
+recurrent.
 
 Usage::
 
@@ -30,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from delta_rule import Ours, inputs, timed  # noqa: E402
+from delta_rule import OP, Ours, inputs, timed  # noqa: E402
 
 #: (B, T, H, K, V) measured, and the chunk lengths of the chunked form.
 SHAPES = ((1, 4096, 8, 128, 128), (1, 4096, 16, 64, 64), (4, 1024, 8, 128, 128))
@@ -59,8 +62,10 @@ def measure(family: str, shape: tuple, threads: int, repeats: int, chunks: tuple
     row = {"family": family, "shape": dict(zip("BTHKV", shape, strict=True)),
            "recurrent_s": timed(rec.forward, repeats), "recurrent_fb_s": timed(rec.forward_backward, repeats),
            "recurrent_bwd_s": timed(backward_only(rec), repeats)}
+    default_chunk = next(t.default for t in OP.tunables_for("c") if t.name == "chunk")
+    made = {}
     for c in chunks:
-        ck = Ours(family, a, threads, algorithm="chunked", chunk=c)
+        ck = made[c] = Ours(family, a, threads, algorithm="chunked", chunk=c)
         got = ck.forward().copy()
         row[f"chunked_{c}_s"] = timed(ck.forward, repeats)
         row[f"speedup_{c}"] = row["recurrent_s"] / row[f"chunked_{c}_s"]
@@ -71,6 +76,13 @@ def measure(family: str, shape: tuple, threads: int, repeats: int, chunks: tuple
         row[f"chunked_{c}_bwd_s"] = timed(backward_only(ck), repeats)
         row[f"bwd_speedup_{c}"] = row["recurrent_bwd_s"] / row[f"chunked_{c}_bwd_s"]
         row[f"bwd_rel_err_{c}"] = row[f"fb_rel_err_{c}"]
+    # a training step as the default rule runs it (DeltaRule.chunked_from: each part's algorithm at this shape)
+    parts = {p: OP.algorithm("c", p, rec.f, rec.sizes) for p in ("forward", "backward")}
+    chunked = made.get(default_chunk) or Ours(family, a, threads, algorithm="chunked", chunk=default_chunk)
+    fwd, bwd = (rec if parts[p] == "recurrent" else chunked for p in ("forward", "backward"))
+    row["default"] = parts
+    row["default_fb_s"] = timed(lambda: (fwd.forward(), backward_only(bwd)()), repeats)
+    row["default_fb_speedup"] = row["recurrent_fb_s"] / row["default_fb_s"]
     return row
 
 
@@ -100,6 +112,9 @@ def main(argv=None) -> int:
                 print(f"{family:9s} {shape} {part:8s}: recurrent {row['recurrent' + key] * 1e3:8.1f} ms, " + ", ".join(
                     f"chunk {c} {row[f'chunked_{c}{key}'] * 1e3:8.1f} ms (x{row[f'{pre}speedup_{c}']:.2f})"
                     for c in chunks) + f"; best chunk {best}, rel err {row[f'{pre}rel_err_{best}']:.1e}", flush=True)
+            print(f"{family:9s} {shape} default : forward {row['default']['forward']}, backward "
+                  f"{row['default']['backward']}: a training step {row['default_fb_s'] * 1e3:8.1f} ms "
+                  f"(x{row['default_fb_speedup']:.2f} both recurrent)", flush=True)
     if args.json:
         root = Path(__file__).resolve().parent
         path = root / ("out/delta_chunked_quick.json" if args.quick else "out/delta_chunked_shapes.json"

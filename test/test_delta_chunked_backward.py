@@ -14,6 +14,8 @@ memory budget (checkpointed, recomputed per segment); beta through the public op
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from conftest import no_wider
@@ -222,18 +224,19 @@ def test_the_public_operations_report_what_ran():
 
 
 def test_the_default_backward_follows_the_measured_rule():
-    """With no ``algorithm`` given, the backward of every family (RWKV-7's too) runs chunked from 1024 steps per
-    sequence with K * V >= 4096 and the forward of the delta form from K * V >= 16384 (where bench/delta_chunked.py
-    measured them faster; RWKV-7's forward stays recurrent); below either bound the recurrent one runs (the GPU
-    kernels' default is the recurrence, and the Julia kernels' chunked form is the forward's, never the
-    default)."""
+    """With no ``algorithm`` given, the backward runs chunked from 1024 steps per sequence with K * V >= 4096 with a
+    decay per head or none, from K * V >= 8192 with one per key (KDA, RWKV-7), and the forward of the delta form
+    from K * V >= 16384 (where bench/delta_chunked.py measured them faster; RWKV-7's forward stays recurrent);
+    below either bound the recurrent one runs (the GPU kernels' default is the recurrence, and the Julia kernels'
+    chunked form is the forward's, never the default)."""
     swt = pytest.importorskip("scanweaver.torch")
     if not get_backend("cpu").availability().ok:
         pytest.skip("cpu backend unavailable")
     rng = np.random.default_rng(14)
     f, _, _ = problem(rng, "gated", batch=1, T=8, H=1, K=64, V=64)
     small, _, _ = problem(rng, "gated", batch=1, T=8, H=1, K=32, V=64)
-    dplr, _, _ = problem(rng, "rwkv7", batch=1, T=8, H=1, K=64, V=64)
+    dplr, _, _ = problem(rng, "rwkv7", batch=1, T=8, H=1, K=64, V=128)
+    key, _, _ = problem(rng, "kda", batch=1, T=8, H=1, K=64, V=64)
     one = {"batch": 1, "T": 1024, "H": 1, "Hq": 1, "nseq": 1}
     assert OP.algorithm("c", "backward", f, one) == "chunked"
     assert OP.algorithm("c", "forward", f, one) == "recurrent"
@@ -241,6 +244,8 @@ def test_the_default_backward_follows_the_measured_rule():
     assert OP.algorithm("c", "backward", f, {**one, "batch": 1, "T": 4096, "nseq": 8}) == "recurrent"  # packed
     assert OP.algorithm("c", "backward", small, one) == "recurrent"
     assert OP.algorithm("c", "backward", dplr, one) == "chunked"
+    assert OP.algorithm("c", "backward", key, one) == "recurrent"  # a decay per key: from K * V = 8192
+    assert OP.algorithm("c", "backward", dataclasses.replace(key, V=128), one) == "chunked"
     assert OP.algorithm("c", "forward", dplr, one) == "recurrent"
     big, _, _ = problem(rng, "kda", batch=1, T=8, H=1, K=128, V=128)
     big_dplr, _, _ = problem(rng, "rwkv7", batch=1, T=8, H=1, K=128, V=128)
@@ -266,7 +271,7 @@ def test_the_default_backward_follows_the_measured_rule():
         grads[alg] = {n: x.grad.numpy() for n, x in t.items()}
     close(grads[None], grads["recurrent"], 1e-9, "default chunked vs recurrent")
     # and RWKV-7's: the chunked backward by default, the same gradients as the recurrent one
-    _, a, _ = problem(rng, "rwkv7", batch=1, T=1024, H=1, Hq=1, K=64, V=64)
+    _, a, _ = problem(rng, "rwkv7", batch=1, T=1024, H=1, Hq=1, K=64, V=128)
     for alg in (None, "recurrent"):
         t = {n: torch.tensor(np.asarray(x, np.float64), requires_grad=True) for n, x in a.items()}
         kw = {} if alg is None else {"algorithm": alg}

@@ -56,8 +56,8 @@ every kernel is checked against (the backward against finite differences in
 the tests).  The C kernels have the tunable ``algorithm``: ``recurrent``, or
 ``chunked``, the WY (UT transform) form on chunks of ``chunk`` steps: the
 forward and the backward of both forms (by default the backward from 1024
-steps with K x V >= 4096, the ``delta`` form's forward from K x V >= 16384:
-:attr:`DeltaRule.chunked_from`); the GPU kernels both parts of both forms
+steps with K x V >= 4096, 8192 with a decay per key, the ``delta`` form's
+forward from K x V >= 16384: :attr:`DeltaRule.chunked_from`); the GPU kernels both parts of both forms
 (:mod:`scanweaver.targets.delta_gpu_chunked`,
 :mod:`scanweaver.targets.delta_gpu_chunked_backward`); ScanWeaver.jl (``julia``)
 the forward of the ``delta`` form (``src/matrix/delta_chunked.jl``).
@@ -212,18 +212,24 @@ class DeltaRule(FusedOp):
     #: (:meth:`chunked_of`).
     chunked_parts = {"c": PARTS, "gpu": PARTS, "julia": ("forward",)}
     #: The algorithm rule (bench/results/delta_chunked.json, float32, 2 threads, quiet cores, chunks of 32): the
-    #: chunked backward of every family from 1024 steps per sequence with K * V >= 4096, where it ran 1.57-2.21x the
-    #: recurrent one's speed at K = V = 128 and 1.11-1.36x at K = V = 64 (T = 1024 and 4096; RWKV-7's 1.09-1.95x
-    #: in further runs, K = 64, V = 128 among them); the chunked forward of the ``delta`` form (``delta_form``)
+    #: chunked backward from 1024 steps per sequence with K * V >= 4096 for a decay per head or none (DeltaNet,
+    #: Gated DeltaNet: 1.09-1.36x the recurrent one's speed at K = V = 64 over three runs, 1.77x at K = 64,
+    #: V = 128) and K * V >= 8192 for a decay per key (KDA, RWKV-7: 0.84-1.33x at K = V = 64, about even, and
+    #: 1.13-1.19x at K = 64, V = 128); every family 1.42-2.22x at K = V = 128 (T = 1024 and 4096); the chunked
+    #: forward of the ``delta`` form (``delta_form``)
     #: from K * V >= 16384, where it ran
     #: 1.08-1.62x the recurrent one's speed at K = V = 128 in two runs (one 0.92x, KDA's) and 0.54-0.99x at
     #: K * V = 4096 and 8192; RWKV-7's forward stays recurrent (its chunked one ran at 0.59-0.90x).
-    chunked_from = {"c": {"backward": ((1024, 4096),), "forward": ((1024, 16384, "delta_form"),)}}
+    chunked_from = {"c": {"backward": ((1024, 4096, "head_decay"), (1024, 8192)),
+                          "forward": ((1024, 16384, "delta_form"),)}}
 
     def condition(self, name: str, features: DeltaRuleFeatures, sizes: dict[str, int]) -> bool:
-        """``delta_form``: the ``delta`` form (DeltaNet, Gated DeltaNet, KDA), not RWKV-7's."""
+        """``delta_form``: the ``delta`` form (DeltaNet, Gated DeltaNet, KDA), not RWKV-7's; ``head_decay``: a log
+        decay per head or none (DeltaNet, Gated DeltaNet), not one per key (KDA, RWKV-7)."""
         if name == "delta_form":
             return getattr(features, "form", "delta") == "delta"
+        if name == "head_decay":
+            return getattr(features, "gate", "none") != "key"
         return super().condition(name, features, sizes)
 
     def chunked_of(self, family: str, features: DeltaRuleFeatures | None = None) -> tuple[str, ...] | None:

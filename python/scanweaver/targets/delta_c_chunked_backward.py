@@ -84,7 +84,7 @@ dp^T``), so dg of the step before it (of b: its own step) can be finite in the r
 not; such rows take the recurrence's value, the chunk's states kept and the adjoint run back one step at a time
 (``sw_dplrb_direct``: only in a chunk with a row left non-finite).  The default algorithm rule
 (:attr:`~scanweaver.fused.delta_rule.DeltaRule.chunked_from`) runs this backward from 1024 steps per sequence
-with K * V >= 4096, as the ``delta`` form's, and wherever ``algorithm="chunked"`` or ``chunk_size=`` asks for it.
+with K * V >= 8192 (a decay per key, as KDA's), and wherever ``algorithm="chunked"`` or ``chunk_size=`` asks for it.
 
 Example:
     >>> from scanweaver.targets.delta_c_chunked_backward import WY_BACKWARD
