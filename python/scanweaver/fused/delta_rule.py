@@ -216,10 +216,9 @@ class DeltaRule(FusedOp):
     #: Gated DeltaNet: 1.09-1.36x the recurrent one's speed at K = V = 64 over three runs, 1.77x at K = 64,
     #: V = 128) and K * V >= 8192 for a decay per key (KDA, RWKV-7: 0.84-1.33x at K = V = 64, about even, and
     #: 1.13-1.19x at K = 64, V = 128); every family 1.42-2.22x at K = V = 128 (T = 1024 and 4096); the chunked
-    #: forward of the ``delta`` form (``delta_form``)
-    #: from K * V >= 16384, where it ran
-    #: 1.08-1.62x the recurrent one's speed at K = V = 128 in two runs (one 0.92x, KDA's) and 0.54-0.99x at
-    #: K * V = 4096 and 8192; RWKV-7's forward stays recurrent (its chunked one ran at 0.59-0.90x).
+    #: forward of the ``delta`` form (``delta_form``) from K * V >= 16384, where it ran 1.08-1.62x the recurrent
+    #: one's speed at K = V = 128 (once 0.92x, KDA's) and 0.54-0.99x at K * V = 4096 and 8192; RWKV-7's forward
+    #: stays recurrent (its chunked one ran at 0.59-0.95x).
     chunked_from = {"c": {"backward": ((1024, 4096, "head_decay"), (1024, 8192)),
                           "forward": ((1024, 16384, "delta_form"),)}}
 

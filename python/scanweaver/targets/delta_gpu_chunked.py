@@ -343,60 +343,47 @@ SW_KERNEL_P void sw_delta_chunk_prep(@PARAMS@, SW_GLOBAL SW_T* restrict ws) {
       const int p = x / SW_KT, d = x % SW_KT, i = k0 + d, at = p * SW_KTP + d;
       const SW_T kv = sk[at], qv = sqg[at];
 #if SW_DPLR
-      /* the dplr form: a o e^{G_prev} (the projection reads the state before its step's decay), q o e^{G} in
-       * local memory and the scratch; k o e^{-G}, b o e^{-G} in local memory; k and b o e^{G_last - G} into the
-       * scratch */
-      const SW_T av = skg[at], bv = sbt[at];
+      const SW_T av = skg[at], bv = sbt[at];  /* a and b, staged with k and q */
+#endif
       if (p < n && i < SW_K) {
 #if SW_GATE
         const int gd = SW_GATE == 2 ? d : 0;
         const SW_ACC G = sg[p * SW_GT + gd], GL = sg[(n - 1) * SW_GT + gd];
-        const SW_ACC GP = p > 0 ? sg[(p - 1) * SW_GT + gd] : (SW_ACC)0;
 #if SW_GATE == 2
         if (p == 0) ws[wb + SW_OEL + i] = (SW_T)exp(GL);
 #else
         if (p == 0 && i == 0) ws[wb + SW_OEL] = (SW_T)exp(GL);
 #endif
 #else
-        const SW_ACC G = 0, GL = 0, GP = 0;
+        const SW_ACC G = 0, GL = 0;
 #endif
-        const SW_T ag = (SW_T)((SW_ACC)av * exp(GP)), qg = (SW_T)((SW_ACC)qv * exp(G));
-        sk[at] = (SW_T)((SW_ACC)kv * exp(-G));
-        sbt[at] = (SW_T)((SW_ACC)bv * exp(-G));
-        ws[wb + SW_OKR + p * SW_K + i] = (SW_T)((SW_ACC)kv * exp(GL - G));
-        ws[wb + SW_OBR + p * SW_K + i] = (SW_T)((SW_ACC)bv * exp(GL - G));
-        skg[at] = ag;
-        sqg[at] = qg;
-        ws[wb + SW_OKG + p * SW_K + i] = ag;
-        ws[wb + SW_OQG + p * SW_K + i] = qg;
-      } else {
-        skg[at] = (SW_T)0;
-        sbt[at] = (SW_T)0;
-      }
-#else
-      if (p < n && i < SW_K) {
+#if SW_DPLR
+        /* the dplr form: a o e^{G_prev} in k o e^{G}'s place (the projection reads the state before its step's
+         * decay); b o e^{-G} in local memory, b o e^{G_last - G} into the scratch */
 #if SW_GATE
-        const SW_ACC G = sg[p * SW_GT + (SW_GATE == 2 ? d : 0)], GL = sg[(n - 1) * SW_GT + (SW_GATE == 2 ? d : 0)];
-        const SW_T kg = (SW_T)((SW_ACC)kv * exp(G)), qg = (SW_T)((SW_ACC)qv * exp(G));
+        const SW_ACC GP = p > 0 ? sg[(p - 1) * SW_GT + gd] : (SW_ACC)0;
+#else
+        const SW_ACC GP = 0;
+#endif
+        const SW_T kg = (SW_T)((SW_ACC)av * exp(GP));
+        sbt[at] = (SW_T)((SW_ACC)bv * exp(-G));
+        ws[wb + SW_OBR + p * SW_K + i] = (SW_T)((SW_ACC)bv * exp(GL - G));
+#else
+        const SW_T kg = (SW_T)((SW_ACC)kv * exp(G));
+#endif
+        const SW_T qg = (SW_T)((SW_ACC)qv * exp(G));
         sk[at] = (SW_T)((SW_ACC)kv * exp(-G));
         ws[wb + SW_OKR + p * SW_K + i] = (SW_T)((SW_ACC)kv * exp(GL - G));
-#if SW_GATE == 2
-        if (p == 0) ws[wb + SW_OEL + i] = (SW_T)exp(GL);
-#else
-        if (p == 0 && i == 0) ws[wb + SW_OEL] = (SW_T)exp(GL);
-#endif
-#else
-        const SW_T kg = kv, qg = qv;
-        ws[wb + SW_OKR + p * SW_K + i] = kv;
-#endif
         skg[at] = kg;
         sqg[at] = qg;
         ws[wb + SW_OKG + p * SW_K + i] = kg;
         ws[wb + SW_OQG + p * SW_K + i] = qg;
       } else {
         skg[at] = (SW_T)0;
-      }
+#if SW_DPLR
+        sbt[at] = (SW_T)0;
 #endif
+      }
     }
     SW_BARRIER();
     /* this tile's part of N (j < i) and A (j <= i): only entries inside the triangle are formed */
