@@ -146,3 +146,47 @@ def test_the_cli_tunes_the_matrix_state_algorithm_and_later_calls_use_it(isolate
     assert (matrix.last.part, matrix.last.source, matrix.last.algorithm) == ("backward", "tuned", rule)
     matrix.forward(ops, backend="cpu", algorithm="chunked" if best["algorithm"] == "recurrent" else "recurrent")
     assert matrix.last.source == "explicit" and matrix.last.algorithm != best["algorithm"]
+
+
+def test_the_cli_tunes_the_delta_rule_algorithm_and_later_calls_use_it(isolated_store, capsys):
+    """``scanweaver tune --op delta_rule``: a real tune of both algorithms on Gated DeltaNet's features, stored,
+    then used by a later ``gated_delta_rule`` call (the forward runs the stored algorithm and chunk, the backward
+    the rule's algorithm: the tune measured the forward); results as the float64 definition."""
+    import json
+
+    from scanweaver import matrix
+    from scanweaver.cli import main
+    from scanweaver.fused import REGISTRY as FUSED
+    from scanweaver.fused.delta_rule import forward_reference
+    from scanweaver.ops.delta_rule import kernels as delta_kernels
+    from scanweaver.ops.delta_rule.operands import operands
+
+    if not REGISTRY["cpu"].availability().ok:
+        pytest.skip(f"cpu backend unavailable: {REGISTRY['cpu'].availability().reason}")
+    batch, T, H, K, V = 1, 70, 2, 16, 24
+    assert main(["tune", "--op", "delta_rule", "--backend", "cpu", "--shape", f"{batch},{T},{H},{K},{V}",
+                 "--values", "algorithm=recurrent,chunked", "--values", "chunk=16,32", "--values", "block_v=16",
+                 "--values", "width=8", "--values", "threads=1", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    best = report["best_config"]
+    assert report["best_schedule"] == "fused:delta_rule" and report["evaluated"] == 4
+    assert "checkpoint" not in best  # read by the backward only: the tune leaves it at its default
+    rng = np.random.default_rng(4)
+    q, k = rng.standard_normal((2, batch, T, H, K)).astype(np.float32)
+    v = rng.standard_normal((batch, T, H, V)).astype(np.float32)
+    g = np.log(rng.uniform(0.9, 0.999, (batch, T, H))).astype(np.float32)
+    beta = rng.uniform(0.05, 0.95, (batch, T, H)).astype(np.float32)
+    o, _ = scanweaver.gated_delta_rule(q, k, v, g, beta, scale=1.0, use_qk_l2norm_in_kernel=True, backend="cpu",
+                                       chunk_size=64)
+    info = matrix.last
+    assert (info.op, info.part, info.source, info.algorithm, info.config["chunk"]) == (
+        "delta_rule", "forward", "tuned", best["algorithm"], best["chunk"])
+    want = forward_reference(*(x.astype(np.float64) for x in (q, k, v, beta)), g=g.astype(np.float64),
+                             l2norm=True)[0]
+    np.testing.assert_allclose(o, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    ops = operands("test", "gated_delta_rule", q, k, v, g=g, beta=beta, l2norm=True)
+    delta_kernels.backward(ops, np.ones_like(v), backend="cpu")
+    rule = FUSED.get("delta_rule").algorithm("c", "backward", ops.features(), ops.sizes)
+    assert (matrix.last.part, matrix.last.source, matrix.last.algorithm) == ("backward", "tuned", rule)
+    with pytest.raises(ScanInputError, match="checkpoint of the fused delta_rule kernel is read by its backward"):
+        tune_fused("delta_rule", shape=(batch, T, H, K, V), values={"checkpoint": (8,)})

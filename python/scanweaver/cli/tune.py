@@ -1,10 +1,12 @@
 """``scanweaver tune``: tune the selective scan on a backend with Kernel Tuner and store the best configuration.
 
-``--op NAME`` tunes a fused operation's forward kernel instead: ``mamba1`` (shape B,D,N,L) or ``matrix_state``
-(shape B,T,H,K,V: GLA's features, a log decay per key; on ``cpu`` the search covers ``algorithm`` (recurrent,
-chunked), ``chunk``, ``block_v``, ``width``, ``threads``).  The stored entry is used by later calls of the
-same features on that device and size bucket, forward and backward, over the algorithm rule and
-``chunk_size`` (their ``last.source == "tuned"``); a call's own tunables still win.
+``--op NAME`` tunes a fused operation's forward kernel instead: ``mamba1`` (shape B,D,N,L), ``matrix_state``
+(shape B,T,H,K,V: GLA's features, a log decay per key) or ``delta_rule`` (shape B,T,H,K,V: Gated DeltaNet's
+features, a log decay per head, q and k L2-normalised in the kernel); on ``cpu`` the search of the last two
+covers ``algorithm`` (recurrent, chunked), ``chunk``, ``block_v``, ``width``, ``threads``.  The stored entry
+is used by later calls of the same features on that device and size bucket, forward and backward (the backward
+keeps the rule's algorithm: the tune measured the forward), over the algorithm rule and ``chunk_size`` (their
+``last.source == "tuned"``); a call's own tunables still win.
 
 ``--show`` lists what every store this process reads holds instead (the shared stores of
 ``$SCANWEAVER_TUNED``, then the per-user one); ``--export FILE`` writes them to one file and
@@ -14,6 +16,7 @@ same features on that device and size bucket, forward and backward, over the alg
     scanweaver tune --backend opencl --shape 4,1024 --strategy random_sample --max-fevals 20 --json
     scanweaver tune --op mamba1 --backend cpu --shape 2,768,16,2048    # the fused Mamba-1 kernel
     scanweaver tune --op matrix_state --shape 1,2048,8,64,64 --values algorithm=recurrent,chunked
+    scanweaver tune --op delta_rule --shape 1,4096,16,128,128 --values algorithm=recurrent,chunked
     scanweaver tune --backend julia --device cpu --shape 8,4096 --strategy random_sample --max-fevals 4
     scanweaver tune --backend cuda --parallel 8 --ray-address auto   # one shard per GPU of a Ray cluster
     scanweaver tune --show
@@ -114,14 +117,15 @@ class Tune:
                                         "or metal (default: $SCANWEAVER_JULIA_DEVICE, else cuda)")
         p.add_argument("--shape", type=parse_shape, default=(8, 512, 4096),
                        help="operand shape B,D,L (any leading sizes; last is L), default 8,512,4096; with --op "
-                            "the operation's shape (mamba1: B,D,N,L; matrix_state: B,T,H,K,V)")
+                            "the operation's shape (mamba1: B,D,N,L; matrix_state, delta_rule: B,T,H,K,V)")
         p.add_argument("--dtype", default="float32", choices=("float32", "float64"))
         p.add_argument("--schedule", action="append", help="tune only this schedule family (repeatable)")
         p.add_argument("--recurrence", default="selective_scan", choices=("selective_scan", "selective_scan_h"),
                        help="selective_scan (with c) or selective_scan_h (y = h)")
         p.add_argument("--op", help="tune a fused operation's forward kernel instead (mamba1: shape B,D,N,L; "
-                                    "matrix_state: shape B,T,H,K,V, its algorithm and chunk among the tunables); "
-                                    "later calls of its features and size use the stored entry")
+                                    "matrix_state (GLA) and delta_rule (Gated DeltaNet): shape B,T,H,K,V, their "
+                                    "algorithm and chunk among the tunables); later calls of its features and "
+                                    "size use the stored entry")
         p.add_argument("--strategy", default="brute_force",
                        help="Kernel Tuner strategy: brute_force, random_sample, bayes_opt, genetic_algorithm, ...")
         p.add_argument("--max-fevals", type=int,

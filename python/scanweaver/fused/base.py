@@ -109,6 +109,8 @@ class FusedOp(ABC):
     #: Family -> the parts whose kernels have the chunked form, where only some do: the family's other parts run
     #: the recurrence whatever ``algorithm`` says, and their config says so (:meth:`settle`).
     chunked_parts: ClassVar[dict[str, tuple[str, ...]]] = {}
+    #: Tunables only the backward reads: a tune (which measures the forward) leaves them at their defaults.
+    backward_only: ClassVar[frozenset[str]] = frozenset()
 
     @abstractmethod
     def params(self, part: str) -> tuple[Param, ...]:

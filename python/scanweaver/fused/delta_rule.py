@@ -221,6 +221,7 @@ class DeltaRule(FusedOp):
     #: stays recurrent (its chunked one ran at 0.59-0.95x).
     chunked_from = {"c": {"backward": ((1024, 4096, "head_decay"), (1024, 8192)),
                           "forward": ((1024, 16384, "delta_form"),)}}
+    backward_only = frozenset({"checkpoint"})
 
     def condition(self, name: str, features: DeltaRuleFeatures, sizes: dict[str, int]) -> bool:
         """``delta_form``: the ``delta`` form (DeltaNet, Gated DeltaNet, KDA), not RWKV-7's; ``head_decay``: a log

@@ -288,6 +288,37 @@ EPILOGUE = r"""
 """
 
 
+def fused_timed(op, call) -> str:
+    """``float <entry>_timed(<the entry's parameters>)`` of fused operation ``op`` (a
+    :class:`~scanweaver.fused.FusedOp`) for ``call``: runs ``sw_<op>_<part>`` and returns its own time in ms (-1 on
+    failure), the Kernel Tuner ``lang="C"`` convention.  Buffers are the ABI's in order (``do`` is ``dout`` in C),
+    of the accumulation type unless their dtype says ``uint8`` or ``int64``."""
+    f = call.features
+    T = "double" if getattr(f, "state_dtype", f.dtype) == "float64" else "float"
+    ctypes = {"uint8": "unsigned char", "int64": "int64_t"}
+    decl, names = [], []
+    for p in op.params(call.part):
+        name = "dout" if p.name == "do" else p.name
+        names.append(name)
+        if p.kind == "int":
+            decl.append(f"long {name}")
+        else:
+            decl.append(f"{'const ' if p.kind == 'in' else ''}{ctypes.get(p.dtype, T)}* {name}")
+    entry = f"sw_{op.name}_{call.part}"
+    return (NOW + f"float {entry}_timed({', '.join(decl)}) {{\n  const double t0 = sw_now();\n"
+            f"  const int rc = {entry}({', '.join(names)});\n  const double t1 = sw_now();\n"
+            "  return rc == SW_OK ? (float)((t1 - t0) * 1e3) : -1.0f;\n}")
+
+
+def algorithm_defines(chunked: bool, kernel_tuner: bool = False) -> list[str]:
+    """``#define SW_CHUNKED`` (1 for the chunked form); with ``kernel_tuner``, Kernel Tuner's bare-token define
+    of the ``algorithm`` tunable (``recurrent`` or ``chunked``, each named a number here) wins."""
+    if not kernel_tuner:
+        return [f"#define SW_CHUNKED {int(chunked)}"]
+    return ["#define recurrent 0", "#define chunked 1", "#ifdef algorithm", "#define SW_CHUNKED (algorithm)",
+            "#else", f"#define SW_CHUNKED {int(chunked)}", "#endif"]
+
+
 def tunable_defines(names, config: dict, kernel_tuner: bool = False) -> list[str]:
     """``#define SW_<NAME>`` lines of the tunables ``names`` under ``#ifndef`` guards; with ``kernel_tuner``,
     Kernel Tuner's bare-name define of a tunable wins over ``config``'s value."""

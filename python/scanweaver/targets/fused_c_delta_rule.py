@@ -32,7 +32,7 @@ returning 0, 1 (scratch memory short) or 2 (sizes or ``cu_seqlens`` inconsistent
 from __future__ import annotations
 
 from ..fused.delta_rule import GATES, DeltaRule, DeltaRuleFeatures
-from .c_source import THREADS, tunable_defines
+from .c_source import THREADS, algorithm_defines, fused_timed, tunable_defines
 from .chunk_engine import engine_source
 from .chunk_tiles import CHUNK_TILES
 from .cvec import vector_prelude
@@ -124,16 +124,17 @@ def backward_columns(features: DeltaRuleFeatures, config: dict) -> int:
     return cols
 
 
-def defines(features: DeltaRuleFeatures, config: dict, part: str = "forward") -> str:
-    """``#define`` lines of the features and tunables (of ``part``'s kernel)."""
+def defines(features: DeltaRuleFeatures, config: dict, part: str = "forward", kernel_tuner: bool = False) -> str:
+    """``#define`` lines of the features and tunables (of ``part``'s kernel; with ``kernel_tuner``, Kernel Tuner's
+    bare-name defines of the tunables, ``algorithm`` among them, win)."""
     f = features
     flags = {"SW_K": f.K, "SW_V": f.V, "SW_GATE": GATES.index(f.gate), "SW_DPLR": int(f.form == "dplr"),
              "SW_L2": int(f.l2norm), "SW_HAS_H0": int(f.has_h0), "SW_HAS_SEQLENS": int(f.has_seqlens),
              "SW_HAS_DHLAST": int(f.has_dhlast), "SW_STORE": STORE_CODE[f.dtype], "SW_GV": GROUP_VECTORS,
-             "SW_CBB": backward_columns(f, config), "SW_CHUNKED": int(chunked(f, config, part)),
-             "SW_DECAY": GATES.index(f.gate), "SW_BONUS": 0}
+             "SW_CBB": backward_columns(f, config), "SW_DECAY": GATES.index(f.gate), "SW_BONUS": 0}
     lines = [f"#define {k} {v}" for k, v in flags.items()]
-    return "\n".join(lines + tunable_defines(("chunk", "block_v", "checkpoint", "threads"), config))
+    lines += algorithm_defines(chunked(f, config, part), kernel_tuner)
+    return "\n".join(lines + tunable_defines(("chunk", "block_v", "checkpoint", "threads"), config, kernel_tuner))
 
 
 def chunked(features: DeltaRuleFeatures, config: dict, part: str = "forward") -> bool:
@@ -141,19 +142,25 @@ def chunked(features: DeltaRuleFeatures, config: dict, part: str = "forward") ->
     return config.get("algorithm") == "chunked"
 
 
-def render(renderer, call) -> str:
-    """The C unit of ``call`` (a :class:`~scanweaver.fused.FusedCall` of ``delta_rule``)."""
+def render(renderer, call, kernel_tuner: bool = False) -> str:
+    """The C unit of ``call`` (a :class:`~scanweaver.fused.FusedCall` of ``delta_rule``).
+
+    With ``kernel_tuner``, the tunables and ``algorithm`` read Kernel Tuner's bare-name defines (one unit holds
+    both algorithms) and a ``*_timed`` entry is added; ``width`` shapes the text, so it is one unit per value.
+    """
     f, cfg = call.features, call.params
     title = (f"/* scanweaver fused C kernel: delta_rule {call.part}, {f.dtype}, K={f.K}, V={f.V}, gate {f.gate}, "
              f"form {f.form}, l2norm {int(f.l2norm)}, {cfg['algorithm']}, width {cfg['width']} */")
-    wy = chunked(f, cfg, call.part)
+    wy = kernel_tuner or chunked(f, cfg, call.part)
     if call.part == "forward":
         body = [engine_source(), CHUNK_TILES, WY, FORWARD] if wy else [FORWARD]
     else:
         body = [engine_source(), CHUNK_TILES, WY, BACKWARD, WY_BACKWARD] if wy else [BACKWARD]
-    parts = [title, defines(f, cfg, call.part), HEAD, THREADS, vector_prelude(f.state_dtype, cfg["width"]), COMMON,
-             *body, TAIL]
-    return "\n".join(parts)
+    parts = [title, defines(f, cfg, call.part, kernel_tuner), HEAD, THREADS,
+             vector_prelude(f.state_dtype, cfg["width"]), COMMON, *body]
+    if kernel_tuner:
+        parts.append(fused_timed(DeltaRule(), call))
+    return "\n".join([*parts, TAIL])
 
 
 def defaults(features: DeltaRuleFeatures, sizes: dict) -> dict:

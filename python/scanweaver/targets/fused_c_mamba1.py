@@ -33,7 +33,7 @@ returning 0, or 1 when scratch memory could not be allocated; the backward
 from __future__ import annotations
 
 from ..fused.mamba1 import Mamba1, Mamba1Features
-from .c_source import NOW, THREADS, tunable_defines
+from .c_source import THREADS, fused_timed, tunable_defines
 from .cvec import vector_prelude
 from .fused import KERNELS, FusedKernel
 from .mamba1_c_backward import BACKWARD
@@ -453,7 +453,7 @@ def render(renderer, call, kernel_tuner: bool = False) -> str:
     parts = [title, defines(f, cfg, kernel_tuner), stack, HEAD, THREADS, vector_prelude(f.dtype, cfg["width"]), COMMON,
              body]
     if kernel_tuner:
-        parts.append(timed(call))
+        parts.append(fused_timed(Mamba1(), call))
     return "\n".join([*parts, TAIL])
 
 
@@ -461,24 +461,6 @@ def states_on_stack(call) -> bool:
     """True when the N-state arrays of ``call``'s blocks fit :data:`STACK_BUDGET` (else they are heap scratch)."""
     item = 8 if call.features.dtype == "float64" else 4
     return STATE_ARRAYS[call.part] * call.features.N * call.params["width"] * item <= STACK_BUDGET
-
-
-def timed(call) -> str:
-    """``float sw_mamba1_<part>_timed(<the entry's parameters>)``: runs the entry and returns its own time
-    in ms (-1 on failure), the Kernel Tuner ``lang="C"`` convention."""
-    T = "double" if call.features.dtype == "float64" else "float"
-    decl, names = [], []
-    for p in Mamba1.params(Mamba1(), call.part):  # the ABI, in order
-        names.append(p.name)
-        if p.kind == "int":
-            decl.append(f"long {p.name}")
-        else:
-            ctype = "unsigned char" if p.dtype == "uint8" else T
-            decl.append(f"{'const ' if p.kind == 'in' else ''}{ctype}* {p.name}")
-    entry = f"sw_mamba1_{call.part}"
-    return (NOW + f"float {entry}_timed({', '.join(decl)}) {{\n  const double t0 = sw_now();\n"
-            f"  const int rc = {entry}({', '.join(names)});\n  const double t1 = sw_now();\n"
-            "  return rc == SW_OK ? (float)((t1 - t0) * 1e3) : -1.0f;\n}")
 
 
 KERNELS.register(FusedKernel(Mamba1.name, "c", ("forward", "backward"), render,

@@ -27,7 +27,7 @@ returning 0, 1 (scratch memory short) or 2 (sizes or ``cu_seqlens`` inconsistent
 from __future__ import annotations
 
 from ..fused.matrix_state import MatrixState, MatrixStateFeatures
-from .c_source import NOW, THREADS, tunable_defines
+from .c_source import THREADS, algorithm_defines, fused_timed, tunable_defines
 from .chunk_engine import engine_source
 from .cvec import vector_prelude
 from .fused import KERNELS, FusedKernel
@@ -76,11 +76,7 @@ def defines(features: MatrixStateFeatures, config: dict, kernel_tuner: bool = Fa
              "SW_REVERSE": int(f.reverse), "SW_HAS_H0": int(f.has_h0), "SW_HAS_SEQLENS": int(f.has_seqlens),
              "SW_HAS_DHLAST": int(f.has_dhlast)}
     lines = [f"#define {k} {v}" for k, v in flags.items()]
-    chunked = int(config.get("algorithm") == "chunked")
-    # Kernel Tuner defines ``algorithm`` as a bare token (recurrent or chunked): both name a number here
-    tuned = ["#define recurrent 0", "#define chunked 1", "#ifdef algorithm", "#define SW_CHUNKED (algorithm)",
-             "#else", f"#define SW_CHUNKED {chunked}", "#endif"]
-    lines += tuned if kernel_tuner else [f"#define SW_CHUNKED {chunked}"]
+    lines += algorithm_defines(config.get("algorithm") == "chunked", kernel_tuner)
     lines += tunable_defines(("chunk", "block_v", "threads"), config, kernel_tuner)
     return "\n".join(lines)
 
@@ -104,27 +100,8 @@ def render(renderer, call, kernel_tuner: bool = False) -> str:
     parts = [title, defines(f, cfg, kernel_tuner), HEAD, THREADS, vector_prelude(f.dtype, cfg["width"]), COMMON,
              *body]
     if kernel_tuner:
-        parts.append(timed(call))
+        parts.append(fused_timed(MatrixState(), call))
     return "\n".join([*parts, TAIL])
-
-
-def timed(call) -> str:
-    """``float sw_matrix_state_<part>_timed(<the entry's parameters>)``: runs the entry and returns its time
-    in ms (-1 on failure), the Kernel Tuner ``lang="C"`` convention (``do`` is ``dout`` in C)."""
-    T = "double" if call.features.dtype == "float64" else "float"
-    decl, names = [], []
-    for p in MatrixState().params(call.part):
-        name = "dout" if p.name == "do" else p.name
-        names.append(name)
-        if p.kind == "int":
-            decl.append(f"long {name}")
-        else:
-            ctype = "int64_t" if p.dtype == "int64" else T
-            decl.append(f"{'const ' if p.kind == 'in' else ''}{ctype}* {name}")
-    entry = f"sw_matrix_state_{call.part}"
-    return (NOW + f"float {entry}_timed({', '.join(decl)}) {{\n  const double t0 = sw_now();\n"
-            f"  const int rc = {entry}({', '.join(names)});\n  const double t1 = sw_now();\n"
-            "  return rc == SW_OK ? (float)((t1 - t0) * 1e3) : -1.0f;\n}")
 
 
 def defaults(features: MatrixStateFeatures, sizes: dict) -> dict:

@@ -9,9 +9,10 @@ configuration's output is checked against the float64 NumPy definition, and
 the best goes into the tuned store under the operation's signature
 (:meth:`~scanweaver.fused.FusedOp.signature`), where the fused calls of
 :func:`scanweaver.mamba_selective_scan` find it (``scanweaver.mamba.last.source
-== "tuned"``), and those of the matrix-state operations (``matrix_state``: its
+== "tuned"``), those of the matrix-state operations (``matrix_state``: its
 ``algorithm`` for their forward, its other tunables for both parts;
-``scanweaver.matrix.last``).
+``scanweaver.matrix.last``) and those of the delta rule (``delta_rule``, tuned on
+Gated DeltaNet's features; ``scanweaver.matrix.last`` too).
 
 Example:
     >>> from scanweaver.tuning.fused import tune_fused
@@ -32,6 +33,8 @@ import numpy as np
 
 from ..errors import BackendUnavailable, ScanInputError, api_boundary
 from ..fused import REGISTRY as FUSED
+from ..fused.delta_rule import DeltaRuleFeatures
+from ..fused.delta_rule import forward_reference as delta_reference
 from ..fused.mamba1 import Mamba1Features, forward_reference
 from ..fused.matrix_state import MatrixStateFeatures
 from ..fused.matrix_state import forward_reference as matrix_reference
@@ -60,11 +63,18 @@ class FusedSpace(SearchSpace):
 def build_fused_space(op: str, backend: str, family: str, limits: Limits,
                       values: dict[str, tuple] | None = None, fixed: dict[str, object] | None = None) -> FusedSpace:
     """The space of ``op``'s tunables for target ``family`` on ``backend`` (values filtered by their rules
-    and the limits, or ``values`` where given); tunables in ``fixed`` are not searched."""
+    and the limits, or ``values`` where given); tunables in ``fixed`` are not searched, nor those only the
+    backward reads (a tune measures the forward; ``values`` for one is refused)."""
     params, owners, pinned = {}, {}, {}
-    name = PREFIX + op
-    for t in FUSED.get(op).tunables_for(family):
-        if t.name in (fixed or {}):
+    name, fused = PREFIX + op, FUSED.get(op)
+    skipped = sorted(set(values or {}) & fused.backward_only)
+    if skipped:
+        raise ScanInputError(f"tune: {', '.join(skipped)} of the fused {op} kernel is read by its backward only; "
+                             "a tune measures the forward")
+    for t in fused.tunables_for(family):
+        if t.name in fused.backward_only:
+            pinned[t.name] = t.default  # the kernel's text reads it; the forward does not
+        if t.name in (fixed or {}) or t.name in fused.backward_only:
             continue
         cand = _candidates(t, limits, (values or {}).get(t.name))
         params[t.name], owners[t.name], pinned[t.name] = cand, {name: frozenset(cand)}, t.default
@@ -178,8 +188,32 @@ class MatrixProblem(FusedProblem):
         return matrix_reference(w["q"], w["k"], w["v"], w["g"], decay="key")[0]
 
 
+@dataclass(frozen=True)
+class DeltaRuleProblem(MatrixProblem):
+    """One tuning problem of the delta-rule forward: shape ``(batch, T, H, K, V)``, Gated DeltaNet's features
+    (Qwen3-Next's: a log decay per head in (log 0.9, log 0.999), beta in (0, 1), q and k L2-normalised in the
+    kernel), seeded non-uniform data; ``lanes = batch*H``."""
+
+    @property
+    def features(self) -> DeltaRuleFeatures:  # type: ignore[override]
+        return DeltaRuleFeatures(self.dtype, self.shape[3], self.shape[4], gate="scalar", l2norm=True)
+
+    def inputs(self) -> dict[str, np.ndarray]:
+        batch, T, H, K, V = self.shape
+        rng = np.random.default_rng(self.seed)
+        raw = {"q": rng.standard_normal((batch, T, H, K)), "k": rng.standard_normal((batch, T, H, K)),
+               "v": rng.standard_normal((batch, T, H, V)), "g": np.log(rng.uniform(0.9, 0.999, (batch, T, H))),
+               "beta": rng.uniform(0.05, 0.95, (batch, T, H))}
+        return {k: np.ascontiguousarray(v, dtype=self.dtype) for k, v in raw.items()}
+
+    def oracle(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        w = {k: v.astype(np.float64) for k, v in inputs.items()}
+        return delta_reference(w["q"], w["k"], w["v"], w["beta"], g=w["g"], l2norm=True)[0]
+
+
 #: Fused operation -> its tuning problem.
-PROBLEMS: dict[str, type[FusedProblem]] = {"mamba1": FusedProblem, "matrix_state": MatrixProblem}
+PROBLEMS: dict[str, type[FusedProblem]] = {"mamba1": FusedProblem, "matrix_state": MatrixProblem,
+                                           "delta_rule": DeltaRuleProblem}
 
 
 def fused_arguments(problem: FusedProblem, inputs: dict[str, np.ndarray]) -> tuple[list, int]:
@@ -212,7 +246,7 @@ def tune_fused(op: str = "mamba1", *, backend: str = "cpu", shape=(2, 768, 16, 2
     """Tunes the forward kernel of fused operation ``op`` on ``backend`` for one shape.
 
     Args are those of :func:`scanweaver.tuning.kt.tune` (``shape`` is ``(batch, D, N, L)`` for ``mamba1``,
-    ``(batch, T, H, K, V)`` for ``matrix_state``: see :data:`PROBLEMS`).
+    ``(batch, T, H, K, V)`` for ``matrix_state`` and ``delta_rule``: see :data:`PROBLEMS`).
 
     Raises:
         ScanWeaverError: Kernel Tuner is not installed (``pip install scanweaver[tune]``).
