@@ -10,7 +10,9 @@
   states, not T).  Every peer's dv is checked against ours; the ratios are the peer's time over
   ``scanweaver.torch``'s, in one run.
 * **Decode**: one token of ``<op>_step`` on NumPy arrays and on tensors, state ``(N, H, K, V)``, against
-  the time to stream the state once (a copy: one read, one write) in the same process.
+  the time to stream the state once (a copy: one read, one write) in the same process; and the public call at
+  T = 1 from a state, returning the new one (a serving loop's call), against its kernel alone (the direct call
+  its plan makes): ``call / kernel`` is what the Python around the kernel costs.
 * **Memory**: in a fresh process per operation, the peak resident memory of a forward and of a forward +
   backward through ``scanweaver.torch`` at (1, 8192, 16, 128, 128) beyond the inputs (``/proc/self/status``
   VmHWM after resetting it with ``/proc/self/clear_refs``), against the bytes of the inputs plus the outputs.
@@ -26,6 +28,7 @@ the rows of its last contents that this run did not measure (``--only``, ``--par
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import subprocess
@@ -211,12 +214,14 @@ def peers_for(family: str, T: int, args) -> tuple[str, ...]:
 
 
 def bench_decode(family: str, N: int, H: int, K: int, V: int, repeats: int) -> dict:
-    """One token of ``<op>_step`` (NumPy and PyTorch) against a copy of the state."""
+    """One token of ``<op>_step`` (NumPy and PyTorch) against a copy of the state; the public call at T = 1
+    (from a state, returning the new one, as a serving loop calls it) against its kernel alone."""
     import torch
 
     import scanweaver
 
-    a = {n: x[:, 0] for n, x in inputs(family, N, 1, H, K, V).items()}
+    full = inputs(family, N, 1, H, K, V)
+    a = {n: x[:, 0] for n, x in full.items()}
     op, names = PUBLIC[family]
     step = getattr(scanweaver, op + "_step")
     S = np.random.default_rng(2).standard_normal((N, H, K, V)).astype(np.float32)
@@ -231,7 +236,25 @@ def bench_decode(family: str, N: int, H: int, K: int, V: int, repeats: int) -> d
         row["torch step s"] = timed(lambda: step(St, *(ta[n] for n in names)), reps)
     row["numpy ratio"] = row["numpy step s"] / row["copy s"]
     row["torch ratio"] = row["torch step s"] / row["torch copy s"]
+    call = getattr(scanweaver, op)
+    row["call s"] = timed(lambda: call(*(full[n] for n in names), initial_state=S, output_final_state=True), reps)
+    row["kernel s"] = kernel_seconds(op, full, S, reps)
+    row["call / kernel"] = row["call s"] / row["kernel s"]
     return row
+
+
+def kernel_seconds(op: str, arrays: dict, S, repeats: int) -> float:
+    """Median seconds of the kernel that the last call of ``op`` ran, alone: its direct call on the same arrays
+    (:func:`scanweaver.calls.runner.plan_of`), outputs preallocated."""
+    import scanweaver
+    from scanweaver.calls import runner
+    from scanweaver.ops.delta_rule import operands
+
+    ops = operands("bench", op, **arrays, h0=S)
+    plan = runner.plan_of(scanweaver.matrix.last, ops.features(), ops.sizes, None)
+    out = {**ops.arrays(), "o": np.empty(ops.v.shape, ops.dtype), "hlast": np.empty(ops.state_shape, ops.state_dtype)}
+    buffers = tuple(out.get(n) for n in plan.names)
+    return timed(lambda: plan.invoke(buffers, *plan.sizes.values()), repeats)
 
 
 def memory_child(family: str, shape: tuple, threads: int) -> dict:
@@ -321,9 +344,9 @@ def main(argv=None) -> int:
             return
         out = dict(report)
         for part, key in (("train", ("family", "shape")), ("decode", ("op", "state")), ("memory", ("family",))):
-            rows = {tuple(map(str, (r.get(k) for k in key))): r for r in kept.get(part, [])}
+            rows = {tuple(json.dumps(r.get(k)) for k in key): r for r in kept.get(part, [])}  # tuples as lists
             for r in report[part]:
-                k = tuple(map(str, (r.get(k) for k in key)))
+                k = tuple(json.dumps(r.get(k)) for k in key)
                 old = rows.get(k, {})
                 rows[k] = {**r, "peers": {**old.get("peers", {}), **r["peers"]}} if part == "train" else r
             out[part] = list(rows.values())
@@ -331,14 +354,14 @@ def main(argv=None) -> int:
         path.write_text(json.dumps(out, indent=1, default=float))
     if "decode" in parts:
         for family in only:
-            for N in (1, 16):
-                r = bench_decode(family, N, 2 if args.quick else 16, *((16, 16) if args.quick else (128, 128)),
-                                 args.repeats)
+            for N, KV in itertools.product((1, 16), ((16, 16),) if args.quick else ((128, 128), (64, 64))):
+                r = bench_decode(family, N, 2 if args.quick else 16, *KV, args.repeats)
                 report["decode"].append(r)
                 save()
                 print(f"decode {r['op']} state {r['state']}: numpy {r['numpy step s'] * 1e6:.0f} us = "
                       f"{r['numpy ratio']:.1f}x a copy; torch {r['torch step s'] * 1e6:.0f} us = "
-                      f"{r['torch ratio']:.1f}x", flush=True)
+                      f"{r['torch ratio']:.1f}x; call at T = 1 {r['call s'] * 1e6:.0f} us = {r['call / kernel']:.2f}x "
+                      f"its kernel ({r['kernel s'] * 1e6:.0f} us)", flush=True)
     if "memory" in parts:
         for family in only:
             r = bench_memory(family, (1, 256, 2, 16, 16) if args.quick else MEMORY_SHAPE, args.threads)

@@ -19,6 +19,9 @@ Every operation built on a fused kernel (:mod:`scanweaver.fused`: ``mamba1``,
   resolved once per signature and kept until a tuned store changes.
 * :func:`run` runs one part and records what ran in :data:`last` (per
   operation) and :data:`LAST` (the most recent call of any).
+* :func:`plan_of` keeps what one call resolved as a :class:`FusedPlan`, which a
+  repeated call of the same signature launches directly (the operations cache
+  them per signature with :class:`scanweaver.core.fastpath.PlanCache`).
 
 Example:
     >>> import numpy as np
@@ -31,7 +34,9 @@ Example:
 from __future__ import annotations
 
 import itertools
+import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,9 +44,11 @@ import numpy as np
 
 from ..errors import BackendUnavailable, ScanInputError
 from ..fused import REGISTRY as FUSED
+from ..fused.base import FusedCall
 from ..runtime import REGISTRY as BACKENDS
 from ..runtime import Backend, get_backend
 from ..schedules.base import tunables_key
+from ..tuning import store
 
 
 @dataclass(frozen=True)
@@ -78,6 +85,17 @@ LAST: FusedInfo | None = None
 _order: dict[str, int] = {}
 _counter = itertools.count()
 _lock = threading.Lock()
+
+
+def _new_lock_in_child() -> None:
+    """A forked child takes a new lock: one another thread of the parent held at the fork would stay held in the
+    child for ever, and its first fused call would hang."""
+    global _lock
+    _lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_lock_in_child)
 
 
 def renders(op: str, part: str) -> list[str]:
@@ -166,7 +184,6 @@ def resolve(be: Backend, op: str, part: str, features: Any, sizes: dict[str, int
         ScanInputError: an unknown tunable for the backend's family, or a value its rule refuses.
     """
     from ..targets.fused import family_of
-    from ..tuning import store
 
     try:
         key = (be.name, op, part, features, tuple(sorted(sizes.items())), tunables_key(tunables),
@@ -255,3 +272,67 @@ def run(op: str, part: str, features: Any, arrays: dict[str, Any], sizes: dict[s
     fused = FUSED.get(op)
     be.run_fused(fused.call(part, features, cfg), arrays, sizes)
     return record(FusedInfo(be.name, part, cfg, source, op, why))
+
+
+@dataclass(frozen=True)
+class FusedPlan:
+    """One part of a fused operation as one call resolved it (backend, compiled variant, tunables), for repeated
+    calls of the same signature: :meth:`launch` calls the kernel through the backend's checked direct call
+    (:mod:`scanweaver.runtime.fastcall`: every buffer's size, alignment and writability checked in C).
+
+    Attributes:
+        backend: the backend that ran it.
+        call: the compiled variant.
+        info: what the call ran (recorded again by every launch).
+        sizes: the kernel's ``int`` parameters, in ABI order.
+        names: its array parameters, in ABI order.
+        invoke: the direct call, ``invoke(buffers, *sizes) -> status``.
+        stamp: the tuned store's stamp taken before the call resolved its tunables (``None``: the call gave its
+            own, and the store was not read).
+    """
+
+    backend: Backend
+    call: FusedCall
+    info: FusedInfo
+    sizes: dict[str, int]
+    names: tuple[str, ...]
+    invoke: Callable[..., int]
+    stamp: object = None
+
+    def fresh(self) -> bool:
+        """False when the tunables came from the tuned store (or its defaults) and a store has changed since."""
+        return self.stamp is None or self.stamp == store.stamp()
+
+    def launch(self, arrays: dict[str, Any]) -> FusedInfo:
+        """Runs the part on ``arrays`` (parameter name -> NumPy array, ``None`` or absent for NULL; the ``out``
+        arrays written in place) and records it as :func:`run` does.
+
+        Raises:
+            ValueError, BufferError: an array that does not fit the plan (missing, too small, misaligned,
+                read-only where written, overlapping an output), found before the kernel ran.
+        """
+        if self.invoke(tuple(arrays.get(n) for n in self.names), *self.sizes.values()) != 0:
+            self.backend.run_fused(self.call, arrays, self.sizes)  # the backend reports the status as it does
+        return record(self.info)
+
+
+def plan_of(info: FusedInfo, features: Any, sizes: dict[str, int], stamp: object) -> FusedPlan | None:
+    """A :class:`FusedPlan` of the call that ``info`` reports (run with ``features`` and ``sizes``), or ``None``
+    where its backend has no direct call.
+
+    Args:
+        info: what :func:`run` returned for the call.
+        features, sizes: the call's.
+        stamp: ``scanweaver.tuning.store.stamp()`` taken before the call (kept unless the call gave its tunables).
+    """
+    be = get_backend(info.backend)
+    make = getattr(be, "fused_invoker", None)
+    fused = FUSED.get(info.op)
+    call = fused.call(info.part, features, info.config)
+    invoke = make(call, sizes) if make is not None and not info.fallback else None
+    if invoke is None:
+        return None
+    params = fused.params(info.part)
+    return FusedPlan(be, call, info, {p.name: int(sizes[p.name]) for p in params if p.kind == "int"},
+                     tuple(p.name for p in params if p.kind != "int"), invoke,
+                     None if info.source == "explicit" else stamp)

@@ -13,7 +13,15 @@ arrays do not match a plan simply takes the full path, with its clear errors.
 Calls on CUDA device arrays keep a
 :class:`~scanweaver.runtime.device_plan.DevicePlan` the same way, keyed also by
 the device and the caller's stream: a repeated call checks the pointers and
-launches the cached kernels on that stream without waiting.
+launches the cached kernels on that stream without waiting.  The fused
+operations key their own plans the same way (:class:`PlanCache`,
+:func:`signature`, :func:`hashable`): Mamba-1 keeps its resolved forward
+(:class:`scanweaver.ops.mamba1.kernels.ForwardPlan`), the delta-rule family
+what the runner resolved (:class:`~scanweaver.calls.runner.FusedPlan`).
+
+The caches' locks are renewed in a forked child, whose plans stay valid (its
+kernels are in its memory, capped to one thread by
+:mod:`scanweaver.runtime.forksafe`).
 
 A plan that used the tuned-configuration store records the store file's
 stamp; when another process writes the store, the next call sees the change
@@ -32,7 +40,9 @@ Example:
 
 from __future__ import annotations
 
+import os
 import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -62,6 +72,7 @@ class PlanCache(dict):
     def __init__(self) -> None:
         super().__init__()
         self._lock = threading.Lock()
+        _caches[id(self)] = self
 
     def put(self, key: tuple, plan: object) -> None:
         """Keeps ``plan`` under ``key``, dropping the oldest plans beyond :data:`MAX_PLANS`."""
@@ -72,19 +83,39 @@ class PlanCache(dict):
             self[key] = plan
 
 
+#: Every plan cache of the process by id (their locks are renewed in a forked child).
+_caches: weakref.WeakValueDictionary[int, PlanCache] = weakref.WeakValueDictionary()
+
+
+def _new_locks_in_child() -> None:
+    """A forked child takes new locks for its plan caches: one another thread of the parent held at the fork would
+    stay held in the child for ever (the plans themselves stay valid there: the kernels are in its memory)."""
+    for cache in list(_caches.values()):
+        cache._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_locks_in_child)
+
+
 #: "No result from the fast path": the full path runs.
 MISS = object()
 
 
-def flags(reverse, return_state, backend, schedule, config, tunables: dict) -> tuple | None:
-    """The hashable arguments of a call (part of its plan key), or ``None`` when one is not hashable."""
-    cfg = tunables_key(config) if isinstance(config, dict) else config
-    flags = (bool(reverse), bool(return_state), backend, schedule, cfg, tunables_key(tunables))
+def hashable(flags: tuple) -> tuple | None:
+    """``flags`` (a call's arguments beside its arrays, part of its plan key), or ``None`` when one is not
+    hashable (then the call takes the full path)."""
     try:
         hash(flags)
     except TypeError:
         return None
     return flags
+
+
+def flags(reverse, return_state, backend, schedule, config, tunables: dict) -> tuple | None:
+    """The hashable arguments of a call (part of its plan key), or ``None`` when one is not hashable."""
+    cfg = tunables_key(config) if isinstance(config, dict) else config
+    return hashable((bool(reverse), bool(return_state), backend, schedule, cfg, tunables_key(tunables)))
 
 
 def signature(values: tuple, flags: tuple | None) -> tuple | None:

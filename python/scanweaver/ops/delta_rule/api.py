@@ -11,7 +11,8 @@ runner's hint for the chunked form (it never changes the result beyond
 rounding); those with a meaning ScanWeaver does not carry (``cp_context``,
 ``use_gate_in_kernel``, ``return_intermediate_states``, ``use_graph``,
 ``head_first``) are refused with a message when set.  The NumPy entry runs the
-kernel pair of :mod:`.grad`; :mod:`scanweaver.torch` and :mod:`scanweaver.jax`
+kernel pair of :mod:`.grad`, a repeated signature from the plan its first call kept
+(:func:`.plans.call`); :mod:`scanweaver.torch` and :mod:`scanweaver.jax`
 build theirs from the same declarations, with gradients for every input.
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 import functools
 
 from ...calls.declare import operation
+from . import plans
 from .families import INPUTS
 from .grad import FLA_KEYWORDS, HEAD_FIRST, options
 
@@ -86,6 +88,7 @@ def delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state
         >>> o.shape, h.shape
         ((1, 6, 2, 4), (1, 2, 4, 4))
     """
+    return plans.call("delta_rule", locals())  # the arguments by name, ``tunables`` the ** keywords
 
 
 @_declare("gated_delta_rule")
@@ -129,6 +132,7 @@ def gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_fi
         >>> o.shape, h.shape
         ((1, 6, 2, 3), (1, 2, 4, 3))
     """
+    return plans.call("gated_delta_rule", locals())  # the arguments by name, ``tunables`` the ** keywords
 
 
 @_declare("kda")
@@ -166,6 +170,7 @@ def kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state: bo
         >>> o.shape
         (1, 5, 2, 3)
     """
+    return plans.call("kda", locals())  # the arguments by name, ``tunables`` the ** keywords
 
 
 @_declare("rwkv7")
@@ -200,3 +205,4 @@ def rwkv7(r, w, k, v, a, b, scale=1.0, initial_state=None, output_final_state: b
         >>> o.shape, h.shape
         ((1, 4, 2, 3), (1, 2, 3, 3))
     """
+    return plans.call("rwkv7", locals())  # the arguments by name, ``tunables`` the ** keywords

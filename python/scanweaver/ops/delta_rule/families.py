@@ -29,8 +29,9 @@ from __future__ import annotations
 import numpy as np
 
 from ...arrays import is_real
+from ...calls.runner import FusedInfo
 from ...checks import scale_of
-from .kernels import backward, forward
+from .kernels import backward, reported_forward
 from .operands import DeltaOperands, array, operands
 
 #: Each named operation's kernel-pair inputs, in order (also its declaration's ``arrays``).
@@ -50,11 +51,16 @@ def _sigmoid(x, xp=np):
         return 1 / (1 + xp.exp(-x))
 
 
-def _beta_scale(options: dict) -> float | None:
+def beta_scale(options: dict) -> float | None:
     """c of ``beta = c * sigmoid(beta)`` (2 with ``allow_neg_eigval``), or None when beta is taken as given."""
     if not options.get("beta_sigmoid"):
         return None
     return 2.0 if options.get("neg_eigval") else 1.0
+
+
+def beta_of_logits(raw, c: float, xp=np):
+    """fla's ``use_beta_sigmoid_in_kernel``: ``c * sigmoid(raw)`` in raw's dtype (float64 for a non-real one)."""
+    return (c * _sigmoid(raw, xp)).astype(raw.dtype if is_real(raw.dtype) else np.float64)
 
 
 def _shape(x) -> tuple:
@@ -74,10 +80,10 @@ def prepare(family: str, inputs: list, options: dict, xp=None) -> DeltaOperands:
     mod = np if xp is None else xp
     named = dict(zip(INPUTS[family], inputs, strict=True))
     h0 = named.pop("initial_state")
-    c = _beta_scale(options)
+    c = beta_scale(options)
     if c is not None and named.get("beta") is not None:  # checked first: the logits are beta as given
-        raw = array(options.get("api", family), "beta", named["beta"], 3, "(B, T, HV)", xp)
-        named["beta"] = (c * _sigmoid(raw, mod)).astype(raw.dtype if is_real(raw.dtype) else np.float64)
+        named["beta"] = beta_of_logits(array(options.get("api", family), "beta", named["beta"], 3, "(B, T, HV)", xp),
+                                       c, mod)
     names = {"cu_seqlens": options.get("cu_seqlens_name", "cu_seqlens")}
     if family == "rwkv7":
         named = {"q": named["r"], "g": named["w"], **{n: named[n] for n in ("k", "v", "a", "b")}}
@@ -90,19 +96,35 @@ def prepare(family: str, inputs: list, options: dict, xp=None) -> DeltaOperands:
 def family_forward(family: str, inputs: list, options: dict, xp=None) -> list:
     """``[o, final_state]`` of ``family`` (o in v's dtype, the state in the accumulation dtype, ``(N, HV, K, V)``
     or ``(N, HV, V, K)`` with ``state_v_first``); with ``xp``, on its arrays."""
+    return reported_family_forward(family, inputs, options, xp)[0]
+
+
+def reported_family_forward(family: str, inputs: list, options: dict, xp=None
+                            ) -> tuple[list, DeltaOperands, FusedInfo | None]:
+    """:func:`family_forward`'s result, with the checked operands and the runner's report of the kernel that ran
+    (``None`` where none ran: T = 0)."""
     ops = prepare(family, inputs, options, xp)
-    mod = ops.xp
-    o, h = forward(ops, backend=options.get("backend", "auto"), api=options.get("api", family),
-                   chunk_size=options.get("chunk_size"),
-                   **options.get("tunables", {}))
-    s = ops.state_dtype.type(scale_of(family, options.get("scale", DEFAULT_SCALE.get(family)), ops.q.shape[3]))
-    if o.dtype == ops.state_dtype:
-        o *= s  # in place: o is the kernel's own buffer
+    o, h, info = reported_forward(ops, backend=options.get("backend", "auto"), api=options.get("api", family),
+                                  chunk_size=options.get("chunk_size"), **options.get("tunables", {}))
+    return finish_forward(o, h, output_scale(family, ops, options), ops.out_dtype,
+                          bool(options.get("state_v_first")), ops.xp), ops, info
+
+
+def output_scale(family: str, ops: DeltaOperands, options: dict):
+    """The output scale of a call, a scalar of the accumulation dtype (``K**-0.5`` unless the options say)."""
+    return ops.state_dtype.type(scale_of(family, options.get("scale", DEFAULT_SCALE.get(family)), ops.q.shape[3]))
+
+
+def finish_forward(o, h, scale, out_dtype: np.dtype, v_first: bool, xp=np) -> list:
+    """``[o, final_state]`` from the kernel's unscaled ``o`` and its state ``h``: o times ``scale`` (a scalar of
+    the accumulation dtype) in ``out_dtype``, the state transposed with ``v_first``."""
+    if o.dtype == scale.dtype:
+        o *= scale  # in place: o is the kernel's own buffer
     else:  # half storage: scaled in float32, rounded once
-        o = mod.multiply(o, s, dtype=ops.state_dtype)
-    o = o.astype(ops.out_dtype, copy=False)
-    if options.get("state_v_first"):
-        h = mod.ascontiguousarray(_swap(h, mod))
+        o = xp.multiply(o, scale, dtype=scale.dtype)
+    o = o.astype(out_dtype, copy=False)
+    if v_first:
+        h = xp.ascontiguousarray(_swap(h, xp))
     return [o, h]
 
 
@@ -113,7 +135,7 @@ def family_backward(family: str, inputs: list, residuals: list, cotangents: list
     ops = prepare(family, inputs, options, xp)
     mod = ops.xp
     do, dht = cotangents
-    s = ops.state_dtype.type(scale_of(family, options.get("scale", DEFAULT_SCALE.get(family)), ops.q.shape[3]))
+    s = output_scale(family, ops, options)
     if do is not None:  # one new array: the kernels read scale * do
         do = mod.multiply(do if xp is not None else np.asarray(do), s, dtype=ops.state_dtype).astype(ops.dtype,
                                                                                                     copy=False)
@@ -121,7 +143,7 @@ def family_backward(family: str, inputs: list, residuals: list, cotangents: list
         dht = _swap(dht, mod)
     gr = backward(ops, do, dht, backend=options.get("backend", "auto"), api=family,
                   chunk_size=options.get("chunk_size"), **options.get("tunables", {}))
-    c = _beta_scale(options)
+    c = beta_scale(options)
     if c is not None and gr["dbeta"] is not None:
         sig = _sigmoid(inputs[INPUTS[family].index("beta")], mod)
         gr["dbeta"] = gr["dbeta"].astype(sig.dtype) * (c * sig * (1 - sig))

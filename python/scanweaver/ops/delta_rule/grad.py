@@ -13,7 +13,9 @@ dtype).  :func:`options` turns a call's arguments (fla's, by name) into the
 pair's options, Python literals, refusing fla's arguments that have no meaning
 here when they are set.
 
-Where each part computes is :func:`scanweaver.calls.device.place`'s rule, as
+A forward on NumPy arrays (CPU tensors reach it as NumPy views) runs through :func:`.plans.forward`: a
+repeated call of a signature runs the plan the first one kept.  Where each part computes is
+:func:`scanweaver.calls.device.place`'s rule, as
 for the matrix-state pairs: CUDA tensors (CuPy views) and CuPy arrays stay on
 the device when the backend that runs the part is ``cuda`` (``auto`` picks it
 where it runs): checks, conversions, beta's sigmoid, the scale, the
@@ -49,6 +51,7 @@ from ...calls.pairs import PAIRS, KernelPair
 from ...checks import offsets_name, offsets_option, real_option, scale_option
 from ...errors import ScanInputError
 from ...fused.delta_rule import DeltaRuleFeatures
+from . import plans
 from .families import INPUTS, family_backward, family_forward
 from .kernels import OP
 from .operands import FAMILIES, accumulation, storage_dtype
@@ -91,6 +94,8 @@ def _wrap(family: str):
     (device inputs copied once, the results copied back)."""
 
     def fwd(inputs: list, options: dict) -> list:
+        if all(x is None or type(x) is np.ndarray for x in inputs):  # host arrays: a plan per signature
+            return plans.forward(family, list(inputs), options)
         where = place(list(inputs), OP, "forward", options.get("backend", "auto"), api=family,
                       features=features(family, inputs, options))
         with where.context():

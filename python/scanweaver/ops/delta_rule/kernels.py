@@ -60,16 +60,24 @@ def forward(ops: DeltaOperands, *, backend: str = "auto", api: str = OP, chunk_s
             **tunables) -> tuple[np.ndarray, np.ndarray]:
     """``(o, hlast)``: o ``(B, T, HV, V)`` in the storage dtype, unscaled; hlast ``(nseq, HV, K, V)`` in the
     accumulation dtype (h0 where a sequence is empty)."""
+    o, hlast, _ = reported_forward(ops, backend=backend, api=api, chunk_size=chunk_size, **tunables)
+    return o, hlast
+
+
+def reported_forward(ops: DeltaOperands, *, backend: str = "auto", api: str = OP, chunk_size: int | None = None,
+                     **tunables) -> tuple[np.ndarray, np.ndarray, FusedInfo | None]:
+    """:func:`forward`'s ``(o, hlast)`` and the runner's report of the kernel that ran (``None`` for T = 0, where
+    none ran)."""
     feats = ops.features()
     o = output_array(ops.xp, ops.v.shape, ops.dtype, near=ops.v)
     hlast = output_array(ops.xp, ops.state_shape, ops.state_dtype)
     if ops.v.shape[1] == 0:
         hlast[...] = 0 if ops.h0 is None else ops.h0
         _record_empty(ops, "forward", backend, api, feats)
-        return o, hlast
-    runner.run(OP, "forward", feats, {**ops.arrays(), "o": o, "hlast": hlast}, ops.sizes, backend=backend,
-               tunables=tunables, api=api, hints=chunk_hints(chunk_size))
-    return o, hlast
+        return o, hlast, None
+    info = runner.run(OP, "forward", feats, {**ops.arrays(), "o": o, "hlast": hlast}, ops.sizes, backend=backend,
+                      tunables=tunables, api=api, hints=chunk_hints(chunk_size))
+    return o, hlast, info
 
 
 def backward(ops: DeltaOperands, do: np.ndarray | None, dhlast: np.ndarray | None = None, *, backend: str = "auto",

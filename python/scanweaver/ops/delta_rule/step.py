@@ -98,10 +98,10 @@ def _cast(x, dtype):
 def _fused(api: str, state, xs: list, options: dict):
     """The full call's kernel at T = 1 from ``state`` on NumPy arrays (or on views of CPU tensors): it reads the
     state once and writes the new one once, where the expressions take several passes: ``(o, new state)``."""
-    from .families import family_forward
+    from .plans import forward
 
-    o, h = family_forward(api.removesuffix("_step"), [np.asarray(x)[:, None] for x in xs] + [np.asarray(state)],
-                          {**options, "api": api})
+    o, h = forward(api.removesuffix("_step"), [np.asarray(x)[:, None] for x in xs] + [np.asarray(state)],
+                   {**options, "api": api})
     return o[:, 0], _cast(h, np.asarray(state).dtype)
 
 

@@ -138,12 +138,7 @@ _plans = fastpath.PlanCache()
 
 
 def _flags(softplus, return_state, backend, fused, tunables: dict) -> tuple | None:
-    flags = (bool(softplus), bool(return_state), backend, fused, tunables_key(tunables))
-    try:
-        hash(flags)
-    except TypeError:
-        return None
-    return flags
+    return fastpath.hashable((bool(softplus), bool(return_state), backend, fused, tunables_key(tunables)))
 
 
 def _plannable(given: tuple, ops) -> bool:
