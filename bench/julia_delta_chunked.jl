@@ -5,8 +5,9 @@
 #     julia --project=<env with ScanWeaver> -t 2 bench/julia_delta_chunked.jl [B,T,H,K,V] [rounds] [chunk]
 #
 # Float32 at (batch, T, H, K, V) = (1, 1024, 4, 64, 64) unless given, L2-normalised
-# q and k, Gated DeltaNet (a log decay per head) and KDA (one per key), chunks of
-# 32. The two forms are checked against each other first, then timed alternately
+# q and k, Gated DeltaNet (a log decay per head), KDA (one per key) and RWKV-7
+# (the dplr form: a = -kk, b = kk times a gate in (0, 1), a log decay per key),
+# chunks of 32. The two forms are checked against each other first, then timed alternately
 # in the same rounds (so both see the same load); a row reports each one's
 # min/median/max in ms and the median, min and max of the per-round ratio
 # chunked / recurrent.
@@ -25,19 +26,23 @@ function relative(a, b)
     return maximum(((x, y),) -> maximum(abs, x - y), zip(a, b)) / scale
 end
 
-function row(gate, B, T, H, K, V, rounds, chunk)
+function row(family, B, T, H, K, V, rounds, chunk)
+    gate = family === :gated ? :scalar : :key
     q, k = randn(Float32, K, H, T, B), randn(Float32, K, H, T, B)
     v, beta = randn(Float32, V, H, T, B), rand(Float32, H, T, B)
     g = gate === :key ? -rand(Float32, K, H, T, B) ./ 4 : -rand(Float32, H, T, B) ./ 4
+    kk = randn(Float32, K, H, T, B)
+    kk ./= sqrt.(sum(abs2, kk; dims = 1))
+    form = family === :rwkv7 ? (; a = -kk, b = kk .* rand(Float32, 1, H, T, B)) : (; beta)
     o, h = similar(v), similar(v, V, K, H, B)
     function run(algorithm)
-        delta_rule_scan!(o, q, k, v; beta, g, l2norm = true, hlast = h, algorithm, chunk)
+        delta_rule_scan!(o, q, k, v; form..., g, l2norm = true, hlast = h, algorithm, chunk)
         return (copy(o), copy(h))
     end
     recurrent() = run(:recurrent)
     chunked() = run(:chunked)
     err = relative(recurrent(), chunked())
-    err < 1.0f-3 || error("chunked and recurrent differ by $err (relative): gate $gate")
+    err < 1.0f-3 || error("chunked and recurrent differ by $err (relative): $family")
     times = (rec = Float64[], chk = Float64[])
     for _ in 1:rounds
         push!(times.rec, timed(recurrent))
@@ -46,7 +51,7 @@ function row(gate, B, T, H, K, V, rounds, chunk)
     ratio = times.chk ./ times.rec
     spread(x) = round.((minimum(x), median(x), maximum(x)); sigdigits = 3)
     println(
-        "forward, gate $gate: recurrent $(spread(times.rec)) ms, chunked $(spread(times.chk)) ms, ",
+        "forward, $family: recurrent $(spread(times.rec)) ms, chunked $(spread(times.chk)) ms, ",
         "chunked/recurrent median $(round(median(ratio); sigdigits = 3)) ",
         "(min $(round(minimum(ratio); sigdigits = 3)), max $(round(maximum(ratio); sigdigits = 3))), ",
         "max relative difference $err",
@@ -62,8 +67,8 @@ function main(args)
         "ScanWeaver.jl delta rule, Float32, (B, T, H, K, V) = $((B, T, H, K, V)), chunk $chunk, ",
         "$(Threads.nthreads()) threads, $rounds rounds",
     )
-    for gate in (:scalar, :key)
-        row(gate, B, T, H, K, V, rounds, chunk)
+    for family in (:gated, :kda, :rwkv7)
+        row(family, B, T, H, K, V, rounds, chunk)
     end
     return nothing
 end

@@ -1,6 +1,7 @@
 # The delta rule's chunked (WY) forward (`src/matrix/delta_chunked.jl`) on every
-# backend of the suite: DeltaNet, Gated DeltaNet (a log decay per head) and KDA
-# (one per key row) against the Float64 loop of the recurrence
+# backend of the suite: DeltaNet, Gated DeltaNet (a log decay per head), KDA
+# (one per key row) and the dplr form (RWKV-7, with a decay per key, per head or
+# none) against the Float64 loop of the recurrence
 # (`delta_reference` in test/reference.jl) and against the recurrent kernels,
 # over chunks shorter and longer than the sequences, resets, tiny, huge and
 # growing decays, L2 normalisation, groups, packing and initial states.
@@ -37,32 +38,19 @@
             beta = T.(rand(rng, H, L, batch))
             h0 = iseven(case) ? nothing : T.(randn(rng, nv, nk, H, nseq))
             want, want_h = delta_reference(q, k, v; beta, g, l2norm, h0, cu_seqlens)
-            args = (;
-                beta = dev(beta),
-                g = dev(g),
-                l2norm,
-                h0 = dev(h0),
-                cu_seqlens,
-                return_state = true,
+            args = (; beta = dev(beta), g = dev(g), l2norm, h0 = dev(h0), cu_seqlens)
+            check_chunked_forward(
+                delta_rule_scan,
+                AT,
+                q,
+                k,
+                v,
+                want,
+                want_h,
+                args,
+                (1, 4, 16, 32, 64),
+                (; T, gate, l2norm, kind),
             )
-            rec, rec_h = delta_rule_scan(AT(q), AT(k), AT(v); args...)
-            for chunk in (1, 4, 16, 32, 64)
-                o, h = delta_rule_scan(
-                    AT(q),
-                    AT(k),
-                    AT(v);
-                    args...,
-                    algorithm = :chunked,
-                    chunk,
-                )
-                ok = matches(o, want; rtol = tolerance(T)) &&
-                    matches(h, want_h; rtol = tolerance(T))
-                ok ||
-                    @info "chunked delta rule differs from the loop" T gate l2norm kind chunk
-                @test ok
-                @test matches(o, widen64.(Array(rec)); rtol = tolerance(T))
-                @test matches(h, widen64.(Array(rec_h)); rtol = tolerance(T))
-            end
         end
     end
 
@@ -87,25 +75,43 @@
         @test matches(hlast, want_h; rtol = tolerance(Float32))
     end
 
-    @testset "the dplr form runs its recurrence under :chunked" begin
-        q, k = randn(rng, Float32, 4, 1, 9, 1), randn(rng, Float32, 4, 1, 9, 1)
-        v, g = randn(rng, Float32, 3, 2, 9, 1), -rand(rng, Float32, 4, 2, 9, 1)
-        a, b = 0.3f0 .* randn(rng, Float32, 4, 2, 9, 1),
-            0.3f0 .* randn(rng, Float32, 4, 2, 9, 1)
-        want, want_h = delta_reference(q, k, v; a, b, g)
-        o, h = delta_rule_scan(
-            AT(q),
-            AT(k),
-            AT(v);
-            a = AT(a),
-            b = AT(b),
-            g = AT(g),
-            return_state = true,
-            algorithm = :chunked,
-            chunk = 4,
-        )
-        @test matches(o, want; rtol = tolerance(Float32))
-        @test matches(h, want_h; rtol = tolerance(Float32))
+    @testset "dplr $T $gate" for T in eltypes, gate in (:none, :scalar, :key)
+        for (case, kind) in enumerate(gate === :none ? (:none, :none) : kinds)
+            packed = isodd(case)
+            batch = packed ? 1 : 2
+            cu_seqlens = packed ? [0, 1, 1, 17, 30, L] : nothing
+            nseq = packed ? 5 : batch
+            l2norm = case in (2, 3)
+            q, k = T.(randn(rng, nk, Hq, L, batch)), T.(randn(rng, nk, Hq, L, batch))
+            l2norm || (k ./= sqrt(T(nk)))
+            v = T.(randn(rng, nv, H, L, batch))
+            # RWKV-7's a = -kk and b = kk * (a gate in (0, 1)), kk of unit norm
+            kk = randn(rng, nk, H, L, batch)
+            kk ./= sqrt.(sum(abs2, kk; dims = 1))
+            a, b = T.(-kk), T.(kk .* rand(rng, 1, H, L, batch))
+            g = gate === :none ?
+                nothing :
+                T.(chunked_log_decays(
+                    rng,
+                    kind,
+                    ((gate === :key ? (nk,) : ())..., H, L, batch),
+                ))
+            h0 = iseven(case) ? nothing : T.(randn(rng, nv, nk, H, nseq))
+            want, want_h = delta_reference(q, k, v; a, b, g, l2norm, h0, cu_seqlens)
+            args = (; a = dev(a), b = dev(b), g = dev(g), l2norm, h0 = dev(h0), cu_seqlens)
+            check_chunked_forward(
+                delta_rule_scan,
+                AT,
+                q,
+                k,
+                v,
+                want,
+                want_h,
+                args,
+                (1, 4, 16, 32, 64),
+                (; T, form = :dplr, gate, l2norm, kind),
+            )
+        end
     end
 
     @testset "bad algorithm and chunk" begin
@@ -132,6 +138,7 @@ end
     nk, nv, H, Hq, L, batch, wg = 3, 4, 2, 1, 11, 2, 8
     q, k = rand(Float32, nk, Hq, L, batch), rand(Float32, nk, Hq, L, batch)
     v, beta = rand(Float32, nv, H, L, batch), rand(Float32, H, L, batch)
+    a, b = rand(Float32, nk, H, L, batch), rand(Float32, nk, H, L, batch)
     chunks, firsts, slot = ScanWeaver.matrix_chunk_tables(nothing, batch, L, 4, false)
     nch = size(chunks, 2)
     A4(n) = zeros(Float64, n, H, L, batch)
@@ -140,9 +147,13 @@ end
     for (gate, g) in (
             (:key, -rand(Float32, nk, H, L, batch)),
             (:scalar, -rand(Float32, H, L, batch)),
-        )
+        ), form in (:delta, :dplr)
         Kd = gate === :key ? nk : 1
         D = ones(Float64, Kd, H, nch)
+        dplr = form === :dplr
+        fb, fa, fbb, fbd, fM = dplr ?
+            (nothing, a, b, A4(nk), A4(4)) :
+            (beta, nothing, nothing, nothing, nothing)
         kernels = [
             (
                 ScanWeaver.delta_chunk_norm_kernel!,
@@ -152,7 +163,7 @@ end
             (ScanWeaver.delta_chunk_grow_kernel!, (grow, g, chunks, Val(gate)), H * nch),
             (
                 ScanWeaver.delta_chunk_solve_kernel!,
-                (A4(nk), A4(nv), A4(4), A4(nk), v, beta, grow, chunks),
+                (A4(nk), A4(nv), A4(4), A4(nk), v, fb, grow, chunks, fM, Val(form)),
                 (nk + nv) * H * nch,
             ),
             (
@@ -172,18 +183,34 @@ end
                     k,
                     v,
                     g,
-                    beta,
+                    fb,
+                    fa,
+                    fbb,
+                    fbd,
                     chunks,
                     firsts,
                     Val(nk),
                     Val(gate),
+                    Val(form),
                     Val(true),
                 ),
                 nv * H * batch,
             ),
             (
                 ScanWeaver.delta_chunk_output_kernel!,
-                (similar(v), A4(nk), S0, A4(4), A4(nv), grow, chunks, slot),
+                (
+                    similar(v),
+                    A4(nk),
+                    S0,
+                    A4(4),
+                    A4(nv),
+                    grow,
+                    chunks,
+                    slot,
+                    fM,
+                    v,
+                    Val(form),
+                ),
                 length(v),
             ),
         ]

@@ -47,15 +47,16 @@ def test_the_julia_backend_renders_the_delta_rule_forward():
     assert kernel.misfit("forward", DeltaRuleFeatures("float32", 4, 4), {"device": "cuda"}) is None
 
 
-def test_the_julia_chunked_form_is_the_delta_forms_forward():
+def test_the_julia_chunked_form_is_the_forward_of_both_forms():
     delta, dplr = DeltaRuleFeatures("float32", 64, 64, gate="scalar"), DeltaRuleFeatures("float32", 64, 64,
                                                                                          gate="key", form="dplr")
-    assert OP.chooses("julia", "forward", delta) and not OP.chooses("julia", "backward", delta)
-    assert not OP.chooses("julia", "forward", dplr)
+    for f in (delta, dplr):
+        assert OP.chooses("julia", "forward", f) and not OP.chooses("julia", "backward", f)
     cfg = OP.resolve("julia", {"algorithm": "chunked", "chunk": 5}, {}, "test")
     assert (cfg["algorithm"], cfg["chunk"]) == ("chunked", 5)
     assert OP.settle("julia", "backward", cfg, delta)["algorithm"] == "recurrent"
-    assert OP.settle("julia", "forward", cfg, dplr)["algorithm"] == "recurrent"
+    assert OP.settle("julia", "backward", cfg, dplr)["algorithm"] == "recurrent"
+    assert OP.settle("julia", "forward", cfg, dplr) == cfg
     assert OP.settle("julia", "forward", cfg, delta) == cfg
     sizes = {"batch": 1, "T": 8192, "H": 4, "Hq": 4, "nseq": 1}
     assert OP.algorithm("julia", "forward", delta, sizes) == "recurrent"
@@ -224,9 +225,9 @@ def test_half_storage_is_refused_with_the_reason(julia_results):
     assert "float32 or float64, not float16" in julia_results["float16"]
 
 
-#: One process: the delta form's chunked forward (``algorithm="chunked"``, ``chunk_size=``) on ``julia`` against the
-#: float64 loops over the families, resets, growth, packing and groups, with what ran; RWKV-7's recurrence under
-#: ``chunked``.  Prints one JSON list of cases.
+#: One process: the chunked forward of both forms (``algorithm="chunked"``, ``chunk_size=``) on ``julia`` against the
+#: float64 loops over the families, resets, growth, packing and groups, with what ran.  Prints one JSON list of
+#: cases.
 CHUNKED_CHECK = r'''
 import json, numpy as np, scanweaver
 from scanweaver.calls import runner
@@ -276,5 +277,5 @@ def test_julia_chunked_delta_forward_matches_the_float64_loops(chunked_results):
     bad = [c for c in chunked_results if not c["err"] < (2e-4 if c["dtype"] == "float32" else 1e-10)]
     assert not bad, bad
     ran = {(c["family"] == "rwkv7", c["backend"], c["algorithm"]) for c in chunked_results}
-    assert ran == {(False, "julia", "chunked"), (True, "julia", "recurrent")}, ran
-    assert {c["chunk"] for c in chunked_results if c["family"] != "rwkv7"} == {1, 16, 64}
+    assert ran == {(False, "julia", "chunked"), (True, "julia", "chunked")}, ran
+    assert {c["chunk"] for c in chunked_results} == {1, 16, 64}

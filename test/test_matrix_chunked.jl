@@ -5,6 +5,37 @@
 # that loop.
 
 """
+    check_chunked_forward(scan, AT, q, k, v, want, want_h, args, chunks, case)
+
+Runs `scan(AT(q), AT(k), AT(v); args...)` in the recurrent form and in the
+chunked form at each of `chunks`, and tests the chunked outputs and final
+states against the Float64 loop's `want`, `want_h` and against the recurrent
+ones; `case` (a named tuple) is logged where the loop differs.
+"""
+function check_chunked_forward(scan, AT, q, k, v, want, want_h, args, chunks, case)
+    T = eltype(q)
+    rec, rec_h = scan(AT(q), AT(k), AT(v); args..., return_state = true)
+    for chunk in chunks
+        o, h = scan(
+            AT(q),
+            AT(k),
+            AT(v);
+            args...,
+            return_state = true,
+            algorithm = :chunked,
+            chunk,
+        )
+        ok = matches(o, want; rtol = tolerance(T)) &&
+            matches(h, want_h; rtol = tolerance(T))
+        ok || @info "chunked form differs from the loop" scan case chunk
+        @test ok
+        @test matches(o, widen64.(Array(rec)); rtol = tolerance(T))
+        @test matches(h, widen64.(Array(rec_h)); rtol = tolerance(T))
+    end
+    return nothing
+end
+
+"""
     chunked_log_decays(rng, kind, dims) -> Array{Float64}
 
 Log decays of one `kind`: `:positive` (growth), `:mixed` (both signs),
@@ -51,27 +82,19 @@ end
             u = bonus ? T.(randn(rng, nk, H)) : nothing
             h0 = iseven(case) ? nothing : T.(randn(rng, nv, nk, H, nseq))
             want, want_h = matrix_reference(q, k, v; g, u, h0, cu_seqlens, reverse)
-            args = (; g = dev(g), u = dev(u), h0 = dev(
-                h0,
-            ), cu_seqlens, reverse, return_state = true)
-            rec, rec_h = matrix_state_scan(AT(q), AT(k), AT(v); args...)
-            for chunk in (1, 4, 16, 64)
-                o, h = matrix_state_scan(
-                    AT(q),
-                    AT(k),
-                    AT(v);
-                    args...,
-                    algorithm = :chunked,
-                    chunk,
-                )
-                ok = matches(o, want; rtol = tolerance(T)) &&
-                    matches(h, want_h; rtol = tolerance(T))
-                ok ||
-                    @info "chunked form differs from the loop" T decay bonus reverse kind chunk
-                @test ok
-                @test matches(o, widen64.(Array(rec)); rtol = tolerance(T))
-                @test matches(h, widen64.(Array(rec_h)); rtol = tolerance(T))
-            end
+            args = (; g = dev(g), u = dev(u), h0 = dev(h0), cu_seqlens, reverse)
+            check_chunked_forward(
+                matrix_state_scan,
+                AT,
+                q,
+                k,
+                v,
+                want,
+                want_h,
+                args,
+                (1, 4, 16, 64),
+                (; T, decay, bonus, reverse, kind),
+            )
         end
     end
 

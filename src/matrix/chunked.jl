@@ -245,8 +245,9 @@ end
 
 Per (chunk-local step `j`, head, position of step `i`): the masked intra-chunk
 weight `A_ij` (0 above the diagonal, and on it for the bonus readout, whose
-diagonal is `q_i . (u o k_i)`). Decays per key weigh each key's product by
-its own factor; decays per head weigh the dot product.
+diagonal is `q_i . (u o k_i)`, or 0 when `u` is `nothing`). Decays per key weigh
+each key's product by its own factor; decays per head weigh the dot product.
+`q` and `k` may have different head counts (each a divisor of `H`).
 """
 @kernel function matrix_chunk_intra_kernel!(
     Aw,
@@ -267,27 +268,30 @@ its own factor; decays per head weigh the dot product.
         A = eltype(Aw)
         j, h, t, b = chunk_cell(w, C, H, L)
         hq = (h - 1) ÷ (H ÷ size(q, 2)) + 1
+        hk = (h - 1) ÷ (H ÷ size(k, 2)) + 1
         nk = size(q, 1)
         c, i = @inbounds(slot[1, t, b]), @inbounds(slot[2, t, b])
         t0 = @inbounds chunks[3, c]
         tj = chunk_position(t0, j, Val(reversed))
         acc = zero(A)
         if bonus && j == i
-            for x in 1:nk
-                acc += A(@inbounds q[x, hq, t, b]) *
-                    A(@inbounds u[x, h]) *
-                    A(@inbounds k[x, hq, t, b])
+            if u !== nothing
+                for x in 1:nk
+                    acc += A(@inbounds q[x, hq, t, b]) *
+                        A(@inbounds u[x, h]) *
+                        A(@inbounds k[x, hk, t, b])
+                end
             end
         elseif j < i || (!bonus && j == i)
             tp = bonus ? chunk_position(t0, i - 1, Val(reversed)) : t
             if decay === :key
                 for x in 1:nk
                     f = chunk_factor(G, seg, x, h, tp, tj, j, b)
-                    acc += A(@inbounds q[x, hq, t, b]) * A(@inbounds k[x, hq, tj, b]) * f
+                    acc += A(@inbounds q[x, hq, t, b]) * A(@inbounds k[x, hk, tj, b]) * f
                 end
             else
                 for x in 1:nk
-                    acc += A(@inbounds q[x, hq, t, b]) * A(@inbounds k[x, hq, tj, b])
+                    acc += A(@inbounds q[x, hq, t, b]) * A(@inbounds k[x, hk, tj, b])
                 end
                 acc *= chunk_factor(G, seg, 1, h, tp, tj, j, b)
             end

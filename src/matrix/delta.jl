@@ -253,10 +253,9 @@ end
 
 In-place [`delta_rule_scan`](@ref): writes `o` (the size of `v`) and, when
 given, the final states `hlast` `(V, K, H, nseq)`. `algorithm = :chunked` runs
-the delta form's chunked (WY) form (`src/matrix/delta_chunked.jl`) with chunks
-of `chunk` steps (32 unless given; 1 to 1024, results do not depend on it);
-the dplr form (RWKV-7) has no chunked form and runs its recurrence under
-either algorithm. The recurrence ignores `chunk`.
+the chunked (WY) form of either transition (`src/matrix/delta_chunked.jl`)
+with chunks of `chunk` steps (32 unless given; 1 to 1024, results do not
+depend on it). The recurrence ignores `chunk`.
 """
 function delta_rule_scan!(
     o,
@@ -311,7 +310,7 @@ function delta_rule_scan!(
             (h0 === nothing ? fill!(hlast, zero(eltype(hlast))) : copyto!(hlast, h0))
         return o
     end
-    if algorithm === :chunked && form === :delta
+    if algorithm === :chunked
         C = something(chunk, DEFAULT_DELTA_CHUNK)
         delta_chunked!(
             backend,
@@ -324,9 +323,12 @@ function delta_rule_scan!(
             v,
             g,
             beta,
+            a,
+            b,
             h0,
             cu_seqlens,
             Val(gate),
+            Val(form),
             Val(l2norm),
         )
         return o
@@ -365,7 +367,7 @@ diagonal-plus-low-rank form (RWKV-7 with a per-key `g`). `g` of size `(H, T,
 batch)` is a log decay per head and step, `(K, H, T, batch)` one per key row.
 No scale is applied. Returns `o` (and the final states `(V, K, H, nseq)` with
 `return_state`). `algorithm = :chunked` (with `chunk` steps per chunk)
-computes the delta form in the chunked (WY) form; see
+computes either form in the chunked (WY) form; see
 [`delta_rule_scan!`](@ref).
 
 # Examples

@@ -1,5 +1,6 @@
-# The delta rule (`src/matrix/delta.jl`, the `delta` form: DeltaNet, Gated
-# DeltaNet, KDA) in its chunked (WY / UT transform) form, forward, in
+# The delta rule (`src/matrix/delta.jl`: the `delta` form of DeltaNet, Gated
+# DeltaNet and KDA, the `dplr` form of RWKV-7) in its chunked (WY / UT
+# transform) form, forward, in
 # KernelAbstractions kernels that run on every backend. Each sequence is cut
 # into chunks of `C` steps; inside a chunk, with the cumulative log decays G
 # since the last reset (per head or per key row; `src/matrix/chunked.jl`'s
@@ -24,14 +25,29 @@
 # with a positive or NaN log decay (growth) runs the recurrence itself in the
 # carry (its work-item writes the chunk's outputs), so growth is computed as
 # the recurrence defines it. Sums are held in the accumulator type `A` of
-# [`chunk_accumulator`](@ref). The `dplr` form (RWKV-7) has no chunked form
-# here: `algorithm = :chunked` runs its recurrence.
+# [`chunk_accumulator`](@ref).
+#
+# The `dplr` form (S_t = D_t S_{t-1} + b_t p_t' + k_t v_t', p_t = S_{t-1}' a_t)
+# has the same shape with the projections p in place of u. With a'_i = a_i o
+# e^{G_{i-1}} (the decay before step i: the state a_i reads is S_{i-1}),
+#
+#     L_ab  = strict-lower(A B' o Gamma_prev),  L_ak = strict-lower(A K' o Gamma_prev)
+#     P     = (I - L_ab)^{-1} (A' S_0 + L_ak V) = Pv + W S_0
+#     O     = (Q o e^G) S_0 + (Q B' o Gamma o M_incl) P + (Q K' o Gamma o M_incl) V
+#     S_end = e^{G_last} o S_0 + (B o e^{G_last - G})' P + (K o e^{G_last - G})' V
+#
+# with Gamma_prev_ij = e^{G_{i-1} - G_j} (j < i, so still a non-positive
+# exponent), Pv = (I - L_ab)^{-1} L_ak V and W = (I - L_ab)^{-1} A'; the
+# carry forms p_i[j] = Pv_i[j] + W_i . S_0[:, j].
 #
 # Scratch beyond the matrix chunked form's (`src/matrix/chunked.jl`): `qn`, `kn`
 # `(K, Hq, T, batch)` (q and k L2-normalised, with `l2norm`); `grow` `(H,
 # nchunks)` (1 where a chunk grows); `kg` `(K, H, T, batch)` (k times its decay
 # from the chunk's start); `N` `(C, H, T, batch)` (K K' o Gamma, read below the
-# diagonal); `W` `(K, H, T, batch)`, `Uv`, `U` `(V, H, T, batch)`.
+# diagonal); `W` `(K, H, T, batch)`, `Uv`, `U` `(V, H, T, batch)`. The dplr
+# form has no `kg`; its `N` holds L_ab, and `Lak`, `Bq` `(C, H, T, batch)` (L_ak
+# and Q B' o Gamma o M_incl), `ad`, `bd` `(K, H, T, batch)` (a' and b o
+# e^{G_last - G}) are added; `U` holds P.
 
 "Time steps per chunk of the delta rule's chunked form unless given."
 const DEFAULT_DELTA_CHUNK = 32
@@ -120,12 +136,38 @@ steps `i` in order (`N_ij = N[j, h, t_i, b]`).
 end
 
 """
-    delta_chunk_solve_kernel!(backend, wg)(W, Uv, N, kg, v, beta, grow, chunks;
-        ndrange = (K + V) * H * nchunks)
+    dplr_solve_column!(X, x, R, rx, N, M, h, b, t0, len)
+
+The dplr form's forward substitution of one right-hand column over one chunk:
+`X_i = R_i + sum_{j < i} N_ij X_j` with `R_i = R[rx, h, t_i, b]`, or, with a
+matrix `M`, `R_i = sum_{j < i} M_ij R[rx, h, t_j, b]` (`L_ak V`).
+"""
+@inline function dplr_solve_column!(X, x, R, rx, N, M, h, b, t0, len)
+    A = eltype(X)
+    for i in 1:len
+        t = t0 + i - 1
+        acc = M === nothing ? A(@inbounds R[rx, h, t, b]) : zero(A)
+        for j in 1:(i - 1)
+            tj = t0 + j - 1
+            if M !== nothing
+                acc += @inbounds(M[j, h, t, b]) * A(@inbounds R[rx, h, tj, b])
+            end
+            acc += @inbounds(N[j, h, t, b]) * @inbounds(X[x, h, tj, b])
+        end
+        @inbounds X[x, h, t, b] = acc
+    end
+    return nothing
+end
+
+"""
+    delta_chunk_solve_kernel!(backend, wg)(W, Uv, N, kg, v, beta, grow, chunks, M,
+        Val(form); ndrange = (K + V) * H * nchunks)
 
 Per right-hand column (a key row of `kg`, then a value column of `v`), head and
 chunk: `W = T kg` and `Uv = T V` with `T = (I + diag(beta) N)^{-1} diag(beta)`
-(zeros in a chunk that grows, which the carry runs itself).
+(the delta form; `M` is `nothing`), or `W = (I - N)^{-1} kg` and `Uv = (I -
+N)^{-1} M V` (dplr: `N` = L_ab, `kg` = a', `M` = L_ak; `beta` unused); zeros
+in a chunk that grows, which the carry runs itself.
 """
 @kernel function delta_chunk_solve_kernel!(
     W,
@@ -136,7 +178,9 @@ chunk: `W = T kg` and `Uv = T V` with `T = (I + diag(beta) N)^{-1} diag(beta)`
     @Const(beta),
     @Const(grow),
     @Const(chunks),
-)
+    @Const(M),
+    ::Val{form},
+) where {form}
     w = @index(Global, Linear)
     nk, nv, H = size(W, 1), size(Uv, 1), size(W, 2)
     cols = nk + nv
@@ -154,6 +198,12 @@ chunk: `W = T kg` and `Uv = T V` with `T = (I + diag(beta) N)^{-1} diag(beta)`
                 else
                     @inbounds Uv[x - nk, h, t0 + i - 1, b] = zero(eltype(Uv))
                 end
+            end
+        elseif form === :dplr
+            if x <= nk
+                dplr_solve_column!(W, x, kg, x, N, nothing, h, b, t0, len)
+            else
+                dplr_solve_column!(Uv, x - nk, v, x - nk, N, M, h, b, t0, len)
             end
         elseif x <= nk
             delta_solve_column!(W, x, kg, x, N, beta, h, b, t0, len)
@@ -192,8 +242,8 @@ end
 end
 
 """
-    delta_chunk_recurrent(s, o, q, k, v, g, beta, j, h, hq, b, t0, len,
-                          Val(K), Val(gate), Val(l2norm)) -> s
+    delta_chunk_recurrent(s, o, q, k, v, g, beta, a, bb, j, h, hq, b, t0, len,
+                          Val(K), Val(gate), Val(form), Val(l2norm)) -> s
 
 The recurrence itself over one chunk of one state column (a chunk that grows):
 writes `o[j, h, t, b]` for its steps and returns the column after them.
@@ -206,6 +256,8 @@ writes `o[j, h, t, b]` for its steps and returns the column after them.
     v,
     g,
     beta,
+    a,
+    bb,
     j,
     h,
     hq,
@@ -214,8 +266,9 @@ writes `o[j, h, t, b]` for its steps and returns the column after them.
     len,
     ::Val{nk},
     ::Val{gate},
+    ::Val{form},
     ::Val{l2norm},
-) where {nk, gate, l2norm}
+) where {nk, gate, form, l2norm}
     A = eltype(s)
     for t in t0:(t0 + len - 1)
         qs = delta_keys(q, A, Val(nk), Val(l2norm), hq, t, b)
@@ -227,11 +280,11 @@ writes `o[j, h, t, b]` for its steps and returns the column after them.
             ks,
             g,
             beta,
-            nothing,
-            nothing,
+            a,
+            bb,
             vj,
             Val(gate),
-            Val(:delta),
+            Val(form),
             h,
             t,
             b,
@@ -243,14 +296,16 @@ end
 
 """
     delta_chunk_carry_kernel!(backend, wg)(S0, U, o, hlast, W, Uv, kd, D, grow, h0,
-        q, k, v, g, beta, chunks, firsts, Val(K), Val(gate), Val(l2norm);
-        ndrange = V * H * nseq)
+        q, k, v, g, beta, a, b, bd, chunks, firsts, Val(K), Val(gate), Val(form),
+        Val(l2norm); ndrange = V * H * nseq)
 
 Per (value column `j`, head, sequence), in order over the sequence's chunks:
 the state column at each chunk's start (`S0`), the chunk's new values `u_i[j]
 = Uv_i[j] - W_i . S_0[:, j]` (`U`) and `S_end = e^{G_last} o S_0 + sum_i kd_i
-u_i[j]`; a chunk that grows runs the recurrence and writes its outputs. The
-final column goes to `hlast`.
+u_i[j]` (dplr: the projections `p_i[j] = Uv_i[j] + W_i . S_0[:, j]` and
+`S_end = e^{G_last} o S_0 + sum_i bd_i p_i[j] + kd_i v_i[j]`); a chunk that
+grows runs the recurrence and writes its outputs. The final column goes to
+`hlast`.
 """
 @kernel function delta_chunk_carry_kernel!(
     S0,
@@ -268,12 +323,16 @@ final column goes to `hlast`.
     @Const(v),
     @Const(g),
     @Const(beta),
+    @Const(a),
+    @Const(bb),
+    @Const(bd),
     @Const(chunks),
     @Const(firsts),
     ::Val{nk},
     ::Val{gate},
+    ::Val{form},
     ::Val{l2norm},
-) where {nk, gate, l2norm}
+) where {nk, gate, form, l2norm}
     w = @index(Global, Linear)
     nv, H = size(hlast, 1), size(hlast, 3)
     if w <= nv * H * size(hlast, 4)
@@ -300,6 +359,8 @@ final column goes to `hlast`.
                     v,
                     g,
                     beta,
+                    a,
+                    bb,
                     j,
                     h,
                     hq,
@@ -308,14 +369,22 @@ final column goes to `hlast`.
                     len,
                     Val(nk),
                     Val(gate),
+                    Val(form),
                     Val(l2norm),
                 )
             else
                 e = delta_chunk_decayed(s, D, Val(gate), h, c)
                 for t in t0:(t0 + len - 1)
-                    u = @inbounds(Uv[j, h, t, b]) - delta_chunk_dot(W, s, h, t, b)
-                    @inbounds U[j, h, t, b] = u
-                    e = delta_chunk_add(e, kd, u, h, t, b)
+                    if form === :dplr
+                        p = @inbounds(Uv[j, h, t, b]) + delta_chunk_dot(W, s, h, t, b)
+                        @inbounds U[j, h, t, b] = p
+                        e = delta_chunk_add(e, bd, p, h, t, b)
+                        e = delta_chunk_add(e, kd, A(@inbounds v[j, h, t, b]), h, t, b)
+                    else
+                        u = @inbounds(Uv[j, h, t, b]) - delta_chunk_dot(W, s, h, t, b)
+                        @inbounds U[j, h, t, b] = u
+                        e = delta_chunk_add(e, kd, u, h, t, b)
+                    end
                 end
                 s = e
             end
@@ -327,11 +396,12 @@ final column goes to `hlast`.
 end
 
 """
-    delta_chunk_output_kernel!(backend, wg)(o, qd, S0, Aw, U, grow, chunks, slot;
-        ndrange = V * H * T * batch)
+    delta_chunk_output_kernel!(backend, wg)(o, qd, S0, Aw, U, grow, chunks, slot,
+        Bq, v, Val(form); ndrange = V * H * T * batch)
 
 Per (value column, head, position) of a chunk that does not grow:
-`o_i = qd_i . S_0 + sum_{j <= i} A_ij u_j` (the carry wrote the others).
+`o_i = qd_i . S_0 + sum_{j <= i} A_ij u_j` (dplr: `o_i = qd_i . S_0 + sum_{j <=
+i} Bq_ij p_j + A_ij v_j`; the carry wrote the others).
 """
 @kernel function delta_chunk_output_kernel!(
     o,
@@ -342,7 +412,10 @@ Per (value column, head, position) of a chunk that does not grow:
     @Const(grow),
     @Const(chunks),
     @Const(slot),
-)
+    @Const(Bq),
+    @Const(v),
+    ::Val{form},
+) where {form}
     w = @index(Global, Linear)
     nv, H, L = size(o, 1), size(o, 2), size(o, 3)
     if w <= length(o)
@@ -359,7 +432,13 @@ Per (value column, head, position) of a chunk that does not grow:
                 acc += @inbounds(qd[x, h, t, b]) * @inbounds(S0[j, x, h, c])
             end
             for s in 1:i
-                acc += @inbounds(Aw[s, h, t, b]) * @inbounds(U[j, h, t0 + s - 1, b])
+                ts = t0 + s - 1
+                if form === :dplr
+                    acc += @inbounds(Bq[s, h, t, b]) * @inbounds(U[j, h, ts, b]) +
+                        @inbounds(Aw[s, h, t, b]) * A(@inbounds v[j, h, ts, b])
+                else
+                    acc += @inbounds(Aw[s, h, t, b]) * @inbounds(U[j, h, ts, b])
+                end
             end
             @inbounds o[j, h, t, b] = convert(eltype(o), acc)
         end
@@ -367,12 +446,13 @@ Per (value column, head, position) of a chunk that does not grow:
 end
 
 """
-    delta_chunked!(backend, wg, C, o, hlast, q, k, v, g, beta, h0, cu_seqlens,
-                   Val(gate), Val(l2norm)) -> nothing
+    delta_chunked!(backend, wg, C, o, hlast, q, k, v, g, beta, a, b, h0, cu_seqlens,
+                   Val(gate), Val(form), Val(l2norm)) -> nothing
 
-The chunked delta-rule forward (the `delta` form, `src/matrix/delta_chunked.jl`)
-with chunks of `C` steps: writes `o` and the final states `hlast` `(V, K, H,
-nseq)`; `cu_seqlens` is a host vector or `nothing`.
+The chunked delta-rule forward (the `delta` form with `beta`, or the `dplr`
+form with `a` and `b`; `src/matrix/delta_chunked.jl`) with chunks of `C`
+steps: writes `o` and the final states `hlast` `(V, K, H, nseq)`;
+`cu_seqlens` is a host vector or `nothing`.
 """
 function delta_chunked!(
     backend,
@@ -385,11 +465,14 @@ function delta_chunked!(
     v,
     g,
     beta,
+    a,
+    b,
     h0,
     cu_seqlens,
     ::Val{gate},
+    ::Val{form},
     ::Val{l2norm},
-) where {gate, l2norm}
+) where {gate, form, l2norm}
     nk, Hq, (nv, H, L, batch) = size(q, 1), size(q, 2), size(v)
     S = eltype(hlast)
     A = chunk_accumulator(backend, S)
@@ -402,6 +485,7 @@ function delta_chunked!(
         false,
     )
     Kd = gate === :key ? nk : 1
+    dplr = form === :dplr
     alloc(T, dims...) = KernelAbstractions.allocate(backend, T, dims)
     qn, kn = if l2norm
         qn_, kn_ = alloc(A, nk, Hq, L, batch), alloc(A, nk, Hq, L, batch)
@@ -442,6 +526,7 @@ function delta_chunked!(
         (grow, g, chunks, Val(gate)),
     )
     scale = (G, seg, chunks, slot, flags...)
+    prev = (G, seg, chunks, slot, Val(gate), Val(true), Val(false))
     launch_chunk_kernel!(
         matrix_chunk_scale_kernel!,
         backend,
@@ -449,19 +534,48 @@ function delta_chunked!(
         length(qd),
         (qd, kd, qn, kn, scale...),
     )
-    launch_chunk_kernel!(
-        matrix_chunk_scale_kernel!,
-        backend,
-        wg,
-        length(kg),
-        (kg, kd, kn, kn, scale...),
-    )
+    # the rows the solve takes (delta: kg = K o e^G; dplr: kg = a', bd = b o e^{G_last - G})
+    bd, Lak, Bq = if dplr
+        bd_ = alloc(A, nk, H, L, batch)
+        launch_chunk_kernel!(
+            matrix_chunk_scale_kernel!,
+            backend,
+            wg,
+            length(kg),
+            (kg, bd_, a, b, prev...),
+        )
+        Lak_, Bq_ = alloc(A, Cw, H, L, batch), alloc(A, Cw, H, L, batch)
+        launch_chunk_kernel!(
+            matrix_chunk_intra_kernel!,
+            backend,
+            wg,
+            length(Lak_),
+            (Lak_, a, kn, nothing, prev...),
+        )
+        launch_chunk_kernel!(
+            matrix_chunk_intra_kernel!,
+            backend,
+            wg,
+            length(Bq_),
+            (Bq_, qn, b, nothing, scale...),
+        )
+        bd_, Lak_, Bq_
+    else
+        launch_chunk_kernel!(
+            matrix_chunk_scale_kernel!,
+            backend,
+            wg,
+            length(kg),
+            (kg, kd, kn, kn, scale...),
+        )
+        nothing, nothing, nothing
+    end
     launch_chunk_kernel!(
         matrix_chunk_intra_kernel!,
         backend,
         wg,
         length(N),
-        (N, kn, kn, nothing, scale...),
+        dplr ? (N, a, b, nothing, prev...) : (N, kn, kn, nothing, scale...),
     )
     launch_chunk_kernel!(
         matrix_chunk_intra_kernel!,
@@ -475,7 +589,7 @@ function delta_chunked!(
         backend,
         wg,
         (nk + nv) * H * nch,
-        (W, Uv, N, kg, v, beta, grow, chunks),
+        (W, Uv, N, kg, v, beta, grow, chunks, Lak, Val(form)),
     )
     launch_chunk_kernel!(
         delta_chunk_carry_kernel!,
@@ -498,10 +612,14 @@ function delta_chunked!(
             v,
             g,
             beta,
+            a,
+            b,
+            bd,
             chunks,
             firsts,
             Val(nk),
             Val(gate),
+            Val(form),
             Val(l2norm),
         ),
     )
@@ -510,7 +628,7 @@ function delta_chunked!(
         backend,
         wg,
         length(o),
-        (o, qd, S0, Aw, U, grow, chunks, slot),
+        (o, qd, S0, Aw, U, grow, chunks, slot, Bq, v, Val(form)),
     )
     return nothing
 end

@@ -208,8 +208,7 @@ class DeltaRule(FusedOp):
     implementations = {"numpy": PARTS, "c": PARTS, "opencl": PARTS, "cuda": PARTS, "julia": PARTS}
     #: The C kernels have the chunked (WY) form of both parts for both forms (RWKV-7's backward:
     #: :mod:`scanweaver.targets.delta_c_chunked_backward`), and so have the GPU kernels
-    #: (:mod:`scanweaver.targets.delta_gpu_chunked_backward`); ScanWeaver.jl's the forward of the ``delta`` form
-    #: (:meth:`chunked_of`).
+    #: (:mod:`scanweaver.targets.delta_gpu_chunked_backward`); ScanWeaver.jl's the forward of both forms.
     chunked_parts = {"c": PARTS, "gpu": PARTS, "julia": ("forward",)}
     #: The algorithm rule (bench/results/delta_chunked.json, float32, 2 threads, quiet cores, chunks of 32): the
     #: chunked backward from 1024 steps per sequence with K * V >= 4096 for a decay per head or none (DeltaNet,
@@ -231,12 +230,6 @@ class DeltaRule(FusedOp):
         if name == "head_decay":
             return getattr(features, "gate", "none") != "key"
         return super().condition(name, features, sizes)
-
-    def chunked_of(self, family: str, features: DeltaRuleFeatures | None = None) -> tuple[str, ...] | None:
-        """:attr:`chunked_parts`: of the ``dplr`` form, none of ScanWeaver.jl's."""
-        if family == "julia" and features is not None and features.form == "dplr":
-            return ()
-        return super().chunked_of(family, features)
 
     def work(self, features: DeltaRuleFeatures, sizes: dict[str, int]) -> int:
         """``batch * T * H * K * V`` state elements per forward call."""

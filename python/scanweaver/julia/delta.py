@@ -37,8 +37,7 @@ def run(call: FusedCall, arrays: dict, sizes: dict[str, int]) -> None:
     Args:
         call: the operation, part, :class:`~scanweaver.fused.delta_rule.DeltaRuleFeatures` and the resolved
             ``julia`` tunables (``workgroup_size``, ``device``, ``algorithm`` and ``chunk``: ``chunked`` runs
-            ScanWeaver.jl's chunked WY form of the ``delta`` form's forward; RWKV-7 and the backward run the
-            recurrence).
+            ScanWeaver.jl's chunked WY form of the forward, either form; the backward runs the recurrence).
         arrays: the part's ABI buffers by name, already checked (absent or disabled ones ``None``: ``beta``
             (``dbeta``) for the ``dplr`` form, ``a`` and ``b`` (``da``, ``db``) for ``delta``).
         sizes: ``batch``, ``T``, ``H``, ``Hq``, ``nseq``.

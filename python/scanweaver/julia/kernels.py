@@ -167,11 +167,14 @@ MATRIX_CHUNKED_KERNELS = (
 #: Tuner problems.
 DELTA_CHUNKED_KERNELS = (
     KernelSignature("delta_chunk_carry_kernel!", ("S0", "U", "o", "hlast", "W", "Uv", "kd", "D", "grow", "h0", "q",
-                                                  "k", "v", "g", "beta", "chunks", "firsts"), ("nk", "gate", "l2norm")),
+                                                  "k", "v", "g", "beta", "a", "bb", "bd", "chunks", "firsts"),
+                    ("nk", "gate", "form", "l2norm")),
     KernelSignature("delta_chunk_grow_kernel!", ("grow", "g", "chunks"), ("decay",)),
     KernelSignature("delta_chunk_norm_kernel!", ("qn", "kn", "q", "k"), ()),
-    KernelSignature("delta_chunk_output_kernel!", ("o", "qd", "S0", "Aw", "U", "grow", "chunks", "slot"), ()),
-    KernelSignature("delta_chunk_solve_kernel!", ("W", "Uv", "N", "kg", "v", "beta", "grow", "chunks"), ()),
+    KernelSignature("delta_chunk_output_kernel!", ("o", "qd", "S0", "Aw", "U", "grow", "chunks", "slot", "Bq", "v"),
+                    ("form",)),
+    KernelSignature("delta_chunk_solve_kernel!", ("W", "Uv", "N", "kg", "v", "beta", "grow", "chunks", "M"),
+                    ("form",)),
 )
 
 
