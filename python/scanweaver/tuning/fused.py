@@ -72,9 +72,10 @@ def build_fused_space(op: str, backend: str, family: str, limits: Limits,
         raise ScanInputError(f"tune: {', '.join(skipped)} of the fused {op} kernel is read by its backward only; "
                              "a tune measures the forward")
     for t in fused.tunables_for(family):
-        if t.name in fused.backward_only:
-            pinned[t.name] = t.default  # the kernel's text reads it; the forward does not
-        if t.name in (fixed or {}) or t.name in fused.backward_only:
+        if t.name in fused.backward_only:  # the kernel's text reads it, the forward does not: its default
+            pinned[t.name] = t.default
+            continue
+        if t.name in (fixed or {}):
             continue
         cand = _candidates(t, limits, (values or {}).get(t.name))
         params[t.name], owners[t.name], pinned[t.name] = cand, {name: frozenset(cand)}, t.default
