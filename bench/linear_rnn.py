@@ -313,6 +313,12 @@ def bench_decode(name, kind, b, H, Hq, K, V, bnd: dict, repeats: int) -> dict:
             "ratio_to_memory_time": t / (state / bnd["bandwidth_bytes_s"])}
 
 
+def _ratio(row: dict, key: str) -> str:
+    """A speedup as printed: ``n/a`` where no peer ran (``--no-peers``, or ``--peers`` naming none with a
+    backward)."""
+    return f"{row[key]:.2f}x" if key in row else "n/a (no peer ran)"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="write the results as JSON")
@@ -359,8 +365,8 @@ def main(argv=None) -> int:
         print(f"{r['shape']}: fwd recurrent {r['ours recurrent'] * 1e3:.1f} ms, chunked {r['ours chunked'] * 1e3:.1f} "
               f"({r['chunked_speedup_fwd']:.2f}x); bwd recurrent {r['ours recurrent backward'] * 1e3:.1f}, chunked "
               f"{r['ours chunked backward'] * 1e3:.1f} ({r['chunked_speedup_bwd']:.2f}x); chunked/sgemm "
-              f"{r['chunked_sgemm_fraction']:.2f}; vs fastest peer fwd {r.get('fwd_speedup_vs_fastest', 0):.2f}x, "
-              f"fwd+bwd {r.get('fwdbwd_speedup_vs_fastest', 0):.2f}x", flush=True)
+              f"{r['chunked_sgemm_fraction']:.2f}; vs fastest peer fwd {_ratio(r, 'fwd_speedup_vs_fastest')}, "
+              f"fwd+bwd {_ratio(r, 'fwdbwd_speedup_vs_fastest')}", flush=True)
     for s in (QUICK_SCALING if args.quick else SCALING) if not only or "scaling" in only else ():
         r = bench_scaling(*s, args.repeats, threads)
         report["scaling"].append(r)

@@ -136,7 +136,7 @@ class Operation:
     def run_numpy(self, args: dict):
         """The NumPy entry's work: the declared body, or the pair's forward on NumPy arrays."""
         if self.body is not None:
-            return self.body(**call_kwargs(self.signature, args))
+            return self.body(**call_kwargs(self, args))
         from .pairs import PAIRS
 
         assert self.pair is not None and self.options is not None and self.finish is not None
@@ -152,8 +152,9 @@ CALL_ARRAYS = ("h0", "reset")
 OPERATIONS: Registry[Operation] = Registry("operation", (Discovery("scanweaver.ops"),))
 
 
-def call_kwargs(signature: inspect.Signature, args: dict) -> dict:
-    kwargs = {n: args[n] for n, p in signature.parameters.items() if p.kind is not p.VAR_KEYWORD and n in args}
+def call_kwargs(op: Operation, args: dict) -> dict:
+    """The keywords that call ``op``'s function with ``args`` (its named parameters, then the ``**`` ones)."""
+    kwargs = {n: args[n] for n in op.parameters if n in args}
     kwargs.update(args.get("tunables") or {})
     return kwargs
 
@@ -237,7 +238,7 @@ def numpy_entry(op: Operation):
 
 
 def _call_kwargs_entry(fn, op: Operation, args: dict):
-    return fn(**call_kwargs(op.signature, args))
+    return fn(**call_kwargs(op, args))
 
 
 def operation(*, arrays: tuple[str, ...], pair: str | None = None, options: Callable | None = None,

@@ -44,7 +44,7 @@ def _entry(op: Operation):
                 raise ScanInputError(f"{op.name}: out= takes NumPy or device arrays; over Dask the result is a "
                                      "new lazy array (drop out=)")
             return apply(rec, *(args[n] for n in rec.inputs), **rest, **args["tunables"])
-        kwargs = call_kwargs(op.signature, args)
+        kwargs = call_kwargs(op, args)
         return _IMPLEMENTATIONS[op.name](**kwargs)
 
     return api_boundary(make_entry(op, run, __name__))

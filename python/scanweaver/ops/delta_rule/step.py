@@ -7,10 +7,11 @@ the semantics of the full calls (the full call at ``T = 1`` from this state
 gives the same; chained over T tokens, the same as one call over T).  Every
 input is checked first.
 
-On NumPy arrays, and on CPU tensors that need no gradient, a step runs the
-full call's fused kernel at ``T = 1`` from the state (one read of it and one
-write of the new one; tensors as NumPy views, no copies).  Otherwise (JAX
-arrays, GPU tensors, tensors that need gradients) it is a few array
+On NumPy arrays a step runs the full call's fused kernel at ``T = 1`` from
+the state (one read of it and one write of the new one); so do CPU tensors
+that need no gradient, which :mod:`scanweaver.torch` hands it as NumPy views
+(no copies).  Otherwise (JAX arrays, GPU tensors, tensors that need
+gradients, traced or transformed calls) it is a few array
 expressions of the caller's library, so it stays on the caller's device and
 is differentiable by the framework itself (device arrays of a module, CuPy's, likewise
 compute with that module, on the device): it reads the state once for its two
@@ -27,7 +28,7 @@ import importlib
 
 import numpy as np
 
-from ...arrays import device_module, operands_from
+from ...arrays import device_module
 from ...calls.declare import operation
 from ...checks import scale_of
 from ...errors import ScanInputError
@@ -96,32 +97,13 @@ def _cast(x, dtype):
 
 
 def _fused(api: str, state, xs: list, options: dict):
-    """The full call's kernel at T = 1 from ``state`` on NumPy arrays (or on views of CPU tensors): it reads the
+    """The full call's kernel at T = 1 from ``state`` on NumPy arrays (CPU tensors arrive as views): it reads the
     state once and writes the new one once, where the expressions take several passes: ``(o, new state)``."""
     from .plans import forward
 
     o, h = forward(api.removesuffix("_step"), [np.asarray(x)[:, None] for x in xs] + [np.asarray(state)],
                    {**options, "api": api})
     return o[:, 0], _cast(h, np.asarray(state).dtype)
-
-
-def _kernel_takes(xp, arrays) -> bool:
-    """True when the fused kernel can run these arrays as they are: NumPy arrays, or CPU tensors NumPy can view
-    (not bfloat16) that need no gradient (their steps stay differentiable by PyTorch otherwise)."""
-    if xp is np:
-        return True
-    if xp.__name__ != "torch":
-        return False
-    given = [a for a in arrays if a is not None]
-    return all(a.device.type == "cpu" and a.dtype != xp.bfloat16 for a in given) and \
-        not (xp.is_grad_enabled() and any(a.requires_grad for a in given))
-
-
-def _run_fused(xp, api: str, state, xs: list, options: dict):
-    with operands_from(xp.__name__):  # NumPy views of tensors: refusals speak of the caller's tensors
-        o, h = _fused(api, state.detach() if xp is not np else state,
-                      [x.detach() if xp is not np else x for x in xs], options)
-    return (o, h) if xp is np else (xp.from_numpy(np.ascontiguousarray(o)), xp.from_numpy(h))
 
 
 def _promoted(xp, arrays):
@@ -151,8 +133,8 @@ def _delta_step(api, state, q, k, v, beta, decay, *, scale, l2norm, state_v_firs
     if decay is not None:
         _shape(api, "g", decay, (N, HV, K) if key_decay else (N, HV), "(N, HV, K)" if key_decay else "(N, HV)")
     xp = _xp((state, q, k, v, beta, decay))
-    if _kernel_takes(xp, (state, q, k, v, beta, decay)):
-        return _run_fused(xp, api, state, [q, k, v] + ([] if decay is None else [decay]) + [beta],
+    if xp is np:
+        return _fused(api, state, [q, k, v] + ([] if decay is None else [decay]) + [beta],
                           {"scale": scale, "l2norm": l2norm, "state_v_first": state_v_first})
     out_dtype = v.dtype
     S, q, k, v, beta, decay = _promoted(xp, [state, q, k, v, beta, decay])
@@ -247,8 +229,8 @@ def rwkv7_step(state, r, w, k, v, a, b, *, scale=1.0):
         _shape(api, name, x, (N, HV, K), "(N, HV, K)")
     _shape(api, "v", v, (N, HV, V), "(N, HV, V)")
     xp = _xp((state, r, w, k, v, a, b))
-    if _kernel_takes(xp, (state, r, w, k, v, a, b)):
-        return _run_fused(xp, api, state, [r, w, k, v, a, b], {"scale": scale})
+    if xp is np:
+        return _fused(api, state, [r, w, k, v, a, b], {"scale": scale})
     S, r, w, k, vv, a, b = _promoted(xp, [state, r, w, k, v, a, b])
     r, k = _heads(xp, r, HV), _heads(xp, k, HV)
     d = xp.exp(w)
