@@ -342,6 +342,9 @@ def _options(name: str, static: tuple) -> str:
 #: The tensor types whose NumPy views the no-autograd path takes (subclasses, fake tensors among them, take the
 #: custom op, which has a fake implementation).
 _PLAIN_TENSORS = frozenset({torch.Tensor, torch.nn.Parameter})
+#: The innermost ``torch.func`` transform around a call, or None (a PyTorch without it: every call is taken as
+#: transformed, so every call keeps the custom op).
+_TRANSFORM = getattr(getattr(torch._C, "_functorch", None), "peek_interpreter_stack", lambda: True)
 
 
 def _host_views(args: dict, arrays: tuple[str, ...]) -> dict | None:
@@ -370,7 +373,7 @@ def _host_views(args: dict, arrays: tuple[str, ...]) -> dict | None:
             return None
         views[name] = t
     if not any(n in views for n in arrays) or torch.compiler.is_compiling() or torch.jit.is_tracing() or \
-            torch._C._functorch.peek_interpreter_stack() is not None:
+            _TRANSFORM() is not None:
         return None
     try:
         return {n: (t.detach() if t.requires_grad else t).numpy() for n, t in views.items()}

@@ -86,7 +86,7 @@ static int sw_ck_alloc(sw_ck_tiles* c, void** raw, long extra, SW_T** states) {
 }
 
 SW_INLINE void sw_ck_prefetch_row(const SW_T* p, int n) {
-  for (int j = 0; j < n; j += 64 / (int)sizeof(SW_T)) __builtin_prefetch(p + j, 0, 1);  /* to L2 */
+  SW_PREFETCH_LINES(p, (long)n * (long)sizeof(SW_T), 0, 1);  /* to L2 */
 }
 
 /* The decay of one step as the recurrent form computes it: d[k] (per key) or d[0]. */

@@ -147,7 +147,7 @@ def vector_prelude(dtype: str, width: int) -> str:
     Needs ``SW_INLINE`` defined before it.  Defines ``SW_T``, ``SW_W``,
     ``sw_v``, ``sw_vi``, ``sw_vzero``, ``sw_vload``/``sw_vstore`` (unaligned),
     ``sw_vsel``, ``sw_vexp2``, ``sw_vexp``, ``sw_vlog1p01``, ``sw_vsoftplus``,
-    ``sw_vsigmoid``, ``sw_vhsum``, ``sw_tile_in`` and ``sw_tile_out``.
+    ``sw_vsigmoid``, ``sw_vhsum``, ``sw_tile_in``, ``sw_tile_out`` and ``SW_PREFETCH_LINES``.
 
     Args:
         dtype: ``float32`` or ``float64``.
@@ -174,6 +174,13 @@ def vector_prelude(dtype: str, width: int) -> str:
         "SW_INLINE sw_v sw_vsel(sw_vi m, sw_v a, sw_v b) { return (sw_v)(((sw_vi)a & m) | ((sw_vi)b & ~m)); }\n"
         "SW_INLINE sw_v sw_vload(const SW_T* p) { sw_v v; memcpy(&v, p, sizeof v); return v; }\n"
         "SW_INLINE void sw_vstore(SW_T* p, sw_v v) { memcpy(p, &v, sizeof v); }\n"
+        "/* Every cache line of `bytes` bytes from p towards the caches: a hint, never a fault or a wait (rw and\n"
+        " * loc are __builtin_prefetch's: 1 for a store; 3 into L1, 1 into L2).  Rows a page or more apart need\n"
+        " * it: the hardware's prefetchers stop at page boundaries. */\n"
+        "#define SW_PREFETCH_LINES(p, bytes, rw, loc) do { const char* sw_pl_ = (const char*)(p); \\\n"
+        "  for (long sw_po_ = 0; sw_po_ < (long)(bytes); sw_po_ += 64) \\\n"
+        "    __builtin_prefetch(sw_pl_ + sw_po_, rw, loc); \\\n"
+        "} while (0)\n"
     )
     exp2 = "\n".join([
         "/* 2^x: x = k + f with k integral and |f| <= 1/2, 2^f by a polynomial, then scaled by 2^k. */",

@@ -196,14 +196,14 @@ static void sw_bwd_block(const sw_dr* m, const sw_bg* gr, sw_bw* w, long row, lo
     const long t0 = start + c * SW_CKPT;
     const int n = (int)SW_MIN((long)SW_CKPT, stop - t0);
     memcpy(w->ck + c * SW_TILEB, w->st, sizeof(SW_T) * SW_TILEB);
-    sw_pack(m, P, b, h, hq, t0, n, c0, nv, NULL);
+    sw_pack(m, P, b, h, hq, t0, n, c0, nv, NULL, 0);
     sw_groups(P, n, w->st, 0, 0, 0);
   }
   sw_state_in(m, SW_HAS_DHLAST ? gr->dhlast : NULL, row, h, c0, nv, SW_CBB, w->G);
   for (long c = nck - 1; c >= 0; --c) {
     const long t0 = start + c * SW_CKPT;
     const int n = (int)SW_MIN((long)SW_CKPT, stop - t0);
-    sw_pack(m, P, b, h, hq, t0, n, c0, nv, gr->dout);
+    sw_pack(m, P, b, h, hq, t0, n, c0, nv, gr->dout, 0);
     memcpy(w->st, w->ck + c * SW_TILEB, sizeof(SW_T) * SW_TILEB);
     sw_groups(P, n, w->st, SW_TILEB, 0, 1);
     for (int i = n - 1; i >= 0; --i)

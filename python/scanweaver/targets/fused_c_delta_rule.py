@@ -68,7 +68,7 @@ static void sw_fwd_item(const sw_dr* m, sw_pk* P, SW_T* S, long it, sw_s* o, SW_
   sw_state_in(m, SW_HAS_H0 ? m->h0 : NULL, row, h, c0, nv, SW_CB, S);
   for (long s0 = start; s0 < stop; s0 += SW_TB) {
     const int n = (int)SW_MIN((long)SW_TB, stop - s0);
-    sw_pack(m, P, b, h, hq, s0, n, c0, nv, NULL);
+    sw_pack(m, P, b, h, hq, s0, n, c0, nv, NULL, SW_TB);
     sw_groups(P, n, S, 0, 1, 0);
     for (int i = 0; i < n; ++i) sw_store_row(o + SW_VO(m, b, s0 + i, h) + c0, P->o + i * SW_CB, nv);
   }

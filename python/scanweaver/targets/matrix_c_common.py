@@ -71,10 +71,8 @@ SW_INLINE void sw_copy_n(SW_T* restrict dst, const SW_T* restrict src, int n) {
 
 /* Prefetches the cache lines of n elements from p (write: for a store). */
 SW_INLINE void sw_prefetch(const SW_T* p, int n, int write) {
-  for (int j = 0; j < n; j += 64 / (int)sizeof(SW_T)) {
-    if (write) __builtin_prefetch(p + j, 1, 3);
-    else __builtin_prefetch(p + j, 0, 3);
-  }
+  if (write) SW_PREFETCH_LINES(p, (long)n * (long)sizeof(SW_T), 1, 3);
+  else SW_PREFETCH_LINES(p, (long)n * (long)sizeof(SW_T), 0, 3);
 }
 
 /* n elements of src into dst, zeros up to padded (whole vectors). */
