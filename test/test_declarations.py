@@ -112,3 +112,15 @@ def test_adapters_register_with_the_router_not_the_core():
         mod = sys.modules.get(f"scanweaver.{name}")
         if mod is not None:
             assert route.ADAPTERS.get(name) is mod
+
+
+def test_in_place_writes_are_declared_on_array_parameters():
+    """``writes`` names what a call changes in place (the adapters tell their frameworks); only array parameters."""
+    from scanweaver.calls.declare import operation
+
+    assert OPERATIONS.get("mamba2_state_update").writes == ("state",)
+    assert all(not op.writes for op in OPERATIONS.values() if op.name != "mamba2_state_update")
+    with pytest.raises(TypeError, match=r"writes names \['scale'\]"):
+        @operation(arrays=("x",), writes=("scale",), name="not_registered_demo")
+        def demo(x, scale=1.0):
+            return x

@@ -145,14 +145,45 @@ def test_decode_steps_chain_to_the_full_call(op):
     np.testing.assert_allclose(S, h, rtol=1e-10, atol=1e-12)
 
 
+def _one_token(seed: int, K: int, V: int):
+    """q, k ``(1, 2, K)``, v ``(1, 2, V)``, g and beta ``(1, 2)`` of one step."""
+    rng = np.random.default_rng(seed)
+    q, k = rng.normal(size=(2, 1, 2, K))
+    return q, k, rng.normal(size=(1, 2, V)), -rng.uniform(0, 1, (1, 2)), rng.uniform(0, 1, (1, 2))
+
+
 def test_a_step_with_a_wrong_state_says_where_the_sizes_come_from():
     """A state of the wrong V shows as v's mismatch: the message says the sizes come from the state."""
-    rng = np.random.default_rng(3)
-    q, k = rng.normal(size=(2, 1, 2, 3))
-    v, g, beta = rng.normal(size=(1, 2, 2)), -rng.uniform(0, 1, (1, 2)), rng.uniform(0, 1, (1, 2))
+    q, k, v, g, beta = _one_token(3, 3, 2)
     with pytest.raises(ScanInputError, match=r"v has shape \(1, 2, 2\); it needs \(N, HV, V\) = \(1, 2, 1\) "
                                              r"\(N, HV, K, V from the state, H from q/r\)"):
         scanweaver.gated_delta_rule_step(np.zeros((1, 2, 3, 1)), q, k, v, g, beta)
+
+
+def test_a_step_given_the_other_state_layout_names_state_v_first():
+    """A V-first state without ``state_v_first`` (and the other way round) shows as q's mismatch; the message says
+    which layout would fit, on the steps that take either."""
+    q, k, v, g, beta = _one_token(4, 4, 3)
+    with pytest.raises(ScanInputError, match=r"q has shape \(1, 2, 4\).*from the state \(1, 2, 3, 4\) .*a state laid "
+                                             r"out \(N, HV, V, K\) needs state_v_first=True"):
+        scanweaver.gated_delta_rule_step(np.zeros((1, 2, 3, 4)), q, k, v, g, beta)
+    with pytest.raises(ScanInputError, match=r"needs state_v_first=False"):
+        scanweaver.kda_step(np.zeros((1, 2, 4, 3)), q, k, v, -np.ones((1, 2, 4)), beta, state_v_first=True)
+    with pytest.raises(ScanInputError) as info:  # delta_rule_step has one layout: no such hint
+        scanweaver.delta_rule_step(np.zeros((1, 2, 3, 4)), q, k, v, beta)
+    assert "state_v_first" not in str(info.value)
+
+
+def test_scale_cu_seqlens_and_gate_messages_say_what_was_given():
+    q = np.ones((1, 4, 1, 4))
+    v, g, beta = np.ones((1, 4, 2, 3)), -np.ones((1, 4, 2)), np.full((1, 4, 2), 0.5)
+    with pytest.raises(ScanInputError, match=r"cu_seqlens .* got an empty cu_seqlens"):
+        scanweaver.gated_delta_rule(q, q, v, g, beta, cu_seqlens=[])
+    with pytest.raises(ScanInputError, match=r"scale must be a real number or None, got ndarray of shape \(1,\)"):
+        scanweaver.gated_delta_rule(q, q, v, g, beta, np.array([0.5]))
+    with pytest.raises(ScanInputError, match=r"^simple_gla: give at most one of g \(per head and step\) and g_gamma "
+                                             r"\(constant per head\); got g, g_gamma"):
+        scanweaver.simple_gla(q, q, v[..., :1, :], g[..., :1], np.array([-0.1]))
 
 
 def test_steps_on_tensors_are_differentiable_and_keep_dtypes():

@@ -331,3 +331,30 @@ def test_decode_steps_take_integer_operands_in_float64_and_refuse_complex_ones()
         scanweaver.linear_attention_step(state, q, q.real, rng.normal(size=(2, 2, 4)))
     with pytest.raises(ScanInputError, match=r"^rwkv6_step: r has dtype complex128"):
         scanweaver.rwkv6_step(state, q, q.real, rng.normal(size=(2, 2, 4)), -np.abs(q.real), q.real[0])
+
+
+def test_state_update_refuses_dt_and_z_of_another_batch():
+    """dt and z of batch 1 broadcast against x's batch; one of batch 3 raised NumPy's error: both now name the
+    argument and x's batch."""
+    state, x = np.zeros((2, 2, 3, 4)), np.ones((2, 2, 3))
+    A, B = -np.ones(2), np.ones((2, 1, 4))
+    for dt in (np.ones((1, 2)), np.ones((3, 2))):
+        with pytest.raises(ScanInputError, match=r"dt has shape \(\d, 2\); it needs \(batch, H, P\) = \(2, 2, 3\) or "
+                                                 r"\(batch, H\) = \(2, 2\)"):
+            scanweaver.mamba2_state_update(state, x, dt, A, B, B)
+    with pytest.raises(ScanInputError, match=r"z has shape \(1, 2, 3\); it needs \(batch, H, P\) = \(2, 2, 3\)"):
+        scanweaver.mamba2_state_update(state, x, np.ones((2, 2)), A, B, B, z=np.ones((1, 2, 3)))
+    assert not state.any()
+
+
+def test_state_update_takes_row_indices_of_every_integer_dtype_as_indices():
+    """A uint8 index tensor is a mask to PyTorch, an int16 one no index at all: the rows are the indices' values."""
+    torch = pytest.importorskip("torch")
+    x, dt, A, B = torch.ones(2, 2, 3), torch.ones(2, 2), -torch.ones(2), torch.ones(2, 1, 4)
+    for dtype in (torch.uint8, torch.int16, torch.int32, torch.int64):
+        for grad in (False, True):  # the NumPy views, and PyTorch's expressions
+            state = torch.zeros(3, 2, 3, 4)
+            xs = x.clone().requires_grad_(grad)
+            rows = torch.tensor([2, 0], dtype=dtype)
+            scanweaver.mamba2_state_update(state, xs, dt, A, B, B, state_batch_indices=rows)
+            assert state[0].any() and not state[1].any() and state[2].any(), (dtype, grad)

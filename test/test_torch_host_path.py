@@ -191,3 +191,81 @@ def test_errors_of_the_view_path_name_the_tensors():
             swt.gated_delta_rule(xs[0], xs[1], xs[2][:, :, :, :2].contiguous()[:, :, :1], xs[3], xs[4])
         with pytest.raises(ScanInputError, match=r"torch\.float32|\.to\(torch"):
             swt.gated_delta_rule(xs[0], xs[1], xs[2].to(torch.int32), xs[3], xs[4])
+
+
+def _state_update_args():
+    args, _ = PROBLEMS["mamba2_state_update"]
+    return _tensors(args, torch.float64)
+
+
+def test_an_in_place_update_through_the_views_is_seen_by_autograd():
+    """mamba2_state_update writes the state through a NumPy view: the state's version still moves, so a graph that
+    saved the state refuses to differentiate with the changed values (as after PyTorch's own in-place write)."""
+    state, *rest = _state_update_args()
+    w = torch.ones_like(state, requires_grad=True)
+    y = (state * w).sum()  # saves state
+    before = state._version
+    with torch.no_grad():
+        assert _views_taken(lambda: swt.mamba2_state_update(state, *rest)) == 1
+    assert state._version > before
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward()
+
+
+def test_states_pytorch_would_not_write_take_its_path_and_its_errors():
+    state, *rest = _state_update_args()
+    with torch.inference_mode():
+        cache = state.clone()
+    with pytest.raises(RuntimeError, match="[Ii]nference"):  # an inference tensor outside inference mode
+        swt.mamba2_state_update(cache, *rest)
+    with torch.inference_mode():  # inside it: views, written in place
+        before = cache.clone()
+        assert _views_taken(lambda: swt.mamba2_state_update(cache, *rest)) == 1
+        assert not torch.equal(cache, before)
+    shared = state[:1].expand(state.shape)  # both batch rows are one memory: written twice at once
+    with torch.no_grad(), pytest.raises(RuntimeError, match="single memory location"):
+        swt.mamba2_state_update(shared, *rest)
+
+
+@pytest.mark.parametrize("name", ["mamba2_step", "gated_delta_rule_step"])
+def test_forward_mode_tangents_go_through_pytorch(name):
+    """Dual tensors require no gradient, but their tangents must come through: no views under forward-mode AD."""
+    import torch.autograd.forward_ad as fwAD
+
+    args, _ = PROBLEMS[name]
+    xs = _tensors(args, torch.float64)
+    fn = getattr(swt, name)
+    tangent = torch.ones_like(xs[1])  # of x (mamba2_step) or q
+    out = []
+    with fwAD.dual_level():
+        dual = fwAD.make_dual(xs[1], tangent)
+        assert _views_taken(lambda: out.append(fn(xs[0], dual, *xs[2:])[0])) == 0
+        got = fwAD.unpack_dual(out[0]).tangent
+    assert got is not None
+    _, want = torch.func.jvp(lambda x: fn(xs[0], x, *xs[2:])[0], (xs[1],), (tangent,))
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-12, atol=1e-12)
+
+
+def test_a_scale_tensor_numpy_cannot_view_takes_the_custom_op():
+    args, _ = PROBLEMS["gated_delta_rule_step"]
+    xs = _tensors(args, torch.float32)
+    with torch.no_grad():
+        assert _views_taken(lambda: swt.gated_delta_rule_step(*xs, scale=torch.tensor(0.5, dtype=torch.bfloat16))) == 0
+        got = swt.gated_delta_rule_step(*xs, scale=torch.tensor(0.5, dtype=torch.bfloat16))[0]
+        want = swt.gated_delta_rule_step(*xs, scale=0.5)[0]
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)  # expressions vs the kernel
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.bool, torch.complex64])
+def test_steps_refuse_what_their_kernels_refuse_on_every_path(dtype):
+    """The steps' PyTorch expressions (gradients, bfloat16) refuse the dtypes the fused kernel refuses."""
+    args, _ = PROBLEMS["gated_delta_rule_step"]
+    xs = _tensors(args, torch.float32, grad=True)
+    xs[2] = xs[2].detach().to(dtype)  # k
+    with pytest.raises(ScanInputError, match=f"k has dtype {str(dtype).removeprefix('torch.')}"):
+        swt.gated_delta_rule_step(*xs)
+    rargs, _ = PROBLEMS["rwkv7_step"]
+    rs = _tensors(rargs, torch.float32, grad=True)
+    rs[5] = rs[5].detach().to(dtype)  # a
+    with pytest.raises(ScanInputError, match=f"a has dtype {str(dtype).removeprefix('torch.')}"):
+        swt.rwkv7_step(*rs)

@@ -47,7 +47,9 @@ def check_seqlens(api: str, cu_seqlens: object, T: int | None, batch: int | None
     except Exception:  # e.g. a traced value: say what is needed
         raise ScanInputError(f"{api}: {name} must be {rule}, known when the call is made; got "
                              f"{type(cu_seqlens).__name__}") from None
-    if cu.ndim != 1 or cu.size < 1 or cu.dtype.kind not in "iu":
+    if cu.ndim == 1 and cu.size == 0:
+        raise ScanInputError(f"{api}: {name} must be {rule}; got an empty {name} ([0] alone is no sequence)")
+    if cu.ndim != 1 or cu.dtype.kind not in "iu":
         raise ScanInputError(f"{api}: {name} must be {rule}; got shape {cu.shape}, dtype {cu.dtype}")
     cu = np.ascontiguousarray(cu, dtype=np.int64)
     if cu[0] != 0:
@@ -127,7 +129,9 @@ def real_option(api: str, name: str, value: object, need: str = "a real number o
         # a traced value (jax.jit's tracer): its number is not known when the call is made
         known = ", known when the call is made (not traced: a Python number, or a static argument of jax.jit)" \
             if "Tracer" in type(value).__name__ else ""
-        raise ScanInputError(f"{api}: {name} must be {need}{known}, got {type(value).__name__}") from None
+        shape = getattr(value, "shape", None)
+        got = type(value).__name__ + (f" of shape {tuple(shape)}" if shape is not None and not known else "")
+        raise ScanInputError(f"{api}: {name} must be {need}{known}, got {got}") from None
     if not np.isfinite(number):
         raise ScanInputError(f"{api}: {name} must be finite, got {number}")
     return number

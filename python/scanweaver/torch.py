@@ -14,9 +14,11 @@ views of the tensors' memory, and the results are tensors over the kernels'
 output buffers: no copies either way.  A declared operation's call that
 autograd would not record (``torch.no_grad()``, ``torch.inference_mode()``,
 or no tensor requiring a gradient) on plain CPU tensors NumPy can view, not
-traced and not under a ``torch.func`` transform, runs the NumPy entry on
-the views directly and skips the custom op's dispatch (a decode loop's
-one-token calls: 241 to 125 us at (1, 16, 64, 64)).  CUDA tensors go to the ``cuda``
+traced and not under a ``torch.func`` transform or forward-mode AD, runs the
+NumPy entry on the views directly and skips the custom op's dispatch (a
+decode loop's one-token calls: 241 to 125 us at (1, 16, 64, 64)); a tensor
+it writes in place (``mamba2_state_update``'s cache) gets its version
+counter bumped, as PyTorch's own writes do.  CUDA tensors go to the ``cuda``
 backend as CuPy views (DLPack) on PyTorch's current stream.  bfloat16
 tensors are computed in float32 (NumPy has no bfloat16) and cast back.
 
@@ -347,17 +349,31 @@ _PLAIN_TENSORS = frozenset({torch.Tensor, torch.nn.Parameter})
 _TRANSFORM = getattr(getattr(torch._C, "_functorch", None), "peek_interpreter_stack", lambda: True)
 
 
-def _host_views(args: dict, arrays: tuple[str, ...]) -> dict | None:
+def _forward_ad() -> bool:
+    """True inside ``torch.autograd.forward_ad.dual_level()`` (dual tensors require no gradient, yet their tangents
+    must go through the custom op's path)."""
+    return getattr(torch.autograd.forward_ad, "_current_level", 0) >= 0
+
+
+def _writable(t: torch.Tensor) -> bool:
+    """True when PyTorch itself would write ``t`` in place: not an inference tensor outside inference mode, and no
+    element stored twice (a stride of 0 over more than one element, as ``expand`` makes)."""
+    if t.is_inference() and not torch.is_inference_mode_enabled():
+        return False
+    return not any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape, strict=True))
+
+
+def _host_views(args: dict, arrays: tuple[str, ...], writes: tuple[str, ...] = ()) -> dict | None:
     """NumPy views of a call's tensors when nothing around it needs the custom op, else ``None``.
 
     That is: every array argument a CPU tensor of a dtype NumPy has (bfloat16 is computed in float32 by the
     custom op's path) or ``None``, at least one given, and every other tensor argument (``cu_seqlens``, a 0-d
     ``scale``) a CPU tensor NumPy can view; none that autograd would record (grad mode off, or no tensor
     requiring a gradient); not traced (``torch.compile``, ``torch.jit.trace``) nor under a ``torch.func``
-    transform.  Such a call is the NumPy entry's on views of the same memory (decode loops under
-    ``torch.no_grad()`` or ``torch.inference_mode()`` are such calls), so it skips the custom op's dispatch,
-    which costs more than a one-token kernel.  Anything else (meta tensors among them) takes the custom op's
-    path and its checks.
+    transform nor forward-mode AD; the tensors in ``writes`` (changed in place) :func:`_writable`.  Such a call is
+    the NumPy entry's on views of the same memory (decode loops under ``torch.no_grad()`` or
+    ``torch.inference_mode()`` are such calls), so it skips the custom op's dispatch, which costs more than a
+    one-token kernel.  Anything else (meta tensors among them) takes the custom op's path and its checks.
     """
     grad = torch.is_grad_enabled()
     views = {}
@@ -373,11 +389,11 @@ def _host_views(args: dict, arrays: tuple[str, ...]) -> dict | None:
             return None
         views[name] = t
     if not any(n in views for n in arrays) or torch.compiler.is_compiling() or torch.jit.is_tracing() or \
-            _TRANSFORM() is not None:
+            _TRANSFORM() is not None or _forward_ad() or not all(_writable(views[n]) for n in writes if n in views):
         return None
     try:
         return {n: (t.detach() if t.requires_grad else t).numpy() for n, t in views.items()}
-    except RuntimeError:  # a view NumPy cannot take (a conjugate or negative bit): the custom op's path
+    except (RuntimeError, TypeError):  # no NumPy view (a conjugate bit, a dtype NumPy lacks): the custom op's path
         return None
 
 
@@ -405,10 +421,14 @@ def _entry(op: Operation):
     def run(args: dict):
         op.check(args)
         if op.recurrence is None:
-            views = _host_views(args, op.arrays)
+            views = _host_views(args, op.arrays, op.writes)
             if views is not None:  # no autograd, no tracing: the NumPy entry's work on views of the tensors
                 with operands_from("torch"):
-                    return _as_tensors(op.run_numpy({**args, **views}), tuple(views.values()))
+                    result = op.run_numpy({**args, **views})
+                for name in op.writes:  # changed through a view: autograd's saved tensors must see the change
+                    if name in views:
+                        torch.autograd.graph.increment_version(args[name])
+                return _as_tensors(result, tuple(views.values()))
         if op.recurrence is not None:  # a compiled recurrence: apply() (CUDA without gradients: the device path)
             rec = op.recurrence(args)
             rest = {k: v for k, v in args.items() if k != "tunables" and (k not in op.arrays or k in CALL_ARRAYS)}

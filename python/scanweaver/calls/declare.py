@@ -81,6 +81,9 @@ class Operation:
         refused: keyword -> the message a call passing it gets (keywords of the library users come
             from that have no meaning here, e.g. fla's removed ``head_first``).
         body: the NumPy entry's own body, or ``None`` (the pair's forward on NumPy arrays).
+        writes: the array parameters a call changes in place (``mamba2_state_update``'s state cache); an adapter
+            that writes them through views of another library tells its own framework (PyTorch's version
+            counters) and leaves to the framework's path what it refuses to write.
     """
 
     name: str
@@ -96,6 +99,7 @@ class Operation:
     recurrence: Callable[[dict], Any] | None = None
     refused: tuple[tuple[str, str], ...] = ()
     body: Callable | None = field(default=None, compare=False)
+    writes: tuple[str, ...] = ()
     #: Parameters annotated ``bool`` (from :attr:`signature`).
     booleans: tuple[str, ...] = field(init=False, compare=False, repr=False)
     #: The named parameters, not ``**tunables`` (from :attr:`signature`).
@@ -244,7 +248,8 @@ def _call_kwargs_entry(fn, op: Operation, args: dict):
 def operation(*, arrays: tuple[str, ...], pair: str | None = None, options: Callable | None = None,
               finish: Callable | None = None, inputs: Callable | None = None,
               tunables: Callable[[], Iterable[str]] | None = None, frameworks: tuple[str, ...] = ("torch", "jax"),
-              recurrence: Callable | None = None, refused: dict[str, str] | None = None, name: str | None = None):
+              recurrence: Callable | None = None, refused: dict[str, str] | None = None, name: str | None = None,
+              writes: tuple[str, ...] = ()):
     """Declares the decorated function as a public operation; returns its NumPy entry point.
 
     The function's signature and docstring become the operation's (every adapter's entry point
@@ -257,7 +262,10 @@ def operation(*, arrays: tuple[str, ...], pair: str | None = None, options: Call
         op = Operation(name=name or fn.__name__, signature=sig, doc=inspect.getdoc(fn) or "", arrays=tuple(arrays),
                        pair=pair, options=options, finish=finish, inputs=inputs, tunables=tunables,
                        frameworks=tuple(frameworks), recurrence=recurrence,
-                       refused=tuple(sorted((refused or {}).items())), body=None if _only_doc(fn) else fn)
+                       refused=tuple(sorted((refused or {}).items())), body=None if _only_doc(fn) else fn,
+                       writes=tuple(writes))
+        if set(op.writes) - set(op.arrays):
+            raise TypeError(f"{op.name}: writes names {sorted(set(op.writes) - set(op.arrays))}, not array parameters")
         if op.body is None and (pair is None or options is None or finish is None):
             raise TypeError(f"{op.name}: a declaration without a body needs pair, options and finish")
         OPERATIONS.add(op.name, op)

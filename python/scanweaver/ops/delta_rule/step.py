@@ -28,7 +28,7 @@ import importlib
 
 import numpy as np
 
-from ...arrays import device_module
+from ...arrays import device_module, dtype_refusal, is_real
 from ...calls.declare import operation
 from ...checks import scale_of
 from ...errors import ScanInputError
@@ -58,8 +58,10 @@ def _shape(api: str, name: str, arr, need: tuple, what: str) -> None:
                              "the state, H from q/r)")
 
 
-def _dims(api: str, state, q, qname: str, state_v_first: bool = False) -> tuple[int, int, int, int, int]:
-    """``(N, H, HV, K, V)`` from the state and q, checking that H divides HV."""
+def _dims(api: str, state, q, qname: str, state_v_first: bool = False,
+          v_first_offered: bool = False) -> tuple[int, int, int, int, int]:
+    """``(N, H, HV, K, V)`` from the state and q, checking that H divides HV (``v_first_offered``: the step takes
+    ``state_v_first``, which a mismatch that a state of the other layout explains names)."""
     s = tuple(getattr(state, "shape", np.shape(state))) if state is not None else None
     if s is None or len(s) != 4:
         raise ScanInputError(f"{api}: state has shape {s}; it needs (N, HV, {'V, K' if state_v_first else 'K, V'})")
@@ -67,8 +69,13 @@ def _dims(api: str, state, q, qname: str, state_v_first: bool = False) -> tuple[
     K, V = (s[3], s[2]) if state_v_first else (s[2], s[3])
     qs = tuple(getattr(q, "shape", np.shape(q))) if q is not None else None
     if qs is None or len(qs) != 3 or qs[0] != N or qs[2] != K:
+        other = "(N, HV, K, V) needs state_v_first=False" if state_v_first else \
+            "(N, HV, V, K) needs state_v_first=True"
+        hint = f"; a state laid out {other}" if qs is not None and len(qs) == 3 and qs[0] == N and qs[2] == V and \
+            v_first_offered else ""
         raise ScanInputError(f"{api}: {qname} has shape {qs}; it needs (N, H, K) with (N, K) = {(N, K)} from the "
-                             "state")
+                             f"state {tuple(s)} ({'V-first: (N, HV, V, K)' if state_v_first else '(N, HV, K, V)'})"
+                             f"{hint}")
     H = qs[1]
     if H < 1 or HV % H:
         raise ScanInputError(f"{api}: {qname} has {H} heads; they must divide the state's HV = {HV}")
@@ -106,6 +113,17 @@ def _fused(api: str, state, xs: list, options: dict):
     return o[:, 0], _cast(h, np.asarray(state).dtype)
 
 
+def _floating(api: str, named: dict) -> None:
+    """Raises for an operand (``None`` skips) not of a real floating-point dtype, as the fused kernel's operands
+    do: the expressions would otherwise take integers, or drop a complex operand's imaginary part."""
+    for name, x in named.items():
+        if x is None:
+            continue
+        d = x.dtype
+        if not (d.is_floating_point if hasattr(d, "is_floating_point") else is_real(d)):
+            raise dtype_refusal(api, name, x)
+
+
 def _promoted(xp, arrays):
     """``arrays`` (``None`` kept) in their common dtype (PyTorch's matmul takes no mixed dtypes)."""
     given = [a for a in arrays if a is not None]
@@ -125,7 +143,7 @@ def _dots(xp, rows, S):
 def _delta_step(api, state, q, k, v, beta, decay, *, scale, l2norm, state_v_first, key_decay=False):
     """The delta form's step, reading the state once for both dots: with ``D`` the decay,
     ``u = beta (v - (D k)^T S)``, ``o = scale ((D q)^T S + (q . k) u)``, ``S' = D S + k u^T``."""
-    N, H, HV, K, V = _dims(api, state, q, "q", state_v_first)
+    N, H, HV, K, V = _dims(api, state, q, "q", state_v_first, v_first_offered=api != "delta_rule_step")
     scale = scale_of(api, scale, K)  # checked first, named by the step
     _shape(api, "k", k, (N, H, K), "(N, H, K)")
     _shape(api, "v", v, (N, HV, V), "(N, HV, V)")
@@ -135,7 +153,8 @@ def _delta_step(api, state, q, k, v, beta, decay, *, scale, l2norm, state_v_firs
     xp = _xp((state, q, k, v, beta, decay))
     if xp is np:
         return _fused(api, state, [q, k, v] + ([] if decay is None else [decay]) + [beta],
-                          {"scale": scale, "l2norm": l2norm, "state_v_first": state_v_first})
+                      {"scale": scale, "l2norm": l2norm, "state_v_first": state_v_first})
+    _floating(api, {"state": state, "q": q, "k": k, "v": v, "g": decay, "beta": beta})
     out_dtype = v.dtype
     S, q, k, v, beta, decay = _promoted(xp, [state, q, k, v, beta, decay])
     if state_v_first:
@@ -231,6 +250,7 @@ def rwkv7_step(state, r, w, k, v, a, b, *, scale=1.0):
     xp = _xp((state, r, w, k, v, a, b))
     if xp is np:
         return _fused(api, state, [r, w, k, v, a, b], {"scale": scale})
+    _floating(api, {"state": state, "r": r, "w": w, "k": k, "v": v, "a": a, "b": b})
     S, r, w, k, vv, a, b = _promoted(xp, [state, r, w, k, v, a, b])
     r, k = _heads(xp, r, HV), _heads(xp, k, HV)
     d = xp.exp(w)

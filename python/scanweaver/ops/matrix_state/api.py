@@ -104,7 +104,7 @@ def _simple_gla_inputs(args: dict) -> list:
 
 
 @operation(arrays=("q", "k", "v", "g", "g_gamma", "initial_state"), pair=LA, inputs=_simple_gla_inputs,
-           options=lambda args: la_options("simple_gla", args, names={"g_head": "g", "decay": "g_gamma"}),
+           options=lambda args: la_options("simple_gla", args, names={"g": None, "g_head": "g", "decay": "g_gamma"}),
            finish=_with_state, tunables=_tunables, refused=FLA_REFUSED)
 def simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, output_final_state: bool = False,
                state_v_first: bool = False, cu_seqlens=None, cu_seqlens_cpu=None, *, reverse: bool = False,

@@ -60,9 +60,10 @@ def la_prepare(inputs: list, options: dict, xp=None) -> tuple[MatrixOperands, st
     if options.get("retention"):
         decay = retention_decays(va.shape[2], xp, real_compute_dtype([qa.dtype, va.dtype]))
     given = [n for n, x in (("g", g), ("g_head", g_head), ("decay", decay)) if x is not None]
-    if len(given) > 1:
-        raise ScanInputError(f"{api}: give at most one of {names['g']} (per key dim), {names['g_head']} (per head "
-                             f"and step) and {names['decay']} (constant per head); got "
+    if len(given) > 1:  # names[n] None: the operation has no such parameter (simple_gla's per-key g)
+        offered = [f"{names[n]} ({what})" for n, what in (("g", "per key dim"), ("g_head", "per head and step"),
+                                                           ("decay", "constant per head")) if names[n]]
+        raise ScanInputError(f"{api}: give at most one of {', '.join(offered[:-1])} and {offered[-1]}; got "
                              f"{', '.join(names[n] for n in given)}")
     which = given[0] if given else "none"
     gname = {"g": names["g"], "g_head": names["g_head"], "decay": "g_head", "none": "g"}[which]

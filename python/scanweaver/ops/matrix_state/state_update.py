@@ -61,10 +61,10 @@ def _indices(idx, batch: int, slots: int):
     if len(np.unique(host)) != batch:
         raise ScanInputError(f"{API}: state_batch_indices repeats a row; each batch element needs a state row "
                              "of its own (they are updated in place, at once)")
-    return idx if hasattr(idx, "detach") else host
+    return idx.long() if hasattr(idx, "detach") else host  # PyTorch indexes with int64 (not int16, uint8: masks)
 
 
-@operation(arrays=("state", "x", "dt", "A", "B", "C", "D", "z", "dt_bias", "state_batch_indices"))
+@operation(arrays=("state", "x", "dt", "A", "B", "C", "D", "z", "dt_bias", "state_batch_indices"), writes=("state",))
 def mamba2_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus: bool = False,
                         state_batch_indices=None):
     """One decode step of Mamba-2 on a state cache, in place (mamba-ssm's ``selective_state_update``).
@@ -121,7 +121,7 @@ def mamba2_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_
     nb, H, P, N = _shape(S)
     x = _check_x("x", x, H, P, heads)
     batch = _shape(x)[0]
-    dt = _check_x("dt", dt, H, P, heads, untiled=True)
+    dt = _check_x("dt", dt, H, P, heads, untiled=True, batch=batch)
     A = _per_head("A", A, H, P, N, heads)
     _check_bc("B", B, batch, H, N)
     B = B if len(_shape(B)) == 3 else B[:, None]
@@ -129,7 +129,7 @@ def mamba2_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_
     C = C if len(_shape(C)) == 3 else C[:, None]
     D = None if D is None else _per_head("D", D, H, P, None, heads)
     dt_bias = None if dt_bias is None else _per_head("dt_bias", dt_bias, H, P, None, heads)
-    z = None if z is None else _check_x("z", z, H, P, heads)
+    z = None if z is None else _check_x("z", z, H, P, heads, batch=batch)
     check_dtypes(API, {"x": x, "dt": dt, "A": A, "B": B, "C": C, "D": D, "z": z, "dt_bias": dt_bias})
     idx = None
     if state_batch_indices is not None:
@@ -185,12 +185,14 @@ def _check_unheaded(shape: tuple, x, A, B) -> None:
                          f"step, which takes x as (batch, P), not {xs})")
 
 
-def _check_x(name: str, x, H: int, P: int, heads: bool, untiled: bool = False):
-    """``x``, ``z`` or ``dt`` as ``(batch, H, P)`` (``dt`` untiled ``(batch, H)`` as ``(batch, H, 1)``)."""
+def _check_x(name: str, x, H: int, P: int, heads: bool, untiled: bool = False, batch: int | None = None):
+    """``x``, ``z`` or ``dt`` as ``(batch, H, P)`` (``dt`` untiled ``(batch, H)`` as ``(batch, H, 1)``); ``batch``
+    x's, which dt and z must have (``None``: x itself, whose batch it is)."""
     if x is None:
         raise ScanInputError(f"{API}: {name} is required")
     shape = _shape(x)
-    batch = shape[0] if shape else 0
+    if batch is None:
+        batch = shape[0] if shape else 0
     forms = {(batch, H, P): "(batch, H, P)"} if heads else {(batch, P): "(batch, P)"}
     if untiled and heads:
         forms[(batch, H)] = "(batch, H)"
