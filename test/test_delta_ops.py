@@ -377,3 +377,18 @@ def test_a_v_first_state_of_the_wrong_shape_is_reported_as_given():
                                              r"\(N, HV, V, K\) \(state_v_first\) = \(1, 2, 3, 4\)"):
         scanweaver.kda(*args[:3], np.repeat(a["g"][..., None], 4, -1), a["beta"], initial_state=a["h0"][0],
                        state_v_first=True)
+
+
+def test_mixed_dtypes_follow_the_documented_rule():
+    """docs/delta-rule.md (Numerics): the operands set the accumulation dtype, o takes v's, the final state the
+    accumulation dtype; a float64 initial state with float32 operands is rounded to float32."""
+    rng = np.random.default_rng(0)
+    q, k = rng.normal(size=(2, 1, 8, 1, 4)).astype(np.float32)
+    v, g = rng.normal(size=(1, 8, 2, 3)).astype(np.float32), -rng.uniform(0.1, 1, (1, 8, 2)).astype(np.float32)
+    beta, h0 = rng.uniform(0, 1, (1, 8, 2)), rng.normal(size=(1, 2, 4, 3))
+    o, S = scanweaver.gated_delta_rule(q, k, v, g, beta, None, None, True)  # beta float64
+    assert (o.dtype, S.dtype) == (np.float32, np.float64)
+    o, S = scanweaver.gated_delta_rule(q, k, v, g, beta.astype(np.float32), None, h0, True)
+    assert (o.dtype, S.dtype) == (np.float32, np.float32)
+    o32, _ = scanweaver.gated_delta_rule(q, k, v, g, beta.astype(np.float32), None, h0.astype(np.float32), True)
+    np.testing.assert_array_equal(o, o32)  # the same as a float32 initial state
