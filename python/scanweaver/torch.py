@@ -420,19 +420,18 @@ def _entry(op: Operation):
 
     def run(args: dict):
         op.check(args)
-        if op.recurrence is None:
-            views = _host_views(args, op.arrays, op.writes)
-            if views is not None:  # no autograd, no tracing: the NumPy entry's work on views of the tensors
-                with operands_from("torch"):
-                    result = op.run_numpy({**args, **views})
-                for name in op.writes:  # changed through a view: autograd's saved tensors must see the change
-                    if name in views:
-                        torch.autograd.graph.increment_version(args[name])
-                return _as_tensors(result, tuple(views.values()))
         if op.recurrence is not None:  # a compiled recurrence: apply() (CUDA without gradients: the device path)
             rec = op.recurrence(args)
             rest = {k: v for k, v in args.items() if k != "tunables" and (k not in op.arrays or k in CALL_ARRAYS)}
             return apply(rec, *(args[n] for n in rec.inputs), **rest, **args["tunables"])
+        views = _host_views(args, op.arrays, op.writes)
+        if views is not None:  # no autograd, no tracing: the NumPy entry's work on views of the tensors
+            with operands_from("torch"):
+                result = op.run_numpy({**args, **views})
+            for name in op.writes:  # changed through a view: autograd's saved tensors must see the change
+                if name in views:
+                    torch.autograd.graph.increment_version(args[name])
+            return _as_tensors(result, tuple(views.values()))
         if op.pair is None:  # written in the caller's array library: differentiable by PyTorch itself
             return op.run_numpy(args)
         static = tuple(sorted((k, _static(v, k)) for k, v in args.items() if k not in op.arrays))
