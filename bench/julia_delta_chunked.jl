@@ -1,6 +1,7 @@
 # The chunked (WY) delta-rule forward of ScanWeaver.jl (`delta_rule_scan(...;
-# algorithm = :chunked)`, KernelAbstractions kernels) against the recurrent one
-# on the CPU, in one process (run with 2 threads):
+# algorithm = :chunked)`, KernelAbstractions kernels) and its chunked backward
+# (`delta_rule_backward!(...; algorithm = :chunked)`) against the recurrent
+# ones on the CPU, in one process (run with 2 threads):
 #
 #     julia --project=<env with ScanWeaver> -t 2 bench/julia_delta_chunked.jl [B,T,H,K,V] [rounds] [chunk]
 #
@@ -48,10 +49,54 @@ function row(family, B, T, H, K, V, rounds, chunk)
         push!(times.rec, timed(recurrent))
         push!(times.chk, timed(chunked))
     end
+    report("forward", family, times, err)
+    dout, dh = randn(Float32, size(o)), randn(Float32, size(h))
+    grads = (
+        similar(q),
+        similar(k),
+        similar(v),
+        similar(g),
+        family === :rwkv7 ? similar(kk) : similar(beta),
+    )
+    function back(algorithm)
+        dq, dk, dv, dg, dx = grads
+        extra = family === :rwkv7 ? (; da = dx) : (; dbeta = dx)
+        delta_rule_backward!(
+            dq,
+            dk,
+            dv,
+            q,
+            k,
+            v,
+            dout;
+            form...,
+            g,
+            l2norm = true,
+            dhlast = dh,
+            dg,
+            extra...,
+            algorithm,
+            chunk,
+        )
+        return copy.(grads)
+    end
+    err = relative(back(:recurrent), back(:chunked))
+    err < 1.0f-3 ||
+        error("chunked and recurrent backward differ by $err (relative): $family")
+    times = (rec = Float64[], chk = Float64[])
+    for _ in 1:rounds
+        push!(times.rec, timed(() -> back(:recurrent)))
+        push!(times.chk, timed(() -> back(:chunked)))
+    end
+    report("backward", family, times, err)
+    return nothing
+end
+
+function report(part, family, times, err)
     ratio = times.chk ./ times.rec
     spread(x) = round.((minimum(x), median(x), maximum(x)); sigdigits = 3)
     println(
-        "forward, $family: recurrent $(spread(times.rec)) ms, chunked $(spread(times.chk)) ms, ",
+        "$part, $family: recurrent $(spread(times.rec)) ms, chunked $(spread(times.chk)) ms, ",
         "chunked/recurrent median $(round(median(ratio); sigdigits = 3)) ",
         "(min $(round(minimum(ratio); sigdigits = 3)), max $(round(maximum(ratio); sigdigits = 3))), ",
         "max relative difference $err",

@@ -49,6 +49,7 @@ include("matrix/cpu_backward.jl")
 include("matrix/delta.jl")
 include("matrix/delta_chunked.jl")
 include("matrix/delta_backward.jl")
+include("matrix/delta_chunked_backward.jl")
 include("matrix/host.jl")
 
 end

@@ -615,7 +615,7 @@ end
     @test fetch(done) isa InexactError
 end
 
-@testset "delta-rule backward against central differences of the loop (CPU)" begin
+@testset "delta-rule backward, recurrent and chunked, against central differences of the loop (CPU)" begin
     rng = MersenneTwister(41)
     for gate in (:none, :scalar, :key), form in (:delta, :dplr)
         l2norm = form === :delta
@@ -639,7 +639,13 @@ end
         like(X) = X === nothing ? nothing : fill(NaN, size(X))
         dq, dk, dv, dh0 = like(q), like(k), like(v), like(h0)
         dg, dbeta, da, db = like(g), like(beta), like(a), like(b)
-        for checkpoint in (nothing, 2)
+        # the recurrent backward, and the chunked one (`src/matrix/delta_chunked_backward.jl`)
+        for (checkpoint, algorithm, chunk) in (
+                (nothing, :recurrent, nothing),
+                (2, :recurrent, nothing),
+                (nothing, :chunked, 3),
+                (2, :chunked, 1),
+            )
             delta_rule_backward!(
                 dq,
                 dk,
@@ -662,6 +668,8 @@ end
                 db,
                 dh0,
                 checkpoint,
+                algorithm,
+                chunk,
             )
             pairs = (
                 (q, dq),

@@ -213,9 +213,149 @@ end
                 ),
                 length(v),
             ),
+            (
+                ScanWeaver.delta_chunk_adjoint_kernel!,
+                (
+                    S0,
+                    similar(v),
+                    S,
+                    A4(nk),
+                    A4(nk),
+                    A4(nk),
+                    fbd,
+                    D,
+                    grow,
+                    q,
+                    k,
+                    g,
+                    fb,
+                    fa,
+                    fbb,
+                    chunks,
+                    firsts,
+                    Val(nk),
+                    Val(gate),
+                    Val(form),
+                    Val(true),
+                ),
+                nv * H * batch,
+            ),
+            (
+                ScanWeaver.delta_chunk_readout_kernel!,
+                (A4(nk), A4(nk), A4(nk), A4(4), fM, grow, chunks, slot, Val(form)),
+                nk * H * L * batch,
+            ),
         ]
         for (kernel, args, n) in kernels
             @test !boxes_a_variable(kernel(CPU(), wg), args, n)
         end
+    end
+end
+
+@testset "delta rule chunked backward against the recurrent backward (CPU)" begin
+    # The recurrent backward is held to central differences of the Float64 loop
+    # (test_cpu_only.jl); the chunked one must give its gradients on every decay
+    # the forward tests take, both forms, packed sequences (an empty one among
+    # them), groups, chunks shorter and longer than the sequences.
+    rng = Xoshiro(29)
+    nk, nv, H, Hq, L = 5, 6, 4, 2, 37
+    kinds = (:reset, :tiny, :huge, :positive, :mixed)
+    grads(X) = X === nothing ? nothing : fill(NaN, size(X))
+    @testset "$form $gate" for form in (:delta, :dplr), gate in (:none, :scalar, :key)
+        for (case, kind) in enumerate(gate === :none ? (:none, :none) : kinds)
+            packed = isodd(case)
+            batch = packed ? 1 : 2
+            cu_seqlens = packed ? [0, 1, 1, 17, 30, L] : nothing
+            nseq = packed ? 5 : batch
+            l2norm = case in (2, 3)
+            T = case == 4 ? Float32 : Float64
+            q, k = T.(randn(rng, nk, Hq, L, batch)), T.(randn(rng, nk, Hq, L, batch))
+            l2norm || (k ./= sqrt(T(nk)))
+            v = T.(randn(rng, nv, H, L, batch))
+            g = gate === :none ?
+                nothing :
+                T.(chunked_log_decays(
+                    rng,
+                    kind,
+                    ((gate === :key ? (nk,) : ())..., H, L, batch),
+                ))
+            beta = form === :delta ? T.(rand(rng, H, L, batch)) : nothing
+            kk = randn(rng, nk, H, L, batch)
+            kk ./= sqrt.(sum(abs2, kk; dims = 1))
+            a = form === :dplr ? T.(-kk) : nothing
+            b = form === :dplr ? T.(kk .* rand(rng, 1, H, L, batch)) : nothing
+            h0 = iseven(case) ? nothing : T.(randn(rng, nv, nk, H, nseq))
+            dhlast = case == 2 ? nothing : T.(randn(rng, nv, nk, H, nseq))
+            dout = T.(randn(rng, size(v)))
+            function run(algorithm, chunk)
+                out = (
+                    dq = grads(q),
+                    dk = grads(k),
+                    dv = grads(v),
+                    dg = grads(g),
+                    dbeta = grads(beta),
+                    da = grads(a),
+                    db = grads(b),
+                    dh0 = grads(something(h0, dhlast, Some(nothing))),
+                )
+                delta_rule_backward!(
+                    out.dq,
+                    out.dk,
+                    out.dv,
+                    q,
+                    k,
+                    v,
+                    dout;
+                    beta,
+                    a,
+                    b,
+                    g,
+                    l2norm,
+                    h0,
+                    dhlast,
+                    cu_seqlens,
+                    out.dg,
+                    out.dbeta,
+                    out.da,
+                    out.db,
+                    out.dh0,
+                    algorithm,
+                    chunk,
+                )
+                return out
+            end
+            want = run(:recurrent, nothing)
+            rtol = T === Float32 ? 2.0e-4 : 1.0e-9
+            for chunk in (1, 4, 16, 64)
+                got = run(:chunked, chunk)
+                for name in keys(want)
+                    want[name] === nothing && continue
+                    ok = matches(got[name], Float64.(want[name]); rtol)
+                    ok || @info "chunked backward differs" form gate kind chunk name
+                    @test ok
+                end
+            end
+        end
+    end
+    q, v = rand(Float32, 4, 1, 6, 1), rand(Float32, 5, 1, 6, 1)
+    beta = rand(Float32, 1, 6, 1)
+    for (algorithm, chunk) in ((:blocked, nothing), (:chunked, 0))
+        err = try
+            delta_rule_backward!(
+                similar(q),
+                similar(q),
+                similar(v),
+                q,
+                q,
+                v,
+                v;
+                beta,
+                algorithm,
+                chunk,
+            )
+        catch e
+            e
+        end
+        @test err isa ArgumentError && occursin("delta_rule_backward!", err.msg)
     end
 end

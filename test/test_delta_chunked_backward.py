@@ -253,7 +253,7 @@ def test_the_default_backward_follows_the_measured_rule():
     assert OP.algorithm("c", "forward", big, {**one, "T": 1023}) == "recurrent"
     assert OP.algorithm("c", "forward", big_dplr, one) == "recurrent"
     assert OP.algorithm("c", "backward", dplr, {**one, "T": 1023}) == "recurrent"
-    # the GPU kernels have the chunked form of both parts but no measured rule: recurrent; Julia's the forward's
+    # the GPU kernels and ScanWeaver.jl have the chunked form of both parts but no measured rule: recurrent
     assert OP.algorithm("gpu", "backward", f, one) == OP.algorithm("gpu", "forward", f, one) == "recurrent"
     assert OP.algorithm("gpu", "forward", f, one, target="cuda") == "recurrent"
     assert OP.algorithm("julia", "backward", f, one) == OP.algorithm("julia", "forward", f, one) == "recurrent"

@@ -47,15 +47,15 @@ def test_the_julia_backend_renders_the_delta_rule_forward():
     assert kernel.misfit("forward", DeltaRuleFeatures("float32", 4, 4), {"device": "cuda"}) is None
 
 
-def test_the_julia_chunked_form_is_the_forward_of_both_forms():
+def test_the_julia_chunked_form_is_both_parts_of_both_forms():
     delta, dplr = DeltaRuleFeatures("float32", 64, 64, gate="scalar"), DeltaRuleFeatures("float32", 64, 64,
                                                                                          gate="key", form="dplr")
     for f in (delta, dplr):
-        assert OP.chooses("julia", "forward", f) and not OP.chooses("julia", "backward", f)
+        assert OP.chooses("julia", "forward", f) and OP.chooses("julia", "backward", f)
     cfg = OP.resolve("julia", {"algorithm": "chunked", "chunk": 5}, {}, "test")
     assert (cfg["algorithm"], cfg["chunk"]) == ("chunked", 5)
-    assert OP.settle("julia", "backward", cfg, delta)["algorithm"] == "recurrent"
-    assert OP.settle("julia", "backward", cfg, dplr)["algorithm"] == "recurrent"
+    assert OP.settle("julia", "backward", cfg, delta) == cfg
+    assert OP.settle("julia", "backward", cfg, dplr) == cfg
     assert OP.settle("julia", "forward", cfg, dplr) == cfg
     assert OP.settle("julia", "forward", cfg, delta) == cfg
     sizes = {"batch": 1, "T": 8192, "H": 4, "Hq": 4, "nseq": 1}
@@ -69,7 +69,7 @@ def test_the_julia_chunked_form_is_the_forward_of_both_forms():
 
 
 @pytest.mark.parametrize("part", ["forward", "backward"])
-def test_the_julia_route_passes_the_algorithm_to_the_forward_only(monkeypatch, part):
+def test_the_julia_route_passes_the_algorithm_to_both_parts(monkeypatch, part):
     from scanweaver.julia import delta, fusedcall
 
     seen = {}
@@ -77,10 +77,7 @@ def test_the_julia_route_passes_the_algorithm_to_the_forward_only(monkeypatch, p
     f = DeltaRuleFeatures("float32", 3, 4, gate="scalar")
     call = OP.call(part, f, OP.resolve("julia", {"algorithm": "chunked", "chunk": 8}, {}, "test"))
     delta.run(call, {}, {"batch": 1, "T": 5, "H": 2, "Hq": 2, "nseq": 1})
-    want = {"l2norm": False, "workgroupsize": 64}
-    if part == "forward":
-        want.update(algorithm="chunked", chunk=8)
-    assert seen == want
+    assert seen == {"l2norm": False, "workgroupsize": 64, "algorithm": "chunked", "chunk": 8}
 
 
 @pytest.mark.parametrize("part,entry", [("forward", "host_delta_rule!"), ("backward", "host_delta_backward!")])
@@ -172,13 +169,15 @@ if torch is not None:
             want = leaves()
             o, h = torch_loop(family, want, 0.8, l2norm, a.get("cu_seqlens"))
             ((o * w_o).sum() + (h * w_h).sum()).backward()
-            got = leaves()
-            o, h = call_public(getattr(swt, op), op, {**got, "cu_seqlens": a.get("cu_seqlens")}, 0.8, l2norm,
-                               backend="julia")
-            ((o * w_o).sum() + (h * w_h).sum()).backward()
-            name = f"{op} backward T={T} {kw}"
-            out[name + " float64"] = max(rel(got[n].grad, want[n].grad) for n in got)
-            out[name + ": ran on"] = runner.last["delta_rule"].backend
+            for extra in ({}, {"algorithm": "chunked", "chunk_size": 4}):
+                got = leaves()
+                o, h = call_public(getattr(swt, op), op, {**got, "cu_seqlens": a.get("cu_seqlens")}, 0.8, l2norm,
+                                   backend="julia", **extra)
+                ((o * w_o).sum() + (h * w_h).sum()).backward()
+                name = f"{op} backward T={T} {kw}" + (" chunked" if extra else "")
+                out[name + " float64"] = max(rel(got[n].grad, want[n].grad) for n in got)
+                out[name + ": ran on"] = runner.last["delta_rule"].backend
+                out[name + ": algorithm"] = runner.last["delta_rule"].algorithm
 f, a, sizes = problem(rng, "deltanet", dtype="float16")
 try:
     call_public(scanweaver.delta_rule, "delta_rule", a, backend="julia")
@@ -216,9 +215,12 @@ def test_julia_delta_rule_gradients_match_autograd_of_the_float64_loops(julia_re
     errors = {k: v for k, v in julia_results.items() if isinstance(v, float) and " backward " in k}
     if not errors:
         pytest.skip("torch is not installed")
-    assert len(errors) == 4 * 4
+    assert len(errors) == 4 * 4 * 2  # the recurrent and the chunked backward
     bad = {name: err for name, err in errors.items() if not err < 1e-10}
     assert not bad, bad
+    ran = {k: v for k, v in julia_results.items() if k.endswith(": algorithm")}
+    assert len(ran) == 4 * 4 * 2
+    assert all(v == ("chunked" if " chunked:" in k else "recurrent") for k, v in ran.items()), ran
 
 
 def test_half_storage_is_refused_with_the_reason(julia_results):

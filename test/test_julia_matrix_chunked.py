@@ -30,7 +30,7 @@ def test_the_julia_tunables_have_the_chunked_form():
     cfg = OP.resolve("julia", {}, {}, "test")
     assert cfg == {"workgroup_size": 64, "device": "cpu", "algorithm": "recurrent", "chunk": 64}
     assert OP.chooses("julia") and FUSED.get("delta_rule").chooses("julia", "forward")
-    assert not FUSED.get("delta_rule").chooses("julia", "backward")
+    assert FUSED.get("delta_rule").chooses("julia", "backward")
     assert OP.resolve("julia", {"algorithm": "chunked", "chunk": 5}, {}, "test")["chunk"] == 5
     with pytest.raises(ScanInputError, match="algorithm"):
         OP.resolve("julia", {"algorithm": "blocked"}, {}, "test")

@@ -59,10 +59,13 @@ function delta_state_step!(S, ks, d, v, beta, a, b, h, t, bi, form)
 end
 
 """
-    delta_backward_item!(w, grads, q, k, v, dout, g, beta, a, b, h0, dhlast, cu_seqlens,
+    delta_backward_item!(w, grads, q, k, v, dout, g, beta, a, b, h0, dhlast, segs,
                          Val(gate), Val(form), l2norm, checkpoint)
 
-The reverse sweep of head `(w - 1) % H + 1` of sequence `(w - 1) ÷ H + 1`:
+The reverse sweep of head `(w - 1) % H + 1` of segment `n = (w - 1) ÷ H + 1`
+(`segs[:, n]`: its batch row, first step and length; a sequence, or a chunk
+of the chunked backward with its start state in `h0` and end adjoint in
+`dhlast`):
 writes `grads.dqh`, `grads.dkh` (per value head, normalised q/k), `dv` and
 the present ones of `dg`, `dbeta`, `da`, `db`, `dh0`.
 """
@@ -79,7 +82,7 @@ function delta_backward_item!(
     b,
     h0,
     dhlast,
-    cu_seqlens,
+    segs,
     ::Val{gate},
     ::Val{form},
     l2norm,
@@ -88,7 +91,7 @@ function delta_backward_item!(
     nv, H = size(v, 1), size(v, 2)
     nk = size(q, 1)
     h, n = (w - 1) % H + 1, (w - 1) ÷ H + 1
-    bi, start, len = matrix_segment(cu_seqlens, n, size(v, 3))
+    bi, start, len = segs[1, n], segs[2, n], segs[3, n]
     hq = (h - 1) ÷ (H ÷ size(q, 2)) + 1
     T = eltype(grads.dqh)
     S = h0 === nothing ? zeros(T, nk, nv) : T.(permutedims(view(h0, :, :, h, n)))
@@ -190,13 +193,19 @@ end
 
 """
     delta_rule_backward!(dq, dk, dv, q, k, v, dout; beta, a, b, g, gate, l2norm, h0,
-                         dhlast, cu_seqlens, dg, dbeta, da, db, dh0, checkpoint) -> nothing
+                         dhlast, cu_seqlens, dg, dbeta, da, db, dh0, checkpoint,
+                         algorithm = :recurrent, chunk = nothing) -> nothing
 
 The gradients of `sum(o .* dout) + sum(hlast .* dhlast)` for
 [`delta_rule_scan`](@ref)'s `o` and `hlast`, on the CPU: writes `dq`, `dk`,
 `dv` and, when given, `dg`, `dbeta` (delta form), `da`, `db` (dplr form),
 `dh0`. States are saved every `checkpoint` steps (default about the square
-root of the longest sequence) and recomputed in the reverse sweep.
+root of the longest sequence, or of the chunk) and recomputed in the reverse
+sweep. `algorithm = :chunked` runs the chunked backward
+(`src/matrix/delta_chunked_backward.jl`: the chunk-start states from the
+chunked forward, the adjoints at the chunks' ends carried in reverse, then
+the recurrence's gradients on every chunk at once) with chunks of `chunk`
+steps (32 unless given); the results do not depend on either.
 """
 function delta_rule_backward!(
     dq,
@@ -221,6 +230,8 @@ function delta_rule_backward!(
     db = nothing,
     dh0 = nothing,
     checkpoint = nothing,
+    algorithm::Symbol = :recurrent,
+    chunk = nothing,
 )
     api = :delta_rule_backward!
     nseq = check_matrix_state(
@@ -249,15 +260,16 @@ function delta_rule_backward!(
             throw(ArgumentError("$api: $name is given but its operand is not"))
         check_matrix_size(api, name, X, size(like), "the size of its operand")
     end
+    check_matrix_algorithm(api, algorithm, chunk)
     array_backend(v) isa CPU ||
         throw(ArgumentError(
             "$api: the delta rule's backward runs on the CPU, got arrays on $(array_backend(v))",
         ))
-    nv, H, L, batch = size(v)
+    _, H, L, batch = size(v)
     nk = size(q, 1)
-    longest = cu_seqlens === nothing ? L : maximum(diff(collect(Int, cu_seqlens)); init = 0)
-    C = something(checkpoint, isqrt(max(longest - 1, 0)) + 1)
-    C >= 1 || throw(ArgumentError("$api: checkpoint = $C must be at least 1"))
+    checkpoint === nothing ||
+        checkpoint >= 1 ||
+        throw(ArgumentError("$api: checkpoint = $checkpoint must be at least 1"))
     T = promote_type(eltype(v), Float32)
     foreach(X -> X === nothing || fill!(X, zero(eltype(X))), (dg, dbeta, da, db, dh0))
     grads = (
@@ -272,6 +284,75 @@ function delta_rule_backward!(
     )
     fill!(dv, zero(eltype(dv)))
     cu = cu_seqlens === nothing ? nothing : collect(Int, cu_seqlens)
+    if algorithm === :chunked
+        delta_chunked_backward!(
+            grads,
+            something(chunk, DEFAULT_DELTA_CHUNK),
+            q,
+            k,
+            v,
+            dout,
+            g,
+            beta,
+            a,
+            b,
+            h0,
+            dhlast,
+            cu,
+            Val(gate),
+            Val(form),
+            l2norm,
+            checkpoint,
+        )
+    else
+        delta_recurrent_backward!(
+            grads,
+            q,
+            k,
+            v,
+            dout,
+            g,
+            beta,
+            a,
+            b,
+            h0,
+            dhlast,
+            cu,
+            nseq,
+            gate,
+            form,
+            l2norm,
+            checkpoint,
+        )
+    end
+    delta_key_grad!(dq, grads.dqh, q, l2norm)
+    delta_key_grad!(dk, grads.dkh, k, l2norm)
+    return nothing
+end
+
+"The recurrent backward: one task per head and sequence (`cu` a host vector or `nothing`)."
+function delta_recurrent_backward!(
+    grads,
+    q,
+    k,
+    v,
+    dout,
+    g,
+    beta,
+    a,
+    b,
+    h0,
+    dhlast,
+    cu,
+    nseq,
+    gate,
+    form,
+    l2norm,
+    checkpoint,
+)
+    H, L = size(v, 2), size(v, 3)
+    segs = Int[x for n in 1:nseq for x in matrix_segment(cu, n, L)]
+    longest = nseq == 0 ? 0 : maximum(n -> segs[3 * n], 1:nseq)
     args = (
         grads,
         q,
@@ -284,14 +365,13 @@ function delta_rule_backward!(
         b,
         h0,
         dhlast,
-        cu,
+        reshape(segs, 3, nseq),
         Val(gate),
         Val(form),
         l2norm,
-        C,
+        something(checkpoint, isqrt(max(longest - 1, 0)) + 1),
     )
-    cpu_items!(delta_backward_item!, H * nseq, args; work = L * nk * nv ÷ max(nseq, 1))
-    delta_key_grad!(dq, grads.dqh, q, l2norm)
-    delta_key_grad!(dk, grads.dkh, k, l2norm)
+    work = L * size(q, 1) * size(v, 1) ÷ max(nseq, 1)
+    cpu_items!(delta_backward_item!, H * nseq, args; work)
     return nothing
 end

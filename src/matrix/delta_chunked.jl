@@ -334,6 +334,67 @@ grows runs the recurrence and writes its outputs. The final column goes to
     ::Val{l2norm},
 ) where {nk, gate, form, l2norm}
     w = @index(Global, Linear)
+    delta_chunk_carry_item!(
+        w,
+        S0,
+        U,
+        o,
+        hlast,
+        W,
+        Uv,
+        kd,
+        D,
+        grow,
+        h0,
+        q,
+        k,
+        v,
+        g,
+        beta,
+        a,
+        bb,
+        bd,
+        chunks,
+        firsts,
+        Val(nk),
+        Val(gate),
+        Val(form),
+        Val(l2norm),
+    )
+end
+
+"""
+The work-item `w` of [`delta_chunk_carry_kernel!`](@ref): on the CPU a plain
+loop ([`launch_items!`](@ref)), where KernelAbstractions' CPU backend ran this
+loop of `K`-tuples about 80 times slower.
+"""
+@inline function delta_chunk_carry_item!(
+    w,
+    S0,
+    U,
+    o,
+    hlast,
+    W,
+    Uv,
+    kd,
+    D,
+    grow,
+    h0,
+    q,
+    k,
+    v,
+    g,
+    beta,
+    a,
+    bb,
+    bd,
+    chunks,
+    firsts,
+    ::Val{nk},
+    ::Val{gate},
+    ::Val{form},
+    ::Val{l2norm},
+) where {nk, gate, form, l2norm}
     nv, H = size(hlast, 1), size(hlast, 3)
     if w <= nv * H * size(hlast, 4)
         A = eltype(S0)
@@ -455,6 +516,57 @@ steps: writes `o` and the final states `hlast` `(V, K, H, nseq)`;
 `cu_seqlens` is a host vector or `nothing`.
 """
 function delta_chunked!(
+    backend,
+    wg,
+    C,
+    o,
+    hlast,
+    q,
+    k,
+    v,
+    g,
+    beta,
+    a,
+    b,
+    h0,
+    cu_seqlens,
+    gate::Val,
+    form::Val,
+    l2norm::Val,
+)
+    delta_chunk_forward!(
+        backend,
+        wg,
+        C,
+        o,
+        hlast,
+        q,
+        k,
+        v,
+        g,
+        beta,
+        a,
+        b,
+        h0,
+        cu_seqlens,
+        gate,
+        form,
+        l2norm,
+    )
+    return nothing
+end
+
+"""
+    delta_chunk_forward!(backend, wg, C, o, hlast, q, k, v, g, beta, a, b, h0,
+                         cu_seqlens, Val(gate), Val(form), Val(l2norm)) -> parts
+
+[`delta_chunked!`](@ref), returning the chunk products its kernels built
+(`parts`: the chunk tables `chunks`, `firsts`, `slot`, the chunk-start states `S0`
+`(V, K, H, nchunks)`, `grow`, `D`, `qd`, `kd`, `W`, `Aw`, and the dplr form's
+`Bq`, `bd`, else `nothing`), which the chunked backward
+(`src/matrix/delta_chunked_backward.jl`) reads.
+"""
+function delta_chunk_forward!(
     backend,
     wg,
     C,
@@ -591,7 +703,8 @@ function delta_chunked!(
         (nk + nv) * H * nch,
         (W, Uv, N, kg, v, beta, grow, chunks, Lak, Val(form)),
     )
-    launch_chunk_kernel!(
+    launch_items!(
+        delta_chunk_carry_item!,
         delta_chunk_carry_kernel!,
         backend,
         wg,
@@ -621,7 +734,8 @@ function delta_chunked!(
             Val(gate),
             Val(form),
             Val(l2norm),
-        ),
+        );
+        work = L * nk,
     )
     launch_chunk_kernel!(
         delta_chunk_output_kernel!,
@@ -630,5 +744,5 @@ function delta_chunked!(
         length(o),
         (o, qd, S0, Aw, U, grow, chunks, slot, Bq, v, Val(form)),
     )
-    return nothing
+    return (; chunks, firsts, slot, S0, grow, D, qd, kd, W, Aw, Bq, bd)
 end

@@ -312,12 +312,15 @@ end
     host_delta_backward!(device, dtype, batch, T, H, Hq, nseq, K, V, gate,
                          q, k, v, g, beta, a, b, h0, cu_seqlens, dout, dhlast,
                          dq, dk, dv, dg, dbeta, da, db, dh0;
-                         l2norm = false, workgroupsize = nothing) -> nothing
+                         l2norm = false, workgroupsize = nothing,
+                         algorithm = "recurrent", chunk = nothing) -> nothing
 
 The Python facade's entry point for [`delta_rule_backward!`](@ref), by address
 as [`host_delta_rule!`](@ref): writes `dq`, `dk`, `dv` and, when their
 addresses are not `0`, `dg`, `dbeta`, `da`, `db`, `dh0`. It runs on the CPU
-(`device` must be `cpu`); `workgroupsize` is accepted for the ABI and unused.
+(`device` must be `cpu`); `workgroupsize` is accepted for the ABI and unused;
+`algorithm` (`recurrent` or `chunked`) and `chunk` are those of
+[`delta_rule_backward!`](@ref).
 """
 function host_delta_backward!(
     device::AbstractString,
@@ -351,6 +354,8 @@ function host_delta_backward!(
     dh0::Integer;
     l2norm::Bool = false,
     workgroupsize = nothing,
+    algorithm::AbstractString = "recurrent",
+    chunk = nothing,
 )
     device == "cpu" ||
         throw(ArgumentError(
@@ -381,6 +386,8 @@ function host_delta_backward!(
         da = host.da,
         db = host.db,
         dh0 = host.dh0,
+        algorithm = Symbol(algorithm),
+        chunk,
     )
     return nothing
 end

@@ -60,7 +60,8 @@ steps with K x V >= 4096, 8192 with a decay per key, the ``delta`` form's
 forward from K x V >= 16384: :attr:`DeltaRule.chunked_from`); the GPU kernels both parts of both forms
 (:mod:`scanweaver.targets.delta_gpu_chunked`,
 :mod:`scanweaver.targets.delta_gpu_chunked_backward`); ScanWeaver.jl (``julia``)
-the forward of the ``delta`` form (``src/matrix/delta_chunked.jl``).
+both parts of both forms (``src/matrix/delta_chunked.jl``, ``src/matrix/delta_chunked_backward.jl``; its
+backward on the CPU).
 
 Example:
     >>> import numpy as np
@@ -179,11 +180,13 @@ GPU_DELTA_TUNABLES = (*GPU_TUNABLES, Tunable(
     Tunable("chunk", 32, (16, 32, 64), f"time steps per chunk of the chunked form (any length from 1 to "
             f"{GPU_MAX_CHUNK}; results do not depend on it)", lambda v: _between(v, 1, GPU_MAX_CHUNK)))
 
-#: ScanWeaver.jl's (``julia`` backend) tunables: :data:`JULIA_TUNABLES`, and the algorithm of the ``delta`` form's
-#: forward (the chunked WY form in KernelAbstractions kernels, ``src/matrix/delta_chunked.jl``) with its ``chunk``.
+#: ScanWeaver.jl's (``julia`` backend) tunables: :data:`JULIA_TUNABLES`, and the algorithm (the chunked WY form of
+#: either transition: the forward in KernelAbstractions kernels, ``src/matrix/delta_chunked.jl``; the backward's
+#: chunk states and adjoints too, then the recurrence's gradients per chunk on the CPU,
+#: ``src/matrix/delta_chunked_backward.jl``) with its ``chunk``.
 JULIA_DELTA_TUNABLES = (*JULIA_TUNABLES, Tunable(
-    "algorithm", "recurrent", ALGORITHMS, "the fused recurrence (the default) or the chunked WY form of the forward "
-    "(DeltaNet, Gated DeltaNet, KDA; RWKV-7 and the backward run the recurrence)",
+    "algorithm", "recurrent", ALGORITHMS, "the fused recurrence (the default) or the chunked WY form, forward and "
+    "backward (DeltaNet, Gated DeltaNet, KDA, RWKV-7; the backward runs on the CPU)",
     lambda v: None if v in ALGORITHMS else f"it must be one of {', '.join(ALGORITHMS)}"),
     Tunable("chunk", 32, (16, 32, 64, 128), f"time steps per chunk of the chunked form (any length from 1 to "
             f"{MAX_CHUNK}; results do not depend on it)", lambda v: _between(v, 1, MAX_CHUNK)))
@@ -208,8 +211,8 @@ class DeltaRule(FusedOp):
     implementations = {"numpy": PARTS, "c": PARTS, "opencl": PARTS, "cuda": PARTS, "julia": PARTS}
     #: The C kernels have the chunked (WY) form of both parts for both forms (RWKV-7's backward:
     #: :mod:`scanweaver.targets.delta_c_chunked_backward`), and so have the GPU kernels
-    #: (:mod:`scanweaver.targets.delta_gpu_chunked_backward`); ScanWeaver.jl's the forward of both forms.
-    chunked_parts = {"c": PARTS, "gpu": PARTS, "julia": ("forward",)}
+    #: (:mod:`scanweaver.targets.delta_gpu_chunked_backward`), and so has ScanWeaver.jl.
+    chunked_parts = {"c": PARTS, "gpu": PARTS, "julia": PARTS}
     #: The algorithm rule (bench/results/delta_chunked.json, float32, 2 threads, quiet cores, chunks of 32): the
     #: chunked backward from 1024 steps per sequence with K * V >= 4096 for a decay per head or none (DeltaNet,
     #: Gated DeltaNet: 1.09-1.36x the recurrent one's speed at K = V = 64 over three runs, 1.77x at K = 64,

@@ -37,7 +37,7 @@ def run(call: FusedCall, arrays: dict, sizes: dict[str, int]) -> None:
     Args:
         call: the operation, part, :class:`~scanweaver.fused.delta_rule.DeltaRuleFeatures` and the resolved
             ``julia`` tunables (``workgroup_size``, ``device``, ``algorithm`` and ``chunk``: ``chunked`` runs
-            ScanWeaver.jl's chunked WY form of the forward, either form; the backward runs the recurrence).
+            ScanWeaver.jl's chunked WY form of either part, either form).
         arrays: the part's ABI buffers by name, already checked (absent or disabled ones ``None``: ``beta``
             (``dbeta``) for the ``dplr`` form, ``a`` and ``b`` (``da``, ``db``) for ``delta``).
         sizes: ``batch``, ``T``, ``H``, ``Hq``, ``nseq``.
@@ -54,7 +54,6 @@ def run(call: FusedCall, arrays: dict, sizes: dict[str, int]) -> None:
         raise ScanInputError(f"{fusedcall.API}: {why}; use the cpu or numpy backend")
     host = fusedcall.entry(call, f.dtype)
     head = (params["device"], f.dtype, *(sizes[n] for n in ("batch", "T", "H", "Hq", "nseq")), f.K, f.V, f.gate)
-    tunables = {"workgroupsize": cast(int, params["workgroup_size"])}
-    if call.part == "forward":
-        tunables.update(algorithm=str(params.get("algorithm", "recurrent")), chunk=int(params.get("chunk", 32)))
+    tunables = {"workgroupsize": cast(int, params["workgroup_size"]),
+                "algorithm": str(params.get("algorithm", "recurrent")), "chunk": int(params.get("chunk", 32))}
     host(*head, *fusedcall.addresses(arrays, BUFFERS[call.part]), l2norm=bool(f.l2norm), **tunables)

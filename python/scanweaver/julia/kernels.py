@@ -162,10 +162,15 @@ MATRIX_CHUNKED_KERNELS = (
 )
 
 
-#: ScanWeaver.jl's chunked (WY) delta-rule forward kernels (``src/matrix/delta_chunked.jl``, beside the matrix chunked
-#: form's prefix, scale and intra kernels): run through ``delta_rule_scan!`` with ``algorithm = :chunked``; not Kernel
-#: Tuner problems.
+#: ScanWeaver.jl's chunked (WY) delta-rule kernels (``src/matrix/delta_chunked.jl``, beside the matrix chunked
+#: form's prefix, scale and intra kernels, and the backward's adjoint carry, ``src/matrix/delta_chunked_backward.jl``):
+#: run through ``delta_rule_scan!`` and ``delta_rule_backward!`` with ``algorithm = :chunked``; not Kernel Tuner
+#: problems.
 DELTA_CHUNKED_KERNELS = (
+    KernelSignature("delta_chunk_adjoint_kernel!", ("Lc", "dout", "dhlast", "W", "kd", "Y", "bd", "D", "grow", "q",
+                                                    "k", "g", "beta", "a", "bb", "chunks", "firsts"),
+                    ("nk", "gate", "form", "l2norm")),
+    KernelSignature("delta_chunk_readout_kernel!", ("Y", "qd", "W", "Aw", "Bq", "grow", "chunks", "slot"), ("form",)),
     KernelSignature("delta_chunk_carry_kernel!", ("S0", "U", "o", "hlast", "W", "Uv", "kd", "D", "grow", "h0", "q",
                                                   "k", "v", "g", "beta", "a", "bb", "bd", "chunks", "firsts"),
                     ("nk", "gate", "form", "l2norm")),
