@@ -727,6 +727,21 @@ def _assignments(node, counts: dict[str, int]) -> None:
         _assignments(child, counts)
 
 
+def _parameters(sig) -> list[str]:
+    """The names a function's signature binds (positional, with a default, and keyword parameters)."""
+    names = []
+    for arg in sig[2:]:
+        if head(arg) == "parameters":
+            names += _parameters(["call", None, *arg[1:]])
+        elif head(arg) == "=":
+            names += _parameters(["call", None, arg[1]])
+        elif head(arg) == "::-i":
+            names += _targets(arg[1])
+        else:
+            names += _targets(arg)
+    return names
+
+
 def _captures(closure) -> set[str]:
     """Names a closure (``->`` or ``do``) reads that are not its parameters."""
     params = set(_targets(closure[1])) if len(closure) > 1 else set()
@@ -734,50 +749,50 @@ def _captures(closure) -> set[str]:
 
 
 def check_boxed_closures(sources: dict[str, str]) -> list[str]:
-    """No ``@kernel`` body has a closure that captures a variable the body assigns more than once.
+    """No ``@kernel`` body, item function or other function has a closure that captures a variable the body
+    assigns more than once (a parameter counts as one assignment: a parameter reassigned in a loop is boxed).
 
     Julia keeps such a variable in a ``Core.Box`` (it may change after the closure is made), so
     every use of it is a dynamic call: on a CPU the kernel slows down many times, and GPU compilers
     reject the kernel (``InvalidIRError``). ``h = ntuple(n -> apply_pair(p[n], h[n]), Val(N))`` in
-    a loop is the classic case; ``map(apply_pair, p, h)`` has no closure. Cannot see: closures in the
-    functions a kernel calls, boxes the compiler adds for other reasons (a variable assigned in two
+    a loop is the classic case; ``map(apply_pair, p, h)`` has no closure. Every function is read, since
+    kernels inline the helpers they call (``G = ntuple(x -> s[x] + q[x] * d, Val(K))`` in a helper's loop
+    that reassigns its parameter ``s`` made a kernel's state ``Any``). Cannot see: boxes the compiler adds
+    for other reasons (a variable assigned in two
     branches of an ``if``, captured once: rare in kernels), or a loop written as recursion;
     ``test/runtests.jl`` checks the typed code of every kernel for ``Core.Box`` where Julia runs.
     """
     problems = []
     for source, text in sources.items():
-        for kind, sig, body in _kernel_bodies(parse_julia(text)):
-            counts: dict[str, int] = {}
+        for kind, sig, body in _function_bodies(parse_julia(text)):
+            counts: dict[str, int] = dict.fromkeys(_parameters(sig), 1)
             _assignments(body, counts)
             reassigned = {n for n, k in counts.items() if k > 1}
             for closure in (n for n in walk(body) if head(n) in _CLOSURES):
                 boxed = sorted(_captures(closure) & reassigned)
                 if boxed:
                     problems.append(f"{source}: {kind} {_fname(sig[1])}: the closure {render(closure)} captures "
-                                    f"{', '.join(boxed)}, which the kernel assigns more than once (a Core.Box)")
+                                    f"{', '.join(boxed)}, which its body assigns more than once (a Core.Box)")
     return problems
 
 
-def _kernel_bodies(tree: list):
-    """``(kind, signature, body)`` of every ``@kernel`` function, and of every item function (a function
-    named ``*_item!``: the body of a kernel whose wrapper only calls it, ``src/items.jl``)."""
+def _function_bodies(tree: list):
+    """``(kind, signature, body)`` of every function: kind ``@kernel``, ``item function`` (named ``*_item!``:
+    the body of a kernel whose wrapper only calls it, ``src/items.jl``) or ``function``."""
+    kernels = {id(node[2]) for node in walk(tree)
+               if head(node) == "macrocall" and node[1] == "@kernel" and head(node[2]) == "function"}
     for node in walk(tree):
-        if head(node) == "macrocall" and node[1] == "@kernel" and head(node[2]) == "function":
-            fn, kind = node[2], node[1]
-        elif head(node) == "function":
-            fn, kind = node, "function"
-        else:
+        if head(node) != "function":
             continue
+        fn, kind = node, "@kernel" if id(node) in kernels else "function"
         sig = fn[1]
         while head(sig) == "where":
             sig = sig[1]
         if head(sig) not in ("call", "call-,"):
             continue
-        name = _fname(sig[1]) or ""
-        if kind == "@kernel":
-            yield kind, sig, fn[2]
-        elif name.endswith("_item!"):
-            yield "item function", sig, fn[2]
+        if kind == "function" and (_fname(sig[1]) or "").endswith("_item!"):
+            kind = "item function"
+        yield kind, sig, fn[2]
 
 
 # --- (f) @synchronize in divergent control flow ---------------------------------------------------

@@ -309,6 +309,30 @@ def test_boxed_closure_check_reads_item_functions():
     assert problems[0].startswith("planted.jl: item function replay_item!: the closure"), problems
 
 
+#: A helper a kernel inlines, as the chunked delta-rule adjoint's first version had it: the closure captures the
+#: parameter ``s``, which the loop reassigns.
+PLANTED_BOXED_HELPER = """
+@inline function adjoint_steps(s, q, dout, ::Val{nk}) where {nk}
+    for t in size(dout, 1):-1:1
+        d = dout[t]
+        s = ntuple(x -> s[x] + q[x, t] * d, Val(nk))
+    end
+    return s
+end
+"""
+
+
+@pytest.mark.usefixtures("fatou")
+def test_boxed_closure_check_reads_the_helpers_kernels_call():
+    from julia_checks import check_boxed_closures
+
+    problems = check_boxed_closures({"planted.jl": PLANTED_BOXED_HELPER})
+    assert len(problems) == 1, problems
+    assert problems[0].startswith("planted.jl: function adjoint_steps: the closure") and "captures s," in problems[0]
+    fixed = PLANTED_BOXED_HELPER.replace("s = ntuple(x -> s[x] + q[x, t] * d, Val(nk))", "s = axpy(s, q, t, d)")
+    assert check_boxed_closures({"fixed.jl": fixed}) == []
+
+
 @pytest.mark.usefixtures("fatou")
 def test_no_synchronize_in_divergent_control_flow():
     from julia_checks import check_synchronize
