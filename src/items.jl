@@ -1,10 +1,12 @@
 # Kernels whose work-items never talk to each other (no `@localmem`, no
-# `@synchronize`): the fused Mamba-1 and matrix-state kernels. Each is written
-# once, as an item function `item!(w, args...)` for work-item `w`; its
-# `@kernel` is a one-line wrapper (`item!(@index(Global, Linear), args...)`)
-# that GPUs launch, while on `CPU()` the items run as plain loops on Julia
-# tasks. So the CPU path does not depend on KernelAbstractions' CPU backend
-# (which emulates workgroups, and becomes POCL in KernelAbstractions 0.10).
+# `@synchronize`): the fused Mamba-1, matrix-state and delta-rule carry kernels.
+# Each is written once, as an item function `item!(w, args...)` for work-item
+# `w`; its `@kernel` is a two-line wrapper (`w = @index(Global, Linear)`, then
+# `item!(w, args...)`: KernelAbstractions' CPU backend passes the index only to
+# such a statement) that GPUs launch, while on `CPU()` the items run as plain
+# loops on Julia tasks. So the CPU path does not depend on KernelAbstractions'
+# CPU backend (which emulates workgroups, and becomes POCL in
+# KernelAbstractions 0.10).
 
 "Fewest items (times their work, see [`cpu_items!`](@ref)) before the CPU path uses more than one task."
 const CPU_ITEMS_PARALLEL_MIN = 2^15

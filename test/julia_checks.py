@@ -902,6 +902,40 @@ def read_sources(root: Path, folders: tuple[str, ...] = ("src", "ext")) -> dict[
     return {p.relative_to(root).as_posix(): p.read_text() for f in folders for p in sorted((root / f).rglob("*.jl"))}
 
 
+# --- (g) @index only as a statement's right-hand side ----------------------------------------------
+
+def _is_index(node) -> bool:
+    return head(node) in ("macrocall", "macrocall-p") and node[1] == "@index"
+
+
+def check_index_statements(sources: dict[str, str]) -> list[str]:
+    """Every ``@index`` of a ``@kernel`` is the whole right-hand side of a statement of the kernel's body
+    (``w = @index(Global, Linear)``).
+
+    KernelAbstractions' CPU backend (``split`` and ``emit_cpu`` in its ``src/macros.jl``) passes the
+    work-item's index only to such statements; an ``@index`` anywhere else (``item!(@index(Global,
+    Linear), args...)``, or inside an ``if`` or a loop) becomes a call without it, a ``MethodError`` at
+    run time on the CPU, while GPUs run it. Cannot see: kernels split by ``@synchronize`` inside a
+    scope construct, whose statements KernelAbstractions also reads (none here).
+    """
+    problems = []
+    for source, text in sources.items():
+        for node in walk(parse_julia(text)):
+            if head(node) != "macrocall" or node[1] != "@kernel" or head(node[2]) != "function":
+                continue
+            sig = node[2][1]
+            while head(sig) == "where":
+                sig = sig[1]
+            body = node[2][2]
+            statements = body[1:] if head(body) == "block" else [body]
+            allowed = {id(s[2]) for s in statements if head(s) == "=" and len(s) > 2 and _is_index(s[2])}
+            for index in (n for n in walk(body) if _is_index(n) and id(n) not in allowed):
+                problems.append(f"{source}: @kernel {_fname(sig[1])}: {render(index)} is not the right-hand side "
+                                "of a statement of the kernel's body (KernelAbstractions' CPU backend does not "
+                                "pass it the index)")
+    return problems
+
+
 # --- [compat] ----------------------------------------------------------------------------------
 
 def _version(text: str) -> tuple[int, int, int]:

@@ -309,6 +309,29 @@ def test_boxed_closure_check_reads_item_functions():
     assert problems[0].startswith("planted.jl: item function replay_item!: the closure"), problems
 
 
+@pytest.mark.usefixtures("fatou")
+def test_every_index_is_a_statement_of_its_kernel():
+    from julia_checks import check_index_statements
+
+    assert check_index_statements(_sources()) == []
+    planted = """
+@kernel function wrapper!(y, @Const(x))
+    item!(@index(Global, Linear), y, x)
+end
+@kernel function guarded!(y)
+    if size(y, 1) > 0
+        i = @index(Global, Linear)
+        y[i] = 0
+    end
+end
+"""
+    problems = check_index_statements({"planted.jl": planted})
+    assert [p.split(":")[1].strip() for p in problems] == ["@kernel wrapper!", "@kernel guarded!"], problems
+    fixed = planted.replace("    item!(@index(Global, Linear), y, x)",
+                            "    w = @index(Global, Linear)\n    item!(w, y, x)")
+    assert len(check_index_statements({"fixed.jl": fixed})) == 1
+
+
 #: A helper a kernel inlines, as the chunked delta-rule adjoint's first version had it: the closure captures the
 #: parameter ``s``, which the loop reassigns.
 PLANTED_BOXED_HELPER = """
