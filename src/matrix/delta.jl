@@ -312,7 +312,7 @@ function delta_rule_scan!(
     end
     if algorithm === :chunked
         C = something(chunk, DEFAULT_DELTA_CHUNK)
-        delta_chunked!(
+        delta_chunk_forward!(
             backend,
             wg,
             C,

@@ -507,64 +507,17 @@ i} Bq_ij p_j + A_ij v_j`; the carry wrote the others).
 end
 
 """
-    delta_chunked!(backend, wg, C, o, hlast, q, k, v, g, beta, a, b, h0, cu_seqlens,
-                   Val(gate), Val(form), Val(l2norm)) -> nothing
+    delta_chunk_forward!(backend, wg, C, o, hlast, q, k, v, g, beta, a, b, h0,
+                         cu_seqlens, Val(gate), Val(form), Val(l2norm)) -> parts
 
 The chunked delta-rule forward (the `delta` form with `beta`, or the `dplr`
 form with `a` and `b`; `src/matrix/delta_chunked.jl`) with chunks of `C`
 steps: writes `o` and the final states `hlast` `(V, K, H, nseq)`;
-`cu_seqlens` is a host vector or `nothing`.
-"""
-function delta_chunked!(
-    backend,
-    wg,
-    C,
-    o,
-    hlast,
-    q,
-    k,
-    v,
-    g,
-    beta,
-    a,
-    b,
-    h0,
-    cu_seqlens,
-    gate::Val,
-    form::Val,
-    l2norm::Val,
-)
-    delta_chunk_forward!(
-        backend,
-        wg,
-        C,
-        o,
-        hlast,
-        q,
-        k,
-        v,
-        g,
-        beta,
-        a,
-        b,
-        h0,
-        cu_seqlens,
-        gate,
-        form,
-        l2norm,
-    )
-    return nothing
-end
-
-"""
-    delta_chunk_forward!(backend, wg, C, o, hlast, q, k, v, g, beta, a, b, h0,
-                         cu_seqlens, Val(gate), Val(form), Val(l2norm)) -> parts
-
-[`delta_chunked!`](@ref), returning the chunk products its kernels built
-(`parts`: the chunk tables `chunks`, `firsts`, `slot`, the chunk-start states `S0`
-`(V, K, H, nchunks)`, `grow`, `D`, `qd`, `kd`, `W`, `Aw`, and the dplr form's
-`Bq`, `bd`, else `nothing`), which the chunked backward
-(`src/matrix/delta_chunked_backward.jl`) reads.
+`cu_seqlens` is a host vector or `nothing`. Returns the chunk products its
+kernels built (`parts`: the chunk tables `chunks`, `firsts`, `slot`, the
+chunk-start states `S0` `(V, K, H, nchunks)`, `grow`, `D`, `qd`, `kd`, `W`,
+`Aw`, and the dplr form's `Bq`, `bd`, else `nothing`), which the chunked
+backward (`src/matrix/delta_chunked_backward.jl`) reads.
 """
 function delta_chunk_forward!(
     backend,

@@ -114,13 +114,9 @@ grows), from its end to its start.
     return s
 end
 
-"The readout and carry weights of a step's adjoint in a chunk: `A`, `Kd` (delta), `Bq`, `Bd` (dplr)."
-@inline delta_adjoint_weights(::Val{:delta}, Aw, kd, Bq, bd) = (Aw, kd)
-@inline delta_adjoint_weights(::Val{:dplr}, Aw, kd, Bq, bd) = (Bq, bd)
-
-"`-x` for the delta form (`U = Uv - W S_0`), `x` for dplr (`P = Pv + W S_0`)."
-@inline delta_adjoint_sign(::Val{:delta}, x) = -x
-@inline delta_adjoint_sign(::Val{:dplr}, x) = x
+"`delta` for the delta form, `dplr` for the dplr form (its readout and carry weights, the sign of `W S_0`)."
+@inline delta_form_pick(::Val{:delta}, delta, dplr) = delta
+@inline delta_form_pick(::Val{:dplr}, delta, dplr) = dplr
 
 """
     delta_chunk_readout_kernel!(backend, wg)(Y, qd, W, Aw, Bq, grow, chunks, slot,
@@ -167,14 +163,14 @@ end
         b = (w - 1) ÷ (nk * H * L) + 1
         c, l = @inbounds(slot[1, t, b]), @inbounds(slot[2, t, b])
         if c > 0 && @inbounds(grow[h, c]) == 0
-            M, _ = delta_adjoint_weights(Val(form), Aw, nothing, Bq, nothing)
+            M = delta_form_pick(Val(form), Aw, Bq)
             t0 = @inbounds chunks[3, c]
             acc = zero(A)
             for i in 1:l
                 acc += @inbounds(M[i, h, t, b]) * @inbounds(W[x, h, t0 + i - 1, b])
             end
             @inbounds Y[x, h, t, b] = @inbounds(qd[x, h, t, b]) +
-                delta_adjoint_sign(Val(form), acc)
+                delta_form_pick(Val(form), -acc, acc)
         end
     end
 end
@@ -304,12 +300,12 @@ end
                     Val(l2norm),
                 )
             else
-                _, R = delta_adjoint_weights(Val(form), nothing, kd, nothing, bd)
+                R = delta_form_pick(Val(form), kd, bd)
                 e = delta_chunk_decayed(s, D, Val(gate), h, c)
                 for t in t0:(t0 + len - 1)
                     e = delta_chunk_add(e, Y, A(@inbounds dout[j, h, t, b]), h, t, b)
-                    r = delta_adjoint_sign(Val(form), delta_chunk_dot(R, s, h, t, b))
-                    e = delta_chunk_add(e, W, r, h, t, b)
+                    r = delta_chunk_dot(R, s, h, t, b)
+                    e = delta_chunk_add(e, W, delta_form_pick(Val(form), -r, r), h, t, b)
                 end
                 s = e
             end
